@@ -1,0 +1,165 @@
+// gpukit/error.hpp: the one family of errors every gpukit component throws.
+//
+// Quick start:
+//
+//   try {
+//     void* p = alloc.allocate_async(bytes, stream);
+//   } catch (gpukit::out_of_memory const& e) {   // the device is full: e.report() says why
+//     std::cerr << e.what();                     // readable, with a hint of what to change
+//   } catch (gpukit::bad_alloc const& e) {       // any other refused allocation
+//   } catch (gpukit::cuda_error const& e) {      // a CUDA call failed: e.code(), e.call()
+//   } catch (gpukit::logic_error const& e) {     // a precondition did not hold (bad input)
+//   }
+//
+// `cuda_error` keeps the `cudaError_t` and names the call, file and line that failed.
+// `bad_alloc` derives from `std::bad_alloc`; `out_of_memory` derives from `bad_alloc` and carries
+// an `oom_report`. `logic_error` derives from `std::logic_error` and is thrown by precondition
+// checks (zero sizes, unknown pointers, double frees, ...). Nothing here synchronizes.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <new>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace gpukit {
+
+/// Thrown when a CUDA (or simulated CUDA) call returns an error.
+class cuda_error : public std::runtime_error {
+ public:
+  /// @param code the error the call returned
+  /// @param call the text of the call (e.g. "cudaStreamCreate(&s)")
+  /// @param file, line where the call was made
+  cuda_error(cudaError_t code, char const* call, char const* file, int line)
+      : std::runtime_error{format(code, call, file, line)}, code_{code}, call_{call}, file_{file}, line_{line}
+  {
+  }
+
+  [[nodiscard]] cudaError_t code() const noexcept { return code_; }
+  [[nodiscard]] char const* call() const noexcept { return call_; }
+  [[nodiscard]] char const* file() const noexcept { return file_; }
+  [[nodiscard]] int line() const noexcept { return line_; }
+
+ private:
+  static std::string format(cudaError_t code, char const* call, char const* file, int line)
+  {
+    std::string s = "gpukit: ";
+    s += call;
+    s += " failed with ";
+    s += ::cudaGetErrorName(code);
+    s += " (";
+    s += std::to_string(static_cast<int>(code));
+    s += "): ";
+    s += ::cudaGetErrorString(code);
+    s += " at ";
+    s += file;
+    s += ':';
+    s += std::to_string(line);
+    return s;
+  }
+
+  cudaError_t code_;
+  char const* call_;
+  char const* file_;
+  int line_;
+};
+
+/// Thrown when a precondition of a gpukit call does not hold; the message names the value.
+class logic_error : public std::logic_error {
+ public:
+  using std::logic_error::logic_error;
+};
+
+/// Thrown when an allocation cannot be satisfied for a reason other than a full device
+/// (a limit, a size no device could hold, a pool's own refusal).
+class bad_alloc : public std::bad_alloc {
+ public:
+  explicit bad_alloc(std::string message) : message_{std::move(message)} {}
+  [[nodiscard]] char const* what() const noexcept override { return message_.c_str(); }
+
+ private:
+  std::string message_;
+};
+
+/// What an allocator knew and tried when it ran out of device memory.
+struct oom_report {
+  /// One step of a recovery ladder and what it gave back.
+  struct step {
+    std::string name;                ///< e.g. "release cached segments of all streams"
+    std::size_t bytes_reclaimed{0};  ///< bytes that step returned to the device or the pool
+    bool attempted{false};           ///< false when the step did not apply
+  };
+  /// Bytes cached (free, reserved) for one stream.
+  struct stream_cache {
+    std::uintptr_t stream{0};
+    std::size_t bytes{0};
+  };
+
+  std::size_t requested{0};            ///< bytes asked for
+  int device{-1};                      ///< device ordinal
+  std::size_t device_total{0};         ///< total memory of the device
+  std::size_t device_free{0};          ///< free memory of the device as the runtime reports it
+  std::size_t allocated{0};            ///< bytes handed to users and not yet freed
+  std::size_t reserved{0};             ///< bytes the allocator holds from the device
+  std::size_t largest_free_block{0};   ///< largest block free in the allocator's pool
+  std::size_t total_free_in_pool{0};   ///< all free bytes in the allocator's pool
+  std::size_t limit{0};                ///< allocator limit; 0 when none is set
+  std::vector<stream_cache> cached_per_stream;
+  std::vector<step> steps;
+  std::string hint;                    ///< a concrete action that would have made it fit
+
+  /// 1 - largest free block / total free in the pool (0 when nothing is free).
+  [[nodiscard]] double fragmentation() const noexcept
+  {
+    return total_free_in_pool == 0
+             ? 0.0
+             : 1.0 - static_cast<double>(largest_free_block) / static_cast<double>(total_free_in_pool);
+  }
+
+  /// A readable, multi-line description of the report.
+  [[nodiscard]] std::string to_string() const
+  {
+    auto mib = [](std::size_t b) {
+      std::string s = std::to_string(b / (1024 * 1024));
+      s += '.';
+      s += std::to_string((b % (1024 * 1024)) * 10 / (1024 * 1024));
+      return s + " MiB";
+    };
+    std::string s = "gpukit: out of memory on device " + std::to_string(device) + ": tried to allocate " +
+                    mib(requested) + " (" + std::to_string(requested) + " bytes)";
+    s += "\n  device: " + mib(device_total) + " total, " + mib(device_free) + " free";
+    s += "\n  allocator: " + mib(allocated) + " allocated, " + mib(reserved) + " reserved, " +
+         mib(total_free_in_pool) + " free in pool, largest free block " + mib(largest_free_block);
+    s += ", fragmentation " + std::to_string(static_cast<int>(fragmentation() * 100.0 + 0.5)) + "%";
+    if (limit != 0) s += "\n  limit: " + mib(limit);
+    for (auto const& c : cached_per_stream) {
+      s += "\n  cached for stream " + std::to_string(c.stream) + ": " + mib(c.bytes);
+    }
+    for (auto const& st : steps) {
+      s += "\n  recovery: " + st.name + ": ";
+      s += st.attempted ? "reclaimed " + mib(st.bytes_reclaimed) : std::string{"not applicable"};
+    }
+    if (!hint.empty()) s += "\n  hint: " + hint;
+    return s;
+  }
+};
+
+/// Thrown when the device (or a limit standing for it) has no room for an allocation, after
+/// every recovery step has run. Catch it to adapt (e.g. halve the micro-batch) instead of crashing.
+class out_of_memory : public bad_alloc {
+ public:
+  explicit out_of_memory(oom_report report) : bad_alloc{report.to_string()}, report_{std::move(report)} {}
+  [[nodiscard]] oom_report const& report() const noexcept { return report_; }
+
+ private:
+  oom_report report_;
+};
+
+}  // namespace gpukit
+
+#include <gpukit/detail/error_macros.hpp>
