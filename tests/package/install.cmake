@@ -1,0 +1,28 @@
+# cmake -DBUILD_DIR=<gpukit build> -DPREFIX=<dir> -DINCLUDEDIR=include -DCMAKEDIR=share/cmake/gpukit
+#       [-DCONFIG=<config>] -P install.cmake
+# Installs gpukit into a fresh PREFIX and checks the layout a find_package consumer relies on.
+file(REMOVE_RECURSE "${PREFIX}")
+set(config_args "")
+if(CONFIG)
+  set(config_args --config "${CONFIG}")
+endif()
+execute_process(
+  COMMAND "${CMAKE_COMMAND}" --install "${BUILD_DIR}" --prefix "${PREFIX}" ${config_args}
+  COMMAND_ERROR_IS_FATAL ANY)
+
+foreach(file IN ITEMS
+    ${INCLUDEDIR}/gpukit/error.hpp
+    ${INCLUDEDIR}/gpukit/detail/error_macros.hpp
+    ${INCLUDEDIR}/gpukit/runtime/runtime.hpp
+    ${CMAKEDIR}/gpukitConfig.cmake
+    ${CMAKEDIR}/gpukitConfigVersion.cmake
+    ${CMAKEDIR}/gpukitTargets.cmake)
+  if(NOT EXISTS "${PREFIX}/${file}")
+    message(FATAL_ERROR "gpukit install: ${file} is missing under ${PREFIX}")
+  endif()
+endforeach()
+file(GLOB_RECURSE installed_libraries "${PREFIX}/*.a" "${PREFIX}/*.so")
+if(installed_libraries)
+  message(FATAL_ERROR "gpukit is header-only, yet the install holds: ${installed_libraries}")
+endif()
+message(STATUS "gpukit installed into ${PREFIX}")
