@@ -28,12 +28,14 @@ int main()
     GPUKIT_CUDA_TRY(cudaErrorInvalidValue);
     return fail("GPUKIT_CUDA_TRY did not throw");
   } catch (gpukit::cuda_error const& e) {
-    if (e.code() != cudaErrorInvalidValue || std::strstr(e.what(), "cudaErrorInvalidValue") == nullptr) {
+    if (e.code() != cudaErrorInvalidValue ||
+        std::strstr(e.what(), "cudaErrorInvalidValue") == nullptr) {
       return fail("cuda_error does not name the error");
     }
   }
   try {
-    GPUKIT_EXPECTS(1 + 1 == 3, "1 + 1 must be 3 (this consumer checks that a broken precondition throws)");
+    GPUKIT_EXPECTS(1 + 1 == 3,
+                   "1 + 1 must be 3 (this consumer checks that a broken precondition throws)");
     return fail("GPUKIT_EXPECTS did not throw");
   } catch (gpukit::logic_error const& e) {
     std::printf("consumer: caught gpukit::logic_error: %s\n", e.what());
