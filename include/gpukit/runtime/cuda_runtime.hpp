@@ -1,0 +1,255 @@
+// gpukit/runtime/cuda_runtime.hpp: the runtime policy over the real CUDA runtime.
+//
+// Quick start:
+//
+//   #include <gpukit/runtime/cuda_runtime.hpp>
+//
+//   auto& rt = gpukit::cuda_runtime::instance();
+//   gpukit::cuda_runtime::stream_type s{};
+//   GPUKIT_CUDA_TRY(rt.stream_create(s));                 // non-blocking stream
+//   void* d = nullptr;
+//   GPUKIT_CUDA_TRY(rt.malloc_async(&d, 1 << 20, s));
+//   GPUKIT_CUDA_TRY(rt.memset_async(d, 0, 1 << 20, s));
+//   GPUKIT_CUDA_TRY(rt.free_async(d, s));
+//   GPUKIT_CUDA_TRY(rt.stream_synchronize(s));
+//   GPUKIT_CUDA_TRY(rt.stream_destroy(s));
+//
+//   // Virtual memory: reserve addresses, back them with physical memory, grant access.
+//   std::size_t g = 0;
+//   GPUKIT_CUDA_TRY(rt.vm_granularity(g, 0));
+//   void* va = nullptr;
+//   GPUKIT_CUDA_TRY(rt.vm_reserve(&va, 4 * g, 0));
+//   gpukit::cuda_runtime::physical_handle h{};
+//   GPUKIT_CUDA_TRY(rt.vm_create(h, g, 0));
+//   GPUKIT_CUDA_TRY(rt.vm_map(va, g, h));
+//   GPUKIT_CUDA_TRY(rt.vm_set_access(va, g, 0));          // `va` is now usable device memory
+//
+// `cuda_runtime` implements the Runtime contract of <gpukit/runtime/runtime.hpp> with the CUDA
+// runtime API, and virtual memory with the driver API reached through
+// `cudaGetDriverEntryPointByVersion` (gpukit never links libcuda). It is an empty class: every
+// member is a thin wrapper, safe to call from any thread, that returns the CUDA error and leaves
+// nothing behind in CUDA's last-error slot (a non-sticky error is cleared before it returns;
+// `cudaErrorNotReady` from a query is not an error: it is removed from the slot only when it is
+// what the slot holds, so an unrelated error left there earlier is not swallowed).
+//
+// On a machine without a driver (or without a device) a program using it still starts, and
+// every call returns a clear error (`cudaErrorInsufficientDriver`, `cudaErrorNoDevice`, ...)
+// instead of crashing; `driver_version` then reports 0, as `cudaDriverGetVersion` does.
+//
+// Unless noted, a member acts on the calling thread's current device and does not block.
+#pragma once
+
+#include <gpukit/runtime/detail/driver_api.hpp>
+#include <gpukit/runtime/runtime.hpp>
+
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+
+namespace gpukit {
+
+/// The Runtime policy that drives a real GPU through CUDA. Stateless; use `instance()`.
+class cuda_runtime final {
+ public:
+  using stream_type                  = cudaStream_t;  ///< nullptr: the legacy default stream
+  using event_type                   = cudaEvent_t;
+  using physical_handle              = CUmemGenericAllocationHandle;  ///< from cuMemCreate
+  static constexpr bool is_simulated = false;
+
+  cuda_runtime()                               = default;
+  ~cuda_runtime()                              = default;
+  cuda_runtime(cuda_runtime const&)            = default;
+  cuda_runtime& operator=(cuda_runtime const&) = default;
+  cuda_runtime(cuda_runtime&&)                 = default;
+  cuda_runtime& operator=(cuda_runtime&&)      = default;
+
+  /// The process-wide instance (a function-local static; the class holds no state).
+  [[nodiscard]] static cuda_runtime& instance() noexcept;
+
+  // --- Devices ---------------------------------------------------------------------------------
+
+  /// Number of CUDA devices (cudaGetDeviceCount). @param n set to the count, 0 on failure.
+  /// @return cudaSuccess, or e.g. cudaErrorNoDevice / cudaErrorInsufficientDriver. Does not block.
+  [[nodiscard]] cudaError_t device_count(int& n);
+
+  /// The calling thread's current device (cudaGetDevice). @param d set to its ordinal.
+  /// @return cudaSuccess or the CUDA error. Does not block.
+  [[nodiscard]] cudaError_t get_device(int& d);
+
+  /// Makes `d` the calling thread's current device and initializes its primary context
+  /// (cudaSetDevice). @return cudaSuccess, or cudaErrorInvalidDevice for a bad ordinal.
+  /// Blocks only while a context is first created.
+  [[nodiscard]] cudaError_t set_device(int d);
+
+  /// Fills `p` for device `d` (cudaGetDeviceProperties; virtual-memory support from the driver's
+  /// CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, false when the driver API cannot be
+  /// reached). @return cudaSuccess, or cudaErrorInvalidDevice / the CUDA error. Does not block.
+  [[nodiscard]] cudaError_t get_device_properties(device_properties& p, int d);
+
+  /// Free and total memory of the current device in bytes (cudaMemGetInfo).
+  /// @return cudaSuccess or the CUDA error. Does not block.
+  [[nodiscard]] cudaError_t mem_get_info(std::size_t& free, std::size_t& total);
+
+  /// The driver's CUDA version, e.g. 13000 (cudaDriverGetVersion); 0 with cudaSuccess when no
+  /// driver is installed. Does not block.
+  [[nodiscard]] cudaError_t driver_version(int& v);
+
+  /// The CUDA runtime's version gpukit was built with, e.g. 13000 (cudaRuntimeGetVersion).
+  [[nodiscard]] cudaError_t runtime_version(int& v);
+
+  /// Blocks until every stream of the current device is idle (cudaDeviceSynchronize).
+  /// @return cudaSuccess, or an error of earlier asynchronous work.
+  [[nodiscard]] cudaError_t device_synchronize();
+
+  // --- Device memory ---------------------------------------------------------------------------
+
+  /// Allocates `bytes` on the current device (cudaMalloc). @param p set to the memory.
+  /// @return cudaSuccess, or cudaErrorMemoryAllocation when the device is full.
+  /// May synchronize the device.
+  [[nodiscard]] cudaError_t malloc(void** p, std::size_t bytes);
+
+  /// Frees memory from `malloc` (cudaFree). @return cudaSuccess, or cudaErrorInvalidValue for a
+  /// pointer `malloc` did not return. May synchronize the device.
+  [[nodiscard]] cudaError_t free(void* p);
+
+  /// Stream-ordered allocation from the device's default memory pool (cudaMallocAsync): the
+  /// memory may be used by work on `s` enqueued after this call. Does not block.
+  /// @return cudaSuccess, cudaErrorMemoryAllocation, or cudaErrorNotSupported without pools.
+  [[nodiscard]] cudaError_t malloc_async(void** p, std::size_t bytes, stream_type s);
+
+  /// Stream-ordered free (cudaFreeAsync): `p` is freed once the work before it on `s` is done.
+  /// Does not block.
+  [[nodiscard]] cudaError_t free_async(void* p, stream_type s);
+
+  // --- Pinned host memory ----------------------------------------------------------------------
+
+  /// Allocates page-locked host memory (cudaHostAlloc). @param flags host_alloc_flags, passed
+  /// through. @return cudaSuccess or cudaErrorMemoryAllocation. Blocks while pages are pinned
+  /// (milliseconds for large sizes).
+  [[nodiscard]] cudaError_t host_alloc(void** p, std::size_t bytes, unsigned flags);
+
+  /// Frees memory from `host_alloc` (cudaFreeHost). May synchronize the device.
+  [[nodiscard]] cudaError_t host_free(void* p);
+
+  /// Page-locks an existing host range (cudaHostRegister). @param flags host_register_flags,
+  /// passed through. @return cudaSuccess, or cudaErrorHostMemoryAlreadyRegistered.
+  /// Blocks while pages are pinned.
+  [[nodiscard]] cudaError_t host_register(void* p, std::size_t bytes, unsigned flags);
+
+  /// Undoes `host_register` (cudaHostUnregister). @return cudaSuccess, or
+  /// cudaErrorHostMemoryNotRegistered. May synchronize the device.
+  [[nodiscard]] cudaError_t host_unregister(void* p);
+
+  // --- Virtual memory (driver API) -------------------------------------------------------------
+  // Each returns the error of the driver-entry-point lookup (e.g. cudaErrorInsufficientDriver)
+  // when the driver API cannot be reached, and maps driver errors to their runtime names
+  // (CUDA_ERROR_OUT_OF_MEMORY -> cudaErrorMemoryAllocation, ...). Each first makes the current
+  // device's primary context current on the calling thread (cudaFree(nullptr), which frees
+  // nothing), as the driver calls expect; that fails with the runtime's error on a machine
+  // without a usable device.
+
+  /// Minimum mapping granularity of pinned memory on `device`
+  /// (cuMemGetAllocationGranularity, CU_MEM_ALLOC_GRANULARITY_MINIMUM). Does not block.
+  [[nodiscard]] cudaError_t vm_granularity(std::size_t& g, int device);
+
+  /// Reserves `bytes` of device address space, no memory behind it (cuMemAddressReserve).
+  /// @param alignment a power of two, or 0 for the granularity. Does not block.
+  [[nodiscard]] cudaError_t vm_reserve(void** va, std::size_t bytes, std::size_t alignment);
+
+  /// Frees a whole range from `vm_reserve`; it must be unmapped first (cuMemAddressFree).
+  [[nodiscard]] cudaError_t vm_free(void* va, std::size_t bytes);
+
+  /// Creates `bytes` of physical memory on `device`, a multiple of the granularity (cuMemCreate).
+  /// @return cudaSuccess, or cudaErrorMemoryAllocation when the device is full. Does not block.
+  [[nodiscard]] cudaError_t vm_create(physical_handle& h, std::size_t bytes, int device);
+
+  /// Releases a handle (cuMemRelease); its memory is freed once it is also unmapped.
+  [[nodiscard]] cudaError_t vm_release(physical_handle h);
+
+  /// Maps the whole of `h` (`bytes` long) at `va`, inside a reserved, unmapped range (cuMemMap).
+  /// The memory is inaccessible until `vm_set_access`. Does not block.
+  [[nodiscard]] cudaError_t vm_map(void* va, std::size_t bytes, physical_handle h);
+
+  /// Unmaps whole mappings in [va, va + bytes) (cuMemUnmap). @return cudaSuccess, or
+  /// cudaErrorInvalidValue when the range is not exactly mapped. May synchronize the device.
+  [[nodiscard]] cudaError_t vm_unmap(void* va, std::size_t bytes);
+
+  /// Grants `device` read-write access to the fully mapped range [va, va + bytes)
+  /// (cuMemSetAccess, CU_MEM_ACCESS_FLAGS_PROT_READWRITE). May synchronize the device.
+  [[nodiscard]] cudaError_t vm_set_access(void* va, std::size_t bytes, int device);
+
+  // --- Streams ---------------------------------------------------------------------------------
+
+  /// Creates a stream on the current device that does not synchronize with the legacy null
+  /// stream (cudaStreamCreateWithFlags, cudaStreamNonBlocking). Does not block.
+  [[nodiscard]] cudaError_t stream_create(stream_type& s);
+
+  /// Destroys `s` (cudaStreamDestroy); returns at once, work already queued on `s` still runs.
+  [[nodiscard]] cudaError_t stream_destroy(stream_type s);
+
+  /// Blocks until every piece of work queued on `s` has completed (cudaStreamSynchronize).
+  [[nodiscard]] cudaError_t stream_synchronize(stream_type s);
+
+  /// cudaSuccess when `s` is idle, cudaErrorNotReady while work is pending (cudaStreamQuery).
+  /// Does not block.
+  [[nodiscard]] cudaError_t stream_query(stream_type s);
+
+  /// Work queued on `s` after this call waits until `e`'s capture completes
+  /// (cudaStreamWaitEvent). Does not block the host.
+  [[nodiscard]] cudaError_t stream_wait_event(stream_type s, event_type e);
+
+  // --- Events ----------------------------------------------------------------------------------
+
+  /// Creates an event (cudaEventCreateWithFlags): cudaEventDisableTiming unless `timing`.
+  [[nodiscard]] cudaError_t event_create(event_type& e, bool timing = false);
+
+  /// Destroys `e` (cudaEventDestroy); returns at once even if its capture is pending.
+  [[nodiscard]] cudaError_t event_destroy(event_type e);
+
+  /// Captures the work queued on `s` so far in `e` (cudaEventRecord). Does not block.
+  [[nodiscard]] cudaError_t event_record(event_type e, stream_type s);
+
+  /// cudaSuccess when `e`'s capture has completed or `e` was never recorded, else
+  /// cudaErrorNotReady (cudaEventQuery). Does not block.
+  [[nodiscard]] cudaError_t event_query(event_type e);
+
+  /// Blocks until `e`'s capture completes (cudaEventSynchronize).
+  [[nodiscard]] cudaError_t event_synchronize(event_type e);
+
+  /// Milliseconds between two completed timing events (cudaEventElapsedTime).
+  /// @return cudaSuccess; cudaErrorInvalidResourceHandle for an event created without timing or
+  /// never recorded; cudaErrorNotReady while either is pending. Does not block.
+  [[nodiscard]] cudaError_t event_elapsed_time(float& ms, event_type start, event_type stop);
+
+  // --- Copies and work on streams (stream-ordered; never block the host) -----------------------
+
+  /// Copies `bytes` from `src` to `dst` in stream order (cudaMemcpyAsync). A pageable host
+  /// source or destination makes CUDA stage the copy and may make it synchronous.
+  [[nodiscard]] cudaError_t memcpy_async(void* dst, void const* src, std::size_t bytes,
+                                         memcpy_kind k, stream_type s);
+
+  /// Copies between devices (or within one) in stream order (cudaMemcpyPeerAsync).
+  [[nodiscard]] cudaError_t memcpy_peer_async(void* dst, int dst_device, void const* src,
+                                              int src_device, std::size_t bytes, stream_type s);
+
+  /// Sets `bytes` bytes at `dst` to `value` in stream order (cudaMemsetAsync).
+  [[nodiscard]] cudaError_t memset_async(void* dst, int value, std::size_t bytes, stream_type s);
+
+  /// Runs `fn(user)` on a CUDA thread once the work before it on `s` completes; later work on `s`
+  /// waits for it (cudaLaunchHostFunc). `fn` must not call the runtime.
+  [[nodiscard]] cudaError_t launch_host_func(stream_type s, host_fn fn, void* user);
+
+  // --- Errors ----------------------------------------------------------------------------------
+
+  /// "cudaErrorMemoryAllocation" for cudaErrorMemoryAllocation (cudaGetErrorName).
+  [[nodiscard]] static char const* error_name(cudaError_t e) noexcept;
+  /// CUDA's description of `e` (cudaGetErrorString).
+  [[nodiscard]] static char const* error_string(cudaError_t e) noexcept;
+};
+
+static_assert(is_runtime_v<cuda_runtime>, "cuda_runtime must satisfy the Runtime contract");
+
+}  // namespace gpukit
+
+#include <gpukit/runtime/detail/cuda_runtime.inl>

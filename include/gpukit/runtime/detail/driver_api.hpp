@@ -1,0 +1,130 @@
+// gpukit/runtime/detail/driver_api.hpp: the few CUDA driver API entry points gpukit needs (virtual
+// memory and one device attribute), reached through cudaGetDriverEntryPointByVersion so that
+// nothing links libcuda. Not public API.
+//
+// The entry points are resolved once per process, on first use, in a function-local static
+// (thread-safe initialization). Without a driver, or with a driver too old for a symbol, the
+// lookup fails and `driver_api().status` says why; callers then return that error instead of
+// calling through a null pointer.
+#pragma once
+
+#include <cuda.h>  // types and enums only: no driver function is called through this header
+#include <cudaTypedefs.h>
+#include <cuda_runtime_api.h>
+
+namespace gpukit::detail {
+
+/// The CUDA version whose ABI gpukit asks for. Every symbol below has kept the signature it had
+/// when it was introduced (CUDA 10.2 for cuMem*, 2.0 for cuDeviceGet*), which is what the
+/// PFN_*_v10020 / PFN_*_v2000 typedefs describe; asking for 12.0 returns those same versions and
+/// works with every driver that can run a CUDA 12 or 13 runtime.
+inline constexpr unsigned driver_abi_version = 12000;
+
+/// Function pointers into the driver, or a reason why there are none.
+struct driver_entry_points {
+  cudaError_t status{cudaErrorNotSupported};  ///< cudaSuccess when every pointer below is set
+  char const* missing{nullptr};               ///< the first symbol that could not be resolved
+
+  PFN_cuDeviceGet_v2000 device_get{nullptr};
+  PFN_cuDeviceGetAttribute_v2000 device_get_attribute{nullptr};
+  PFN_cuMemGetAllocationGranularity_v10020 mem_get_allocation_granularity{nullptr};
+  PFN_cuMemAddressReserve_v10020 mem_address_reserve{nullptr};
+  PFN_cuMemAddressFree_v10020 mem_address_free{nullptr};
+  PFN_cuMemCreate_v10020 mem_create{nullptr};
+  PFN_cuMemRelease_v10020 mem_release{nullptr};
+  PFN_cuMemMap_v10020 mem_map{nullptr};
+  PFN_cuMemUnmap_v10020 mem_unmap{nullptr};
+  PFN_cuMemSetAccess_v10020 mem_set_access{nullptr};
+};
+
+/// Looks up one driver symbol into `fn`; returns false (and sets `out.status`/`out.missing`
+/// once) when the runtime or the driver cannot provide it.
+template <class Fn>
+bool resolve_driver_symbol(driver_entry_points& out, char const* symbol, Fn& fn) noexcept
+{
+  void* address                                = nullptr;
+  cudaDriverEntryPointQueryResult query_result = cudaDriverEntryPointSymbolNotFound;
+  cudaError_t const e = ::cudaGetDriverEntryPointByVersion(symbol, &address, driver_abi_version,
+                                                           cudaEnableDefault, &query_result);
+  if (e != cudaSuccess) {
+    (void)::cudaGetLastError();
+    out.status  = e;  // e.g. cudaErrorInsufficientDriver without a driver
+    out.missing = symbol;
+    return false;
+  }
+  if (address == nullptr || query_result != cudaDriverEntryPointSuccess) {
+    // The driver is there but lacks the symbol (or this version of it).
+    out.status  = query_result == cudaDriverEntryPointVersionNotSufficent
+                    ? cudaErrorInsufficientDriver
+                    : cudaErrorNotSupported;
+    out.missing = symbol;
+    return false;
+  }
+  fn = reinterpret_cast<Fn>(address);
+  return true;
+}
+
+/// Resolves every entry point (or none: `status` then names the failure).
+inline driver_entry_points load_driver_entry_points() noexcept
+{
+  driver_entry_points d{};
+  bool const ok =
+    resolve_driver_symbol(d, "cuDeviceGet", d.device_get) &&
+    resolve_driver_symbol(d, "cuDeviceGetAttribute", d.device_get_attribute) &&
+    resolve_driver_symbol(d, "cuMemGetAllocationGranularity", d.mem_get_allocation_granularity) &&
+    resolve_driver_symbol(d, "cuMemAddressReserve", d.mem_address_reserve) &&
+    resolve_driver_symbol(d, "cuMemAddressFree", d.mem_address_free) &&
+    resolve_driver_symbol(d, "cuMemCreate", d.mem_create) &&
+    resolve_driver_symbol(d, "cuMemRelease", d.mem_release) &&
+    resolve_driver_symbol(d, "cuMemMap", d.mem_map) &&
+    resolve_driver_symbol(d, "cuMemUnmap", d.mem_unmap) &&
+    resolve_driver_symbol(d, "cuMemSetAccess", d.mem_set_access);
+  if (!ok) { return driver_entry_points{d.status, d.missing}; }  // all or nothing
+  d.status = cudaSuccess;
+  return d;
+}
+
+/// The process-wide entry points, resolved on first call. Never blocks after the first call.
+inline driver_entry_points const& driver_api() noexcept
+{
+  static driver_entry_points const entry_points = load_driver_entry_points();
+  return entry_points;
+}
+
+/// The runtime error that best names a driver error (unknown ones become cudaErrorUnknown).
+[[nodiscard]] constexpr cudaError_t to_cuda_error(CUresult r) noexcept
+{
+  switch (r) {
+    case CUDA_SUCCESS: return cudaSuccess;
+    case CUDA_ERROR_INVALID_VALUE: return cudaErrorInvalidValue;
+    case CUDA_ERROR_OUT_OF_MEMORY: return cudaErrorMemoryAllocation;
+    case CUDA_ERROR_NOT_INITIALIZED: return cudaErrorInitializationError;
+    case CUDA_ERROR_DEINITIALIZED: return cudaErrorCudartUnloading;
+    case CUDA_ERROR_STUB_LIBRARY: return cudaErrorStubLibrary;
+    case CUDA_ERROR_CALL_REQUIRES_NEWER_DRIVER: return cudaErrorCallRequiresNewerDriver;
+    case CUDA_ERROR_DEVICE_UNAVAILABLE: return cudaErrorDevicesUnavailable;
+    case CUDA_ERROR_NO_DEVICE: return cudaErrorNoDevice;
+    case CUDA_ERROR_INVALID_DEVICE: return cudaErrorInvalidDevice;
+    case CUDA_ERROR_INVALID_CONTEXT: return cudaErrorDeviceUninitialized;
+    case CUDA_ERROR_CONTEXT_IS_DESTROYED: return cudaErrorContextIsDestroyed;
+    case CUDA_ERROR_ALREADY_MAPPED: return cudaErrorAlreadyMapped;
+    case CUDA_ERROR_NOT_MAPPED: return cudaErrorNotMapped;
+    case CUDA_ERROR_INVALID_HANDLE: return cudaErrorInvalidResourceHandle;
+    case CUDA_ERROR_ILLEGAL_STATE: return cudaErrorIllegalState;
+    case CUDA_ERROR_NOT_FOUND: return cudaErrorSymbolNotFound;
+    case CUDA_ERROR_NOT_READY: return cudaErrorNotReady;
+    case CUDA_ERROR_ILLEGAL_ADDRESS: return cudaErrorIllegalAddress;
+    case CUDA_ERROR_LAUNCH_FAILED: return cudaErrorLaunchFailure;
+    case CUDA_ERROR_ECC_UNCORRECTABLE: return cudaErrorECCUncorrectable;
+    case CUDA_ERROR_NOT_PERMITTED: return cudaErrorNotPermitted;
+    case CUDA_ERROR_NOT_SUPPORTED: return cudaErrorNotSupported;
+    case CUDA_ERROR_SYSTEM_NOT_READY: return cudaErrorSystemNotReady;
+    case CUDA_ERROR_SYSTEM_DRIVER_MISMATCH: return cudaErrorSystemDriverMismatch;
+    case CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE: return cudaErrorCompatNotSupportedOnDevice;
+    case CUDA_ERROR_OPERATING_SYSTEM: return cudaErrorOperatingSystem;
+    case CUDA_ERROR_TIMEOUT: return cudaErrorTimeout;
+    default: return cudaErrorUnknown;
+  }
+}
+
+}  // namespace gpukit::detail
