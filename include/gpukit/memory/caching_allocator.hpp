@@ -1,0 +1,329 @@
+// gpukit/memory/caching_allocator.hpp: a stream-ordered caching device allocator.
+//
+// Quick start:
+//
+//   #include <gpukit/memory/caching_allocator.hpp>
+//
+//   gpukit::caching_allocator& alloc = gpukit::default_caching_allocator(0);  // device 0
+//   void* p = alloc.allocate_async(bytes, stream);     // usable in `stream` order at once
+//   launch_kernel<<<grid, block, 0, stream>>>(p);
+//   alloc.deallocate_async(p, bytes, stream);          // reusable on `stream` at once, on other
+//                                                      // streams once this work has completed
+//   auto s = alloc.stats();                            // PyTorch's vocabulary: allocated,
+//                                                      // reserved, active, inactive split, ...
+//
+//   // The same allocator on a simulated GPU (CI without a GPU):
+//   gpukit::sim_runtime sim{gpukit::sim_config{}.with_devices(1, std::size_t{16} << 30)};
+//   gpukit::basic_caching_allocator<gpukit::sim_runtime> sim_alloc{sim, 0};
+//
+// ## Design (why it is fast, and frugal)
+//
+// - Per-thread caches in front of a shared pool. Each thread keeps, per allocator and per stream,
+//   short LIFO lists of recently freed blocks by size class, and a private map of the blocks it
+//   handed out. Reusing a block on the stream it was freed on (the common case in a training loop)
+//   takes no lock, makes no runtime call and writes no cache line another thread writes; the
+//   statistics are counted per thread and summed when read.
+// - The shared pool (one mutex) indexes free blocks with two-level segregated fit (TLSF: O(1),
+//   16 classes per power of two, exact fits preferred), splits blocks at 256-byte granularity and
+//   coalesces neighbours within a segment. Small requests (<= 1 MiB) are carved from 2 MiB
+//   segments and larger ones from their own segments, as PyTorch does, so small blocks never pin
+//   large segments.
+// - Stream semantics: a block freed on stream S is reusable on S at once. Another stream gets it
+//   only after the work queued on S before the free has completed: when a stream runs out of
+//   blocks, the allocator records one event on each other stream that holds free blocks (an event
+//   per crossing, never per free) and moves those blocks to a stream-less pool once it completes.
+//   `record_stream(p, s)` marks a block as used on another stream too; its free then waits for an
+//   event on each such stream.
+// - Segments come from the runtime's stream-ordered allocator (`cudaMallocAsync` on the
+//   requesting stream) when the device supports memory pools, so that giving memory back
+//   (`release`, `trim`, the OOM path) is itself stream-ordered and never synchronizes the device.
+//   With `segment_source::synchronous` they come from `cudaMalloc`/`cudaFree`, and every
+//   `cudaFree` is counted in `stats().synchronizing_frees`.
+//
+// Thread-safe. One instance serves one device: the hot path never asks which device is current.
+#pragma once
+
+#include <gpukit/error.hpp>
+#include <gpukit/memory/detail/address_map.hpp>
+#include <gpukit/memory/detail/tlsf_index.hpp>
+#include <gpukit/runtime/cuda_runtime.hpp>
+#include <gpukit/runtime/runtime.hpp>
+
+// CCCL's memory-resource concepts (CUDA 13.0 ships CCCL 3.0.1, where they are experimental).
+#ifndef LIBCUDACXX_ENABLE_EXPERIMENTAL_MEMORY_RESOURCE
+#define LIBCUDACXX_ENABLE_EXPERIMENTAL_MEMORY_RESOURCE
+#endif
+#include <cuda/memory_resource>
+#include <cuda/stream_ref>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace gpukit {
+
+/// Where a caching allocator takes its segments from.
+enum class segment_source {
+  automatic,       ///< stream_ordered when the device supports memory pools, else synchronous
+  stream_ordered,  ///< malloc_async / free_async on the requesting stream (cudaMallocAsync)
+  synchronous,     ///< malloc / free (cudaMalloc / cudaFree; cudaFree may synchronize the device)
+};
+
+/// Settings of a caching allocator. Defaults suit training loops.
+struct caching_allocator_options {
+  /// Largest number of bytes the allocator may hold from the device (0: no limit).
+  std::size_t limit_bytes{0};
+  /// Limit as a fraction of the device's total memory (0: no limit). The smaller limit applies.
+  double limit_fraction{0.0};
+  segment_source source{segment_source::automatic};
+  /// Requests up to this size are "small": served from `small_segment_bytes` segments.
+  std::size_t small_request_bytes{std::size_t{1} << 20};
+  std::size_t small_segment_bytes{std::size_t{2} << 20};
+  /// Requests between small and this size share `medium_segment_bytes` segments; larger
+  /// requests get a segment of their own, rounded up to `segment_rounding_bytes`.
+  std::size_t medium_request_bytes{std::size_t{10} << 20};
+  std::size_t medium_segment_bytes{std::size_t{20} << 20};
+  std::size_t segment_rounding_bytes{std::size_t{2} << 20};
+  /// Blocks larger than this bypass the per-thread caches.
+  std::size_t thread_cache_max_block_bytes{std::size_t{32} << 20};
+  /// Bytes one thread may keep cached per allocator before it returns blocks to the pool.
+  std::size_t thread_cache_bytes{std::size_t{64} << 20};
+  /// Blocks one thread keeps per size class and stream.
+  int thread_cache_blocks_per_class{8};
+};
+
+/// One statistic, current and peak, as PyTorch reports them.
+struct stat_pair {
+  std::int64_t current{0};
+  std::int64_t peak{0};
+};
+
+/// Statistics of a caching allocator (PyTorch's `torch.cuda.memory_stats` vocabulary).
+struct caching_allocator_stats {
+  stat_pair allocated_bytes;       ///< bytes of blocks held by users (block sizes)
+  stat_pair requested_bytes;       ///< bytes users asked for
+  stat_pair reserved_bytes;        ///< bytes of segments held from the runtime
+  stat_pair active_bytes;          ///< allocated, plus freed blocks waiting on other streams' work
+  stat_pair inactive_split_bytes;  ///< free blocks inside partly used segments
+  stat_pair allocation_count;      ///< blocks held by users
+  stat_pair segment_count;
+  stat_pair active_count;
+  stat_pair inactive_split_count;
+  std::int64_t cached_bytes{0};    ///< free bytes held in per-thread caches (part of inactive)
+  std::uint64_t num_allocs{0};     ///< allocate calls that succeeded
+  std::uint64_t num_frees{0};
+  std::uint64_t num_cache_hits{0};  ///< allocations served by a per-thread cache
+  std::uint64_t num_device_allocs{0};  ///< segments taken from the runtime
+  std::uint64_t num_device_frees{0};   ///< segments returned to the runtime
+  std::uint64_t num_alloc_retries{0};  ///< allocations that needed a recovery step
+  std::uint64_t num_ooms{0};
+  std::uint64_t num_cross_stream_events{0};  ///< events recorded to move blocks across streams
+  std::uint64_t synchronizing_frees{0};      ///< segment frees that may synchronize the device
+  /// Out-of-memory recovery waits on a stream whose cached segments it returned (never the device).
+  std::uint64_t num_release_waits{0};
+};
+
+namespace detail {
+template <class Runtime>
+struct caching_block;
+template <class Runtime>
+struct caching_thread_cache;
+}  // namespace detail
+
+/// A stream-ordered caching device allocator over a Runtime (see the top of this header).
+///
+/// All allocations are 256-byte aligned. Every member is thread-safe.
+template <class Runtime>
+class basic_caching_allocator final {
+ public:
+  using runtime_type = Runtime;
+  using stream_type  = typename Runtime::stream_type;
+  using event_type   = typename Runtime::event_type;
+
+  static constexpr std::size_t alignment = 256;
+
+  /// An allocator for `device` of `runtime`. Does not allocate device memory yet.
+  /// @throws gpukit::cuda_error if the device's properties cannot be read
+  explicit basic_caching_allocator(Runtime& runtime, int device = 0, caching_allocator_options options = {});
+  /// Returns every segment to the runtime (blocks still allocated are freed with them).
+  ~basic_caching_allocator();
+
+  basic_caching_allocator(basic_caching_allocator const&)            = delete;
+  basic_caching_allocator& operator=(basic_caching_allocator const&) = delete;
+  basic_caching_allocator(basic_caching_allocator&&)                 = delete;
+  basic_caching_allocator& operator=(basic_caching_allocator&&)      = delete;
+
+  /// Allocates `bytes` usable in `stream` order. Does not synchronize.
+  /// @throws gpukit::logic_error if bytes is 0
+  /// @throws gpukit::bad_alloc if bytes exceeds the device or the limit
+  /// @throws gpukit::out_of_memory if the device is full after recovery
+  /// @throws gpukit::cuda_error if the runtime fails otherwise
+  [[nodiscard]] void* allocate_async(std::size_t bytes, stream_type stream);
+
+  /// Frees `ptr` (of `bytes`, as allocated) in `stream` order: reusable on `stream` at once, on
+  /// other streams once the work queued on `stream` before this call has completed. A null ptr is
+  /// ignored. Does not synchronize.
+  /// @throws gpukit::logic_error for a pointer this allocator did not hand out, a double free, or
+  ///         a size other than the one allocated; the allocator is left unchanged
+  void deallocate_async(void* ptr, std::size_t bytes, stream_type stream);
+
+  /// As deallocate_async, without checking the size (for interfaces that do not pass it).
+  void deallocate_async(void* ptr, stream_type stream);
+
+  /// allocate_async on the device's default stream (the RMM convention; does not synchronize).
+  [[nodiscard]] void* allocate(std::size_t bytes) { return allocate_async(bytes, stream_type{}); }
+  /// deallocate_async on the device's default stream.
+  void deallocate(void* ptr, std::size_t bytes) { deallocate_async(ptr, bytes, stream_type{}); }
+
+  /// Marks `ptr` as used on `stream` as well as on the stream it is freed on: its memory is not
+  /// reused until the work queued on `stream` up to its free has completed (PyTorch's
+  /// `record_stream`). Does not synchronize.
+  /// @throws gpukit::logic_error for a pointer not currently allocated by this allocator
+  void record_stream(void* ptr, stream_type stream);
+
+  /// Tells the allocator that `stream` is about to be destroyed: waits for the work queued on it so
+  /// far, then makes its free blocks usable on every stream. Call it before `stream_destroy` on
+  /// any stream this allocator has served (the allocator may otherwise record events on, or free
+  /// segments in the order of, that stream later), from the thread that freed blocks on it last
+  /// (other threads' cached blocks for it return to the pool at their next call). Synchronizes
+  /// with `stream`.
+  void forget_stream(stream_type stream);
+
+  /// Returns every fully free segment to the runtime, after returning the calling thread's cached
+  /// blocks to the pool (other threads return theirs at their next call). Stream-ordered segments
+  /// are freed on the stream that last used them, so this waits on no other work; synchronous
+  /// segments go through `free`, which may synchronize the device. Returns the bytes released.
+  std::size_t release();
+
+  /// Returns fully free segments until at most `target_reserved_bytes` are reserved (largest
+  /// first). Returns the bytes released.
+  std::size_t trim(std::size_t target_reserved_bytes);
+
+  // The CCCL memory-resource interface (cuda::mr::async_resource_with<R, device_accessible>).
+  // `alignment` may be any power of two up to 256.
+
+  /// allocate(bytes) with an alignment check. @throws gpukit::logic_error for alignment > 256
+  [[nodiscard]] void* allocate(std::size_t bytes, std::size_t align)
+  {
+    check_alignment(align);
+    return allocate(bytes);
+  }
+  void deallocate(void* ptr, std::size_t bytes, std::size_t align)
+  {
+    check_alignment(align);
+    deallocate(ptr, bytes);
+  }
+  /// Stream-ordered forms taking a `cuda::stream_ref` (or anything whose get() is a stream_type).
+  template <class StreamRef,
+            std::enable_if_t<std::is_same_v<decltype(std::declval<StreamRef const&>().get()), stream_type>, int> = 0>
+  [[nodiscard]] void* allocate_async(std::size_t bytes, std::size_t align, StreamRef stream)
+  {
+    check_alignment(align);
+    return allocate_async(bytes, stream.get());
+  }
+  template <class StreamRef,
+            std::enable_if_t<std::is_same_v<decltype(std::declval<StreamRef const&>().get()), stream_type>, int> = 0>
+  void deallocate_async(void* ptr, std::size_t bytes, std::size_t align, StreamRef stream)
+  {
+    check_alignment(align);
+    deallocate_async(ptr, bytes, stream.get());
+  }
+  /// The memory is device accessible (for CCCL's property queries).
+  friend void get_property(basic_caching_allocator const&, ::cuda::mr::device_accessible) noexcept {}
+
+  /// Statistics, summed over threads when read.
+  [[nodiscard]] caching_allocator_stats stats() const;
+  /// Resets every peak to its current value.
+  void reset_peak();
+
+  /// Limit in bytes (0 when none); changing it does not release memory by itself.
+  [[nodiscard]] std::size_t limit() const noexcept { return limit_.load(std::memory_order_relaxed); }
+  void set_limit(std::size_t bytes) noexcept { limit_.store(bytes, std::memory_order_relaxed); }
+
+  [[nodiscard]] int device() const noexcept { return device_; }
+  [[nodiscard]] Runtime& runtime() const noexcept { return runtime_; }
+  [[nodiscard]] caching_allocator_options const& options() const noexcept { return options_; }
+
+  /// Checks the pool's invariants (blocks tile each segment, indices agree with states, counters
+  /// agree with blocks). For tests; takes the pool lock. Returns an empty string when they hold.
+  [[nodiscard]] std::string check_invariants() const;
+
+  /// Two allocators are equal when they are the same object (memory from one cannot be freed
+  /// through another).
+  friend bool operator==(basic_caching_allocator const& a, basic_caching_allocator const& b) noexcept { return &a == &b; }
+  friend bool operator!=(basic_caching_allocator const& a, basic_caching_allocator const& b) noexcept { return &a != &b; }
+
+ private:
+  using block        = detail::caching_block<Runtime>;
+  using thread_cache = detail::caching_thread_cache<Runtime>;
+  struct stream_pool;
+  struct pending_free;
+  struct segment;
+  enum pool_kind : int { small_pool = 0, large_pool = 1 };
+
+  static void check_alignment(std::size_t align)
+  {
+    GPUKIT_EXPECTS(align != 0 && (align & (align - 1)) == 0 && align <= alignment,
+                   "caching_allocator: alignment " + std::to_string(align) + " is not a power of two up to 256");
+  }
+  thread_cache& local_cache();
+  void* allocate_slow(std::size_t bytes, std::size_t size, stream_type stream, thread_cache& tc);
+  void deallocate_impl(void* ptr, std::size_t bytes, bool check_size, stream_type stream);
+  void free_to_pool_locked(block* b, stream_type stream);
+  block* find_free_locked(std::size_t size, int kind, stream_type stream);
+  block* new_segment_locked(std::size_t size, int kind, stream_type stream, bool& oom);
+  block* take_locked(block* b, std::size_t size, std::size_t bytes, stream_type stream);
+  void insert_free_locked(block* b);
+  void unindex_locked(block* b);
+  stream_pool& stream_pool_locked(stream_type stream);
+  bool poll_pending_locked();
+  bool migrate_locked(stream_type requester, bool wait);
+  std::size_t release_locked(std::size_t target, std::vector<stream_type>* freed_on = nullptr);
+  void flush_cache_locked(thread_cache& tc);
+  void flush_cache(thread_cache& tc);
+  block* new_block_locked();
+  void recycle_block_locked(block* b);
+  event_type take_event_locked();
+  [[noreturn]] void throw_oom_locked(std::size_t bytes, std::size_t size);
+  std::size_t segment_size_for(std::size_t size) const noexcept;
+  int kind_for(std::size_t size) const noexcept { return size <= options_.small_request_bytes ? small_pool : large_pool; }
+  void update_peaks_locked() const;
+  static void on_thread_exit(void* allocator, void* cache);
+
+  Runtime& runtime_;
+  int device_;
+  caching_allocator_options options_;
+  std::uint64_t uid_;
+  std::size_t device_total_{0};
+  bool stream_ordered_{true};
+  std::atomic<std::size_t> limit_{0};
+
+  mutable std::mutex mutex_;  // the pool: everything below
+  detail::address_map<block> blocks_;  // every block, by address
+  std::vector<std::unique_ptr<stream_pool>> stream_pools_;
+  detail::tlsf_index<block> global_[2];  // free blocks usable on any stream
+  std::vector<pending_free> pending_;
+  std::vector<std::unique_ptr<block[]>> block_chunks_;
+  block* spare_blocks_{nullptr};
+  std::vector<event_type> spare_events_;
+  std::vector<std::unique_ptr<thread_cache>> caches_;  // every thread cache of this allocator
+  std::size_t reserved_{0};
+  std::size_t segments_{0};
+  mutable caching_allocator_stats pool_stats_{};  // pool-level counters and peaks
+};
+
+/// The caching allocator over the CUDA runtime.
+using caching_allocator = basic_caching_allocator<cuda_runtime>;
+
+}  // namespace gpukit
+
+#include <gpukit/memory/detail/caching_allocator.inl>
+
+static_assert(::cuda::mr::async_resource_with<gpukit::caching_allocator, ::cuda::mr::device_accessible>,
+              "gpukit::caching_allocator must be a CCCL async memory resource");

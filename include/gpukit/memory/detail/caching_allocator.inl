@@ -1,0 +1,1121 @@
+// gpukit/memory/detail/caching_allocator.inl: bodies of basic_caching_allocator. Not public API.
+#pragma once
+
+#include <gpukit/memory/caching_allocator.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <unordered_set>
+
+namespace gpukit::detail {
+
+// ---------------------------------------------------------------------------------------------
+// Thread-local registry: which thread cache this thread uses for which allocator.
+
+struct tls_entry {
+  std::uint64_t uid{0};
+  void* allocator{nullptr};
+  void* cache{nullptr};
+  void (*on_exit)(void* allocator, void* cache){nullptr};
+};
+
+/// Allocators alive in this process (by uid), so that a thread exiting after an allocator died
+/// does not touch it. uids are never reused.
+struct live_allocators {
+  std::mutex mutex;
+  std::unordered_set<std::uint64_t> uids;
+  std::atomic<std::uint64_t> next_uid{1};
+  static live_allocators& get()
+  {
+    static live_allocators* r = new live_allocators{};  // never destroyed: threads outlive statics
+    return *r;
+  }
+};
+
+struct tls_registry {
+  tls_entry last{};
+  std::vector<tls_entry> entries;
+  tls_registry() = default;
+  tls_registry(tls_registry const&)            = delete;
+  tls_registry& operator=(tls_registry const&) = delete;
+  tls_registry(tls_registry&&)                 = delete;
+  tls_registry& operator=(tls_registry&&)      = delete;
+  ~tls_registry()
+  {
+    auto& live = live_allocators::get();
+    std::lock_guard<std::mutex> lock{live.mutex};
+    for (auto const& e : entries) {
+      if (live.uids.count(e.uid) != 0) { e.on_exit(e.allocator, e.cache); }
+    }
+  }
+  static tls_registry& get()
+  {
+    thread_local tls_registry r;
+    return r;
+  }
+};
+
+inline std::size_t round_up(std::size_t n, std::size_t a) noexcept { return (n + a - 1) / a * a; }
+
+inline std::string hex(void const* p)
+{
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%p", p);
+  return buf;
+}
+
+enum class block_state : std::uint8_t {
+  allocated,  // held by a user
+  cached,     // in a thread cache
+  free,       // in a pool index
+  pending,    // freed, waiting for events on recorded streams
+  dead,       // descriptor not describing any block (spare)
+};
+
+template <class Runtime>
+struct caching_block {
+  using stream_type = typename Runtime::stream_type;
+
+  [[nodiscard]] std::uintptr_t address() const noexcept { return ptr.load(std::memory_order_relaxed); }
+  [[nodiscard]] void* data() const noexcept { return reinterpret_cast<void*>(address()); }
+
+  std::atomic<std::uintptr_t> ptr{0};
+  std::atomic<block_state> state{block_state::dead};
+  std::size_t size{0};
+  std::size_t requested{0};
+  stream_type stream{};          // allocated on / freed on (owner when free and not global)
+  bool global{false};            // free and usable on any stream
+  int kind{0};                   // small or large pool
+  std::uint64_t free_seq{0};     // when it entered its stream's pool
+  void* segment{nullptr};
+  caching_block* prev{nullptr};  // neighbours by address within the segment
+  caching_block* next{nullptr};
+  caching_block* free_prev{nullptr};  // index links (also the spare list)
+  caching_block* free_next{nullptr};
+  std::vector<stream_type> recorded;  // record_stream
+};
+
+template <class Runtime>
+struct caching_thread_cache {
+  using stream_type = typename Runtime::stream_type;
+  using block       = caching_block<Runtime>;
+  static constexpr int stream_slots = 4;
+
+  struct slot {
+    stream_type stream{};
+    bool used{false};
+    std::uint64_t last_use{0};
+    std::array<block*, tlsf_class_count> lists{};
+    std::array<std::uint8_t, tlsf_class_count> counts{};
+  };
+
+  // Counters written by the owner thread only (relaxed load + store, no read-modify-write), read
+  // by stats(). Each cache is its own allocation, so no two threads write one cache line.
+  struct counter {
+    std::atomic<std::int64_t> v{0};
+    void add(std::int64_t d) noexcept { v.store(v.load(std::memory_order_relaxed) + d, std::memory_order_relaxed); }
+    [[nodiscard]] std::int64_t get() const noexcept { return v.load(std::memory_order_relaxed); }
+  };
+
+  /// A block for `size` bytes on `stream`, or nullptr.
+  block* pop(stream_type stream, std::size_t size) noexcept
+  {
+    slot* s = find(stream);
+    if (s == nullptr) { return nullptr; }
+    int const fc = tlsf_floor_class(size);
+    block* b     = s->lists[fc];
+    int c        = fc;
+    if (b == nullptr || b->size < size) {
+      c = tlsf_ceil_class(size);
+      if (c == fc) { c = fc + 1; }
+      if (c >= tlsf_class_count) { return nullptr; }
+      b = s->lists[c];
+      if (b == nullptr) { return nullptr; }
+    }
+    s->lists[c] = b->free_next;
+    --s->counts[c];
+    cached_bytes.add(-static_cast<std::int64_t>(b->size));
+    return b;
+  }
+
+  /// Keeps `b` for reuse on `stream`; false when there is no room.
+  bool push(stream_type stream, block* b, int per_class, std::size_t max_bytes) noexcept
+  {
+    slot* s = find(stream);
+    if (s == nullptr) { s = claim(stream); }
+    if (s == nullptr) { return false; }
+    int const c = tlsf_floor_class(b->size);
+    if (s->counts[c] >= per_class || static_cast<std::size_t>(cached_bytes.get()) + b->size > max_bytes) {
+      return false;
+    }
+    b->free_next = s->lists[c];
+    s->lists[c]  = b;
+    ++s->counts[c];
+    cached_bytes.add(static_cast<std::int64_t>(b->size));
+    return true;
+  }
+
+  slot* find(stream_type stream) noexcept
+  {
+    if (mru != nullptr && mru->stream == stream && mru->used) { return mru; }
+    for (auto& s : slots) {
+      if (s.used && s.stream == stream) {
+        s.last_use = ++tick;
+        mru        = &s;
+        return &s;
+      }
+    }
+    return nullptr;
+  }
+
+  slot* claim(stream_type stream) noexcept
+  {
+    for (auto& s : slots) {
+      if (!s.used) {
+        s.used     = true;
+        s.stream   = stream;
+        s.last_use = ++tick;
+        mru        = &s;
+        return &s;
+      }
+    }
+    return nullptr;  // all slots busy: the caller returns the block to the pool
+  }
+
+  /// Calls f(stream, block*) for every cached block and empties the cache.
+  template <class F>
+  void drain(F&& f)
+  {
+    for (auto& s : slots) {
+      if (!s.used) { continue; }
+      for (int c = 0; c < tlsf_class_count; ++c) {
+        for (block* b = s.lists[c]; b != nullptr;) {
+          block* next = b->free_next;
+          f(s.stream, b);
+          b = next;
+        }
+        s.lists[c]  = nullptr;
+        s.counts[c] = 0;
+      }
+      s.used = false;
+    }
+    mru = nullptr;
+    cached_bytes.add(-cached_bytes.get());
+  }
+
+  std::array<slot, stream_slots> slots{};
+  slot* mru{nullptr};
+  std::uint64_t tick{0};
+  address_map<block> handed_out;  // blocks this thread allocated and has not freed
+  std::atomic<bool> flush_requested{false};
+  bool orphaned{false};  // guarded by the allocator's mutex
+
+  counter allocated_bytes, requested_bytes, allocation_count, cached_bytes;
+  counter num_allocs, num_frees, num_cache_hits;
+};
+
+}  // namespace gpukit::detail
+
+namespace gpukit {
+
+template <class Runtime>
+struct basic_caching_allocator<Runtime>::segment {
+  void* ptr{nullptr};
+  std::size_t size{0};
+  int kind{0};
+};
+
+template <class Runtime>
+struct basic_caching_allocator<Runtime>::stream_pool {
+  stream_type stream{};
+  detail::tlsf_index<block> index[2];
+  std::uint64_t free_seq{0};
+  bool migrating{false};
+  event_type migration_event{};
+  std::uint64_t migration_seq{0};
+};
+
+template <class Runtime>
+struct basic_caching_allocator<Runtime>::pending_free {
+  block* b{nullptr};
+  stream_type stream{};
+  std::vector<event_type> events;
+};
+
+// ---------------------------------------------------------------------------------------------
+
+template <class Runtime>
+basic_caching_allocator<Runtime>::basic_caching_allocator(Runtime& runtime, int device, caching_allocator_options options)
+  : runtime_{runtime}, device_{device}, options_{options}
+{
+  GPUKIT_EXPECTS(options_.small_segment_bytes >= options_.small_request_bytes && options_.small_request_bytes >= alignment,
+                 "caching_allocator_options: small_segment_bytes (" + std::to_string(options_.small_segment_bytes) +
+                   ") must be at least small_request_bytes (" + std::to_string(options_.small_request_bytes) + ")");
+  GPUKIT_EXPECTS(options_.medium_segment_bytes >= options_.medium_request_bytes,
+                 "caching_allocator_options: medium_segment_bytes must be at least medium_request_bytes");
+  GPUKIT_EXPECTS(options_.segment_rounding_bytes % alignment == 0 && options_.segment_rounding_bytes > 0,
+                 "caching_allocator_options: segment_rounding_bytes must be a positive multiple of 256");
+  GPUKIT_EXPECTS(options_.limit_fraction >= 0.0 && options_.limit_fraction <= 1.0,
+                 "caching_allocator_options: limit_fraction " + std::to_string(options_.limit_fraction) +
+                   " is not within [0, 1]");
+  int count = 0;
+  GPUKIT_CUDA_TRY(runtime_.device_count(count));
+  GPUKIT_EXPECTS(device >= 0 && device < count,
+                 "caching_allocator: device " + std::to_string(device) + " does not exist (" + std::to_string(count) +
+                   " devices)");
+  device_properties props;
+  GPUKIT_CUDA_TRY(runtime_.get_device_properties(props, device));
+  device_total_ = props.total_memory;
+  stream_ordered_ =
+    options_.source == segment_source::stream_ordered || (options_.source == segment_source::automatic && props.memory_pools);
+  std::size_t limit = options_.limit_bytes;
+  if (options_.limit_fraction > 0.0) {
+    auto const frac = static_cast<std::size_t>(options_.limit_fraction * static_cast<double>(device_total_));
+    limit           = limit == 0 ? frac : std::min(limit, frac);
+  }
+  limit_.store(limit, std::memory_order_relaxed);
+  auto& live = detail::live_allocators::get();
+  uid_       = live.next_uid.fetch_add(1);
+  std::lock_guard<std::mutex> lock{live.mutex};
+  live.uids.insert(uid_);
+}
+
+template <class Runtime>
+basic_caching_allocator<Runtime>::~basic_caching_allocator()
+{
+  {
+    auto& live = detail::live_allocators::get();
+    std::lock_guard<std::mutex> lock{live.mutex};
+    live.uids.erase(uid_);
+  }
+  std::lock_guard<std::mutex> lock{mutex_};
+  device_guard<Runtime> guard{runtime_, device_};
+  // Every segment goes back, whatever it holds; pending events first (their streams' work).
+  for (auto& p : pending_) {
+    for (event_type e : p.events) { (void)runtime_.event_destroy(e); }
+  }
+  for (auto& sp : stream_pools_) {
+    if (sp->migrating) { (void)runtime_.event_destroy(sp->migration_event); }
+  }
+  for (event_type e : spare_events_) { (void)runtime_.event_destroy(e); }
+  blocks_.for_each([&](std::uintptr_t, block* b) {
+    if (b->prev == nullptr) {  // first block of its segment
+      auto* seg = static_cast<segment*>(b->segment);
+      if (stream_ordered_) {
+        (void)runtime_.free_async(seg->ptr, b->global ? stream_type{} : b->stream);
+      } else {
+        (void)runtime_.free(seg->ptr);
+      }
+      delete seg;
+    }
+  });
+}
+
+template <class Runtime>
+typename basic_caching_allocator<Runtime>::thread_cache& basic_caching_allocator<Runtime>::local_cache()
+{
+  auto& r = detail::tls_registry::get();
+  if (r.last.uid == uid_) { return *static_cast<thread_cache*>(r.last.cache); }
+  for (auto const& e : r.entries) {
+    if (e.uid == uid_) {
+      r.last = e;
+      return *static_cast<thread_cache*>(e.cache);
+    }
+  }
+  thread_cache* tc = nullptr;
+  {
+    std::lock_guard<std::mutex> lock{mutex_};
+    for (auto& c : caches_) {
+      if (c->orphaned) {
+        c->orphaned = false;
+        tc          = c.get();
+        break;
+      }
+    }
+    if (tc == nullptr) {
+      caches_.push_back(std::make_unique<thread_cache>());
+      tc = caches_.back().get();
+    }
+  }
+  detail::tls_entry e{uid_, this, tc, &on_thread_exit};
+  // Forget entries of allocators that no longer exist, so a thread that outlives many allocators
+  // keeps a short list.
+  {
+    auto& live = detail::live_allocators::get();
+    std::lock_guard<std::mutex> lock{live.mutex};
+    r.entries.erase(std::remove_if(r.entries.begin(), r.entries.end(),
+                                   [&](detail::tls_entry const& x) { return live.uids.count(x.uid) == 0; }),
+                    r.entries.end());
+  }
+  r.entries.push_back(e);
+  r.last = e;
+  return *tc;
+}
+
+template <class Runtime>
+void basic_caching_allocator<Runtime>::on_thread_exit(void* allocator, void* cache)
+{
+  auto* self = static_cast<basic_caching_allocator*>(allocator);
+  auto* tc   = static_cast<thread_cache*>(cache);
+  std::lock_guard<std::mutex> lock{self->mutex_};
+  self->flush_cache_locked(*tc);
+  tc->handed_out.erase_if([](std::uintptr_t, block*) { return true; });
+  // The counters stay: the sums over caches stay right when another thread reuses this one.
+  tc->orphaned = true;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Allocation
+
+template <class Runtime>
+void* basic_caching_allocator<Runtime>::allocate_async(std::size_t bytes, stream_type stream)
+{
+  GPUKIT_EXPECTS(bytes != 0, "allocate_async: cannot allocate 0 bytes (device " + std::to_string(device_) + ")");
+  if (bytes > device_total_) {
+    throw bad_alloc{"gpukit: allocate_async: " + std::to_string(bytes) + " bytes is more than device " +
+                    std::to_string(device_) + " has in total (" + std::to_string(device_total_) + " bytes)"};
+  }
+  std::size_t const size = detail::round_up(bytes, alignment);
+  thread_cache& tc       = local_cache();
+  if (tc.flush_requested.load(std::memory_order_relaxed)) { flush_cache(tc); }
+  if (size <= options_.thread_cache_max_block_bytes) {
+    if (block* b = tc.pop(stream, size)) {
+      b->state.store(detail::block_state::allocated, std::memory_order_relaxed);
+      b->requested = bytes;
+      b->stream    = stream;
+      tc.handed_out.insert(b->address(), b);
+      tc.allocated_bytes.add(static_cast<std::int64_t>(b->size));
+      tc.requested_bytes.add(static_cast<std::int64_t>(bytes));
+      tc.allocation_count.add(1);
+      tc.num_allocs.add(1);
+      tc.num_cache_hits.add(1);
+      return b->data();
+    }
+  }
+  return allocate_slow(bytes, size, stream, tc);
+}
+
+template <class Runtime>
+void* basic_caching_allocator<Runtime>::allocate_slow(std::size_t bytes, std::size_t size, stream_type stream,
+                                                      thread_cache& tc)
+{
+  std::unique_lock<std::mutex> lock{mutex_};
+  int const kind = kind_for(size);
+  if (!pending_.empty()) { poll_pending_locked(); }  // reuse the oldest memory first
+  block* b = find_free_locked(size, kind, stream);
+  if (b == nullptr && migrate_locked(stream, false)) { b = find_free_locked(size, kind, stream); }
+  if (b == nullptr && tc.cached_bytes.get() > 0) {
+    // This thread's cached blocks (of any stream) may coalesce into what is needed.
+    flush_cache_locked(tc);
+    b = find_free_locked(size, kind, stream);
+    if (b == nullptr && migrate_locked(stream, false)) { b = find_free_locked(size, kind, stream); }
+  }
+  if (b == nullptr) {
+    bool oom = false;
+    b        = new_segment_locked(size, kind, stream, oom);
+    if (b == nullptr) {
+      // Recovery: wait for blocks freed on other streams, give back every free segment, retry.
+      ++pool_stats_.num_alloc_retries;
+      if (migrate_locked(stream, true) || poll_pending_locked()) { b = find_free_locked(size, kind, stream); }
+      if (b == nullptr) {
+        for (auto& c : caches_) {
+          if (c.get() != &tc) { c->flush_requested.store(true, std::memory_order_relaxed); }
+        }
+        std::vector<stream_type> freed_on;
+        if (release_locked(0, &freed_on) != 0 && stream_ordered_) {
+          // Stream-ordered frees take effect when their stream reaches them: wait for those
+          // streams only (never the whole device), then the memory is the device's again.
+          device_guard<Runtime> guard{runtime_, device_};
+          for (stream_type fs : freed_on) {
+            GPUKIT_CUDA_TRY(runtime_.stream_synchronize(fs));
+            ++pool_stats_.num_release_waits;
+          }
+        }
+        b = new_segment_locked(size, kind, stream, oom);
+      }
+      if (b == nullptr) { throw_oom_locked(bytes, size); }
+    }
+  }
+  b = take_locked(b, size, bytes, stream);
+  tc.handed_out.insert(b->address(), b);
+  tc.allocated_bytes.add(static_cast<std::int64_t>(b->size));
+  tc.requested_bytes.add(static_cast<std::int64_t>(bytes));
+  tc.allocation_count.add(1);
+  tc.num_allocs.add(1);
+  update_peaks_locked();
+  return b->data();
+}
+
+template <class Runtime>
+typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtime>::find_free_locked(std::size_t size,
+                                                                                                      int kind,
+                                                                                                      stream_type stream)
+{
+  for (auto& sp : stream_pools_) {
+    if (sp->stream == stream) {
+      if (block* b = sp->index[kind].find(size)) { return b; }
+      break;
+    }
+  }
+  return global_[kind].find(size);
+}
+
+template <class Runtime>
+std::size_t basic_caching_allocator<Runtime>::segment_size_for(std::size_t size) const noexcept
+{
+  if (size <= options_.small_request_bytes) { return options_.small_segment_bytes; }
+  if (size <= options_.medium_request_bytes) { return options_.medium_segment_bytes; }
+  return detail::round_up(size, options_.segment_rounding_bytes);
+}
+
+template <class Runtime>
+typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtime>::new_segment_locked(std::size_t size,
+                                                                                                        int kind,
+                                                                                                        stream_type stream,
+                                                                                                        bool& oom)
+{
+  std::size_t seg_size    = segment_size_for(size);
+  std::size_t const limit = limit_.load(std::memory_order_relaxed);
+  if (limit != 0 && reserved_ + seg_size > limit) {
+    // Within the limit, a segment just big enough may still fit.
+    seg_size = detail::round_up(size, alignment);
+    if (reserved_ + seg_size > limit) {
+      oom = true;
+      return nullptr;
+    }
+  }
+  // Host-side bookkeeping first, so that a failure after the runtime call cannot leak memory.
+  auto seg      = std::make_unique<segment>();
+  block* b      = new_block_locked();
+  void* p       = nullptr;
+  cudaError_t e = cudaSuccess;
+  {
+    device_guard<Runtime> guard{runtime_, device_};
+    e = stream_ordered_ ? runtime_.malloc_async(&p, seg_size, stream) : runtime_.malloc(&p, seg_size);
+  }
+  if (e != cudaSuccess) {
+    recycle_block_locked(b);
+    if (e == cudaErrorMemoryAllocation) {
+      oom = true;
+      return nullptr;
+    }
+    GPUKIT_CUDA_TRY(e);
+  }
+  seg->ptr  = p;
+  seg->size = seg_size;
+  seg->kind = kind;
+  b->ptr.store(reinterpret_cast<std::uintptr_t>(p), std::memory_order_relaxed);
+  b->size    = seg_size;
+  b->kind    = kind;
+  b->stream  = stream;
+  b->global  = false;
+  b->segment = seg.release();
+  b->prev = b->next = nullptr;
+  b->state.store(detail::block_state::free, std::memory_order_relaxed);
+  blocks_.insert(b->address(), b);
+  reserved_ += seg_size;
+  ++segments_;
+  ++pool_stats_.num_device_allocs;
+  // Indexed as a free block of `stream`, so take_locked finds it where it expects it.
+  auto& sp      = stream_pool_locked(stream);
+  b->free_seq   = ++sp.free_seq;
+  sp.index[kind].insert(b);
+  return b;
+}
+
+template <class Runtime>
+typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtime>::take_locked(block* b, std::size_t size,
+                                                                                                 std::size_t bytes,
+                                                                                                 stream_type stream)
+{
+  unindex_locked(b);
+  b->state.store(detail::block_state::allocated, std::memory_order_relaxed);  // before the tail merges
+  if (b->size - size >= alignment) {
+    // Split: the tail stays free, with b's owner.
+    block* rest = new_block_locked();
+    rest->ptr.store(b->address() + size, std::memory_order_relaxed);
+    rest->size     = b->size - size;
+    rest->kind     = b->kind;
+    rest->stream   = b->stream;
+    rest->global   = b->global;
+    rest->segment  = b->segment;
+    rest->free_seq = b->free_seq;
+    rest->prev     = b;
+    rest->next     = b->next;
+    if (b->next != nullptr) { b->next->prev = rest; }
+    b->next = rest;
+    b->size = size;
+    rest->state.store(detail::block_state::free, std::memory_order_relaxed);
+    blocks_.insert(rest->address(), rest);
+    insert_free_locked(rest);
+  }
+  b->state.store(detail::block_state::allocated, std::memory_order_relaxed);
+  b->requested = bytes;
+  b->stream    = stream;
+  b->global    = false;
+  return b;
+}
+
+template <class Runtime>
+typename basic_caching_allocator<Runtime>::stream_pool& basic_caching_allocator<Runtime>::stream_pool_locked(stream_type stream)
+{
+  for (auto& sp : stream_pools_) {
+    if (sp->stream == stream) { return *sp; }
+  }
+  stream_pools_.push_back(std::make_unique<stream_pool>());
+  stream_pools_.back()->stream = stream;
+  return *stream_pools_.back();
+}
+
+template <class Runtime>
+void basic_caching_allocator<Runtime>::unindex_locked(block* b)
+{
+  if (b->global) {
+    global_[b->kind].remove(b);
+  } else {
+    stream_pool_locked(b->stream).index[b->kind].remove(b);
+  }
+}
+
+// Inserts free block b (state free, owner set) into its index, merging free neighbours first.
+template <class Runtime>
+void basic_caching_allocator<Runtime>::insert_free_locked(block* b)
+{
+  auto mergeable = [&](block* n) {
+    return n != nullptr && n->state.load(std::memory_order_relaxed) == detail::block_state::free &&
+           (n->global || b->global || n->stream == b->stream);
+  };
+  auto absorb_owner = [&](block* n) {
+    if (b->global && !n->global) {
+      b->global = false;
+      b->stream = n->stream;
+    }
+    b->free_seq = std::max(b->free_seq, n->free_seq);
+  };
+  if (mergeable(b->prev)) {
+    block* p = b->prev;
+    unindex_locked(p);
+    absorb_owner(p);
+    // p absorbs b: keep p's address.
+    p->size += b->size;
+    p->next = b->next;
+    if (b->next != nullptr) { b->next->prev = p; }
+    p->stream = b->stream;
+    p->global = b->global;
+    p->free_seq = b->free_seq;
+    blocks_.erase(b->address());
+    recycle_block_locked(b);
+    b = p;
+  }
+  if (mergeable(b->next)) {
+    block* n = b->next;
+    unindex_locked(n);
+    absorb_owner(n);
+    b->size += n->size;
+    b->next = n->next;
+    if (n->next != nullptr) { n->next->prev = b; }
+    blocks_.erase(n->address());
+    recycle_block_locked(n);
+  }
+  b->state.store(detail::block_state::free, std::memory_order_relaxed);
+  if (b->global) {
+    global_[b->kind].insert(b);
+  } else {
+    stream_pool_locked(b->stream).index[b->kind].insert(b);
+  }
+}
+
+template <class Runtime>
+void basic_caching_allocator<Runtime>::free_to_pool_locked(block* b, stream_type stream)
+{
+  b->stream   = stream;
+  b->global   = false;
+  b->free_seq = ++stream_pool_locked(stream).free_seq;
+  insert_free_locked(b);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Deallocation
+
+template <class Runtime>
+void basic_caching_allocator<Runtime>::deallocate_async(void* ptr, std::size_t bytes, stream_type stream)
+{
+  deallocate_impl(ptr, bytes, true, stream);
+}
+
+template <class Runtime>
+void basic_caching_allocator<Runtime>::deallocate_async(void* ptr, stream_type stream)
+{
+  deallocate_impl(ptr, 0, false, stream);
+}
+
+template <class Runtime>
+void basic_caching_allocator<Runtime>::deallocate_impl(void* ptr, std::size_t bytes, bool check_size, stream_type stream)
+{
+  if (ptr == nullptr) { return; }
+  auto const key   = reinterpret_cast<std::uintptr_t>(ptr);
+  thread_cache& tc = local_cache();
+  block* b         = tc.handed_out.find(key);
+  if (b != nullptr &&
+      (b->address() != key || b->state.load(std::memory_order_relaxed) != detail::block_state::allocated)) {
+    tc.handed_out.erase(key);  // stale: freed by another thread since
+    b = nullptr;
+  }
+  if (b == nullptr) {
+    // Not handed out by this thread (or an error): look it up in the pool.
+    std::lock_guard<std::mutex> lock{mutex_};
+    b = blocks_.find(key);
+    if (b == nullptr) {
+      GPUKIT_EXPECTS(false, "deallocate: pointer " + detail::hex(ptr) + " was not allocated by this allocator (device " +
+                              std::to_string(device_) + ")");
+    }
+    auto const st = b->state.load(std::memory_order_relaxed);
+    GPUKIT_EXPECTS(st == detail::block_state::allocated,
+                   "deallocate: double free of " + detail::hex(ptr) + " (a block of " + std::to_string(b->size) +
+                     " bytes that is already free, device " + std::to_string(device_) + ")");
+  }
+  GPUKIT_EXPECTS(!check_size || bytes == b->requested,
+                 "deallocate: pointer " + detail::hex(ptr) + " was allocated with " + std::to_string(b->requested) +
+                   " bytes but freed with " + std::to_string(bytes));
+  tc.handed_out.erase(key);
+  tc.allocated_bytes.add(-static_cast<std::int64_t>(b->size));
+  tc.requested_bytes.add(-static_cast<std::int64_t>(b->requested));
+  tc.allocation_count.add(-1);
+  tc.num_frees.add(1);
+  if (!b->recorded.empty()) {
+    // Used on other streams too: reusable once the work queued there up to now has completed.
+    std::lock_guard<std::mutex> lock{mutex_};
+    pending_free pf;
+    pf.b      = b;
+    pf.stream = stream;
+    device_guard<Runtime> guard{runtime_, device_};
+    for (stream_type s : b->recorded) {
+      if (s == stream) { continue; }
+      event_type e = take_event_locked();
+      GPUKIT_CUDA_TRY(runtime_.event_record(e, s));
+      pf.events.push_back(e);
+    }
+    b->recorded.clear();
+    b->state.store(detail::block_state::pending, std::memory_order_relaxed);
+    pending_.push_back(std::move(pf));
+    return;
+  }
+  b->state.store(detail::block_state::cached, std::memory_order_relaxed);
+  if (b->size <= options_.thread_cache_max_block_bytes &&
+      tc.push(stream, b, options_.thread_cache_blocks_per_class, options_.thread_cache_bytes)) {
+    return;
+  }
+  std::lock_guard<std::mutex> lock{mutex_};
+  free_to_pool_locked(b, stream);
+}
+
+template <class Runtime>
+void basic_caching_allocator<Runtime>::record_stream(void* ptr, stream_type stream)
+{
+  auto const key = reinterpret_cast<std::uintptr_t>(ptr);
+  std::lock_guard<std::mutex> lock{mutex_};
+  block* b = blocks_.find(key);
+  GPUKIT_EXPECTS(b != nullptr && b->state.load(std::memory_order_relaxed) == detail::block_state::allocated,
+                 "record_stream: pointer " + detail::hex(ptr) + " is not currently allocated by this allocator (device " +
+                   std::to_string(device_) + ")");
+  if (stream == b->stream) { return; }
+  if (std::find(b->recorded.begin(), b->recorded.end(), stream) == b->recorded.end()) { b->recorded.push_back(stream); }
+}
+
+// Moves pending frees whose events have all completed into their stream's pool.
+template <class Runtime>
+bool basic_caching_allocator<Runtime>::poll_pending_locked()
+{
+  bool moved = false;
+  for (std::size_t i = 0; i < pending_.size();) {
+    auto& pf  = pending_[i];
+    bool done = true;
+    for (event_type e : pf.events) {
+      cudaError_t const q = runtime_.event_query(e);
+      if (q == cudaErrorNotReady) {
+        done = false;
+        break;
+      }
+      GPUKIT_CUDA_TRY(q);
+    }
+    if (!done) {
+      ++i;
+      continue;
+    }
+    for (event_type e : pf.events) { spare_events_.push_back(e); }
+    free_to_pool_locked(pf.b, pf.stream);
+    pending_[i] = std::move(pending_.back());
+    pending_.pop_back();
+    moved = true;
+  }
+  return moved;
+}
+
+// Makes free blocks of other streams usable by any stream: one event per stream that holds free
+// blocks, recorded when first needed; once it completes, the blocks that stream had freed before
+// the event move to the global pool. With `wait`, blocks until those events complete.
+template <class Runtime>
+bool basic_caching_allocator<Runtime>::migrate_locked(stream_type requester, bool wait)
+{
+  bool moved = false;
+  device_guard<Runtime> guard{runtime_, device_};
+  for (auto& sp : stream_pools_) {
+    if (sp->stream == requester || (sp->index[0].empty() && sp->index[1].empty())) { continue; }
+    if (!sp->migrating) {
+      event_type e = take_event_locked();
+      GPUKIT_CUDA_TRY(runtime_.event_record(e, sp->stream));
+      sp->migration_event = e;
+      sp->migration_seq   = sp->free_seq;
+      sp->migrating       = true;
+      ++pool_stats_.num_cross_stream_events;
+    }
+    cudaError_t const q = wait ? runtime_.event_synchronize(sp->migration_event) : runtime_.event_query(sp->migration_event);
+    if (q == cudaErrorNotReady) { continue; }
+    GPUKIT_CUDA_TRY(q);
+    spare_events_.push_back(sp->migration_event);
+    sp->migrating = false;
+    std::vector<block*> movers;
+    for (auto& idx : sp->index) {
+      idx.for_each([&](block* b) {
+        if (b->free_seq <= sp->migration_seq) { movers.push_back(b); }
+      });
+    }
+    // Take them all out first (marked so that no merge sees them), then insert each, merging.
+    for (block* b : movers) {
+      sp->index[b->kind].remove(b);
+      b->global = true;
+      b->state.store(detail::block_state::pending, std::memory_order_relaxed);
+    }
+    for (block* b : movers) { insert_free_locked(b); }
+    moved = moved || !movers.empty();
+  }
+  return moved;
+}
+
+template <class Runtime>
+void basic_caching_allocator<Runtime>::forget_stream(stream_type stream)
+{
+  thread_cache& tc = local_cache();
+  std::lock_guard<std::mutex> lock{mutex_};
+  flush_cache_locked(tc);
+  auto it = std::find_if(stream_pools_.begin(), stream_pools_.end(), [&](auto const& sp) { return sp->stream == stream; });
+  if (it == stream_pools_.end()) { return; }
+  stream_pool& sp = **it;
+  device_guard<Runtime> guard{runtime_, device_};
+  if (!sp.migrating) {
+    sp.migration_event = take_event_locked();
+    GPUKIT_CUDA_TRY(runtime_.event_record(sp.migration_event, stream));
+  }
+  GPUKIT_CUDA_TRY(runtime_.event_synchronize(sp.migration_event));
+  spare_events_.push_back(sp.migration_event);
+  sp.migrating = false;
+  std::vector<block*> movers;
+  for (auto& idx : sp.index) { idx.for_each([&](block* b) { movers.push_back(b); }); }
+  for (block* b : movers) {
+    sp.index[b->kind].remove(b);
+    b->global = true;
+    b->state.store(detail::block_state::pending, std::memory_order_relaxed);
+  }
+  for (block* b : movers) { insert_free_locked(b); }
+  stream_pools_.erase(it);
+}
+
+template <class Runtime>
+void basic_caching_allocator<Runtime>::flush_cache_locked(thread_cache& tc)
+{
+  tc.flush_requested.store(false, std::memory_order_relaxed);
+  tc.drain([&](stream_type s, block* b) { free_to_pool_locked(b, s); });
+}
+
+template <class Runtime>
+void basic_caching_allocator<Runtime>::flush_cache(thread_cache& tc)
+{
+  std::lock_guard<std::mutex> lock{mutex_};
+  flush_cache_locked(tc);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Release
+
+template <class Runtime>
+std::size_t basic_caching_allocator<Runtime>::release()
+{
+  return trim(0);
+}
+
+template <class Runtime>
+std::size_t basic_caching_allocator<Runtime>::trim(std::size_t target_reserved_bytes)
+{
+  thread_cache& tc = local_cache();
+  std::lock_guard<std::mutex> lock{mutex_};
+  flush_cache_locked(tc);
+  for (auto& c : caches_) {
+    if (c.get() != &tc) { c->flush_requested.store(true, std::memory_order_relaxed); }
+  }
+  poll_pending_locked();
+  return release_locked(target_reserved_bytes);
+}
+
+template <class Runtime>
+std::size_t basic_caching_allocator<Runtime>::release_locked(std::size_t target, std::vector<stream_type>* freed_on)
+{
+  std::vector<block*> whole;  // free blocks that span their segment
+  auto collect = [&](block* b) {
+    if (b->prev == nullptr && b->next == nullptr) { whole.push_back(b); }
+  };
+  for (auto& sp : stream_pools_) {
+    for (auto& idx : sp->index) { idx.for_each(collect); }
+  }
+  for (auto& idx : global_) { idx.for_each(collect); }
+  std::sort(whole.begin(), whole.end(), [](block* a, block* b) { return a->size > b->size; });
+  std::size_t released = 0;
+  device_guard<Runtime> guard{runtime_, device_};
+  for (block* b : whole) {
+    if (reserved_ <= target) { break; }
+    auto* seg = static_cast<segment*>(b->segment);
+    // Stream-ordered: freed in the order of the stream that last used it, so no wait at all.
+    stream_type const on = b->global ? stream_type{} : b->stream;
+    cudaError_t const e  = stream_ordered_ ? runtime_.free_async(seg->ptr, on) : runtime_.free(seg->ptr);
+    GPUKIT_CUDA_TRY(e);
+    if (freed_on != nullptr && std::find(freed_on->begin(), freed_on->end(), on) == freed_on->end()) {
+      freed_on->push_back(on);
+    }
+    if (!stream_ordered_) { ++pool_stats_.synchronizing_frees; }
+    unindex_locked(b);
+    blocks_.erase(b->address());
+    recycle_block_locked(b);
+    reserved_ -= seg->size;
+    released += seg->size;
+    --segments_;
+    ++pool_stats_.num_device_frees;
+    delete seg;
+  }
+  return released;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Descriptors and events
+
+template <class Runtime>
+typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtime>::new_block_locked()
+{
+  if (spare_blocks_ == nullptr) {
+    constexpr std::size_t chunk = 256;
+    block_chunks_.push_back(std::unique_ptr<block[]>(new block[chunk]));
+    block* blocks = block_chunks_.back().get();
+    for (std::size_t i = 0; i < chunk; ++i) {
+      blocks[i].free_next = spare_blocks_;
+      spare_blocks_       = &blocks[i];
+    }
+  }
+  block* b      = spare_blocks_;
+  spare_blocks_ = b->free_next;
+  b->free_next  = nullptr;
+  b->recorded.clear();
+  return b;
+}
+
+template <class Runtime>
+void basic_caching_allocator<Runtime>::recycle_block_locked(block* b)
+{
+  b->state.store(detail::block_state::dead, std::memory_order_relaxed);
+  b->ptr.store(0, std::memory_order_relaxed);
+  b->prev = b->next = nullptr;
+  b->free_prev      = nullptr;
+  b->free_next      = spare_blocks_;
+  spare_blocks_     = b;
+}
+
+template <class Runtime>
+typename basic_caching_allocator<Runtime>::event_type basic_caching_allocator<Runtime>::take_event_locked()
+{
+  if (!spare_events_.empty()) {
+    event_type e = spare_events_.back();
+    spare_events_.pop_back();
+    return e;
+  }
+  event_type e{};
+  GPUKIT_CUDA_TRY(runtime_.event_create(e, false));
+  return e;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Statistics
+
+template <class Runtime>
+void basic_caching_allocator<Runtime>::update_peaks_locked() const
+{
+  std::int64_t allocated = 0, requested = 0, count = 0;
+  for (auto const& c : caches_) {
+    allocated += c->allocated_bytes.get();
+    requested += c->requested_bytes.get();
+    count += c->allocation_count.get();
+  }
+  auto bump = [](stat_pair& s, std::int64_t v) {
+    s.current = v;
+    s.peak    = std::max(s.peak, v);
+  };
+  bump(pool_stats_.allocated_bytes, allocated);
+  bump(pool_stats_.requested_bytes, requested);
+  bump(pool_stats_.allocation_count, count);
+  bump(pool_stats_.reserved_bytes, static_cast<std::int64_t>(reserved_));
+  bump(pool_stats_.segment_count, static_cast<std::int64_t>(segments_));
+}
+
+template <class Runtime>
+caching_allocator_stats basic_caching_allocator<Runtime>::stats() const
+{
+  std::lock_guard<std::mutex> lock{mutex_};
+  update_peaks_locked();
+  caching_allocator_stats s = pool_stats_;
+  std::int64_t pending_bytes = 0, pending_count = 0, split_bytes = 0, split_count = 0;
+  for (auto const& p : pending_) {
+    pending_bytes += static_cast<std::int64_t>(p.b->size);
+    ++pending_count;
+  }
+  auto split = [&](block* b) {
+    if (b->prev != nullptr || b->next != nullptr) {
+      split_bytes += static_cast<std::int64_t>(b->size);
+      ++split_count;
+    }
+  };
+  for (auto const& sp : stream_pools_) {
+    for (auto const& idx : sp->index) { idx.for_each(split); }
+  }
+  for (auto const& idx : global_) { idx.for_each(split); }
+  for (auto const& c : caches_) {
+    s.cached_bytes += c->cached_bytes.get();
+    s.num_allocs += static_cast<std::uint64_t>(c->num_allocs.get());
+    s.num_frees += static_cast<std::uint64_t>(c->num_frees.get());
+    s.num_cache_hits += static_cast<std::uint64_t>(c->num_cache_hits.get());
+  }
+  auto bump = [](stat_pair& st, stat_pair& keep, std::int64_t v) {
+    st.current = v;
+    keep.peak  = std::max(keep.peak, v);
+    st.peak    = keep.peak;
+  };
+  bump(s.active_bytes, pool_stats_.active_bytes, s.allocated_bytes.current + pending_bytes);
+  bump(s.active_count, pool_stats_.active_count, s.allocation_count.current + pending_count);
+  bump(s.inactive_split_bytes, pool_stats_.inactive_split_bytes, split_bytes);
+  bump(s.inactive_split_count, pool_stats_.inactive_split_count, split_count);
+  return s;
+}
+
+template <class Runtime>
+void basic_caching_allocator<Runtime>::reset_peak()
+{
+  std::lock_guard<std::mutex> lock{mutex_};
+  update_peaks_locked();
+  for (stat_pair* p : {&pool_stats_.allocated_bytes, &pool_stats_.requested_bytes, &pool_stats_.reserved_bytes,
+                       &pool_stats_.active_bytes, &pool_stats_.inactive_split_bytes, &pool_stats_.allocation_count,
+                       &pool_stats_.segment_count, &pool_stats_.active_count, &pool_stats_.inactive_split_count}) {
+    p->peak = p->current;
+  }
+}
+
+template <class Runtime>
+void basic_caching_allocator<Runtime>::throw_oom_locked(std::size_t bytes, std::size_t size)
+{
+  ++pool_stats_.num_ooms;
+  update_peaks_locked();
+  oom_report r;
+  r.requested = bytes;
+  r.device    = device_;
+  {
+    device_guard<Runtime> guard{runtime_, device_};
+    (void)runtime_.mem_get_info(r.device_free, r.device_total);
+  }
+  r.allocated = static_cast<std::size_t>(pool_stats_.allocated_bytes.current);
+  r.reserved  = reserved_;
+  r.limit     = limit_.load(std::memory_order_relaxed);
+  for (auto const& sp : stream_pools_) {
+    std::size_t const cached = sp->index[0].bytes() + sp->index[1].bytes();
+    r.total_free_in_pool += cached;
+    r.largest_free_block = std::max({r.largest_free_block, sp->index[0].largest(), sp->index[1].largest()});
+    if (cached != 0) {
+      std::uintptr_t id = 0;
+      std::memcpy(&id, &sp->stream, std::min(sizeof id, sizeof sp->stream));
+      r.cached_per_stream.push_back({id, cached});
+    }
+  }
+  for (auto const& idx : global_) {
+    r.total_free_in_pool += idx.bytes();
+    r.largest_free_block = std::max(r.largest_free_block, idx.largest());
+  }
+  r.steps.push_back({"wait for blocks freed on other streams and move them to this one", 0, true});
+  r.steps.push_back({"release every fully free segment to the device", 0, true});
+  if (r.limit != 0 && reserved_ + size > r.limit) {
+    r.hint = "the allocator's limit (" + std::to_string(r.limit) +
+             " bytes) stops this allocation; raise it with set_limit() or free tensors you no longer need";
+  } else if (r.total_free_in_pool >= size) {
+    r.hint = "enough memory is free in the pool but no free block is large enough (fragmentation); "
+             "growable segments (virtual memory) or fewer distinct block sizes would make it fit";
+  } else {
+    r.hint = "reduce the batch size or the memory held by live tensors; " + std::to_string(r.allocated) +
+             " bytes are allocated by users";
+  }
+  throw out_of_memory{std::move(r)};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Invariants (tests)
+
+template <class Runtime>
+std::string basic_caching_allocator<Runtime>::check_invariants() const
+{
+  std::lock_guard<std::mutex> lock{mutex_};
+  std::string err;
+  std::size_t seg_bytes = 0, seg_count = 0, blocks = 0, indexed_bytes = 0;
+  blocks_.for_each([&](std::uintptr_t key, block* b) {
+    ++blocks;
+    if (b->address() != key) { err += "block key mismatch; "; }
+    if (b->prev == nullptr) {
+      auto* seg = static_cast<segment*>(b->segment);
+      if (seg == nullptr || reinterpret_cast<std::uintptr_t>(seg->ptr) != key) { err += "segment head mismatch; "; }
+      std::size_t total = 0;
+      for (block* x = b; x != nullptr; x = x->next) {
+        if (x->next != nullptr && x->address() + x->size != x->next->address()) { err += "blocks do not tile; "; }
+        if (x->next != nullptr && x->next->prev != x) { err += "broken prev link; "; }
+        if (x->segment != b->segment) { err += "block in the wrong segment; "; }
+        if (blocks_.find(x->address()) != x) { err += "block missing from the map; "; }
+        auto const st = x->state.load(std::memory_order_relaxed);
+        if (st == detail::block_state::free && x->next != nullptr &&
+            x->next->state.load(std::memory_order_relaxed) == detail::block_state::free &&
+            (x->global || x->next->global || x->stream == x->next->stream)) {
+          err += "mergeable neighbours left unmerged; ";
+        }
+        if (st == detail::block_state::dead) { err += "dead block in a segment; "; }
+        total += x->size;
+      }
+      if (total != seg->size) { err += "segment size mismatch; "; }
+      seg_bytes += seg->size;
+      ++seg_count;
+    }
+  });
+  auto count_index = [&](detail::tlsf_index<block> const& idx, bool global, stream_type s) {
+    idx.for_each([&](block* b) {
+      indexed_bytes += b->size;
+      if (b->state.load(std::memory_order_relaxed) != detail::block_state::free) { err += "indexed block not free; "; }
+      if (b->global != global || (!global && !(b->stream == s))) { err += "block in the wrong index; "; }
+    });
+  };
+  for (auto const& sp : stream_pools_) {
+    for (auto const& idx : sp->index) { count_index(idx, false, sp->stream); }
+  }
+  for (auto const& idx : global_) { count_index(idx, true, stream_type{}); }
+  std::size_t free_blocks_bytes = 0;
+  blocks_.for_each([&](std::uintptr_t, block* b) {
+    if (b->state.load(std::memory_order_relaxed) == detail::block_state::free) { free_blocks_bytes += b->size; }
+  });
+  if (free_blocks_bytes != indexed_bytes) { err += "free blocks and indices disagree; "; }
+  if (seg_bytes != reserved_) {
+    err += "reserved " + std::to_string(reserved_) + " != segments " + std::to_string(seg_bytes) + "; ";
+  }
+  if (seg_count != segments_) { err += "segment count mismatch; "; }
+  return err;
+}
+
+}  // namespace gpukit

@@ -1,0 +1,303 @@
+// The caching allocator on the simulated GPU: the conformance cases, plus what only a simulated
+// GPU can show (stalled streams, injected faults, call counters).
+#include "memory/allocator_conformance.hpp"
+
+#include <gpukit/memory/caching_allocator.hpp>
+#include <gpukit/runtime/sim_runtime.hpp>
+
+#include <doctest/doctest.h>
+
+#include <set>
+#include <thread>
+
+using gpukit::sim_op;
+using gpukit::sim_runtime;
+using sim_allocator = gpukit::basic_caching_allocator<sim_runtime>;
+using stream_t      = sim_runtime::stream_type;
+
+namespace {
+
+constexpr std::size_t MiB = std::size_t{1} << 20;
+constexpr std::size_t GiB = std::size_t{1} << 30;
+
+gpukit::sim_config one_device(std::size_t capacity = 16 * GiB) { return gpukit::sim_config{}.with_devices(1, capacity); }
+
+struct streams2 {
+  sim_runtime& rt;
+  stream_t a{}, b{};
+  explicit streams2(sim_runtime& r) : rt{r}
+  {
+    GPUKIT_CUDA_TRY(rt.stream_create(a));
+    GPUKIT_CUDA_TRY(rt.stream_create(b));
+  }
+  ~streams2()
+  {
+    (void)rt.stream_destroy(a);
+    (void)rt.stream_destroy(b);
+  }
+};
+
+}  // namespace
+
+TEST_SUITE("caching_allocator")
+{
+  TEST_CASE("conformance: round trip of many sizes")
+  {
+    sim_runtime sim{one_device()};
+    gpukit::test::check_alloc_roundtrip(sim);
+  }
+  TEST_CASE("conformance: same-stream reuse")
+  {
+    sim_runtime sim{one_device()};
+    gpukit::test::check_same_stream_reuse(sim);
+  }
+  TEST_CASE("conformance: bad input gets a clear error and changes nothing")
+  {
+    sim_runtime sim{one_device()};
+    gpukit::test::check_bad_input(sim);
+  }
+  TEST_CASE("conformance: limit and out-of-memory report")
+  {
+    sim_runtime sim{one_device()};
+    gpukit::test::check_limit_and_oom_report(sim);
+  }
+
+  TEST_CASE("the hot path makes no runtime call and no synchronization")
+  {
+    sim_runtime sim{one_device()};
+    sim_allocator alloc{sim, 0};
+    streams2 s{sim};
+    void* p = alloc.allocate_async(65536, s.a);
+    alloc.deallocate_async(p, 65536, s.a);
+    sim.reset_counters();
+    for (int i = 0; i < 10000; ++i) {
+      void* q = alloc.allocate_async(65536, s.a);
+      alloc.deallocate_async(q, 65536, s.a);
+    }
+    CHECK(sim.total_calls() == 0);
+    CHECK(sim.synchronizations() == 0);
+    alloc.forget_stream(s.a);
+  }
+
+  TEST_CASE("memory freed with pending work is never handed to another stream early")
+  {
+    sim_runtime sim{one_device()};
+    sim_allocator alloc{sim, 0};
+    streams2 s{sim};
+    GPUKIT_CUDA_TRY(sim.stall(s.a));
+    void* p = alloc.allocate_async(MiB, s.a);
+    GPUKIT_CUDA_TRY(sim.memset_async(p, 1, MiB, s.a));  // pending: a is stalled
+    alloc.deallocate_async(p, MiB, s.a);
+    // Another stream, while a still has work queued before the free: never p.
+    std::vector<void*> on_b;
+    for (int i = 0; i < 8; ++i) {
+      on_b.push_back(alloc.allocate_async(MiB, s.b));
+      CHECK(on_b.back() != p);
+    }
+    for (void* q : on_b) { alloc.deallocate_async(q, MiB, s.b); }
+    CHECK(alloc.stats().num_cross_stream_events >= 1);
+    // The same stream may reuse it at once: its own later work is ordered after the memset.
+    void* again = alloc.allocate_async(MiB, s.a);
+    CHECK(again == p);
+    alloc.deallocate_async(again, MiB, s.a);
+    CHECK(alloc.check_invariants() == "");
+    // Once a's work has run, b may have it.
+    GPUKIT_CUDA_TRY(sim.release(s.a));
+    GPUKIT_CUDA_TRY(sim.stream_synchronize(s.a));
+    // The allocator records its crossing event lazily, when b runs short; b gets p once that event
+    // has completed (device_synchronize lets it complete between attempts, deterministically).
+    std::set<void*> seen;
+    std::vector<void*> later;
+    for (int i = 0; i < 64 && seen.count(p) == 0; ++i) {
+      later.push_back(alloc.allocate_async(MiB, s.b));
+      seen.insert(later.back());
+      GPUKIT_CUDA_TRY(sim.device_synchronize());
+    }
+    CHECK(seen.count(p) == 1);
+    CHECK(later.size() <= 12);  // b's 8 cached blocks, then a's memory before new segments
+    for (void* q : later) { alloc.deallocate_async(q, MiB, s.b); }
+    CHECK(alloc.check_invariants() == "");
+    alloc.forget_stream(s.a);
+    alloc.forget_stream(s.b);
+  }
+
+  TEST_CASE("record_stream keeps a block until the other stream's work is done")
+  {
+    sim_runtime sim{one_device()};
+    sim_allocator alloc{sim, 0};
+    streams2 s{sim};
+    void* p = alloc.allocate_async(4 * MiB, s.a);
+    alloc.record_stream(p, s.b);
+    GPUKIT_CUDA_TRY(sim.stall(s.b));
+    GPUKIT_CUDA_TRY(sim.memset_async(p, 7, 4 * MiB, s.b));  // b uses p, still queued
+    alloc.deallocate_async(p, 4 * MiB, s.a);
+    CHECK(alloc.stats().active_bytes.current == static_cast<std::int64_t>(4 * MiB));  // pending
+    void* q = alloc.allocate_async(4 * MiB, s.a);
+    CHECK(q != p);  // not even on a: b's work has not run
+    alloc.deallocate_async(q, 4 * MiB, s.a);
+    GPUKIT_CUDA_TRY(sim.release(s.b));
+    GPUKIT_CUDA_TRY(sim.stream_synchronize(s.b));
+    std::set<void*> seen;
+    std::vector<void*> later;
+    for (int i = 0; i < 4; ++i) {
+      later.push_back(alloc.allocate_async(4 * MiB, s.a));
+      seen.insert(later.back());
+    }
+    CHECK(seen.count(p) == 1);
+    for (void* x : later) { alloc.deallocate_async(x, 4 * MiB, s.a); }
+    CHECK_THROWS_AS(alloc.record_stream(p, s.b), gpukit::logic_error);  // p is free now
+    CHECK(alloc.check_invariants() == "");
+    alloc.forget_stream(s.a);
+    alloc.forget_stream(s.b);
+  }
+
+  TEST_CASE("out of device memory: recovery releases cached segments, then a structured report")
+  {
+    sim_runtime sim{one_device(256 * MiB)};
+    sim_allocator alloc{sim, 0};
+    streams2 s{sim};
+    // Fill the device with 20 MiB segments, then free them all into the cache.
+    std::vector<void*> live;
+    for (int i = 0; i < 12; ++i) { live.push_back(alloc.allocate_async(20 * MiB, s.a)); }
+    for (void* p : live) { alloc.deallocate_async(p, 20 * MiB, s.a); }
+    live.clear();
+    // A request that fits no cached segment: the allocator must give segments back and retry.
+    void* big = alloc.allocate_async(200 * MiB, s.a);
+    CHECK(big != nullptr);
+    CHECK(alloc.stats().num_alloc_retries == 1);
+    CHECK(alloc.stats().num_device_frees >= 1);
+    CHECK(alloc.check_invariants() == "");
+    try {
+      (void)alloc.allocate_async(100 * MiB, s.a);
+      FAIL("the device is full");
+    } catch (gpukit::out_of_memory const& e) {
+      CHECK(e.report().requested == 100 * MiB);
+      CHECK(e.report().device_total == 256 * MiB);
+      CHECK(e.report().allocated == 200 * MiB);
+      CHECK(e.report().steps.size() >= 2);
+    }
+    alloc.deallocate_async(big, 200 * MiB, s.a);
+    CHECK(alloc.check_invariants() == "");
+    alloc.forget_stream(s.a);
+    alloc.release();
+    GPUKIT_CUDA_TRY(sim.device_synchronize());  // stream-ordered frees take effect in order
+    CHECK(sim.used_bytes(0) == 0);
+  }
+
+  TEST_CASE("every failing runtime call on the allocation path leaves the allocator consistent")
+  {
+    for (cudaError_t err : {cudaErrorMemoryAllocation, cudaErrorInvalidValue}) {
+      for (std::uint64_t nth = 1; nth <= 6; ++nth) {
+        sim_runtime sim{one_device(1 * GiB)};
+        {
+          sim_allocator alloc{sim, 0};
+          streams2 s{sim};
+          sim.inject_fault(sim_op::malloc_async, nth, err);
+          // An out-of-memory is retried once after recovery: fail the retry too.
+          if (err == cudaErrorMemoryAllocation) { sim.inject_fault(sim_op::malloc_async, nth + 1, err); }
+          std::vector<void*> live;
+          int failures = 0;
+          for (int i = 0; i < 8; ++i) {
+            try {
+              live.push_back(alloc.allocate_async(30 * MiB, s.a));
+            } catch (gpukit::out_of_memory const&) {
+              ++failures;
+            } catch (gpukit::cuda_error const& e) {
+              CHECK(e.code() == err);
+              ++failures;
+            }
+            CHECK(alloc.check_invariants() == "");
+          }
+          CHECK(failures == 1);
+          CHECK(alloc.stats().num_alloc_retries == (err == cudaErrorMemoryAllocation ? 1 : 0));
+          for (void* p : live) { alloc.deallocate_async(p, 30 * MiB, s.a); }
+          alloc.forget_stream(s.a);
+          alloc.release();
+          CHECK(alloc.stats().reserved_bytes.current == 0);
+        }
+        GPUKIT_CUDA_TRY(sim.device_synchronize());
+        CHECK(sim.used_bytes(0) == 0);  // nothing leaked
+      }
+    }
+  }
+
+  TEST_CASE("segments from cudaMalloc: release counts the frees that may synchronize")
+  {
+    sim_runtime sim{one_device()};
+    gpukit::caching_allocator_options o;
+    o.source = gpukit::segment_source::synchronous;
+    sim_allocator alloc{sim, 0, o};
+    streams2 s{sim};
+    void* p = alloc.allocate_async(5 * MiB, s.a);
+    alloc.deallocate_async(p, 5 * MiB, s.a);
+    CHECK(sim.calls(sim_op::malloc) == 1);
+    CHECK(sim.calls(sim_op::malloc_async) == 0);
+    alloc.forget_stream(s.a);
+    CHECK(alloc.release() == 20 * MiB);
+    CHECK(alloc.stats().synchronizing_frees == 1);
+    CHECK(sim.used_bytes(0) == 0);
+  }
+
+  TEST_CASE("statistics: allocated, reserved, peaks, inactive split")
+  {
+    sim_runtime sim{one_device()};
+    sim_allocator alloc{sim, 0};
+    streams2 s{sim};
+    void* a = alloc.allocate_async(1000, s.a);   // 1024 bytes from a 2 MiB small segment
+    void* b = alloc.allocate_async(3 * MiB, s.a);  // 20 MiB medium segment
+    auto st = alloc.stats();
+    CHECK(st.allocated_bytes.current == 1024 + static_cast<std::int64_t>(3 * MiB));
+    CHECK(st.requested_bytes.current == 1000 + static_cast<std::int64_t>(3 * MiB));
+    CHECK(st.reserved_bytes.current == static_cast<std::int64_t>(22 * MiB));
+    CHECK(st.segment_count.current == 2);
+    CHECK(st.allocation_count.current == 2);
+    CHECK(st.inactive_split_bytes.current == static_cast<std::int64_t>(22 * MiB) - st.allocated_bytes.current);
+    alloc.deallocate_async(b, 3 * MiB, s.a);
+    alloc.deallocate_async(a, 1000, s.a);
+    st = alloc.stats();
+    CHECK(st.allocated_bytes.current == 0);
+    CHECK(st.allocated_bytes.peak == 1024 + static_cast<std::int64_t>(3 * MiB));
+    alloc.reset_peak();
+    CHECK(alloc.stats().allocated_bytes.peak == 0);
+    alloc.forget_stream(s.a);
+  }
+
+  TEST_CASE("blocks cached by a thread return to the pool when it exits")
+  {
+    sim_runtime sim{one_device()};
+    sim_allocator alloc{sim, 0};
+    streams2 s{sim};
+    std::thread{[&] {
+      void* p = alloc.allocate_async(MiB, s.a);
+      alloc.deallocate_async(p, MiB, s.a);
+      CHECK(alloc.stats().cached_bytes == static_cast<std::int64_t>(MiB));
+    }}.join();
+    CHECK(alloc.stats().cached_bytes == 0);
+    alloc.forget_stream(s.a);
+    CHECK(alloc.release() == 2 * MiB);
+  }
+
+  TEST_CASE("a block freed by another thread than the one that allocated it")
+  {
+    sim_runtime sim{one_device()};
+    sim_allocator alloc{sim, 0};
+    streams2 s{sim};
+    void* p = alloc.allocate_async(MiB, s.a);
+    std::thread{[&] { alloc.deallocate_async(p, MiB, s.a); }}.join();
+    CHECK_THROWS_AS(alloc.deallocate_async(p, MiB, s.a), gpukit::logic_error);  // double free seen here too
+    void* q = alloc.allocate_async(MiB, s.a);
+    CHECK(alloc.stats().allocation_count.current == 1);
+    alloc.deallocate_async(q, MiB, s.a);
+    CHECK(alloc.check_invariants() == "");
+    alloc.forget_stream(s.a);
+  }
+}
+
+TEST_SUITE("sim_concurrency")
+{
+  TEST_CASE("caching allocator stress: threads x streams x random sizes, patterns checked")
+  {
+    sim_runtime sim{one_device(64 * GiB)};
+    gpukit::test::check_stress(sim, 4, 400, 8 * MiB);
+  }
+}
