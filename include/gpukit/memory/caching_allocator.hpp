@@ -90,8 +90,14 @@ struct caching_allocator_options {
   std::size_t medium_request_bytes{std::size_t{10} << 20};
   std::size_t medium_segment_bytes{std::size_t{20} << 20};
   std::size_t segment_rounding_bytes{std::size_t{2} << 20};
-  /// Blocks larger than this bypass the per-thread caches.
-  std::size_t thread_cache_max_block_bytes{std::size_t{32} << 20};
+  /// Blocks larger than this bypass the per-thread caches. Cached blocks cannot coalesce, so
+  /// caching only small blocks (which live in their own small segments) keeps large segments
+  /// whole: on the PyTorch traces, caching up to 32 MiB raised peak reserved by 6%.
+  std::size_t thread_cache_max_block_bytes{std::size_t{1} << 20};
+  /// When no free block fits, return fully free segments of the same kind before taking a new
+  /// one (each such segment is too small for the request). Lowers peak reserved memory at the
+  /// cost of a device free and a later device allocation; stream-ordered, so it never waits.
+  bool release_before_grow{true};
   /// Bytes one thread may keep cached per allocator before it returns blocks to the pool.
   std::size_t thread_cache_bytes{std::size_t{64} << 20};
   /// Blocks one thread keeps per size class and stream.
@@ -284,7 +290,7 @@ class basic_caching_allocator final {
   stream_pool& stream_pool_locked(stream_type stream);
   bool poll_pending_locked();
   bool migrate_locked(stream_type requester, bool wait);
-  std::size_t release_locked(std::size_t target, std::vector<stream_type>* freed_on = nullptr);
+  std::size_t release_locked(std::size_t target, std::vector<stream_type>* freed_on = nullptr, int only_kind = -1);
   void flush_cache_locked(thread_cache& tc);
   void flush_cache(thread_cache& tc);
   block* new_block_locked();

@@ -414,6 +414,12 @@ void* basic_caching_allocator<Runtime>::allocate_slow(std::size_t bytes, std::si
     if (b == nullptr && migrate_locked(stream, false)) { b = find_free_locked(size, kind, stream); }
   }
   if (b == nullptr) {
+    if (options_.release_before_grow) {
+      // No free block fits: fully free segments of this kind are too small for it. Give them
+      // back before taking a new segment, so they do not add to the peak (stream-ordered frees
+      // in the order of the stream that used them: no wait).
+      release_locked(0, nullptr, kind);
+    }
     bool oom = false;
     b        = new_segment_locked(size, kind, stream, oom);
     if (b == nullptr) {
@@ -860,11 +866,12 @@ std::size_t basic_caching_allocator<Runtime>::trim(std::size_t target_reserved_b
 }
 
 template <class Runtime>
-std::size_t basic_caching_allocator<Runtime>::release_locked(std::size_t target, std::vector<stream_type>* freed_on)
+std::size_t basic_caching_allocator<Runtime>::release_locked(std::size_t target, std::vector<stream_type>* freed_on,
+                                                             int only_kind)
 {
   std::vector<block*> whole;  // free blocks that span their segment
   auto collect = [&](block* b) {
-    if (b->prev == nullptr && b->next == nullptr) { whole.push_back(b); }
+    if (b->prev == nullptr && b->next == nullptr && (only_kind < 0 || b->kind == only_kind)) { whole.push_back(b); }
   };
   for (auto& sp : stream_pools_) {
     for (auto& idx : sp->index) { idx.for_each(collect); }
