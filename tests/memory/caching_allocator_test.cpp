@@ -20,7 +20,10 @@ namespace {
 constexpr std::size_t MiB = std::size_t{1} << 20;
 constexpr std::size_t GiB = std::size_t{1} << 30;
 
-gpukit::sim_config one_device(std::size_t capacity = 16 * GiB) { return gpukit::sim_config{}.with_devices(1, capacity); }
+gpukit::sim_config one_device(std::size_t capacity = 16 * GiB)
+{
+  return gpukit::sim_config{}.with_devices(1, capacity);
+}
 
 struct streams2 {
   sim_runtime& rt;
@@ -81,44 +84,58 @@ TEST_SUITE("caching_allocator")
 
   TEST_CASE("memory freed with pending work is never handed to another stream early")
   {
-    sim_runtime sim{one_device()};
-    sim_allocator alloc{sim, 0};
-    streams2 s{sim};
-    GPUKIT_CUDA_TRY(sim.stall(s.a));
-    void* p = alloc.allocate_async(MiB, s.a);
-    GPUKIT_CUDA_TRY(sim.memset_async(p, 1, MiB, s.a));  // pending: a is stalled
-    alloc.deallocate_async(p, MiB, s.a);
-    // Another stream, while a still has work queued before the free: never p.
-    std::vector<void*> on_b;
-    for (int i = 0; i < 8; ++i) {
-      on_b.push_back(alloc.allocate_async(MiB, s.b));
-      CHECK(on_b.back() != p);
+    // With release_before_grow, b's growth returns a's free segment to the device in a's order;
+    // without it, the segment crosses to b through an event. Either way b never gets p early.
+    for (bool const release_before_grow : {false, true}) {
+      CAPTURE(release_before_grow);
+      sim_runtime sim{one_device()};
+      gpukit::caching_allocator_options o;
+      o.release_before_grow = release_before_grow;
+      sim_allocator alloc{sim, 0, o};
+      streams2 s{sim};
+      GPUKIT_CUDA_TRY(sim.stall(s.a));
+      void* p = alloc.allocate_async(MiB, s.a);
+      GPUKIT_CUDA_TRY(sim.memset_async(p, 1, MiB, s.a));  // pending: a is stalled
+      alloc.deallocate_async(p, MiB, s.a);
+      // Another stream, while a still has work queued before the free: never p.
+      std::vector<void*> on_b;
+      for (int i = 0; i < 8; ++i) {
+        on_b.push_back(alloc.allocate_async(MiB, s.b));
+        CHECK(on_b.back() != p);
+      }
+      for (void* q : on_b) { alloc.deallocate_async(q, MiB, s.b); }
+      CHECK(alloc.stats().num_cross_stream_events >= 1);
+      // The same stream may reuse it at once: its own later work is ordered after the memset.
+      void* again = alloc.allocate_async(MiB, s.a);
+      if (!release_before_grow) { CHECK(again == p); }
+      alloc.deallocate_async(again, MiB, s.a);
+      CHECK(alloc.check_invariants() == "");
+      // Once a's work has run, b may have it.
+      GPUKIT_CUDA_TRY(sim.release(s.a));
+      GPUKIT_CUDA_TRY(sim.stream_synchronize(s.a));
+      // The allocator records its crossing event lazily, when b runs short; b gets p once that
+      // event has completed (device_synchronize lets it complete between attempts,
+      // deterministically).
+      if (release_before_grow) {  // p went back to the device in a's order: nothing more to see
+        alloc.forget_stream(s.a);
+        alloc.forget_stream(s.b);
+        continue;
+      }
+      p = again;  // what a holds now
+      std::set<void*> seen;
+      std::vector<void*> later;
+      for (int i = 0; i < 64 && seen.count(p) == 0; ++i) {
+        later.push_back(alloc.allocate_async(MiB, s.b));
+        seen.insert(later.back());
+        GPUKIT_CUDA_TRY(sim.device_synchronize());
+      }
+      CHECK(seen.count(p) == 1);
+      CHECK(later.size() <= 12);  // b's 8 cached blocks, then a's memory before new segments
+      for (void* q : later) { alloc.deallocate_async(q, MiB, s.b); }
+      CHECK(alloc.check_invariants() == "");
+      alloc.forget_stream(s.a);
+      alloc.forget_stream(s.b);
     }
-    for (void* q : on_b) { alloc.deallocate_async(q, MiB, s.b); }
-    CHECK(alloc.stats().num_cross_stream_events >= 1);
-    // The same stream may reuse it at once: its own later work is ordered after the memset.
-    void* again = alloc.allocate_async(MiB, s.a);
-    CHECK(again == p);
-    alloc.deallocate_async(again, MiB, s.a);
-    CHECK(alloc.check_invariants() == "");
-    // Once a's work has run, b may have it.
-    GPUKIT_CUDA_TRY(sim.release(s.a));
-    GPUKIT_CUDA_TRY(sim.stream_synchronize(s.a));
-    // The allocator records its crossing event lazily, when b runs short; b gets p once that event
-    // has completed (device_synchronize lets it complete between attempts, deterministically).
-    std::set<void*> seen;
-    std::vector<void*> later;
-    for (int i = 0; i < 64 && seen.count(p) == 0; ++i) {
-      later.push_back(alloc.allocate_async(MiB, s.b));
-      seen.insert(later.back());
-      GPUKIT_CUDA_TRY(sim.device_synchronize());
-    }
-    CHECK(seen.count(p) == 1);
-    CHECK(later.size() <= 12);  // b's 8 cached blocks, then a's memory before new segments
-    for (void* q : later) { alloc.deallocate_async(q, MiB, s.b); }
-    CHECK(alloc.check_invariants() == "");
-    alloc.forget_stream(s.a);
-    alloc.forget_stream(s.b);
   }
 
   TEST_CASE("record_stream keeps a block until the other stream's work is done")
@@ -194,7 +211,9 @@ TEST_SUITE("caching_allocator")
           streams2 s{sim};
           sim.inject_fault(sim_op::malloc_async, nth, err);
           // An out-of-memory is retried once after recovery: fail the retry too.
-          if (err == cudaErrorMemoryAllocation) { sim.inject_fault(sim_op::malloc_async, nth + 1, err); }
+          if (err == cudaErrorMemoryAllocation) {
+            sim.inject_fault(sim_op::malloc_async, nth + 1, err);
+          }
           std::vector<void*> live;
           int failures = 0;
           for (int i = 0; i < 8; ++i) {
@@ -243,7 +262,7 @@ TEST_SUITE("caching_allocator")
     sim_runtime sim{one_device()};
     sim_allocator alloc{sim, 0};
     streams2 s{sim};
-    void* a = alloc.allocate_async(1000, s.a);   // 1024 bytes from a 2 MiB small segment
+    void* a = alloc.allocate_async(1000, s.a);     // 1024 bytes from a 2 MiB small segment
     void* b = alloc.allocate_async(3 * MiB, s.a);  // 20 MiB medium segment
     auto st = alloc.stats();
     CHECK(st.allocated_bytes.current == 1024 + static_cast<std::int64_t>(3 * MiB));
@@ -251,7 +270,8 @@ TEST_SUITE("caching_allocator")
     CHECK(st.reserved_bytes.current == static_cast<std::int64_t>(22 * MiB));
     CHECK(st.segment_count.current == 2);
     CHECK(st.allocation_count.current == 2);
-    CHECK(st.inactive_split_bytes.current == static_cast<std::int64_t>(22 * MiB) - st.allocated_bytes.current);
+    CHECK(st.inactive_split_bytes.current ==
+          static_cast<std::int64_t>(22 * MiB) - st.allocated_bytes.current);
     alloc.deallocate_async(b, 3 * MiB, s.a);
     alloc.deallocate_async(a, 1000, s.a);
     st = alloc.stats();
@@ -284,7 +304,8 @@ TEST_SUITE("caching_allocator")
     streams2 s{sim};
     void* p = alloc.allocate_async(MiB, s.a);
     std::thread{[&] { alloc.deallocate_async(p, MiB, s.a); }}.join();
-    CHECK_THROWS_AS(alloc.deallocate_async(p, MiB, s.a), gpukit::logic_error);  // double free seen here too
+    CHECK_THROWS_AS(alloc.deallocate_async(p, MiB, s.a),
+                    gpukit::logic_error);  // double free seen here too
     void* q = alloc.allocate_async(MiB, s.a);
     CHECK(alloc.stats().allocation_count.current == 1);
     alloc.deallocate_async(q, MiB, s.a);

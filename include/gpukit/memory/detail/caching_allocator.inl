@@ -414,11 +414,12 @@ void* basic_caching_allocator<Runtime>::allocate_slow(std::size_t bytes, std::si
     if (b == nullptr && migrate_locked(stream, false)) { b = find_free_locked(size, kind, stream); }
   }
   if (b == nullptr) {
+    std::vector<stream_type> freed_on;
     if (options_.release_before_grow) {
       // No free block fits: fully free segments of this kind are too small for it. Give them
       // back before taking a new segment, so they do not add to the peak (stream-ordered frees
       // in the order of the stream that used them: no wait).
-      release_locked(0, nullptr, kind);
+      release_locked(0, &freed_on, kind);
     }
     bool oom = false;
     b        = new_segment_locked(size, kind, stream, oom);
@@ -430,8 +431,8 @@ void* basic_caching_allocator<Runtime>::allocate_slow(std::size_t bytes, std::si
         for (auto& c : caches_) {
           if (c.get() != &tc) { c->flush_requested.store(true, std::memory_order_relaxed); }
         }
-        std::vector<stream_type> freed_on;
-        if (release_locked(0, &freed_on) != 0 && stream_ordered_) {
+        release_locked(0, &freed_on);
+        if (!freed_on.empty() && stream_ordered_) {
           // Stream-ordered frees take effect when their stream reaches them: wait for those
           // streams only (never the whole device), then the memory is the device's again.
           device_guard<Runtime> guard{runtime_, device_};
