@@ -63,6 +63,7 @@
 #include <mutex>
 #include <string>
 #include <type_traits>
+#include <typeinfo>
 #include <utility>
 #include <vector>
 
@@ -326,6 +327,59 @@ class basic_caching_allocator final {
 
 /// The caching allocator over the CUDA runtime.
 using caching_allocator = basic_caching_allocator<cuda_runtime>;
+
+#if defined(__GNUC__)
+#define GPUKIT_EXPORT __attribute__((visibility("default")))
+#else
+#define GPUKIT_EXPORT
+#endif
+
+namespace detail {
+
+/// The process-wide registry of default allocators: (key, device) -> allocator. A non-template
+/// exported inline function, so its static local is a GNU unique symbol of default visibility,
+/// bound once per process even across shared libraries built with -fvisibility=hidden and loaded
+/// with RTLD_LOCAL (the key names the Runtime and gpukit's version, so that the entries of
+/// different instantiations never mix).
+GPUKIT_EXPORT inline void* default_allocator_registry(char const* key, int device, void* (*make)(int))
+{
+  static auto* mutex = new std::mutex{};
+  static auto* items = new std::vector<std::pair<std::string, void*>>{};
+  std::string const k = std::string{key} + "#" + std::to_string(device);
+  std::lock_guard<std::mutex> lock{*mutex};
+  for (auto const& [name, ptr] : *items) {
+    if (name == k) { return ptr; }
+  }
+  void* p = make(device);
+  items->emplace_back(k, p);
+  return p;
+}
+
+}  // namespace detail
+
+/// The process-wide caching allocator of `device` (default: the calling thread's current device)
+/// over `Runtime::instance()`, created on first use with default options and never destroyed.
+///
+/// There is one per device and Runtime in the whole process, also when several shared libraries
+/// (built with -fvisibility=hidden, loaded with RTLD_LOCAL) each include gpukit: see
+/// detail::default_allocator_registry. An executable that includes gpukit shares it with the
+/// libraries it loads when it exports its symbols (-rdynamic, CMake's ENABLE_EXPORTS).
+/// Thread-safe; the first call per device takes a lock, later ones read an atomic pointer.
+/// @throws gpukit::logic_error for a device that does not exist
+template <class Runtime = cuda_runtime>
+basic_caching_allocator<Runtime>& default_caching_allocator(int device = -1)
+{
+  constexpr int max_devices = 64;
+  static std::atomic<basic_caching_allocator<Runtime>*> cache[max_devices]{};  // this copy's view
+  if (device < 0) { GPUKIT_CUDA_TRY(Runtime::instance().get_device(device)); }
+  GPUKIT_EXPECTS(device < max_devices, "default_caching_allocator: device " + std::to_string(device) + " is out of range");
+  if (auto* a = cache[device].load(std::memory_order_acquire)) { return *a; }
+  std::string const key = std::string{"gpukit-0.1:"} + typeid(Runtime).name();
+  auto* a               = static_cast<basic_caching_allocator<Runtime>*>(detail::default_allocator_registry(
+    key.c_str(), device, [](int d) -> void* { return new basic_caching_allocator<Runtime>{Runtime::instance(), d}; }));
+  cache[device].store(a, std::memory_order_release);
+  return *a;
+}
 
 }  // namespace gpukit
 
