@@ -237,7 +237,8 @@ class cuda_runtime final {
   [[nodiscard]] cudaError_t memset_async(void* dst, int value, std::size_t bytes, stream_type s);
 
   /// Runs `fn(user)` on a CUDA thread once the work before it on `s` completes; later work on `s`
-  /// waits for it (cudaLaunchHostFunc). `fn` must not call the runtime.
+  /// waits for it (cudaLaunchHostFunc). `fn` must not call the runtime, and should not block for
+  /// long: CUDA may run the host functions of every stream on one thread, one at a time.
   [[nodiscard]] cudaError_t launch_host_func(stream_type s, host_fn fn, void* user);
 
   // --- Errors ----------------------------------------------------------------------------------
