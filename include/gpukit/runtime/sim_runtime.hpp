@@ -1,0 +1,458 @@
+// gpukit/runtime/sim_runtime.hpp: a simulated GPU in host memory, a Runtime for every gpukit
+// component (see gpukit/runtime/runtime.hpp for the contract).
+//
+// Quick start:
+//
+//   #include <gpukit/runtime/sim_runtime.hpp>
+//
+//   // Two simulated GPUs of 8 GiB each:
+//   gpukit::sim_runtime sim{gpukit::sim_config{}.with_devices(2, std::size_t{8} << 30)};
+//   gpukit::sim_runtime::stream_type s{};
+//   GPUKIT_CUDA_TRY(sim.stream_create(s));           // a worker thread, tasks run in FIFO order
+//   void* d = nullptr;
+//   GPUKIT_CUDA_TRY(sim.malloc(&d, 1 << 20));        // lazily backed: no RAM until touched
+//   std::vector<char> h(1 << 20, 'x');
+//   auto const h2d = gpukit::memcpy_kind::host_to_device;
+//   GPUKIT_CUDA_TRY(sim.memcpy_async(d, h.data(), h.size(), h2d, s));  // returns at once
+//   GPUKIT_CUDA_TRY(sim.stream_synchronize(s));      // blocks until the copy has run
+//
+//   // What a real GPU cannot do on demand:
+//   sim.inject_fault(gpukit::sim_op::malloc, 1, cudaErrorMemoryAllocation);  // next malloc fails
+//   sim.set_capacity(0, std::size_t{1} << 30);       // shrink device 0 to 1 GiB
+//   sim.stall(s);                                     // s runs nothing (its events stay pending)
+//   sim.release(s);                                   // ... until released
+//   sim.calls(gpukit::sim_op::malloc);                // calls made, failed ones included
+//   sim.synchronizations();                           // calls that blocked the host
+//   sim.last_misuse();                                // "free(0x7f..): double free ..."
+//
+// ## What is simulated, and how it differs from CUDA
+//
+// - Devices: `sim_config` lists each device's capacity in bytes. Device memory is host memory
+//   reserved with `mmap(MAP_NORESERVE)`, one mapping per allocation: it costs RAM only where
+//   touched, so an 80 GiB device replaying a 29 GiB trace runs on a 24 GiB machine.
+//   `malloc` charges exactly the bytes requested (no rounding); `mem_get_info` reports
+//   capacity - used, never below zero, where used counts live allocations and live physical
+//   handles. `driver_version` and `runtime_version` report 13000 (CUDA 13.0): simulated values.
+// - Streams: each stream, and each device's null stream (a value-initialized `stream_type`,
+//   started on first use), is a worker thread running its tasks in FIFO order. The null stream is
+//   an ordinary stream here: it does not synchronize with other streams as CUDA's legacy default
+//   stream does. `stream_type` and `event_type` are opaque ids that are never reused: a destroyed
+//   handle reports cudaErrorInvalidResourceHandle forever after. An event record is a marker task
+//   on its stream; on a stream that has run everything and is not stalled it completes at once.
+// - Copies, memsets and host functions run on the stream's worker as `std::memmove`/`std::memset`
+//   /`fn(user)`. Pointers are checked when the work is enqueued (CUDA would fault later, or never):
+//   a bad pointer, a range past an allocation's end or into unmapped virtual memory is rejected
+//   with cudaErrorInvalidValue and a misuse message. There are no kernels.
+// - `free` blocks until the allocation's device has run the work submitted before it (as cudaFree
+//   does), and `host_free` until every device has; both count as synchronizations. While a stream
+//   they wait for is stalled, they block until another thread calls `release` (prefer
+//   free_async in tests that stall streams).
+// - Virtual memory: `vm_reserve` is a PROT_NONE reservation, `vm_create` a memfd counted against
+//   capacity, `vm_map` maps it (inaccessible until `vm_set_access`, as in CUDA). `vm_set_access`
+//   and `vm_unmap` take ranges made of whole mappings.
+// - Errors are never sticky, and the CUDA runtime's last-error slot is never touched.
+//
+// Every member may be called from any thread at once. Members return cudaError_t and throw only
+// std::bad_alloc / std::system_error when the host itself runs out of memory or threads, except
+// the configuration functions that document gpukit::logic_error.
+#pragma once
+
+#include <gpukit/error.hpp>
+#include <gpukit/runtime/detail/sim_runtime_types.hpp>
+#include <gpukit/runtime/runtime.hpp>
+
+#include <cuda_runtime_api.h>
+
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace gpukit {
+
+/// The runtime calls of sim_runtime, for call counters and fault injection.
+enum class sim_op : int {
+  device_count,
+  get_device,
+  set_device,
+  get_device_properties,
+  mem_get_info,
+  driver_version,
+  runtime_version,
+  device_synchronize,
+  malloc,
+  free,
+  malloc_async,
+  free_async,
+  host_alloc,
+  host_free,
+  host_register,
+  host_unregister,
+  vm_granularity,
+  vm_reserve,
+  vm_free,
+  vm_create,
+  vm_release,
+  vm_map,
+  vm_unmap,
+  vm_set_access,
+  stream_create,
+  stream_destroy,
+  stream_synchronize,
+  stream_query,
+  stream_wait_event,
+  event_create,
+  event_destroy,
+  event_record,
+  event_query,
+  event_synchronize,
+  event_elapsed_time,
+  memcpy_async,
+  memcpy_peer_async,
+  memset_async,
+  launch_host_func,
+  count_  ///< number of ops; not an op
+};
+
+/// The op's name as spelled in sim_runtime ("malloc", "stream_query", ...); "unknown" for
+/// count_ or an out-of-range value. Never throws.
+[[nodiscard]] char const* to_string(sim_op op) noexcept;
+
+/// How a sim_runtime is built: devices and their capacities, virtual-memory granularity, name.
+/// Plain fields, plus chainable `with_*` setters:
+///
+///   gpukit::sim_config{}.with_devices(4, std::size_t{80} << 30).with_vm_granularity(2 << 20)
+struct sim_config {
+  /// One entry per device: its capacity (total memory) in bytes. Default: one 80 GiB device.
+  std::vector<std::size_t> device_capacities{std::size_t{80} << 30};
+  /// Minimum virtual-memory mapping granularity (vm_granularity); a multiple of the host page size.
+  std::size_t vm_granularity{std::size_t{2} << 20};
+  /// device_properties::name of every device.
+  std::string device_name{"gpukit simulated GPU"};
+  /// When true, every misuse message is also written to stderr as it is recorded.
+  bool log_misuse{false};
+
+  /// `count` devices of `capacity_bytes` each (replaces device_capacities).
+  /// Throws gpukit::logic_error when count < 1 or count > 64. Returns *this.
+  sim_config& with_devices(int count, std::size_t capacity_bytes) &;
+  sim_config&& with_devices(int count, std::size_t capacity_bytes) &&;
+  /// Sets vm_granularity. Returns *this (validated by sim_runtime's constructor).
+  sim_config& with_vm_granularity(std::size_t bytes) &;
+  sim_config&& with_vm_granularity(std::size_t bytes) &&;
+  /// Sets device_name. Returns *this.
+  sim_config& with_device_name(std::string name) &;
+  sim_config&& with_device_name(std::string name) &&;
+  /// Sets log_misuse. Returns *this.
+  sim_config& with_misuse_log(bool on) &;
+  sim_config&& with_misuse_log(bool on) &&;
+
+  /// The configuration of sim_runtime::instance(): GPUKIT_SIM_DEVICES devices (default 1) of
+  /// GPUKIT_SIM_CAPACITY bytes each (default 80 GiB; a K, M, G or T suffix multiplies by 2^10,
+  /// 2^20, 2^30, 2^40). Throws gpukit::logic_error naming the variable when a value does not parse.
+  [[nodiscard]] static sim_config from_env();
+};
+
+/// A simulated GPU: satisfies the Runtime contract of gpukit/runtime/runtime.hpp, plus controls
+/// for tests (capacity, fault injection, stalls) and observations (call counters, misuse messages).
+/// Non-copyable, non-movable. Thread-safe.
+class sim_runtime final {
+ public:
+  /// Opaque stream handle (an id, never dereferenced); value-initialized = the current device's
+  /// null stream.
+  using stream_type = detail::sim_stream_handle*;
+  /// Opaque event handle (an id, never dereferenced).
+  using event_type = detail::sim_event_handle*;
+  /// Physical memory for virtual-memory mapping: an id into the runtime's table (0 = none).
+  using physical_handle = std::uint64_t;
+
+  static constexpr bool is_simulated = true;
+
+  /// Builds the simulated devices. Starts no thread (null streams start on first use).
+  /// Throws gpukit::logic_error when the config has no device, more than 64, or a granularity
+  /// that is 0 or not a multiple of the host page size.
+  explicit sim_runtime(sim_config config = sim_config{});
+  /// Releases every stall, lets every stream (destroyed ones included) run its queued work, joins
+  /// the workers, then frees every allocation, reservation, physical handle and pinned buffer.
+  /// Blocks until queued work has run.
+  ~sim_runtime();
+  sim_runtime(sim_runtime const&)            = delete;
+  sim_runtime& operator=(sim_runtime const&) = delete;
+  sim_runtime(sim_runtime&&)                 = delete;
+  sim_runtime& operator=(sim_runtime&&)      = delete;
+
+  /// The process-wide default simulated GPU, built on first call from sim_config::from_env()
+  /// (throws gpukit::logic_error then if the environment does not parse). Thread-safe.
+  [[nodiscard]] static sim_runtime& instance();
+
+  /// cudaGetErrorName / cudaGetErrorString of `e`. Never throws.
+  [[nodiscard]] static char const* error_name(cudaError_t e) noexcept;
+  [[nodiscard]] static char const* error_string(cudaError_t e) noexcept;
+
+  // ---- Devices --------------------------------------------------------------------------------
+
+  /// n = number of simulated devices. Returns cudaSuccess.
+  cudaError_t device_count(int& n);
+  /// d = the calling thread's current device for this runtime (0 until set_device).
+  cudaError_t get_device(int& d);
+  /// Makes `d` the calling thread's current device. cudaErrorInvalidDevice when out of range.
+  cudaError_t set_device(int d);
+  /// Fills `p` for device `d`: the configured name, compute capability 9.0, total_memory = the
+  /// current capacity, 132 multiprocessors, 2 copy engines, unified addressing, virtual memory and
+  /// memory pools supported, simulated = true. cudaErrorInvalidDevice when `d` is out of range.
+  cudaError_t get_device_properties(device_properties& p, int d);
+  /// Current device: total = capacity, free = capacity - used (0 when used exceeds a shrunk
+  /// capacity).
+  cudaError_t mem_get_info(std::size_t& free, std::size_t& total);
+  /// v = 13000 (CUDA 13.0): a simulated value; there is no driver.
+  cudaError_t driver_version(int& v);
+  /// v = 13000 (CUDA 13.0): a simulated value.
+  cudaError_t runtime_version(int& v);
+  /// Blocks until every stream of the current device (destroyed ones still draining, and the null
+  /// stream) has run the work submitted before the call. Counts as a synchronization.
+  cudaError_t device_synchronize();
+
+  // ---- Device memory ----------------------------------------------------------------------------
+
+  /// Allocates `bytes` on the current device: *p = page-aligned memory. bytes == 0: *p = nullptr,
+  /// cudaSuccess (as cudaMalloc). cudaErrorMemoryAllocation when capacity - used < bytes;
+  /// cudaErrorInvalidValue when p is null. Does not block.
+  cudaError_t malloc(void** p, std::size_t bytes);
+  /// Frees memory from malloc/malloc_async. Blocks until the allocation's device has run the work
+  /// submitted before the call (cudaFree synchronizes), then returns the bytes to capacity; counts
+  /// as a synchronization. p == nullptr: cudaSuccess. Unknown pointer, interior pointer or double
+  /// free: cudaErrorInvalidValue and a misuse message.
+  cudaError_t free(void* p);
+  /// Stream-ordered allocation on `s`'s device: counted against capacity at once, usable at once.
+  /// Errors as malloc, plus cudaErrorInvalidResourceHandle for a dead stream. Does not block.
+  cudaError_t malloc_async(void** p, std::size_t bytes, stream_type s);
+  /// Stream-ordered free: `p` is unusable at once; its bytes return to capacity when `s` reaches
+  /// the free. p == nullptr: cudaSuccess. Errors as free (plus a dead stream). Does not block.
+  cudaError_t free_async(void* p, stream_type s);
+
+  // ---- Pinned host memory (never counted against device capacity) ------------------------------
+
+  /// *p = `bytes` of page-aligned host memory. flags: host_alloc_flags (others:
+  /// cudaErrorInvalidValue). bytes == 0: *p = nullptr. cudaErrorMemoryAllocation when the host
+  /// refuses. Does not block.
+  cudaError_t host_alloc(void** p, std::size_t bytes, unsigned flags);
+  /// Frees memory from host_alloc. Blocks until every device has run the work submitted before the
+  /// call (cudaFreeHost synchronizes); counts as a synchronization. p == nullptr: cudaSuccess.
+  /// Unknown pointer or double free: cudaErrorInvalidValue and a misuse message.
+  cudaError_t host_free(void* p);
+  /// Records [p, p+bytes) as registered (pinned). cudaErrorHostMemoryAlreadyRegistered when it
+  /// overlaps a registered range or host_alloc memory; cudaErrorInvalidValue for a null p, zero
+  /// bytes, unknown flags or device memory. Does not block.
+  cudaError_t host_register(void* p, std::size_t bytes, unsigned flags);
+  /// Forgets the range registered at `p` (its start). cudaErrorHostMemoryNotRegistered otherwise.
+  cudaError_t host_unregister(void* p);
+
+  // ---- Virtual memory ---------------------------------------------------------------------------
+
+  /// g = the configured granularity (sim_config::vm_granularity). cudaErrorInvalidDevice.
+  cudaError_t vm_granularity(std::size_t& g, int device);
+  /// Reserves `bytes` of address space (no memory), aligned to max(alignment, granularity).
+  /// bytes must be a non-zero multiple of the granularity and alignment 0 or a power of two, else
+  /// cudaErrorInvalidValue. cudaErrorMemoryAllocation when the host has no address space left.
+  cudaError_t vm_reserve(void** va, std::size_t bytes, std::size_t alignment);
+  /// Returns a whole reservation (va = its start, bytes = its size). cudaErrorInvalidValue when
+  /// the range is unknown or still holds mappings.
+  cudaError_t vm_free(void* va, std::size_t bytes);
+  /// Creates `bytes` of physical memory on `device` (a non-zero multiple of the granularity, else
+  /// cudaErrorInvalidValue), counted against its capacity: cudaErrorMemoryAllocation when it does
+  /// not fit. cudaErrorInvalidDevice for a bad device.
+  cudaError_t vm_create(physical_handle& h, std::size_t bytes, int device);
+  /// Releases `h`: its memory returns to capacity once it is also unmapped everywhere. Unknown or
+  /// already released handle: cudaErrorInvalidValue.
+  cudaError_t vm_release(physical_handle h);
+  /// Maps all of `h` at `va` (bytes must equal its size): va granularity-aligned, inside one
+  /// reservation, overlapping no mapping; else cudaErrorInvalidValue. Inaccessible until
+  /// vm_set_access.
+  cudaError_t vm_map(void* va, std::size_t bytes, physical_handle h);
+  /// Unmaps [va, va+bytes), which must consist of whole adjacent mappings, else
+  /// cudaErrorInvalidValue. The range stays reserved.
+  cudaError_t vm_unmap(void* va, std::size_t bytes);
+  /// Makes [va, va+bytes) (whole adjacent mappings, else cudaErrorInvalidValue) readable and
+  /// writable, by host code and by copies; `device` is recorded as having access.
+  cudaError_t vm_set_access(void* va, std::size_t bytes, int device);
+
+  // ---- Streams ----------------------------------------------------------------------------------
+
+  /// Creates a stream (and its worker thread) on the current device.
+  cudaError_t stream_create(stream_type& s);
+  /// Destroys `s` and returns at once; work already queued still runs. The null stream cannot be
+  /// destroyed; a dead handle gives cudaErrorInvalidResourceHandle (also for every later use).
+  cudaError_t stream_destroy(stream_type s);
+  /// Blocks until `s` has run the work submitted before the call. Counts as a synchronization.
+  cudaError_t stream_synchronize(stream_type s);
+  /// cudaSuccess when `s` has run all submitted work, else cudaErrorNotReady. An atomic check.
+  cudaError_t stream_query(stream_type s);
+  /// Work submitted to `s` after this call waits for `e`'s capture as of this call (no-op when `e`
+  /// was never recorded or has completed). Does not block the host.
+  cudaError_t stream_wait_event(stream_type s, event_type e);
+
+  // ---- Events -----------------------------------------------------------------------------------
+
+  /// Creates an event; only `timing` events can be given to event_elapsed_time.
+  cudaError_t event_create(event_type& e, bool timing = false);
+  /// Destroys `e`; streams waiting on its capture still wait for it. Dead handle:
+  /// cudaErrorInvalidResourceHandle.
+  cudaError_t event_destroy(event_type e);
+  /// Captures the work submitted to `s` so far (replacing the previous capture); the capture
+  /// completes, with a steady_clock timestamp for timing events, when `s` reaches it: at once when
+  /// `s` has run everything submitted and is not stalled.
+  cudaError_t event_record(event_type e, stream_type s);
+  /// cudaSuccess when the capture has completed or `e` was never recorded, else cudaErrorNotReady.
+  cudaError_t event_query(event_type e);
+  /// Blocks until the capture completes. Counts as a synchronization.
+  cudaError_t event_synchronize(event_type e);
+  /// ms = milliseconds between the completions of `start`'s and `stop`'s captures.
+  /// cudaErrorInvalidResourceHandle when either is not a timing event or was never recorded;
+  /// cudaErrorNotReady when either capture has not completed.
+  cudaError_t event_elapsed_time(float& ms, event_type start, event_type stop);
+
+  // ---- Work on streams (enqueued, never blocking the host) ------------------------------------
+
+  /// Copies `bytes` from src to dst on `s`. The kind is checked against the pointers: a device side
+  /// must lie in one allocation or in accessible mapped virtual memory (any device), a host side
+  /// outside all device memory; `infer` classifies each side. bytes == 0: no-op cudaSuccess.
+  /// cudaErrorInvalidValue (and a misuse message) for null or misplaced pointers and ranges past
+  /// an allocation's end; cudaErrorInvalidMemcpyDirection for an unknown kind.
+  cudaError_t memcpy_async(void* dst, void const* src, std::size_t bytes, memcpy_kind kind,
+                           stream_type s);
+  /// Copies between device memory of `src_device` and of `dst_device` (each side checked to be on
+  /// that device). cudaErrorInvalidDevice for a bad ordinal; otherwise as memcpy_async.
+  cudaError_t memcpy_peer_async(void* dst, int dst_device, void const* src, int src_device,
+                                std::size_t bytes, stream_type s);
+  /// Sets `bytes` of device memory at dst to (unsigned char)value on `s`. Checks as memcpy_async.
+  cudaError_t memset_async(void* dst, int value, std::size_t bytes, stream_type s);
+  /// Runs fn(user) on `s`'s worker in stream order; fn must not call the runtime. Null fn:
+  /// cudaErrorInvalidValue.
+  cudaError_t launch_host_func(stream_type s, host_fn fn, void* user);
+
+  // ---- Simulation controls (not runtime calls: neither counted nor injectable) -----------------
+
+  /// Sets device `device`'s capacity to `bytes` at once; may go below what is in use (then free
+  /// memory reads 0 and allocations fail until enough is freed). cudaErrorInvalidDevice.
+  cudaError_t set_capacity(int device, std::size_t bytes);
+  /// Device `device`'s capacity in bytes (0 for a bad ordinal).
+  [[nodiscard]] std::size_t capacity(int device) const noexcept;
+  /// Bytes in use on `device`: live allocations (including free_async not yet reached) and live
+  /// physical handles (0 for a bad ordinal).
+  [[nodiscard]] std::size_t used_bytes(int device) const noexcept;
+
+  /// Fails the `nth` call (1-based, counted from now) of `op` with `error`, before the call has any
+  /// effect (outputs untouched). Several injections may be pending, for the same op too; when more
+  /// than one falls on the same call, the earliest injected gives the error and all are used up.
+  /// Throws gpukit::logic_error when nth == 0, op is count_ or error is cudaSuccess.
+  void inject_fault(sim_op op, std::uint64_t nth, cudaError_t error);
+  /// Drops every pending injection.
+  void clear_faults();
+  /// Number of injections not yet triggered.
+  [[nodiscard]] std::size_t pending_faults() const;
+
+  /// Holds `s`'s worker before its next task (a task already running finishes) until release(s):
+  /// its queued work, and the captures of events recorded on it, stay pending. Null = the current
+  /// device's null stream. cudaErrorInvalidResourceHandle for a dead stream. Does not block.
+  cudaError_t stall(stream_type s);
+  /// Lets a stalled stream run again. cudaErrorInvalidResourceHandle for a dead stream.
+  cudaError_t release(stream_type s);
+
+  /// Calls of `op` made since construction or reset_counters(), failed ones included (relaxed
+  /// atomic counters: exact once the calling threads are joined or synchronized).
+  [[nodiscard]] std::uint64_t calls(sim_op op) const noexcept;
+  /// Sum of calls() over every op.
+  [[nodiscard]] std::uint64_t total_calls() const noexcept;
+  /// Calls that block the host: stream_synchronize, event_synchronize, device_synchronize, free
+  /// and host_free (failed ones included).
+  [[nodiscard]] std::uint64_t synchronizations() const noexcept;
+  /// Zeroes calls(), total_calls() and synchronizations() (not misuse_count()).
+  void reset_counters() noexcept;
+
+  /// The latest misuse message (any thread), e.g. "free(0x7f..): double free ...": every error
+  /// returned for a misuse (bad pointer, dead handle, bad size, bad device, ...) records one;
+  /// out-of-memory, cudaErrorNotReady and injected faults do not. Empty when none.
+  [[nodiscard]] std::string last_misuse() const;
+  /// Number of misuse messages recorded since construction.
+  [[nodiscard]] std::uint64_t misuse_count() const noexcept;
+
+ private:
+  struct pending_fault {
+    sim_op op;
+    std::uint64_t remaining;
+    cudaError_t error;
+  };
+  // Where a pointer range lies.
+  struct placement {
+    enum class where { host, device, invalid } kind{where::host};
+    int device{-1};
+    std::string why;  ///< for invalid
+  };
+
+  cudaError_t enter(sim_op op) noexcept;
+  cudaError_t take_fault(sim_op op) noexcept;
+  cudaError_t misuse(cudaError_t error, std::string message);
+  [[nodiscard]] int current_device() const;
+  [[nodiscard]] bool valid_device(int d) const noexcept;
+  cudaError_t bad_device(char const* call, int d);
+  std::shared_ptr<detail::sim_stream> null_stream(int device);
+  std::shared_ptr<detail::sim_stream> find_stream(stream_type s, char const* call,
+                                                  cudaError_t& err);
+  std::shared_ptr<detail::sim_event> find_event(event_type e, char const* call, cudaError_t& err);
+  cudaError_t enqueue(detail::sim_stream& s, std::function<void()> task, char const* call);
+  void reap_streams();
+  void wait_device(int device);
+  void wait_all_devices();
+  cudaError_t allocate(void** p, std::size_t bytes, int device);
+  std::string describe_unknown(std::uintptr_t a) const;     // mem_mutex_ held
+  placement place(void const* p, std::size_t bytes) const;  // mem_mutex_ held
+  cudaError_t check_side(char const* call, std::string const& args, char const* side, void const* p,
+                         std::size_t bytes, bool want_device, int want_device_id);
+  // Finds the whole adjacent mappings making up [va, va+bytes); mem_mutex_ held.
+  bool whole_mappings(std::uintptr_t va, std::size_t bytes, std::string& why) const;
+  void release_physical(std::uint64_t id);  // mem_mutex_ held; map_count == 0 and released
+
+  std::uint64_t const serial_;
+  sim_config const config_;
+  std::size_t const page_size_;
+  std::vector<std::unique_ptr<detail::sim_device>> devices_;
+
+  std::array<std::atomic<std::uint64_t>, static_cast<std::size_t>(sim_op::count_)> calls_{};
+  std::atomic<std::uint64_t> synchronizations_{0};
+
+  mutable std::mutex faults_mutex_;
+  std::vector<pending_fault> faults_;  // guarded by faults_mutex_, in injection order
+  std::atomic<std::size_t> faults_pending_{0};
+
+  mutable std::mutex misuse_mutex_;
+  std::string last_misuse_;  // guarded by misuse_mutex_
+  std::atomic<std::uint64_t> misuse_count_{0};
+
+  mutable std::shared_mutex handles_mutex_;
+  std::unordered_map<std::uint64_t, std::shared_ptr<detail::sim_stream>> streams_;
+  std::unordered_map<std::uint64_t, std::shared_ptr<detail::sim_event>> events_;
+  std::mutex draining_mutex_;
+  std::vector<std::shared_ptr<detail::sim_stream>> draining_;  ///< destroyed, maybe still running
+
+  mutable std::mutex mem_mutex_;
+  std::map<std::uintptr_t, detail::sim_allocation> allocations_;
+  std::map<std::uintptr_t, std::size_t> host_allocs_;      ///< base -> mapped bytes
+  std::map<std::uintptr_t, std::size_t> host_registered_;  ///< base -> bytes
+  std::map<std::uintptr_t, detail::sim_reservation> reservations_;
+  std::map<std::uintptr_t, detail::sim_mapping> mappings_;
+  std::unordered_map<std::uint64_t, detail::sim_physical> physicals_;
+  std::deque<std::uintptr_t> recently_freed_;  ///< bases, for "double free" messages
+};
+
+static_assert(is_runtime_v<sim_runtime>);
+
+}  // namespace gpukit
+
+#include <gpukit/runtime/detail/sim_runtime.inl>
