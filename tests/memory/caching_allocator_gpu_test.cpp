@@ -25,7 +25,7 @@ TEST_SUITE("gpu")
   {
     gpukit::test::check_limit_and_oom_report(gpukit::cuda_runtime::instance());
   }
-  TEST_CASE("caching_allocator on CUDA: stress, threads x streams x random sizes")
+  TEST_CASE("caching_allocator on CUDA: stress with threads x streams x random sizes")
   {
     gpukit::test::check_stress(gpukit::cuda_runtime::instance(), 8, 2000, std::size_t{64} << 20);
   }

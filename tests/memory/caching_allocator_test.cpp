@@ -168,7 +168,7 @@ TEST_SUITE("caching_allocator")
     alloc.forget_stream(s.b);
   }
 
-  TEST_CASE("out of device memory: recovery releases cached segments, then a structured report")
+  TEST_CASE("out of device memory: recovery releases cached segments and then reports")
   {
     sim_runtime sim{one_device(256 * MiB)};
     sim_allocator alloc{sim, 0};
@@ -257,7 +257,7 @@ TEST_SUITE("caching_allocator")
     CHECK(sim.used_bytes(0) == 0);
   }
 
-  TEST_CASE("statistics: allocated, reserved, peaks, inactive split")
+  TEST_CASE("statistics: allocated and reserved and peaks and inactive split")
   {
     sim_runtime sim{one_device()};
     sim_allocator alloc{sim, 0};
@@ -316,7 +316,7 @@ TEST_SUITE("caching_allocator")
 
 TEST_SUITE("sim_concurrency")
 {
-  TEST_CASE("caching allocator stress: threads x streams x random sizes, patterns checked")
+  TEST_CASE("caching allocator stress: threads x streams x random sizes with patterns checked")
   {
     sim_runtime sim{one_device(64 * GiB)};
     gpukit::test::check_stress(sim, 4, 400, 8 * MiB);

@@ -30,7 +30,7 @@ std::string library(char const* built_at)
 
 TEST_SUITE("caching_allocator")
 {
-  TEST_CASE("default_caching_allocator: one per device and process, across shared libraries")
+  TEST_CASE("default_caching_allocator: one per device and process across shared libraries")
   {
     auto& mine = gpukit::default_caching_allocator<gpukit::sim_runtime>(0);
     CHECK(&mine == &gpukit::default_caching_allocator<gpukit::sim_runtime>());  // current device 0

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# benchmarks/run_h200.sh: what gpukit runs on the GPU machine, in one command, from the repo root.
+#
+# Build here first (cmake --preset h200 && cmake --build --preset h200) and take along
+# build/h200 and .device-libs (../shared/device/carry-libs.sh .device-libs: Google Benchmark).
+# Writes everything to $OUT (default: out/): the test log, replay JSON lines, allocator_bench
+# JSON, PyTorch's allocator on the same workloads, and (with CAPTURE=1) a varying-shape trace.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+OUT=${OUT:-out}
+mkdir -p "$OUT"
+B=build/h200/bin
+export LD_LIBRARY_PATH=$PWD/.device-libs:${LD_LIBRARY_PATH:-}
+step() { echo; echo "=== $* ($(date -u +%H:%M:%S))"; }
+
+step device
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/device.txt"
+nvcc --version 2>/dev/null | tail -1 | tee -a "$OUT/device.txt"
+date -u +%Y-%m-%d | tee -a "$OUT/device.txt"
+
+if [[ ${TESTS:-1} == 1 ]]; then
+  step tests
+  scripts/run-test-binaries "$B/tests" > "$OUT/tests.log" 2>&1
+  echo "run-test-binaries exit $?"
+  grep -E "^(===|---)|test cases:|FAILED|ERROR" "$OUT/tests.log" | tail -60
+fi
+
+if [[ ${REPLAY:-1} == 1 ]]; then
+  step replay
+  for t in benchmarks/traces/*.trace; do
+    for a in gpukit cuda_malloc_async cub cuda_malloc; do
+      timeout 120 "$B/benchmarks/replay_trace" --trace "$t" --runtime cuda --allocator "$a" | tail -1
+    done
+    "$B/benchmarks/replay_trace" --trace "$t" --runtime sim | tail -1
+  done | tee "$OUT/replay.jsonl"
+fi
+
+if [[ ${BENCH:-1} == 1 ]]; then
+  step allocator_bench
+  "$B/benchmarks/allocator_bench" --benchmark_filter="${BENCH_FILTER:-^(pair|threads|churn)/(gpukit|cudaMalloc|cudaMallocAsync|cub)/}" \
+    --benchmark_min_time=0.2 --benchmark_repetitions=5 --benchmark_report_aggregates_only=true \
+    --benchmark_out="$OUT/allocator_bench.json" --benchmark_out_format=json 2>&1 | grep -E "median|Run on|Load" | tee "$OUT/allocator_bench.txt"
+  step torch_anchor
+  T=$(python3 -c "import torch,os;print(os.path.dirname(torch.__file__))")
+  g++ -O2 -std=c++17 benchmarks/memory/torch_anchor.cpp -I"$T/include" -I/usr/local/cuda/include -L"$T/lib" \
+    -lc10 -lc10_cuda -Wl,-rpath,"$T/lib" -L/usr/local/cuda/lib64 -lcudart -o /tmp/torch_anchor &&
+    /tmp/torch_anchor | tee "$OUT/torch_anchor.txt"
+fi
+
+if [[ ${CAPTURE:-0} == 1 ]]; then
+  step capture llama_varlen
+  PYTHONUNBUFFERED=1 timeout 200 python3 benchmarks/traces/capture_trace.py llama_varlen "$OUT" 2>&1 | tail -3
+  PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True PYTHONUNBUFFERED=1 timeout 150 \
+    python3 benchmarks/traces/capture_trace.py llama_varlen "$OUT" 2>&1 | tail -2
+  if [[ -f "$OUT/llama_varlen.trace" ]]; then
+    for a in gpukit cuda_malloc_async; do
+      "$B/benchmarks/replay_trace" --trace "$OUT/llama_varlen.trace" --runtime cuda --allocator "$a" | tail -1
+    done | tee -a "$OUT/replay.jsonl"
+  fi
+fi
+step done
