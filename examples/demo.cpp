@@ -108,6 +108,9 @@ bool round_trip(Runtime& rt, std::size_t bytes)
   std::printf("stream, pinned host buffers and a %zu MiB device buffer: ok\n", bytes / mib);
   std::printf("H2D copy: %.3f ms (%.1f GB/s), D2H copy: %.3f ms (%.1f GB/s), timed with events\n",
               h2d_ms, rate(h2d_ms), d2h_ms, rate(d2h_ms));
+  if (Runtime::is_simulated) {
+    std::printf("  (simulated GPU: host memcpy into lazily backed memory; not a GPU's speed)\n");
+  }
   std::printf("round trip: %s\n", same ? "every byte came back" : "MISMATCH");
 
   GPUKIT_CUDA_TRY(rt.event_destroy(start));

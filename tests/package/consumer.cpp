@@ -1,15 +1,15 @@
 // The program every consumer project builds and runs: it includes gpukit's headers with the host
-// compiler only and exercises them the way an application would.
+// compiler only and uses them the way an application would.
 #include <gpukit/error.hpp>
+#include <gpukit/runtime/cuda_runtime.hpp>
 #include <gpukit/runtime/runtime.hpp>
-#if __has_include(<gpukit/runtime/sim_runtime.hpp>)
 #include <gpukit/runtime/sim_runtime.hpp>
-#define GPUKIT_CONSUMER_HAS_SIM 1
-#endif
 
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
-#include <string>
+#include <new>
+#include <vector>
 
 namespace {
 
@@ -23,6 +23,9 @@ int fail(char const* what)
 
 int main()
 {
+  static_assert(gpukit::is_runtime_v<gpukit::cuda_runtime>);
+  static_assert(gpukit::is_runtime_v<gpukit::sim_runtime>);
+
   // The error family: a failed CUDA call names itself (this also links cudart's error strings).
   try {
     GPUKIT_CUDA_TRY(cudaErrorInvalidValue);
@@ -34,15 +37,14 @@ int main()
     }
   }
   try {
-    GPUKIT_EXPECTS(1 + 1 == 3,
-                   "1 + 1 must be 3 (this consumer checks that a broken precondition throws)");
+    GPUKIT_EXPECTS(1 + 1 == 3, "1 + 1 must be 3 (this consumer checks that a precondition throws)");
     return fail("GPUKIT_EXPECTS did not throw");
   } catch (gpukit::logic_error const& e) {
     std::printf("consumer: caught gpukit::logic_error: %s\n", e.what());
   }
   try {
     gpukit::oom_report report;
-    report.requested = 3ull << 30;
+    report.requested = std::size_t{3} << 30;
     report.hint      = "halve the micro-batch";
     throw gpukit::out_of_memory{report};
   } catch (std::bad_alloc const& e) {  // out_of_memory is a std::bad_alloc
@@ -51,10 +53,29 @@ int main()
     }
   }
 
-#ifdef GPUKIT_CONSUMER_HAS_SIM
-  static_assert(gpukit::is_runtime_v<gpukit::sim_runtime>);
-  // TODO(package tests): allocate on a simulated GPU once sim_runtime.hpp lands.
-#endif
+  // The real runtime: the binary starts without a driver, and calls then fail with an error.
+  int gpus                 = 0;
+  cudaError_t const status = gpukit::cuda_runtime::instance().device_count(gpus);
+  std::printf("consumer: cuda_runtime: %d GPU(s) (%s)\n", gpus,
+              gpukit::cuda_runtime::error_name(status));
+
+  // A round trip through a simulated 1 GiB GPU.
+  gpukit::sim_runtime sim{gpukit::sim_config{}.with_devices(1, std::size_t{1} << 30)};
+  std::size_t const bytes = std::size_t{1} << 20;
+  std::vector<unsigned char> in(bytes), out(bytes, 0);
+  for (std::size_t i = 0; i < bytes; ++i) { in[i] = static_cast<unsigned char>(i * 7 + 1); }
+  gpukit::sim_runtime::stream_type s{};
+  void* d = nullptr;
+  GPUKIT_CUDA_TRY(sim.stream_create(s));
+  GPUKIT_CUDA_TRY(sim.malloc(&d, bytes));
+  GPUKIT_CUDA_TRY(sim.memcpy_async(d, in.data(), bytes, gpukit::memcpy_kind::host_to_device, s));
+  GPUKIT_CUDA_TRY(sim.memcpy_async(out.data(), d, bytes, gpukit::memcpy_kind::device_to_host, s));
+  GPUKIT_CUDA_TRY(sim.stream_synchronize(s));
+  GPUKIT_CUDA_TRY(sim.free(d));
+  GPUKIT_CUDA_TRY(sim.stream_destroy(s));
+  if (in != out) { return fail("the simulated GPU's round trip changed the bytes"); }
+  std::printf("consumer: 1 MiB round trip through a simulated GPU: ok\n");
+
   std::printf("consumer: OK\n");
   return 0;
 }

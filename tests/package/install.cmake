@@ -14,6 +14,9 @@ foreach(file IN ITEMS
     ${INCLUDEDIR}/gpukit/error.hpp
     ${INCLUDEDIR}/gpukit/detail/error_macros.hpp
     ${INCLUDEDIR}/gpukit/runtime/runtime.hpp
+    ${INCLUDEDIR}/gpukit/runtime/cuda_runtime.hpp
+    ${INCLUDEDIR}/gpukit/runtime/sim_runtime.hpp
+    ${INCLUDEDIR}/gpukit/runtime/detail/sim_runtime.inl
     ${CMAKEDIR}/gpukitConfig.cmake
     ${CMAKEDIR}/gpukitConfigVersion.cmake
     ${CMAKEDIR}/gpukitTargets.cmake)
