@@ -52,7 +52,9 @@
 //   get_device(int& d) / set_device(int d)          per-thread current device, as in CUDA
 //   get_device_properties(device_properties& p, int d)
 //   mem_get_info(std::size_t& free, std::size_t& total)   current device
-//   driver_version(int& v) / runtime_version(int& v)      CUDA's encoding (13000 = 13.0)
+//   driver_version(int& v) / runtime_version(int& v)      CUDA's encoding (13000 = 13.0);
+//                                                    without a driver, driver_version succeeds
+//                                                    with 0 (as CUDA does): every other call fails
 //   device_synchronize()                            blocks until the current device is idle
 // Device memory (current device)
 //   malloc(void** p, std::size_t bytes)             synchronous allocation (cudaMalloc)
@@ -66,15 +68,19 @@
 //   host_unregister(void* p)
 // Virtual memory (driver API on CUDA)
 //   vm_granularity(std::size_t& g, int device)      minimum mapping granularity
-//   vm_reserve(void** va, std::size_t bytes, std::size_t alignment)  address range, no memory
+//   vm_reserve(void** va, std::size_t bytes, std::size_t alignment)  address range, no memory;
+//                                                    alignment 0: the granularity
 //   vm_free(void* va, std::size_t bytes)             the whole range reserved by vm_reserve
 //   vm_create(physical_handle& h, std::size_t bytes, int device)    physical memory, a multiple
 //                                                    of the granularity
 //   vm_release(physical_handle h)                    memory is freed once also unmapped
 //   vm_map(void* va, std::size_t bytes, physical_handle h)          the whole handle, at va
-//   vm_unmap(void* va, std::size_t bytes)            whole mappings only
+//   vm_unmap(void* va, std::size_t bytes)            whole mappings only; unmapping what is not
+//                                                    mapped succeeds on CUDA (driver 580) and is
+//                                                    reported as misuse by the simulated GPU
 //   vm_set_access(void* va, std::size_t bytes, int device)          read-write for `device`;
-//                                                    mapped memory is inaccessible until then
+//                                                    mapped memory is inaccessible until then; the
+//                                                    range may span adjacent whole mappings
 // Streams (non-blocking with respect to the null stream)
 //   stream_create(stream_type& s)                    on the current device
 //   stream_destroy(stream_type s)                    returns at once; queued work still runs
@@ -89,13 +95,16 @@
 //                                                    (or e was never recorded), else NotReady
 //   event_synchronize(event_type e)                  blocks until the capture completes
 //   event_elapsed_time(float& ms, event_type start, event_type stop)   timing events only
-// Copies and work on streams (stream-ordered, never blocking the host)
+// Copies and work on streams (stream-ordered; on CUDA a copy to or from pageable host memory may
+// block the host until it is done, so code that must not block copies from pinned memory)
 //   memcpy_async(void* dst, void const* src, std::size_t bytes, memcpy_kind k, stream_type s)
 //   memcpy_peer_async(void* dst, int dst_device, void const* src, int src_device,
 //                     std::size_t bytes, stream_type s)
 //   memset_async(void* dst, int value, std::size_t bytes, stream_type s)
 //   launch_host_func(stream_type s, host_fn fn, void* user)   runs fn(user) in stream order;
-//                                                    fn must not call the runtime
+//                                                    fn must not call the runtime, nor block for
+//                                                    long: CUDA may run the host functions of every
+//                                                    stream on one thread
 // Errors
 //   static char const* error_name(cudaError_t) / error_string(cudaError_t)
 //

@@ -189,11 +189,29 @@ inline cudaError_t cuda_runtime::host_unregister(void* p)
 
 // --- Virtual memory ------------------------------------------------------------------------------
 
+namespace detail {
+// The driver does not check every ordinal: cuMemGetAllocationGranularity answered for device
+// 1 << 20 on the H200 (driver 580). Check it here, against the device count (fixed per process).
+inline cudaError_t check_vm_device(int device)
+{
+  static int const count = [] {
+    int n = 0;
+    if (::cudaGetDeviceCount(&n) != cudaSuccess) {
+      (void)::cudaGetLastError();
+      n = 0;
+    }
+    return n;
+  }();
+  return device >= 0 && device < count ? cudaSuccess : cudaErrorInvalidDevice;
+}
+}  // namespace detail
+
 inline cudaError_t cuda_runtime::vm_granularity(std::size_t& g, int device)
 {
   g               = 0;
   auto const call = detail::begin_vm_call();
   if (call.status != cudaSuccess) { return call.status; }
+  if (auto const e = detail::check_vm_device(device); e != cudaSuccess) { return e; }
   CUmemAllocationProp const prop = detail::pinned_device_allocation(device);
   return detail::to_cuda_error(
     call.api.mem_get_allocation_granularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
@@ -223,6 +241,7 @@ inline cudaError_t cuda_runtime::vm_create(physical_handle& h, std::size_t bytes
   h               = physical_handle{};
   auto const call = detail::begin_vm_call();
   if (call.status != cudaSuccess) { return call.status; }
+  if (auto const e = detail::check_vm_device(device); e != cudaSuccess) { return e; }
   CUmemAllocationProp const prop = detail::pinned_device_allocation(device);
   return detail::to_cuda_error(call.api.mem_create(&h, bytes, &prop, 0));
 }
@@ -252,6 +271,7 @@ inline cudaError_t cuda_runtime::vm_set_access(void* va, std::size_t bytes, int 
 {
   auto const call = detail::begin_vm_call();
   if (call.status != cudaSuccess) { return call.status; }
+  if (auto const e = detail::check_vm_device(device); e != cudaSuccess) { return e; }
   CUmemAccessDesc desc{};
   desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   desc.location.id   = device;
