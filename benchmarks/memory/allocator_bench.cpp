@@ -3,8 +3,9 @@
 // CachingDeviceAllocator; PyTorch's allocator runs in the same command through torch_anchor.cpp.
 //
 //   pair/<allocator>/<bytes>          alloc+free pair latency, one thread, one stream
-//   threads/<allocator>/threads:N     64 KiB pairs, N threads, each on its own stream (aggregate rate)
-//   churn/<allocator>                 2000 live blocks, log-uniform 256 B..8 MiB, random frees
+//   threads/<allocator>/threads:N     64 KiB pairs, N threads, each on its own stream (aggregate
+//   rate) churn/<allocator>                 2000 live blocks, log-uniform 256 B..8 MiB, random
+//   frees
 //
 // Host-side allocator calls are timed with a steady clock over many iterations (real time).
 // gpukit_sim runs gpukit on the simulated GPU (no CUDA needed); it is not an anchor comparison.
@@ -27,7 +28,7 @@ constexpr int max_threads = 16;
 bool have_gpu()
 {
   static bool const yes = [] {
-    int n = 0;
+    int n         = 0;
     bool const ok = cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
     (void)cudaGetLastError();
     return ok;
@@ -62,7 +63,7 @@ std::vector<gpukit::sim_runtime::stream_type>& sim_streams()
 
 struct gpukit_cuda {
   static constexpr bool needs_gpu = true;
-  gpukit::caching_allocator& a = gpukit::default_caching_allocator(0);
+  gpukit::caching_allocator& a    = gpukit::default_caching_allocator(0);
   void* alloc(std::size_t b, int t) { return a.allocate_async(b, cuda_streams()[t]); }
   void free(void* p, std::size_t b, int t) { a.deallocate_async(p, b, cuda_streams()[t]); }
   void sync(int t) { GPUKIT_CUDA_TRY(cudaStreamSynchronize(cuda_streams()[t])); }
@@ -70,7 +71,8 @@ struct gpukit_cuda {
 
 struct gpukit_sim {
   static constexpr bool needs_gpu = false;
-  gpukit::basic_caching_allocator<gpukit::sim_runtime>& a = gpukit::default_caching_allocator<gpukit::sim_runtime>(0);
+  gpukit::basic_caching_allocator<gpukit::sim_runtime>& a =
+    gpukit::default_caching_allocator<gpukit::sim_runtime>(0);
   gpukit_sim() { (void)sim_streams(); }
   void* alloc(std::size_t b, int t) { return a.allocate_async(b, sim_streams()[t]); }
   void free(void* p, std::size_t b, int t) { a.deallocate_async(p, b, sim_streams()[t]); }
@@ -112,7 +114,8 @@ struct cub_caching {
   static constexpr bool needs_gpu = true;
   static cub::CachingDeviceAllocator& get()
   {
-    // Bins 8^3..8^10 (1 GiB), 64 GiB cache: the anchor configuration of ../shared/device/baseline.cu.
+    // Bins 8^3..8^10 (1 GiB), 64 GiB cache: the anchor configuration of
+    // ../shared/device/baseline.cu.
     static auto* a = new cub::CachingDeviceAllocator(8, 3, 10, std::size_t{64} << 30);
     return *a;
   }

@@ -1,7 +1,8 @@
 // replay_trace: replays a PyTorch allocation trace (../shared/traces format) through an allocator
 // and reports how much memory it held and how fast it was.
 //
-//   replay_trace --trace FILE [--runtime sim|cuda] [--allocator gpukit|cuda_malloc|cuda_malloc_async|cub]
+//   replay_trace --trace FILE [--runtime sim|cuda] [--allocator
+//   gpukit|cuda_malloc|cuda_malloc_async|cub]
 //                [--repeat N]
 //
 // Trace lines: `a <id> <bytes> <stream>` allocates, `f <id>` frees, `#` starts a comment.
@@ -72,7 +73,8 @@ trace load(std::string const& path)
       if (!(ls >> id >> bytes >> stream) || id < 0 || bytes < 0 || stream < 0) {
         throw bad("expected 'a <id> <bytes> <stream>' with non-negative integers");
       }
-      e = event{true, static_cast<std::size_t>(id), static_cast<std::size_t>(bytes), static_cast<int>(stream)};
+      e = event{true, static_cast<std::size_t>(id), static_cast<std::size_t>(bytes),
+                static_cast<int>(stream)};
       if (live.count(e.id) != 0) { throw bad("id " + std::to_string(id) + " is allocated twice"); }
       live[e.id] = e.bytes;
       live_bytes += e.bytes;
@@ -81,9 +83,11 @@ trace load(std::string const& path)
       if (e.bytes == 0) { ++t.zero_byte_allocs; }
     } else if (op == "f") {
       if (!(ls >> id) || id < 0) { throw bad("expected 'f <id>'"); }
-      e      = event{false, static_cast<std::size_t>(id), 0, 0};
+      e       = event{false, static_cast<std::size_t>(id), 0, 0};
       auto it = live.find(e.id);
-      if (it == live.end()) { throw bad("free of id " + std::to_string(id) + ", which is not live"); }
+      if (it == live.end()) {
+        throw bad("free of id " + std::to_string(id) + ", which is not live");
+      }
       live_bytes -= it->second;
       live.erase(it);
     } else {
@@ -144,16 +148,23 @@ double replay(trace const& t, int repeat, Alloc&& alloc, Dealloc&& dealloc)
 }
 
 template <class Runtime>
-result run_gpukit(Runtime& rt, trace const& t, int repeat, gpukit::caching_allocator_options const& options)
+result run_gpukit(Runtime& rt, trace const& t, int repeat,
+                  gpukit::caching_allocator_options const& options)
 {
-  std::vector<typename Runtime::stream_type> streams(static_cast<std::size_t>(std::max(t.streams, 1)));
+  std::vector<typename Runtime::stream_type> streams(
+    static_cast<std::size_t>(std::max(t.streams, 1)));
   for (auto& s : streams) { GPUKIT_CUDA_TRY(rt.stream_create(s)); }
   result res;
   {
     gpukit::basic_caching_allocator<Runtime> alloc{rt, 0, options};
     res.ns_per_event = replay(
-      t, repeat, [&](std::size_t b, int s) { return alloc.allocate_async(b, streams[static_cast<std::size_t>(s)]); },
-      [&](void* p, std::size_t b, int s) { alloc.deallocate_async(p, b, streams[static_cast<std::size_t>(s)]); });
+      t, repeat,
+      [&](std::size_t b, int s) {
+        return alloc.allocate_async(b, streams[static_cast<std::size_t>(s)]);
+      },
+      [&](void* p, std::size_t b, int s) {
+        alloc.deallocate_async(p, b, streams[static_cast<std::size_t>(s)]);
+      });
     auto const st     = alloc.stats();
     res.peak_reserved = static_cast<std::size_t>(st.reserved_bytes.peak);
     res.device_allocs = st.num_device_allocs;
@@ -192,7 +203,7 @@ result run_cuda_anchor(std::string const& which, trace const& t, int repeat)
     replay(
       t, 1,
       [&](std::size_t b, int s) {
-        void* p = a(b, s);
+        void* p       = a(b, s);
         std::size_t f = 0, tt = 0;
         GPUKIT_CUDA_TRY(cudaMemGetInfo(&f, &tt));
         peak = std::max(peak, free0 - std::min(free0, f));
@@ -217,7 +228,9 @@ result run_cuda_anchor(std::string const& which, trace const& t, int repeat)
         GPUKIT_CUDA_TRY(cudaMallocAsync(&p, b, streams[static_cast<std::size_t>(s)]));
         return p;
       },
-      [&](void* p, std::size_t, int s) { GPUKIT_CUDA_TRY(cudaFreeAsync(p, streams[static_cast<std::size_t>(s)])); });
+      [&](void* p, std::size_t, int s) {
+        GPUKIT_CUDA_TRY(cudaFreeAsync(p, streams[static_cast<std::size_t>(s)]));
+      });
     std::uint64_t high = 0;
     GPUKIT_CUDA_TRY(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemHigh, &high));
     res.peak_reserved = static_cast<std::size_t>(high);
@@ -229,7 +242,7 @@ result run_cuda_anchor(std::string const& which, trace const& t, int repeat)
       GPUKIT_CUDA_TRY(cub_alloc.DeviceAllocate(&p, b, streams[static_cast<std::size_t>(s)]));
       return p;
     };
-    auto d = [&](void* p, std::size_t, int) { GPUKIT_CUDA_TRY(cub_alloc.DeviceFree(p)); };
+    auto d           = [&](void* p, std::size_t, int) { GPUKIT_CUDA_TRY(cub_alloc.DeviceFree(p)); };
     res.ns_per_event = replay(t, repeat, a, d);
     GPUKIT_CUDA_TRY(cub_alloc.FreeAllCached());
     replay(
@@ -288,24 +301,33 @@ int main(int argc, char** argv)
       } else if (a == "--repeat") {
         repeat = std::atoi(value().c_str());
       } else if (a == "--help" || a == "-h") {
-        std::printf("usage: replay_trace --trace FILE [--runtime sim|cuda] "
-                    "[--allocator gpukit|cuda_malloc|cuda_malloc_async|cub] [--repeat N]\n");
+        std::printf(
+          "usage: replay_trace --trace FILE [--runtime sim|cuda] "
+          "[--allocator gpukit|cuda_malloc|cuda_malloc_async|cub] [--repeat N]\n");
         return 0;
       } else {
         throw usage_error{"unknown argument '" + a + "'"};
       }
     }
     if (trace_path.empty()) { throw usage_error{"--trace FILE is required"}; }
-    if (runtime != "sim" && runtime != "cuda") { throw usage_error{"--runtime must be sim or cuda, not '" + runtime + "'"}; }
-    if (allocator != "gpukit" && allocator != "cuda_malloc" && allocator != "cuda_malloc_async" && allocator != "cub") {
-      throw usage_error{"--allocator must be gpukit, cuda_malloc, cuda_malloc_async or cub, not '" + allocator + "'"};
+    if (runtime != "sim" && runtime != "cuda") {
+      throw usage_error{"--runtime must be sim or cuda, not '" + runtime + "'"};
     }
-    if (allocator != "gpukit" && runtime != "cuda") { throw usage_error{"--allocator " + allocator + " needs --runtime cuda"}; }
+    if (allocator != "gpukit" && allocator != "cuda_malloc" && allocator != "cuda_malloc_async" &&
+        allocator != "cub") {
+      throw usage_error{"--allocator must be gpukit, cuda_malloc, cuda_malloc_async or cub, not '" +
+                        allocator + "'"};
+    }
+    if (allocator != "gpukit" && runtime != "cuda") {
+      throw usage_error{"--allocator " + allocator + " needs --runtime cuda"};
+    }
     if (repeat < 1) { throw usage_error{"--repeat must be at least 1"}; }
 
     trace const t = load(trace_path);
-    std::printf("trace %s: %zu events, %d stream(s), peak live %.2f GiB, %zu zero-byte allocations skipped\n",
-                trace_path.c_str(), t.events.size(), t.streams, t.peak_live / 1073741824.0, t.zero_byte_allocs);
+    std::printf(
+      "trace %s: %zu events, %d stream(s), peak live %.2f GiB, %zu zero-byte allocations skipped\n",
+      trace_path.c_str(), t.events.size(), t.streams, t.peak_live / 1073741824.0,
+      t.zero_byte_allocs);
     result r;
     if (runtime == "sim") {
       std::size_t const capacity = std::max<std::size_t>(std::size_t{80} << 30, 4 * t.peak_live);
@@ -316,13 +338,16 @@ int main(int argc, char** argv)
     } else {
       r = run_cuda_anchor(allocator, t, repeat);
     }
-    std::printf("{\"trace\": \"%s\", \"runtime\": \"%s\", \"allocator\": \"%s\", \"events\": %zu, "
-                "\"peak_live_bytes\": %zu, \"peak_reserved_bytes\": %zu, \"ratio\": %.4f, \"device_allocs\": %llu, "
-                "\"device_frees\": %llu, \"ns_per_event\": %.1f, \"repeat\": %d}\n",
-                base_name(trace_path).c_str(), runtime.c_str(), allocator.c_str(), t.events.size(), t.peak_live,
-                r.peak_reserved, t.peak_live == 0 ? 0.0 : static_cast<double>(r.peak_reserved) / t.peak_live,
-                static_cast<unsigned long long>(r.device_allocs), static_cast<unsigned long long>(r.device_frees),
-                r.ns_per_event, repeat);
+    std::printf(
+      "{\"trace\": \"%s\", \"runtime\": \"%s\", \"allocator\": \"%s\", \"events\": %zu, "
+      "\"peak_live_bytes\": %zu, \"peak_reserved_bytes\": %zu, \"ratio\": %.4f, \"device_allocs\": "
+      "%llu, "
+      "\"device_frees\": %llu, \"ns_per_event\": %.1f, \"repeat\": %d}\n",
+      base_name(trace_path).c_str(), runtime.c_str(), allocator.c_str(), t.events.size(),
+      t.peak_live, r.peak_reserved,
+      t.peak_live == 0 ? 0.0 : static_cast<double>(r.peak_reserved) / t.peak_live,
+      static_cast<unsigned long long>(r.device_allocs),
+      static_cast<unsigned long long>(r.device_frees), r.ns_per_event, repeat);
     return 0;
   } catch (usage_error const& e) {
     std::fprintf(stderr, "replay_trace: %s\n", e.what());

@@ -19,10 +19,13 @@
 #include <vector>
 
 namespace {
-using clk = std::chrono::steady_clock;
+using clk   = std::chrono::steady_clock;
 namespace A = c10::cuda::CUDACachingAllocator;
 
-double ns_since(clk::time_point t0) { return std::chrono::duration<double, std::nano>(clk::now() - t0).count(); }
+double ns_since(clk::time_point t0)
+{
+  return std::chrono::duration<double, std::nano>(clk::now() - t0).count();
+}
 
 template <class F>
 double median_of_5(F f)

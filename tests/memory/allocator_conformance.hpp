@@ -18,26 +18,31 @@ namespace gpukit::test {
 // Fills [p, p + bytes) with `value` on `s` and checks it by copying it back: proves the memory is
 // usable and that no other live block overlaps it (every live block has its own value).
 template <class Runtime>
-void fill(Runtime& rt, void* p, std::size_t bytes, unsigned char value, typename Runtime::stream_type s)
+void fill(Runtime& rt, void* p, std::size_t bytes, unsigned char value,
+          typename Runtime::stream_type s)
 {
   GPUKIT_CUDA_TRY(rt.memset_async(p, value, bytes, s));
 }
 
 template <class Runtime>
-bool holds(Runtime& rt, void* p, std::size_t bytes, unsigned char value, typename Runtime::stream_type s)
+bool holds(Runtime& rt, void* p, std::size_t bytes, unsigned char value,
+           typename Runtime::stream_type s)
 {
-  // Check the first and last 4 KiB and a middle sample: enough to catch an overlap, cheap for large blocks.
+  // Check the first and last 4 KiB and a middle sample: enough to catch an overlap, cheap for large
+  // blocks.
   std::vector<unsigned char> h(std::min<std::size_t>(bytes, 4096));
   auto check_at = [&](std::size_t off) {
     std::size_t const n = std::min(h.size(), bytes - off);
-    GPUKIT_CUDA_TRY(rt.memcpy_async(h.data(), static_cast<char*>(p) + off, n, memcpy_kind::device_to_host, s));
+    GPUKIT_CUDA_TRY(
+      rt.memcpy_async(h.data(), static_cast<char*>(p) + off, n, memcpy_kind::device_to_host, s));
     GPUKIT_CUDA_TRY(rt.stream_synchronize(s));
     for (std::size_t i = 0; i < n; ++i) {
       if (h[i] != value) { return false; }
     }
     return true;
   };
-  return check_at(0) && check_at(bytes - std::min(h.size(), bytes)) && check_at(bytes / 2 - std::min(bytes / 2, h.size() / 2));
+  return check_at(0) && check_at(bytes - std::min(h.size(), bytes)) &&
+         check_at(bytes / 2 - std::min(bytes / 2, h.size() / 2));
 }
 
 template <class Runtime>
@@ -46,8 +51,9 @@ void check_alloc_roundtrip(Runtime& rt)
   basic_caching_allocator<Runtime> alloc{rt, 0};
   typename Runtime::stream_type s{};
   GPUKIT_CUDA_TRY(rt.stream_create(s));
-  for (std::size_t bytes : {std::size_t{1}, std::size_t{255}, std::size_t{256}, std::size_t{4097}, std::size_t{1} << 20,
-                            (std::size_t{3} << 20) + 7, std::size_t{64} << 20}) {
+  for (std::size_t bytes :
+       {std::size_t{1}, std::size_t{255}, std::size_t{256}, std::size_t{4097}, std::size_t{1} << 20,
+        (std::size_t{3} << 20) + 7, std::size_t{64} << 20}) {
     void* p = alloc.allocate_async(bytes, s);
     REQUIRE(p != nullptr);
     CHECK(reinterpret_cast<std::uintptr_t>(p) % 256 == 0);
@@ -100,7 +106,7 @@ void check_bad_input(Runtime& rt)
   GPUKIT_CUDA_TRY(rt.get_device_properties(props, 0));
   CHECK_THROWS_AS((void)alloc.allocate_async(props.total_memory + 1, s), gpukit::bad_alloc);
   CHECK_THROWS_AS((void)alloc.allocate_async(~std::size_t{0}, s), gpukit::bad_alloc);
-  void* p = alloc.allocate_async(1000, s);
+  void* p      = alloc.allocate_async(1000, s);
   int on_stack = 0;
   try {
     alloc.deallocate_async(&on_stack, 4, s);
@@ -114,7 +120,8 @@ void check_bad_input(Runtime& rt)
     alloc.deallocate_async(p, 999, s);
     FAIL("a wrong size must throw");
   } catch (gpukit::logic_error const& e) {
-    CHECK(std::string{e.what()}.find("allocated with 1000 bytes but freed with 999") != std::string::npos);
+    CHECK(std::string{e.what()}.find("allocated with 1000 bytes but freed with 999") !=
+          std::string::npos);
   }
   CHECK(alloc.stats().allocation_count.current == 1);  // the failed frees changed nothing
   alloc.deallocate_async(p, 1000, s);
@@ -125,7 +132,7 @@ void check_bad_input(Runtime& rt)
     CHECK(std::string{e.what()}.find("double free") != std::string::npos);
   }
   CHECK_THROWS_AS((void)alloc.allocate(8, 512), gpukit::logic_error);  // alignment beyond 256
-  alloc.deallocate_async(nullptr, 0, s);  // ignored, as free(nullptr)
+  alloc.deallocate_async(nullptr, 0, s);                               // ignored, as free(nullptr)
   CHECK(alloc.stats().allocation_count.current == 0);
   CHECK(alloc.check_invariants() == "");
   // Still fully usable.
@@ -184,7 +191,8 @@ void check_stress(Runtime& rt, int threads, int iterations, std::size_t max_byte
     pool.emplace_back([&, t] {
       GPUKIT_CUDA_TRY(rt.set_device(0));
       std::mt19937_64 rng(static_cast<std::uint64_t>(t) * 7919u + 1u);
-      std::uniform_real_distribution<double> lu(std::log(256.0), std::log(static_cast<double>(max_bytes)));
+      std::uniform_real_distribution<double> lu(std::log(256.0),
+                                                std::log(static_cast<double>(max_bytes)));
       struct live_block {
         void* p;
         std::size_t bytes;
@@ -195,23 +203,27 @@ void check_stress(Runtime& rt, int threads, int iterations, std::size_t max_byte
       for (int i = 0; i < iterations; ++i) {
         bool const do_alloc = live.empty() || (live.size() < 64 && rng() % 2 == 0);
         if (do_alloc) {
-          auto const bytes  = static_cast<std::size_t>(std::exp(lu(rng)));
-          int const si      = static_cast<int>(rng() % 2 == 0 ? t : (t + 1) % threads);
-          auto const value  = static_cast<unsigned char>(rng() % 251 + 1);
-          void* p           = alloc.allocate_async(bytes, streams[static_cast<std::size_t>(si)]);
+          auto const bytes = static_cast<std::size_t>(std::exp(lu(rng)));
+          int const si     = static_cast<int>(rng() % 2 == 0 ? t : (t + 1) % threads);
+          auto const value = static_cast<unsigned char>(rng() % 251 + 1);
+          void* p          = alloc.allocate_async(bytes, streams[static_cast<std::size_t>(si)]);
           fill(rt, p, bytes, value, streams[static_cast<std::size_t>(si)]);
           live.push_back({p, bytes, value, si});
         } else {
           std::size_t const k = rng() % live.size();
           auto const b        = live[k];
-          if (!holds(rt, b.p, b.bytes, b.value, streams[static_cast<std::size_t>(b.stream)])) { ++failures; }
+          if (!holds(rt, b.p, b.bytes, b.value, streams[static_cast<std::size_t>(b.stream)])) {
+            ++failures;
+          }
           alloc.deallocate_async(b.p, b.bytes, streams[static_cast<std::size_t>(b.stream)]);
           live[k] = live.back();
           live.pop_back();
         }
       }
       for (auto const& b : live) {
-        if (!holds(rt, b.p, b.bytes, b.value, streams[static_cast<std::size_t>(b.stream)])) { ++failures; }
+        if (!holds(rt, b.p, b.bytes, b.value, streams[static_cast<std::size_t>(b.stream)])) {
+          ++failures;
+        }
         alloc.deallocate_async(b.p, b.bytes, streams[static_cast<std::size_t>(b.stream)]);
       }
     });

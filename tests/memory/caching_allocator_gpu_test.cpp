@@ -7,6 +7,8 @@
 
 #include <doctest/doctest.h>
 
+#include <vector>
+
 TEST_SUITE("gpu")
 {
   TEST_CASE("caching_allocator on CUDA: round trip of many sizes")
@@ -28,5 +30,49 @@ TEST_SUITE("gpu")
   TEST_CASE("caching_allocator on CUDA: stress with threads x streams x random sizes")
   {
     gpukit::test::check_stress(gpukit::cuda_runtime::instance(), 8, 2000, std::size_t{64} << 20);
+  }
+  TEST_CASE(
+    "caching_allocator on CUDA: a graph captured in global mode allocates from a private pool")
+  {
+    gpukit::basic_caching_allocator<gpukit::cuda_runtime> alloc{gpukit::cuda_runtime::instance(),
+                                                                0};
+    cudaStream_t s{};
+    GPUKIT_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    constexpr std::size_t MiB = std::size_t{1} << 20;
+    void* warm                = alloc.allocate_async(MiB, s);
+    alloc.deallocate_async(warm, MiB, s);
+    GPUKIT_CUDA_TRY(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    auto const id = alloc.begin_capture(s);
+    void* p       = alloc.allocate_async(4 * MiB, s);  // a new segment, made during capture
+    CHECK(p != warm);
+    GPUKIT_CUDA_TRY(cudaMemsetAsync(p, 7, 4 * MiB, s));
+    void* q = alloc.allocate_async(MiB, s);
+    GPUKIT_CUDA_TRY(cudaMemsetAsync(q, 9, MiB, s));
+    alloc.deallocate_async(q, MiB, s);
+    cudaGraph_t graph{};
+    // An illegal call during capture would have invalidated it: EndCapture would fail.
+    GPUKIT_CUDA_TRY(cudaStreamEndCapture(s, &graph));
+    alloc.end_capture(s);
+    cudaGraphExec_t exec{};
+    GPUKIT_CUDA_TRY(cudaGraphInstantiate(&exec, graph, 0));
+    GPUKIT_CUDA_TRY(cudaGraphLaunch(exec, s));
+    GPUKIT_CUDA_TRY(cudaGraphLaunch(exec, s));
+    std::vector<unsigned char> host(4 * MiB);
+    GPUKIT_CUDA_TRY(cudaMemcpyAsync(host.data(), p, host.size(), cudaMemcpyDeviceToHost, s));
+    GPUKIT_CUDA_TRY(cudaStreamSynchronize(s));
+    CHECK(host.front() == 7);
+    CHECK(host.back() == 7);
+    // Until the pool is released, eager work never gets the graph's blocks.
+    void* eager = alloc.allocate_async(MiB, s);
+    CHECK(eager != q);
+    alloc.deallocate_async(eager, MiB, s);
+    GPUKIT_CUDA_TRY(cudaGraphExecDestroy(exec));
+    GPUKIT_CUDA_TRY(cudaGraphDestroy(graph));
+    alloc.deallocate_async(p, 4 * MiB, s);
+    alloc.release_capture_pool(id);
+    CHECK(alloc.check_invariants() == "");
+    GPUKIT_CUDA_TRY(cudaStreamSynchronize(s));
+    alloc.forget_stream(s);
+    GPUKIT_CUDA_TRY(cudaStreamDestroy(s));
   }
 }

@@ -322,3 +322,70 @@ TEST_SUITE("sim_concurrency")
     gpukit::test::check_stress(sim, 4, 400, 8 * MiB);
   }
 }
+
+TEST_SUITE("caching_allocator")
+{
+  TEST_CASE("graph capture: a private pool and no call that capture forbids")
+  {
+    sim_runtime sim{one_device()};
+    sim_allocator alloc{sim, 0};
+    streams2 s{sim};
+    // Before the capture: a block freed on a and cached, and a block on b waiting on an event.
+    void* before = alloc.allocate_async(MiB, s.a);
+    alloc.deallocate_async(before, MiB, s.a);
+
+    GPUKIT_CUDA_TRY(sim.begin_capture(s.a));
+    auto const id                     = alloc.begin_capture(s.a);
+    std::uint64_t const misuse_before = sim.misuse_count();
+    // Inside the capture: never the block cached before it, and segments outside the graph.
+    void* g1 = alloc.allocate_async(MiB, s.a);
+    CHECK(g1 != before);
+    void* g2 = alloc.allocate_async(30 * MiB, s.a);
+    alloc.deallocate_async(g1, MiB, s.a);  // freed inside the graph: reusable inside it only
+    void* g3 = alloc.allocate_async(MiB, s.a);
+    CHECK(g3 == g1);
+    // Other streams keep working, and never get the capture's blocks.
+    void* other = alloc.allocate_async(MiB, s.b);
+    CHECK(other != g1);
+    alloc.deallocate_async(other, MiB, s.b);
+    CHECK(sim.misuse_count() == misuse_before);   // no forbidden call was made
+    CHECK(sim.calls(sim_op::malloc_async) >= 1);  // (before the capture, for `before`)
+    alloc.end_capture(s.a);
+    GPUKIT_CUDA_TRY(sim.end_capture(s.a));
+
+    // After the capture, until the pool is released, its blocks stay out of reuse.
+    alloc.deallocate_async(g3, MiB, s.a);
+    std::vector<void*> after;
+    for (int i = 0; i < 8; ++i) {
+      after.push_back(alloc.allocate_async(MiB, s.a));
+      CHECK(after.back() != g1);
+    }
+    for (void* p : after) { alloc.deallocate_async(p, MiB, s.a); }
+    CHECK_THROWS_AS(alloc.release_capture_pool(id + 100), gpukit::logic_error);
+    alloc.release_capture_pool(id);
+    alloc.deallocate_async(g2, 30 * MiB, s.a);  // an ordinary block now
+    CHECK(alloc.check_invariants() == "");
+    // Its memory is everyone's again: released whole.
+    alloc.forget_stream(s.a);
+    alloc.forget_stream(s.b);
+    CHECK(alloc.release() > 0);
+    CHECK(alloc.stats().reserved_bytes.current == 0);
+  }
+
+  TEST_CASE("graph capture not announced to the allocator gets a clear error")
+  {
+    sim_runtime sim{one_device()};
+    sim_allocator alloc{sim, 0};
+    streams2 s{sim};
+    GPUKIT_CUDA_TRY(sim.begin_capture(s.a));
+    try {
+      (void)alloc.allocate_async(MiB, s.a);
+      FAIL("allocating a new segment on a capturing stream must throw");
+    } catch (gpukit::logic_error const& e) {
+      CHECK(std::string{e.what()}.find("begin_capture") != std::string::npos);
+    }
+    GPUKIT_CUDA_TRY(sim.end_capture(s.a));
+    CHECK(alloc.check_invariants() == "");
+    alloc.forget_stream(s.a);
+  }
+}

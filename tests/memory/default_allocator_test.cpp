@@ -7,10 +7,10 @@
 
 #include <dlfcn.h>
 
+#include <unistd.h>
 #include <climits>
 #include <string>
 #include <thread>
-#include <unistd.h>
 #include <vector>
 
 namespace {
@@ -47,10 +47,14 @@ TEST_SUITE("caching_allocator")
     std::vector<std::thread> threads;
     std::vector<void*> seen(8);
     for (int i = 0; i < 8; ++i) {
-      threads.emplace_back([&, i] { seen[static_cast<std::size_t>(i)] = &gpukit::default_caching_allocator<gpukit::sim_runtime>(0); });
+      threads.emplace_back([&, i] {
+        seen[static_cast<std::size_t>(i)] =
+          &gpukit::default_caching_allocator<gpukit::sim_runtime>(0);
+      });
     }
     for (auto& t : threads) { t.join(); }
     for (void* p : seen) { CHECK(p == static_cast<void*>(&mine)); }
-    CHECK_THROWS_AS(gpukit::default_caching_allocator<gpukit::sim_runtime>(64), gpukit::logic_error);
+    CHECK_THROWS_AS(gpukit::default_caching_allocator<gpukit::sim_runtime>(64),
+                    gpukit::logic_error);
   }
 }

@@ -5,11 +5,11 @@
 
 #include <doctest/doctest.h>
 
-#include <cub/device/device_reduce.cuh>
 #include <thrust/device_vector.h>
 #include <thrust/execution_policy.h>
 #include <thrust/reduce.h>
 #include <thrust/sequence.h>
+#include <cub/device/device_reduce.cuh>
 
 TEST_SUITE("gpu")
 {
@@ -23,8 +23,8 @@ TEST_SUITE("gpu")
       gpukit::thrust_allocator<int> ta{alloc, s};
       thrust::device_vector<int, gpukit::thrust_allocator<int>> v(100000, 0, ta);
       thrust::sequence(thrust::cuda::par.on(s), v.begin(), v.end());
-      long long const sum = thrust::reduce(thrust::cuda::par(gpukit::thrust_allocator<char>{alloc, s}).on(s),
-                                           v.begin(), v.end(), 0LL);
+      long long const sum = thrust::reduce(
+        thrust::cuda::par(gpukit::thrust_allocator<char>{alloc, s}).on(s), v.begin(), v.end(), 0LL);
       CHECK(sum == 100000LL * 99999LL / 2);
       thrust::device_vector<int, gpukit::thrust_allocator<int>> empty(0, 0, ta);  // no allocation
       CHECK(empty.size() == 0);

@@ -122,10 +122,10 @@ struct caching_allocator_stats {
   stat_pair segment_count;
   stat_pair active_count;
   stat_pair inactive_split_count;
-  std::int64_t cached_bytes{0};    ///< free bytes held in per-thread caches (part of inactive)
-  std::uint64_t num_allocs{0};     ///< allocate calls that succeeded
+  std::int64_t cached_bytes{0};  ///< free bytes held in per-thread caches (part of inactive)
+  std::uint64_t num_allocs{0};   ///< allocate calls that succeeded
   std::uint64_t num_frees{0};
-  std::uint64_t num_cache_hits{0};  ///< allocations served by a per-thread cache
+  std::uint64_t num_cache_hits{0};     ///< allocations served by a per-thread cache
   std::uint64_t num_device_allocs{0};  ///< segments taken from the runtime
   std::uint64_t num_device_frees{0};   ///< segments returned to the runtime
   std::uint64_t num_alloc_retries{0};  ///< allocations that needed a recovery step
@@ -157,7 +157,8 @@ class basic_caching_allocator final {
 
   /// An allocator for `device` of `runtime`. Does not allocate device memory yet.
   /// @throws gpukit::cuda_error if the device's properties cannot be read
-  explicit basic_caching_allocator(Runtime& runtime, int device = 0, caching_allocator_options options = {});
+  explicit basic_caching_allocator(Runtime& runtime, int device = 0,
+                                   caching_allocator_options options = {});
   /// Returns every segment to the runtime (blocks still allocated are freed with them).
   ~basic_caching_allocator();
 
@@ -202,6 +203,26 @@ class basic_caching_allocator final {
   /// with `stream`.
   void forget_stream(stream_type stream);
 
+  /// Identifies the private pool of one CUDA graph capture.
+  using capture_id = std::uint64_t;
+
+  /// Call when a CUDA graph capture begins on `stream` (right after cudaStreamBeginCapture, before
+  /// allocating on it). Until end_capture, allocations on `stream` come from a private pool: its
+  /// segments come from `malloc` in relaxed capture mode (legal during capture, outside the
+  /// graph), and blocks freed on `stream` meanwhile are kept in that pool, so no block the graph
+  /// uses is handed to other work while the graph can replay. While any capture is under way, the
+  /// allocator makes no event query or synchronization (illegal in global capture mode) and skips
+  /// its per-thread caches. Returns the pool's id, for release_capture_pool.
+  /// @throws gpukit::logic_error if a capture is already under way on `stream`
+  capture_id begin_capture(stream_type stream);
+  /// Call when the capture on `stream` ends (after cudaStreamEndCapture). The pool stays private.
+  /// @throws gpukit::logic_error if no capture is under way on `stream`
+  void end_capture(stream_type stream);
+  /// Gives the pool of capture `id` back to everyone: call once the graph is destroyed and its
+  /// launches have completed. Blocks still allocated from it become ordinary blocks.
+  /// @throws gpukit::logic_error for an unknown id or a capture that has not ended
+  void release_capture_pool(capture_id id);
+
   /// Returns every fully free segment to the runtime, after returning the calling thread's cached
   /// blocks to the pool (other threads return theirs at their next call). Stream-ordered segments
   /// are freed on the stream that last used them, so this waits on no other work; synchronous
@@ -227,22 +248,27 @@ class basic_caching_allocator final {
     deallocate(ptr, bytes);
   }
   /// Stream-ordered forms taking a `cuda::stream_ref` (or anything whose get() is a stream_type).
-  template <class StreamRef,
-            std::enable_if_t<std::is_same_v<decltype(std::declval<StreamRef const&>().get()), stream_type>, int> = 0>
+  template <
+    class StreamRef,
+    std::enable_if_t<std::is_same_v<decltype(std::declval<StreamRef const&>().get()), stream_type>,
+                     int> = 0>
   [[nodiscard]] void* allocate_async(std::size_t bytes, std::size_t align, StreamRef stream)
   {
     check_alignment(align);
     return allocate_async(bytes, stream.get());
   }
-  template <class StreamRef,
-            std::enable_if_t<std::is_same_v<decltype(std::declval<StreamRef const&>().get()), stream_type>, int> = 0>
+  template <
+    class StreamRef,
+    std::enable_if_t<std::is_same_v<decltype(std::declval<StreamRef const&>().get()), stream_type>,
+                     int> = 0>
   void deallocate_async(void* ptr, std::size_t bytes, std::size_t align, StreamRef stream)
   {
     check_alignment(align);
     deallocate_async(ptr, bytes, stream.get());
   }
   /// The memory is device accessible (for CCCL's property queries).
-  friend void get_property(basic_caching_allocator const&, ::cuda::mr::device_accessible) noexcept {}
+  friend void get_property(basic_caching_allocator const&, ::cuda::mr::device_accessible) noexcept
+  {}
 
   /// Statistics, summed over threads when read.
   [[nodiscard]] caching_allocator_stats stats() const;
@@ -250,7 +276,10 @@ class basic_caching_allocator final {
   void reset_peak();
 
   /// Limit in bytes (0 when none); changing it does not release memory by itself.
-  [[nodiscard]] std::size_t limit() const noexcept { return limit_.load(std::memory_order_relaxed); }
+  [[nodiscard]] std::size_t limit() const noexcept
+  {
+    return limit_.load(std::memory_order_relaxed);
+  }
   void set_limit(std::size_t bytes) noexcept { limit_.store(bytes, std::memory_order_relaxed); }
 
   [[nodiscard]] int device() const noexcept { return device_; }
@@ -263,8 +292,16 @@ class basic_caching_allocator final {
 
   /// Two allocators are equal when they are the same object (memory from one cannot be freed
   /// through another).
-  friend bool operator==(basic_caching_allocator const& a, basic_caching_allocator const& b) noexcept { return &a == &b; }
-  friend bool operator!=(basic_caching_allocator const& a, basic_caching_allocator const& b) noexcept { return &a != &b; }
+  friend bool operator==(basic_caching_allocator const& a,
+                         basic_caching_allocator const& b) noexcept
+  {
+    return &a == &b;
+  }
+  friend bool operator!=(basic_caching_allocator const& a,
+                         basic_caching_allocator const& b) noexcept
+  {
+    return &a != &b;
+  }
 
  private:
   using block        = detail::caching_block<Runtime>;
@@ -272,12 +309,14 @@ class basic_caching_allocator final {
   struct stream_pool;
   struct pending_free;
   struct segment;
+  struct capture_pool;
   enum pool_kind : int { small_pool = 0, large_pool = 1 };
 
   static void check_alignment(std::size_t align)
   {
-    GPUKIT_EXPECTS(align != 0 && (align & (align - 1)) == 0 && align <= alignment,
-                   "caching_allocator: alignment " + std::to_string(align) + " is not a power of two up to 256");
+    GPUKIT_EXPECTS(
+      align != 0 && (align & (align - 1)) == 0 && align <= alignment,
+      "caching_allocator: alignment " + std::to_string(align) + " is not a power of two up to 256");
   }
   thread_cache& local_cache();
   void* allocate_slow(std::size_t bytes, std::size_t size, stream_type stream, thread_cache& tc);
@@ -291,7 +330,8 @@ class basic_caching_allocator final {
   stream_pool& stream_pool_locked(stream_type stream);
   bool poll_pending_locked();
   bool migrate_locked(stream_type requester, bool wait);
-  std::size_t release_locked(std::size_t target, std::vector<stream_type>* freed_on = nullptr, int only_kind = -1);
+  std::size_t release_locked(std::size_t target, std::vector<stream_type>* freed_on = nullptr,
+                             int only_kind = -1);
   void flush_cache_locked(thread_cache& tc);
   void flush_cache(thread_cache& tc);
   block* new_block_locked();
@@ -299,9 +339,16 @@ class basic_caching_allocator final {
   event_type take_event_locked();
   [[noreturn]] void throw_oom_locked(std::size_t bytes, std::size_t size);
   std::size_t segment_size_for(std::size_t size) const noexcept;
-  int kind_for(std::size_t size) const noexcept { return size <= options_.small_request_bytes ? small_pool : large_pool; }
+  int kind_for(std::size_t size) const noexcept
+  {
+    return size <= options_.small_request_bytes ? small_pool : large_pool;
+  }
   void update_peaks_locked() const;
   static void on_thread_exit(void* allocator, void* cache);
+  capture_pool* active_capture_locked(stream_type stream);
+  capture_pool& capture_pool_locked(capture_id id);
+  void* allocate_captured_locked(std::size_t bytes, std::size_t size, int kind, capture_pool& cp,
+                                 thread_cache& tc);
 
   Runtime& runtime_;
   int device_;
@@ -311,7 +358,7 @@ class basic_caching_allocator final {
   bool stream_ordered_{true};
   std::atomic<std::size_t> limit_{0};
 
-  mutable std::mutex mutex_;  // the pool: everything below
+  mutable std::mutex mutex_;           // the pool: everything below
   detail::address_map<block> blocks_;  // every block, by address
   std::vector<std::unique_ptr<stream_pool>> stream_pools_;
   detail::tlsf_index<block> global_[2];  // free blocks usable on any stream
@@ -320,6 +367,9 @@ class basic_caching_allocator final {
   block* spare_blocks_{nullptr};
   std::vector<event_type> spare_events_;
   std::vector<std::unique_ptr<thread_cache>> caches_;  // every thread cache of this allocator
+  std::vector<std::unique_ptr<capture_pool>> capture_pools_;
+  capture_id next_capture_id_{1};
+  std::atomic<int> captures_underway_{0};  // read on the fast path: written only at capture edges
   std::size_t reserved_{0};
   std::size_t segments_{0};
   mutable caching_allocator_stats pool_stats_{};  // pool-level counters and peaks
@@ -341,10 +391,11 @@ namespace detail {
 /// bound once per process even across shared libraries built with -fvisibility=hidden and loaded
 /// with RTLD_LOCAL (the key names the Runtime and gpukit's version, so that the entries of
 /// different instantiations never mix).
-GPUKIT_EXPORT inline void* default_allocator_registry(char const* key, int device, void* (*make)(int))
+GPUKIT_EXPORT inline void* default_allocator_registry(char const* key, int device,
+                                                      void* (*make)(int))
 {
-  static auto* mutex = new std::mutex{};
-  static auto* items = new std::vector<std::pair<std::string, void*>>{};
+  static auto* mutex  = new std::mutex{};
+  static auto* items  = new std::vector<std::pair<std::string, void*>>{};
   std::string const k = std::string{key} + "#" + std::to_string(device);
   std::lock_guard<std::mutex> lock{*mutex};
   for (auto const& [name, ptr] : *items) {
@@ -372,11 +423,14 @@ basic_caching_allocator<Runtime>& default_caching_allocator(int device = -1)
   constexpr int max_devices = 64;
   static std::atomic<basic_caching_allocator<Runtime>*> cache[max_devices]{};  // this copy's view
   if (device < 0) { GPUKIT_CUDA_TRY(Runtime::instance().get_device(device)); }
-  GPUKIT_EXPECTS(device < max_devices, "default_caching_allocator: device " + std::to_string(device) + " is out of range");
+  GPUKIT_EXPECTS(device < max_devices, "default_caching_allocator: device " +
+                                         std::to_string(device) + " is out of range");
   if (auto* a = cache[device].load(std::memory_order_acquire)) { return *a; }
   std::string const key = std::string{"gpukit-0.1:"} + typeid(Runtime).name();
-  auto* a               = static_cast<basic_caching_allocator<Runtime>*>(detail::default_allocator_registry(
-    key.c_str(), device, [](int d) -> void* { return new basic_caching_allocator<Runtime>{Runtime::instance(), d}; }));
+  auto* a               = static_cast<basic_caching_allocator<Runtime>*>(
+    detail::default_allocator_registry(key.c_str(), device, [](int d) -> void* {
+      return new basic_caching_allocator<Runtime>{Runtime::instance(), d};
+    }));
   cache[device].store(a, std::memory_order_release);
   return *a;
 }
@@ -385,5 +439,6 @@ basic_caching_allocator<Runtime>& default_caching_allocator(int device = -1)
 
 #include <gpukit/memory/detail/caching_allocator.inl>
 
-static_assert(::cuda::mr::async_resource_with<gpukit::caching_allocator, ::cuda::mr::device_accessible>,
-              "gpukit::caching_allocator must be a CCCL async memory resource");
+static_assert(
+  ::cuda::mr::async_resource_with<gpukit::caching_allocator, ::cuda::mr::device_accessible>,
+  "gpukit::caching_allocator must be a CCCL async memory resource");

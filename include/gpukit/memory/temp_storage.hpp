@@ -27,13 +27,15 @@ namespace gpukit {
 /// @throws gpukit::cuda_error when either call fails (the storage is freed first)
 /// @throws what basic_caching_allocator::allocate_async throws
 template <class Runtime, class Algorithm>
-void with_temp_storage(basic_caching_allocator<Runtime>& alloc, typename Runtime::stream_type stream, Algorithm&& algorithm)
+void with_temp_storage(basic_caching_allocator<Runtime>& alloc,
+                       typename Runtime::stream_type stream, Algorithm&& algorithm)
 {
   std::size_t bytes = 0;
   GPUKIT_CUDA_TRY(algorithm(static_cast<void*>(nullptr), bytes));
-  std::size_t const asked = bytes == 0 ? 1 : bytes;  // CUB may ask for none; a real pointer is safer
-  void* storage           = alloc.allocate_async(asked, stream);
-  cudaError_t const e     = algorithm(storage, bytes);
+  std::size_t const asked =
+    bytes == 0 ? 1 : bytes;  // CUB may ask for none; a real pointer is safer
+  void* storage       = alloc.allocate_async(asked, stream);
+  cudaError_t const e = algorithm(storage, bytes);
   alloc.deallocate_async(storage, asked, stream);
   GPUKIT_CUDA_TRY(e);
 }

@@ -44,23 +44,24 @@ class thrust_allocator {
   };
 
   /// Allocates from `upstream` in the order of `stream` (default: the default stream).
-  explicit thrust_allocator(basic_caching_allocator<Runtime>& upstream = default_caching_allocator<Runtime>(),
-                            stream_type stream = stream_type{}) noexcept
-    : upstream_{&upstream}, stream_{stream}
-  {
-  }
+  explicit thrust_allocator(
+    basic_caching_allocator<Runtime>& upstream = default_caching_allocator<Runtime>(),
+    stream_type stream                         = stream_type{}) noexcept
+      : upstream_{&upstream}, stream_{stream}
+  {}
   template <class U>
-  thrust_allocator(thrust_allocator<U, Runtime> const& other) noexcept  // NOLINT: converting, as Thrust needs
-    : upstream_{&other.upstream()}, stream_{other.stream()}
-  {
-  }
+  thrust_allocator(
+    thrust_allocator<U, Runtime> const& other) noexcept  // NOLINT: converting, as Thrust needs
+      : upstream_{&other.upstream()}, stream_{other.stream()}
+  {}
 
   /// @throws gpukit::bad_alloc / out_of_memory as basic_caching_allocator::allocate_async
   pointer allocate(size_type n)
   {
     if (n == 0) { return pointer{}; }
-    GPUKIT_EXPECTS(n <= std::numeric_limits<size_type>::max() / sizeof(T),
-                   "thrust_allocator: " + std::to_string(n) + " elements overflow the size in bytes");
+    GPUKIT_EXPECTS(
+      n <= std::numeric_limits<size_type>::max() / sizeof(T),
+      "thrust_allocator: " + std::to_string(n) + " elements overflow the size in bytes");
     return pointer{static_cast<T*>(upstream_->allocate_async(n * sizeof(T), stream_))};
   }
   void deallocate(pointer p, size_type n)

@@ -241,6 +241,13 @@ class cuda_runtime final {
   /// long: CUDA may run the host functions of every stream on one thread, one at a time.
   [[nodiscard]] cudaError_t launch_host_func(stream_type s, host_fn fn, void* user);
 
+  /// Whether `s` is being captured into a CUDA graph (cudaStreamIsCapturing; legal during
+  /// capture). Does not block.
+  cudaError_t stream_is_capturing(stream_type s, bool& capturing);
+  /// Swaps the calling thread's stream capture mode (cudaThreadExchangeStreamCaptureMode), e.g. to
+  /// cudaStreamCaptureModeRelaxed around a cudaMalloc that a capture in global mode would reject.
+  cudaError_t exchange_capture_mode(int& mode);
+
   // --- Errors ----------------------------------------------------------------------------------
 
   /// "cudaErrorMemoryAllocation" for cudaErrorMemoryAllocation (cudaGetErrorName).

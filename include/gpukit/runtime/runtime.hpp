@@ -105,6 +105,9 @@
 //                                                    fn must not call the runtime, nor block for
 //                                                    long: CUDA may run the host functions of every
 //                                                    stream on one thread
+// Graph capture
+//   stream_is_capturing(stream_type s, bool& capturing)   legal while capturing
+//   exchange_capture_mode(int& mode)                 swaps the thread's cudaStreamCaptureMode
 // Errors
 //   static char const* error_name(cudaError_t) / error_string(cudaError_t)
 //
@@ -216,7 +219,9 @@ struct is_runtime_impl<R, std::void_t<
   decltype(std::declval<R&>().memcpy_async(std::declval<void*>(), std::declval<void const*>(), std::size_t{}, memcpy_kind::infer, std::declval<typename R::stream_type>())),
   decltype(std::declval<R&>().memcpy_peer_async(std::declval<void*>(), 0, std::declval<void const*>(), 0, std::size_t{}, std::declval<typename R::stream_type>())),
   decltype(std::declval<R&>().memset_async(std::declval<void*>(), 0, std::size_t{}, std::declval<typename R::stream_type>())),
-  decltype(std::declval<R&>().launch_host_func(std::declval<typename R::stream_type>(), host_fn{}, std::declval<void*>()))
+  decltype(std::declval<R&>().launch_host_func(std::declval<typename R::stream_type>(), host_fn{}, std::declval<void*>())),
+  decltype(std::declval<R&>().stream_is_capturing(std::declval<typename R::stream_type>(), std::declval<bool&>())),
+  decltype(std::declval<R&>().exchange_capture_mode(std::declval<int&>()))
 >> : std::true_type {};
 // clang-format on
 

@@ -119,6 +119,8 @@ enum class sim_op : int {
   memcpy_peer_async,
   memset_async,
   launch_host_func,
+  stream_is_capturing,
+  exchange_capture_mode,
   count_  ///< number of ops; not an op
 };
 
@@ -337,6 +339,12 @@ class sim_runtime final {
   /// cudaErrorInvalidValue.
   cudaError_t launch_host_func(stream_type s, host_fn fn, void* user);
 
+  /// Whether `s` is being captured (see begin_capture). cudaErrorInvalidResourceHandle for a dead
+  /// stream.
+  cudaError_t stream_is_capturing(stream_type s, bool& capturing);
+  /// Swaps the calling thread's capture mode (cudaStreamCaptureMode values) with `mode`.
+  cudaError_t exchange_capture_mode(int& mode);
+
   // ---- Simulation controls (not runtime calls: neither counted nor injectable) -----------------
 
   /// Sets device `device`'s capacity to `bytes` at once; may go below what is in use (then free
@@ -364,6 +372,17 @@ class sim_runtime final {
   cudaError_t stall(stream_type s);
   /// Lets a stalled stream run again. cudaErrorInvalidResourceHandle for a dead stream.
   cudaError_t release(stream_type s);
+
+  /// Simulates CUDA graph capture on `s` (global mode, as cudaStreamBeginCapture's default): work
+  /// enqueued on `s` is recorded, not run (here: dropped), and until end_capture every thread
+  /// whose capture mode is not relaxed gets cudaErrorStreamCaptureUnsupported, with a misuse
+  /// message, from the calls CUDA prohibits then (malloc, free, host_alloc, host_free, queries and
+  /// synchronizations); malloc_async on `s` is reported too (on CUDA it would silently become a
+  /// graph allocation node). cudaErrorInvalidResourceHandle for a dead stream, cudaErrorInvalidValue
+  /// when `s` is already capturing.
+  cudaError_t begin_capture(stream_type s);
+  /// Ends the capture begun by begin_capture(s). cudaErrorInvalidValue when `s` is not capturing.
+  cudaError_t end_capture(stream_type s);
 
   /// Calls of `op` made since construction or reset_counters(), failed ones included (relaxed
   /// atomic counters: exact once the calling threads are joined or synchronized).
@@ -430,6 +449,12 @@ class sim_runtime final {
   mutable std::mutex faults_mutex_;
   std::vector<pending_fault> faults_;  // guarded by faults_mutex_, in injection order
   std::atomic<std::size_t> faults_pending_{0};
+  // Graph capture (simulated): streams capturing, by id, and their count for the fast check.
+  mutable std::mutex capture_mutex_;
+  std::vector<std::uint64_t> capturing_;
+  std::atomic<int> captures_underway_{0};
+  cudaError_t capture_violation(sim_op op) noexcept;
+  bool capturing(std::uint64_t stream_id) const;
 
   mutable std::mutex misuse_mutex_;
   std::string last_misuse_;  // guarded by misuse_mutex_

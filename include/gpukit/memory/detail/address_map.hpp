@@ -3,7 +3,8 @@
 // Open addressing with linear probing and backward-shift deletion (no tombstones, so a map that
 // sees millions of inserts and erases never degrades). Keys are block addresses (256-byte aligned,
 // never 0). Not thread-safe: the caching allocator keeps one under its pool mutex (every block it
-// owns) and one per thread cache (the blocks that thread handed out), which its owner alone touches.
+// owns) and one per thread cache (the blocks that thread handed out), which its owner alone
+// touches.
 #pragma once
 
 #include <cstddef>

@@ -38,7 +38,7 @@ struct live_allocators {
 struct tls_registry {
   tls_entry last{};
   std::vector<tls_entry> entries;
-  tls_registry() = default;
+  tls_registry()                               = default;
   tls_registry(tls_registry const&)            = delete;
   tls_registry& operator=(tls_registry const&) = delete;
   tls_registry(tls_registry&&)                 = delete;
@@ -79,17 +79,21 @@ template <class Runtime>
 struct caching_block {
   using stream_type = typename Runtime::stream_type;
 
-  [[nodiscard]] std::uintptr_t address() const noexcept { return ptr.load(std::memory_order_relaxed); }
+  [[nodiscard]] std::uintptr_t address() const noexcept
+  {
+    return ptr.load(std::memory_order_relaxed);
+  }
   [[nodiscard]] void* data() const noexcept { return reinterpret_cast<void*>(address()); }
 
   std::atomic<std::uintptr_t> ptr{0};
   std::atomic<block_state> state{block_state::dead};
   std::size_t size{0};
   std::size_t requested{0};
-  stream_type stream{};          // allocated on / freed on (owner when free and not global)
-  bool global{false};            // free and usable on any stream
-  int kind{0};                   // small or large pool
-  std::uint64_t free_seq{0};     // when it entered its stream's pool
+  stream_type stream{};           // allocated on / freed on (owner when free and not global)
+  bool global{false};             // free and usable on any stream
+  int kind{0};                    // small or large pool
+  std::uint64_t free_seq{0};      // when it entered its stream's pool
+  std::uint64_t capture_pool{0};  // private pool of a graph capture (0: none)
   void* segment{nullptr};
   caching_block* prev{nullptr};  // neighbours by address within the segment
   caching_block* next{nullptr};
@@ -100,8 +104,8 @@ struct caching_block {
 
 template <class Runtime>
 struct caching_thread_cache {
-  using stream_type = typename Runtime::stream_type;
-  using block       = caching_block<Runtime>;
+  using stream_type                 = typename Runtime::stream_type;
+  using block                       = caching_block<Runtime>;
   static constexpr int stream_slots = 4;
 
   struct slot {
@@ -116,7 +120,10 @@ struct caching_thread_cache {
   // by stats(). Each cache is its own allocation, so no two threads write one cache line.
   struct counter {
     std::atomic<std::int64_t> v{0};
-    void add(std::int64_t d) noexcept { v.store(v.load(std::memory_order_relaxed) + d, std::memory_order_relaxed); }
+    void add(std::int64_t d) noexcept
+    {
+      v.store(v.load(std::memory_order_relaxed) + d, std::memory_order_relaxed);
+    }
     [[nodiscard]] std::int64_t get() const noexcept { return v.load(std::memory_order_relaxed); }
   };
 
@@ -148,7 +155,8 @@ struct caching_thread_cache {
     if (s == nullptr) { s = claim(stream); }
     if (s == nullptr) { return false; }
     int const c = tlsf_floor_class(b->size);
-    if (s->counts[c] >= per_class || static_cast<std::size_t>(cached_bytes.get()) + b->size > max_bytes) {
+    if (s->counts[c] >= per_class ||
+        static_cast<std::size_t>(cached_bytes.get()) + b->size > max_bytes) {
       return false;
     }
     b->free_next = s->lists[c];
@@ -226,6 +234,15 @@ struct basic_caching_allocator<Runtime>::segment {
   void* ptr{nullptr};
   std::size_t size{0};
   int kind{0};
+  bool stream_ordered{true};  // from malloc_async (else malloc)
+};
+
+template <class Runtime>
+struct basic_caching_allocator<Runtime>::capture_pool {
+  capture_id id{0};
+  stream_type stream{};
+  bool active{true};  // between begin_capture and end_capture
+  detail::tlsf_index<block> index[2];
 };
 
 template <class Runtime>
@@ -248,33 +265,40 @@ struct basic_caching_allocator<Runtime>::pending_free {
 // ---------------------------------------------------------------------------------------------
 
 template <class Runtime>
-basic_caching_allocator<Runtime>::basic_caching_allocator(Runtime& runtime, int device, caching_allocator_options options)
-  : runtime_{runtime}, device_{device}, options_{options}
+basic_caching_allocator<Runtime>::basic_caching_allocator(Runtime& runtime, int device,
+                                                          caching_allocator_options options)
+    : runtime_{runtime}, device_{device}, options_{options}
 {
-  GPUKIT_EXPECTS(options_.small_segment_bytes >= options_.small_request_bytes && options_.small_request_bytes >= alignment,
-                 "caching_allocator_options: small_segment_bytes (" + std::to_string(options_.small_segment_bytes) +
-                   ") must be at least small_request_bytes (" + std::to_string(options_.small_request_bytes) + ")");
-  GPUKIT_EXPECTS(options_.medium_segment_bytes >= options_.medium_request_bytes,
-                 "caching_allocator_options: medium_segment_bytes must be at least medium_request_bytes");
-  GPUKIT_EXPECTS(options_.segment_rounding_bytes % alignment == 0 && options_.segment_rounding_bytes > 0,
-                 "caching_allocator_options: segment_rounding_bytes must be a positive multiple of 256");
+  GPUKIT_EXPECTS(options_.small_segment_bytes >= options_.small_request_bytes &&
+                   options_.small_request_bytes >= alignment,
+                 "caching_allocator_options: small_segment_bytes (" +
+                   std::to_string(options_.small_segment_bytes) +
+                   ") must be at least small_request_bytes (" +
+                   std::to_string(options_.small_request_bytes) + ")");
+  GPUKIT_EXPECTS(
+    options_.medium_segment_bytes >= options_.medium_request_bytes,
+    "caching_allocator_options: medium_segment_bytes must be at least medium_request_bytes");
+  GPUKIT_EXPECTS(
+    options_.segment_rounding_bytes % alignment == 0 && options_.segment_rounding_bytes > 0,
+    "caching_allocator_options: segment_rounding_bytes must be a positive multiple of 256");
   GPUKIT_EXPECTS(options_.limit_fraction >= 0.0 && options_.limit_fraction <= 1.0,
-                 "caching_allocator_options: limit_fraction " + std::to_string(options_.limit_fraction) +
-                   " is not within [0, 1]");
+                 "caching_allocator_options: limit_fraction " +
+                   std::to_string(options_.limit_fraction) + " is not within [0, 1]");
   int count = 0;
   GPUKIT_CUDA_TRY(runtime_.device_count(count));
-  GPUKIT_EXPECTS(device >= 0 && device < count,
-                 "caching_allocator: device " + std::to_string(device) + " does not exist (" + std::to_string(count) +
-                   " devices)");
+  GPUKIT_EXPECTS(device >= 0 && device < count, "caching_allocator: device " +
+                                                  std::to_string(device) + " does not exist (" +
+                                                  std::to_string(count) + " devices)");
   device_properties props;
   GPUKIT_CUDA_TRY(runtime_.get_device_properties(props, device));
-  device_total_ = props.total_memory;
-  stream_ordered_ =
-    options_.source == segment_source::stream_ordered || (options_.source == segment_source::automatic && props.memory_pools);
+  device_total_   = props.total_memory;
+  stream_ordered_ = options_.source == segment_source::stream_ordered ||
+                    (options_.source == segment_source::automatic && props.memory_pools);
   std::size_t limit = options_.limit_bytes;
   if (options_.limit_fraction > 0.0) {
-    auto const frac = static_cast<std::size_t>(options_.limit_fraction * static_cast<double>(device_total_));
-    limit           = limit == 0 ? frac : std::min(limit, frac);
+    auto const frac =
+      static_cast<std::size_t>(options_.limit_fraction * static_cast<double>(device_total_));
+    limit = limit == 0 ? frac : std::min(limit, frac);
   }
   limit_.store(limit, std::memory_order_relaxed);
   auto& live = detail::live_allocators::get();
@@ -304,7 +328,7 @@ basic_caching_allocator<Runtime>::~basic_caching_allocator()
   blocks_.for_each([&](std::uintptr_t, block* b) {
     if (b->prev == nullptr) {  // first block of its segment
       auto* seg = static_cast<segment*>(b->segment);
-      if (stream_ordered_) {
+      if (seg->stream_ordered) {
         (void)runtime_.free_async(seg->ptr, b->global ? stream_type{} : b->stream);
       } else {
         (void)runtime_.free(seg->ptr);
@@ -315,7 +339,8 @@ basic_caching_allocator<Runtime>::~basic_caching_allocator()
 }
 
 template <class Runtime>
-typename basic_caching_allocator<Runtime>::thread_cache& basic_caching_allocator<Runtime>::local_cache()
+typename basic_caching_allocator<Runtime>::thread_cache&
+basic_caching_allocator<Runtime>::local_cache()
 {
   auto& r = detail::tls_registry::get();
   if (r.last.uid == uid_) { return *static_cast<thread_cache*>(r.last.cache); }
@@ -346,9 +371,10 @@ typename basic_caching_allocator<Runtime>::thread_cache& basic_caching_allocator
   {
     auto& live = detail::live_allocators::get();
     std::lock_guard<std::mutex> lock{live.mutex};
-    r.entries.erase(std::remove_if(r.entries.begin(), r.entries.end(),
-                                   [&](detail::tls_entry const& x) { return live.uids.count(x.uid) == 0; }),
-                    r.entries.end());
+    r.entries.erase(
+      std::remove_if(r.entries.begin(), r.entries.end(),
+                     [&](detail::tls_entry const& x) { return live.uids.count(x.uid) == 0; }),
+      r.entries.end());
   }
   r.entries.push_back(e);
   r.last = e;
@@ -373,15 +399,18 @@ void basic_caching_allocator<Runtime>::on_thread_exit(void* allocator, void* cac
 template <class Runtime>
 void* basic_caching_allocator<Runtime>::allocate_async(std::size_t bytes, stream_type stream)
 {
-  GPUKIT_EXPECTS(bytes != 0, "allocate_async: cannot allocate 0 bytes (device " + std::to_string(device_) + ")");
+  GPUKIT_EXPECTS(
+    bytes != 0, "allocate_async: cannot allocate 0 bytes (device " + std::to_string(device_) + ")");
   if (bytes > device_total_) {
-    throw bad_alloc{"gpukit: allocate_async: " + std::to_string(bytes) + " bytes is more than device " +
-                    std::to_string(device_) + " has in total (" + std::to_string(device_total_) + " bytes)"};
+    throw bad_alloc{"gpukit: allocate_async: " + std::to_string(bytes) +
+                    " bytes is more than device " + std::to_string(device_) + " has in total (" +
+                    std::to_string(device_total_) + " bytes)"};
   }
   std::size_t const size = detail::round_up(bytes, alignment);
   thread_cache& tc       = local_cache();
   if (tc.flush_requested.load(std::memory_order_relaxed)) { flush_cache(tc); }
-  if (size <= options_.thread_cache_max_block_bytes) {
+  if (size <= options_.thread_cache_max_block_bytes &&
+      captures_underway_.load(std::memory_order_relaxed) == 0) {
     if (block* b = tc.pop(stream, size)) {
       b->state.store(detail::block_state::allocated, std::memory_order_relaxed);
       b->requested = bytes;
@@ -399,19 +428,31 @@ void* basic_caching_allocator<Runtime>::allocate_async(std::size_t bytes, stream
 }
 
 template <class Runtime>
-void* basic_caching_allocator<Runtime>::allocate_slow(std::size_t bytes, std::size_t size, stream_type stream,
-                                                      thread_cache& tc)
+void* basic_caching_allocator<Runtime>::allocate_slow(std::size_t bytes, std::size_t size,
+                                                      stream_type stream, thread_cache& tc)
 {
   std::unique_lock<std::mutex> lock{mutex_};
-  int const kind = kind_for(size);
-  if (!pending_.empty()) { poll_pending_locked(); }  // reuse the oldest memory first
+  int const kind     = kind_for(size);
+  bool const capture = captures_underway_.load(std::memory_order_relaxed) != 0;
+  if (capture) {
+    if (capture_pool* cp = active_capture_locked(stream)) {
+      return allocate_captured_locked(bytes, size, kind, *cp, tc);
+    }
+  }
+  // While a graph is being captured (in global mode), event queries and synchronizations are
+  // illegal on every thread: blocks waiting on events stay where they are until it ends.
+  if (!capture && !pending_.empty()) { poll_pending_locked(); }  // reuse the oldest memory first
   block* b = find_free_locked(size, kind, stream);
-  if (b == nullptr && migrate_locked(stream, false)) { b = find_free_locked(size, kind, stream); }
+  if (b == nullptr && !capture && migrate_locked(stream, false)) {
+    b = find_free_locked(size, kind, stream);
+  }
   if (b == nullptr && tc.cached_bytes.get() > 0) {
     // This thread's cached blocks (of any stream) may coalesce into what is needed.
     flush_cache_locked(tc);
     b = find_free_locked(size, kind, stream);
-    if (b == nullptr && migrate_locked(stream, false)) { b = find_free_locked(size, kind, stream); }
+    if (b == nullptr && !capture && migrate_locked(stream, false)) {
+      b = find_free_locked(size, kind, stream);
+    }
   }
   if (b == nullptr) {
     std::vector<stream_type> freed_on;
@@ -426,13 +467,15 @@ void* basic_caching_allocator<Runtime>::allocate_slow(std::size_t bytes, std::si
     if (b == nullptr) {
       // Recovery: wait for blocks freed on other streams, give back every free segment, retry.
       ++pool_stats_.num_alloc_retries;
-      if (migrate_locked(stream, true) || poll_pending_locked()) { b = find_free_locked(size, kind, stream); }
+      if (!capture && (migrate_locked(stream, true) || poll_pending_locked())) {
+        b = find_free_locked(size, kind, stream);
+      }
       if (b == nullptr) {
         for (auto& c : caches_) {
           if (c.get() != &tc) { c->flush_requested.store(true, std::memory_order_relaxed); }
         }
         release_locked(0, &freed_on);
-        if (!freed_on.empty() && stream_ordered_) {
+        if (!freed_on.empty() && stream_ordered_ && !capture) {
           // Stream-ordered frees take effect when their stream reaches them: wait for those
           // streams only (never the whole device), then the memory is the device's again.
           device_guard<Runtime> guard{runtime_, device_};
@@ -457,9 +500,8 @@ void* basic_caching_allocator<Runtime>::allocate_slow(std::size_t bytes, std::si
 }
 
 template <class Runtime>
-typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtime>::find_free_locked(std::size_t size,
-                                                                                                      int kind,
-                                                                                                      stream_type stream)
+typename basic_caching_allocator<Runtime>::block*
+basic_caching_allocator<Runtime>::find_free_locked(std::size_t size, int kind, stream_type stream)
 {
   for (auto& sp : stream_pools_) {
     if (sp->stream == stream) {
@@ -479,10 +521,9 @@ std::size_t basic_caching_allocator<Runtime>::segment_size_for(std::size_t size)
 }
 
 template <class Runtime>
-typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtime>::new_segment_locked(std::size_t size,
-                                                                                                        int kind,
-                                                                                                        stream_type stream,
-                                                                                                        bool& oom)
+typename basic_caching_allocator<Runtime>::block*
+basic_caching_allocator<Runtime>::new_segment_locked(std::size_t size, int kind, stream_type stream,
+                                                     bool& oom)
 {
   std::size_t seg_size    = segment_size_for(size);
   std::size_t const limit = limit_.load(std::memory_order_relaxed);
@@ -494,6 +535,14 @@ typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtim
       return nullptr;
     }
   }
+  if (stream_ordered_) {
+    // On a stream being captured, malloc_async would become a node of the graph: refuse clearly.
+    bool capturing = false;
+    GPUKIT_CUDA_TRY(runtime_.stream_is_capturing(stream, capturing));
+    GPUKIT_EXPECTS(!capturing,
+                   "allocate_async: the stream is being captured into a CUDA graph; call "
+                   "begin_capture(stream) on the allocator before allocating during capture");
+  }
   // Host-side bookkeeping first, so that a failure after the runtime call cannot leak memory.
   auto seg      = std::make_unique<segment>();
   block* b      = new_block_locked();
@@ -501,7 +550,8 @@ typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtim
   cudaError_t e = cudaSuccess;
   {
     device_guard<Runtime> guard{runtime_, device_};
-    e = stream_ordered_ ? runtime_.malloc_async(&p, seg_size, stream) : runtime_.malloc(&p, seg_size);
+    e =
+      stream_ordered_ ? runtime_.malloc_async(&p, seg_size, stream) : runtime_.malloc(&p, seg_size);
   }
   if (e != cudaSuccess) {
     recycle_block_locked(b);
@@ -511,9 +561,10 @@ typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtim
     }
     GPUKIT_CUDA_TRY(e);
   }
-  seg->ptr  = p;
-  seg->size = seg_size;
-  seg->kind = kind;
+  seg->ptr            = p;
+  seg->size           = seg_size;
+  seg->kind           = kind;
+  seg->stream_ordered = stream_ordered_;
   b->ptr.store(reinterpret_cast<std::uintptr_t>(p), std::memory_order_relaxed);
   b->size    = seg_size;
   b->kind    = kind;
@@ -527,31 +578,32 @@ typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtim
   ++segments_;
   ++pool_stats_.num_device_allocs;
   // Indexed as a free block of `stream`, so take_locked finds it where it expects it.
-  auto& sp      = stream_pool_locked(stream);
-  b->free_seq   = ++sp.free_seq;
+  auto& sp    = stream_pool_locked(stream);
+  b->free_seq = ++sp.free_seq;
   sp.index[kind].insert(b);
   return b;
 }
 
 template <class Runtime>
-typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtime>::take_locked(block* b, std::size_t size,
-                                                                                                 std::size_t bytes,
-                                                                                                 stream_type stream)
+typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtime>::take_locked(
+  block* b, std::size_t size, std::size_t bytes, stream_type stream)
 {
   unindex_locked(b);
-  b->state.store(detail::block_state::allocated, std::memory_order_relaxed);  // before the tail merges
+  b->state.store(detail::block_state::allocated,
+                 std::memory_order_relaxed);  // before the tail merges
   if (b->size - size >= alignment) {
     // Split: the tail stays free, with b's owner.
     block* rest = new_block_locked();
     rest->ptr.store(b->address() + size, std::memory_order_relaxed);
-    rest->size     = b->size - size;
-    rest->kind     = b->kind;
-    rest->stream   = b->stream;
-    rest->global   = b->global;
-    rest->segment  = b->segment;
-    rest->free_seq = b->free_seq;
-    rest->prev     = b;
-    rest->next     = b->next;
+    rest->size         = b->size - size;
+    rest->kind         = b->kind;
+    rest->stream       = b->stream;
+    rest->global       = b->global;
+    rest->segment      = b->segment;
+    rest->free_seq     = b->free_seq;
+    rest->capture_pool = b->capture_pool;
+    rest->prev         = b;
+    rest->next         = b->next;
     if (b->next != nullptr) { b->next->prev = rest; }
     b->next = rest;
     b->size = size;
@@ -567,7 +619,8 @@ typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtim
 }
 
 template <class Runtime>
-typename basic_caching_allocator<Runtime>::stream_pool& basic_caching_allocator<Runtime>::stream_pool_locked(stream_type stream)
+typename basic_caching_allocator<Runtime>::stream_pool&
+basic_caching_allocator<Runtime>::stream_pool_locked(stream_type stream)
 {
   for (auto& sp : stream_pools_) {
     if (sp->stream == stream) { return *sp; }
@@ -580,7 +633,9 @@ typename basic_caching_allocator<Runtime>::stream_pool& basic_caching_allocator<
 template <class Runtime>
 void basic_caching_allocator<Runtime>::unindex_locked(block* b)
 {
-  if (b->global) {
+  if (b->capture_pool != 0) {
+    capture_pool_locked(b->capture_pool).index[b->kind].remove(b);
+  } else if (b->global) {
     global_[b->kind].remove(b);
   } else {
     stream_pool_locked(b->stream).index[b->kind].remove(b);
@@ -592,8 +647,11 @@ template <class Runtime>
 void basic_caching_allocator<Runtime>::insert_free_locked(block* b)
 {
   auto mergeable = [&](block* n) {
-    return n != nullptr && n->state.load(std::memory_order_relaxed) == detail::block_state::free &&
-           (n->global || b->global || n->stream == b->stream);
+    if (n == nullptr || n->state.load(std::memory_order_relaxed) != detail::block_state::free) {
+      return false;
+    }
+    if (n->capture_pool != b->capture_pool) { return false; }
+    return b->capture_pool != 0 || n->global || b->global || n->stream == b->stream;
   };
   auto absorb_owner = [&](block* n) {
     if (b->global && !n->global) {
@@ -610,8 +668,8 @@ void basic_caching_allocator<Runtime>::insert_free_locked(block* b)
     p->size += b->size;
     p->next = b->next;
     if (b->next != nullptr) { b->next->prev = p; }
-    p->stream = b->stream;
-    p->global = b->global;
+    p->stream   = b->stream;
+    p->global   = b->global;
     p->free_seq = b->free_seq;
     blocks_.erase(b->address());
     recycle_block_locked(b);
@@ -628,7 +686,9 @@ void basic_caching_allocator<Runtime>::insert_free_locked(block* b)
     recycle_block_locked(n);
   }
   b->state.store(detail::block_state::free, std::memory_order_relaxed);
-  if (b->global) {
+  if (b->capture_pool != 0) {
+    capture_pool_locked(b->capture_pool).index[b->kind].insert(b);
+  } else if (b->global) {
     global_[b->kind].insert(b);
   } else {
     stream_pool_locked(b->stream).index[b->kind].insert(b);
@@ -638,6 +698,17 @@ void basic_caching_allocator<Runtime>::insert_free_locked(block* b)
 template <class Runtime>
 void basic_caching_allocator<Runtime>::free_to_pool_locked(block* b, stream_type stream)
 {
+  if (b->capture_pool == 0 && captures_underway_.load(std::memory_order_relaxed) != 0) {
+    // Freed on a stream being captured: the graph may use the block when it replays, so it is
+    // kept for that capture's pool (reusable within it) until release_capture_pool.
+    if (capture_pool* cp = active_capture_locked(stream)) { b->capture_pool = cp->id; }
+  }
+  if (b->capture_pool != 0) {
+    b->stream = stream;
+    b->global = false;
+    insert_free_locked(b);
+    return;
+  }
   b->stream   = stream;
   b->global   = false;
   b->free_seq = ++stream_pool_locked(stream).free_seq;
@@ -648,7 +719,8 @@ void basic_caching_allocator<Runtime>::free_to_pool_locked(block* b, stream_type
 // Deallocation
 
 template <class Runtime>
-void basic_caching_allocator<Runtime>::deallocate_async(void* ptr, std::size_t bytes, stream_type stream)
+void basic_caching_allocator<Runtime>::deallocate_async(void* ptr, std::size_t bytes,
+                                                        stream_type stream)
 {
   deallocate_impl(ptr, bytes, true, stream);
 }
@@ -660,14 +732,15 @@ void basic_caching_allocator<Runtime>::deallocate_async(void* ptr, stream_type s
 }
 
 template <class Runtime>
-void basic_caching_allocator<Runtime>::deallocate_impl(void* ptr, std::size_t bytes, bool check_size, stream_type stream)
+void basic_caching_allocator<Runtime>::deallocate_impl(void* ptr, std::size_t bytes,
+                                                       bool check_size, stream_type stream)
 {
   if (ptr == nullptr) { return; }
   auto const key   = reinterpret_cast<std::uintptr_t>(ptr);
   thread_cache& tc = local_cache();
   block* b         = tc.handed_out.find(key);
-  if (b != nullptr &&
-      (b->address() != key || b->state.load(std::memory_order_relaxed) != detail::block_state::allocated)) {
+  if (b != nullptr && (b->address() != key || b->state.load(std::memory_order_relaxed) !=
+                                                detail::block_state::allocated)) {
     tc.handed_out.erase(key);  // stale: freed by another thread since
     b = nullptr;
   }
@@ -676,17 +749,19 @@ void basic_caching_allocator<Runtime>::deallocate_impl(void* ptr, std::size_t by
     std::lock_guard<std::mutex> lock{mutex_};
     b = blocks_.find(key);
     if (b == nullptr) {
-      GPUKIT_EXPECTS(false, "deallocate: pointer " + detail::hex(ptr) + " was not allocated by this allocator (device " +
+      GPUKIT_EXPECTS(false, "deallocate: pointer " + detail::hex(ptr) +
+                              " was not allocated by this allocator (device " +
                               std::to_string(device_) + ")");
     }
     auto const st = b->state.load(std::memory_order_relaxed);
     GPUKIT_EXPECTS(st == detail::block_state::allocated,
-                   "deallocate: double free of " + detail::hex(ptr) + " (a block of " + std::to_string(b->size) +
-                     " bytes that is already free, device " + std::to_string(device_) + ")");
+                   "deallocate: double free of " + detail::hex(ptr) + " (a block of " +
+                     std::to_string(b->size) + " bytes that is already free, device " +
+                     std::to_string(device_) + ")");
   }
   GPUKIT_EXPECTS(!check_size || bytes == b->requested,
-                 "deallocate: pointer " + detail::hex(ptr) + " was allocated with " + std::to_string(b->requested) +
-                   " bytes but freed with " + std::to_string(bytes));
+                 "deallocate: pointer " + detail::hex(ptr) + " was allocated with " +
+                   std::to_string(b->requested) + " bytes but freed with " + std::to_string(bytes));
   tc.handed_out.erase(key);
   tc.allocated_bytes.add(-static_cast<std::int64_t>(b->size));
   tc.requested_bytes.add(-static_cast<std::int64_t>(b->requested));
@@ -711,7 +786,8 @@ void basic_caching_allocator<Runtime>::deallocate_impl(void* ptr, std::size_t by
     return;
   }
   b->state.store(detail::block_state::cached, std::memory_order_relaxed);
-  if (b->size <= options_.thread_cache_max_block_bytes &&
+  if (b->size <= options_.thread_cache_max_block_bytes && b->capture_pool == 0 &&
+      captures_underway_.load(std::memory_order_relaxed) == 0 &&
       tc.push(stream, b, options_.thread_cache_blocks_per_class, options_.thread_cache_bytes)) {
     return;
   }
@@ -725,11 +801,14 @@ void basic_caching_allocator<Runtime>::record_stream(void* ptr, stream_type stre
   auto const key = reinterpret_cast<std::uintptr_t>(ptr);
   std::lock_guard<std::mutex> lock{mutex_};
   block* b = blocks_.find(key);
-  GPUKIT_EXPECTS(b != nullptr && b->state.load(std::memory_order_relaxed) == detail::block_state::allocated,
-                 "record_stream: pointer " + detail::hex(ptr) + " is not currently allocated by this allocator (device " +
-                   std::to_string(device_) + ")");
+  GPUKIT_EXPECTS(
+    b != nullptr && b->state.load(std::memory_order_relaxed) == detail::block_state::allocated,
+    "record_stream: pointer " + detail::hex(ptr) +
+      " is not currently allocated by this allocator (device " + std::to_string(device_) + ")");
   if (stream == b->stream) { return; }
-  if (std::find(b->recorded.begin(), b->recorded.end(), stream) == b->recorded.end()) { b->recorded.push_back(stream); }
+  if (std::find(b->recorded.begin(), b->recorded.end(), stream) == b->recorded.end()) {
+    b->recorded.push_back(stream);
+  }
 }
 
 // Moves pending frees whose events have all completed into their stream's pool.
@@ -779,7 +858,8 @@ bool basic_caching_allocator<Runtime>::migrate_locked(stream_type requester, boo
       sp->migrating       = true;
       ++pool_stats_.num_cross_stream_events;
     }
-    cudaError_t const q = wait ? runtime_.event_synchronize(sp->migration_event) : runtime_.event_query(sp->migration_event);
+    cudaError_t const q = wait ? runtime_.event_synchronize(sp->migration_event)
+                               : runtime_.event_query(sp->migration_event);
     if (q == cudaErrorNotReady) { continue; }
     GPUKIT_CUDA_TRY(q);
     spare_events_.push_back(sp->migration_event);
@@ -808,7 +888,8 @@ void basic_caching_allocator<Runtime>::forget_stream(stream_type stream)
   thread_cache& tc = local_cache();
   std::lock_guard<std::mutex> lock{mutex_};
   flush_cache_locked(tc);
-  auto it = std::find_if(stream_pools_.begin(), stream_pools_.end(), [&](auto const& sp) { return sp->stream == stream; });
+  auto it = std::find_if(stream_pools_.begin(), stream_pools_.end(),
+                         [&](auto const& sp) { return sp->stream == stream; });
   if (it == stream_pools_.end()) { return; }
   stream_pool& sp = **it;
   device_guard<Runtime> guard{runtime_, device_};
@@ -820,7 +901,9 @@ void basic_caching_allocator<Runtime>::forget_stream(stream_type stream)
   spare_events_.push_back(sp.migration_event);
   sp.migrating = false;
   std::vector<block*> movers;
-  for (auto& idx : sp.index) { idx.for_each([&](block* b) { movers.push_back(b); }); }
+  for (auto& idx : sp.index) {
+    idx.for_each([&](block* b) { movers.push_back(b); });
+  }
   for (block* b : movers) {
     sp.index[b->kind].remove(b);
     b->global = true;
@@ -862,17 +945,21 @@ std::size_t basic_caching_allocator<Runtime>::trim(std::size_t target_reserved_b
   for (auto& c : caches_) {
     if (c.get() != &tc) { c->flush_requested.store(true, std::memory_order_relaxed); }
   }
-  poll_pending_locked();
+  if (captures_underway_.load(std::memory_order_relaxed) == 0) { poll_pending_locked(); }
   return release_locked(target_reserved_bytes);
 }
 
 template <class Runtime>
-std::size_t basic_caching_allocator<Runtime>::release_locked(std::size_t target, std::vector<stream_type>* freed_on,
+std::size_t basic_caching_allocator<Runtime>::release_locked(std::size_t target,
+                                                             std::vector<stream_type>* freed_on,
                                                              int only_kind)
 {
   std::vector<block*> whole;  // free blocks that span their segment
   auto collect = [&](block* b) {
-    if (b->prev == nullptr && b->next == nullptr && (only_kind < 0 || b->kind == only_kind)) { whole.push_back(b); }
+    if (b->prev == nullptr && b->next == nullptr && b->capture_pool == 0 &&
+        (only_kind < 0 || b->kind == only_kind)) {
+      whole.push_back(b);
+    }
   };
   for (auto& sp : stream_pools_) {
     for (auto& idx : sp->index) { idx.for_each(collect); }
@@ -886,12 +973,14 @@ std::size_t basic_caching_allocator<Runtime>::release_locked(std::size_t target,
     auto* seg = static_cast<segment*>(b->segment);
     // Stream-ordered: freed in the order of the stream that last used it, so no wait at all.
     stream_type const on = b->global ? stream_type{} : b->stream;
-    cudaError_t const e  = stream_ordered_ ? runtime_.free_async(seg->ptr, on) : runtime_.free(seg->ptr);
+    cudaError_t const e =
+      seg->stream_ordered ? runtime_.free_async(seg->ptr, on) : runtime_.free(seg->ptr);
     GPUKIT_CUDA_TRY(e);
-    if (freed_on != nullptr && std::find(freed_on->begin(), freed_on->end(), on) == freed_on->end()) {
+    if (seg->stream_ordered && freed_on != nullptr &&
+        std::find(freed_on->begin(), freed_on->end(), on) == freed_on->end()) {
       freed_on->push_back(on);
     }
-    if (!stream_ordered_) { ++pool_stats_.synchronizing_frees; }
+    if (!seg->stream_ordered) { ++pool_stats_.synchronizing_frees; }
     unindex_locked(b);
     blocks_.erase(b->address());
     recycle_block_locked(b);
@@ -908,7 +997,8 @@ std::size_t basic_caching_allocator<Runtime>::release_locked(std::size_t target,
 // Descriptors and events
 
 template <class Runtime>
-typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtime>::new_block_locked()
+typename basic_caching_allocator<Runtime>::block*
+basic_caching_allocator<Runtime>::new_block_locked()
 {
   if (spare_blocks_ == nullptr) {
     constexpr std::size_t chunk = 256;
@@ -919,9 +1009,10 @@ typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtim
       spare_blocks_       = &blocks[i];
     }
   }
-  block* b      = spare_blocks_;
-  spare_blocks_ = b->free_next;
-  b->free_next  = nullptr;
+  block* b        = spare_blocks_;
+  spare_blocks_   = b->free_next;
+  b->free_next    = nullptr;
+  b->capture_pool = 0;
   b->recorded.clear();
   return b;
 }
@@ -938,7 +1029,8 @@ void basic_caching_allocator<Runtime>::recycle_block_locked(block* b)
 }
 
 template <class Runtime>
-typename basic_caching_allocator<Runtime>::event_type basic_caching_allocator<Runtime>::take_event_locked()
+typename basic_caching_allocator<Runtime>::event_type
+basic_caching_allocator<Runtime>::take_event_locked()
 {
   if (!spare_events_.empty()) {
     event_type e = spare_events_.back();
@@ -978,7 +1070,7 @@ caching_allocator_stats basic_caching_allocator<Runtime>::stats() const
 {
   std::lock_guard<std::mutex> lock{mutex_};
   update_peaks_locked();
-  caching_allocator_stats s = pool_stats_;
+  caching_allocator_stats s  = pool_stats_;
   std::int64_t pending_bytes = 0, pending_count = 0, split_bytes = 0, split_count = 0;
   for (auto const& p : pending_) {
     pending_bytes += static_cast<std::int64_t>(p.b->size);
@@ -1017,9 +1109,10 @@ void basic_caching_allocator<Runtime>::reset_peak()
 {
   std::lock_guard<std::mutex> lock{mutex_};
   update_peaks_locked();
-  for (stat_pair* p : {&pool_stats_.allocated_bytes, &pool_stats_.requested_bytes, &pool_stats_.reserved_bytes,
-                       &pool_stats_.active_bytes, &pool_stats_.inactive_split_bytes, &pool_stats_.allocation_count,
-                       &pool_stats_.segment_count, &pool_stats_.active_count, &pool_stats_.inactive_split_count}) {
+  for (stat_pair* p :
+       {&pool_stats_.allocated_bytes, &pool_stats_.requested_bytes, &pool_stats_.reserved_bytes,
+        &pool_stats_.active_bytes, &pool_stats_.inactive_split_bytes, &pool_stats_.allocation_count,
+        &pool_stats_.segment_count, &pool_stats_.active_count, &pool_stats_.inactive_split_count}) {
     p->peak = p->current;
   }
 }
@@ -1042,7 +1135,8 @@ void basic_caching_allocator<Runtime>::throw_oom_locked(std::size_t bytes, std::
   for (auto const& sp : stream_pools_) {
     std::size_t const cached = sp->index[0].bytes() + sp->index[1].bytes();
     r.total_free_in_pool += cached;
-    r.largest_free_block = std::max({r.largest_free_block, sp->index[0].largest(), sp->index[1].largest()});
+    r.largest_free_block =
+      std::max({r.largest_free_block, sp->index[0].largest(), sp->index[1].largest()});
     if (cached != 0) {
       std::uintptr_t id = 0;
       std::memcpy(&id, &sp->stream, std::min(sizeof id, sizeof sp->stream));
@@ -1056,16 +1150,154 @@ void basic_caching_allocator<Runtime>::throw_oom_locked(std::size_t bytes, std::
   r.steps.push_back({"wait for blocks freed on other streams and move them to this one", 0, true});
   r.steps.push_back({"release every fully free segment to the device", 0, true});
   if (r.limit != 0 && reserved_ + size > r.limit) {
-    r.hint = "the allocator's limit (" + std::to_string(r.limit) +
-             " bytes) stops this allocation; raise it with set_limit() or free tensors you no longer need";
+    r.hint =
+      "the allocator's limit (" + std::to_string(r.limit) +
+      " bytes) stops this allocation; raise it with set_limit() or free tensors you no longer need";
   } else if (r.total_free_in_pool >= size) {
-    r.hint = "enough memory is free in the pool but no free block is large enough (fragmentation); "
-             "growable segments (virtual memory) or fewer distinct block sizes would make it fit";
+    r.hint =
+      "enough memory is free in the pool but no free block is large enough (fragmentation); "
+      "growable segments (virtual memory) or fewer distinct block sizes would make it fit";
   } else {
-    r.hint = "reduce the batch size or the memory held by live tensors; " + std::to_string(r.allocated) +
-             " bytes are allocated by users";
+    r.hint = "reduce the batch size or the memory held by live tensors; " +
+             std::to_string(r.allocated) + " bytes are allocated by users";
   }
   throw out_of_memory{std::move(r)};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Graph capture
+
+template <class Runtime>
+typename basic_caching_allocator<Runtime>::capture_id
+basic_caching_allocator<Runtime>::begin_capture(stream_type stream)
+{
+  std::lock_guard<std::mutex> lock{mutex_};
+  GPUKIT_EXPECTS(active_capture_locked(stream) == nullptr,
+                 "begin_capture: the stream already has a capture under way on this allocator");
+  capture_pools_.push_back(std::make_unique<capture_pool>());
+  capture_pools_.back()->id     = next_capture_id_++;
+  capture_pools_.back()->stream = stream;
+  captures_underway_.fetch_add(1, std::memory_order_relaxed);
+  return capture_pools_.back()->id;
+}
+
+template <class Runtime>
+void basic_caching_allocator<Runtime>::end_capture(stream_type stream)
+{
+  std::lock_guard<std::mutex> lock{mutex_};
+  capture_pool* cp = active_capture_locked(stream);
+  GPUKIT_EXPECTS(cp != nullptr, "end_capture: no capture is under way on this stream");
+  cp->active = false;
+  captures_underway_.fetch_sub(1, std::memory_order_relaxed);
+}
+
+template <class Runtime>
+void basic_caching_allocator<Runtime>::release_capture_pool(capture_id id)
+{
+  std::lock_guard<std::mutex> lock{mutex_};
+  auto it = std::find_if(capture_pools_.begin(), capture_pools_.end(),
+                         [&](auto const& cp) { return cp->id == id; });
+  GPUKIT_EXPECTS(it != capture_pools_.end(),
+                 "release_capture_pool: no capture pool " + std::to_string(id));
+  GPUKIT_EXPECTS(!(*it)->active,
+                 "release_capture_pool: capture " + std::to_string(id) + " has not ended");
+  // Free blocks become ordinary free blocks of every stream (the graph is gone and its launches
+  // done, by the caller's word); blocks still allocated become ordinary blocks when freed.
+  std::vector<block*> movers;
+  for (auto& idx : (*it)->index) {
+    idx.for_each([&](block* b) { movers.push_back(b); });
+  }
+  for (block* b : movers) {
+    (*it)->index[b->kind].remove(b);
+    b->state.store(detail::block_state::pending, std::memory_order_relaxed);
+  }
+  blocks_.for_each([&](std::uintptr_t, block* b) {
+    if (b->capture_pool == id) { b->capture_pool = 0; }
+  });
+  for (block* b : movers) {
+    b->global = true;
+    insert_free_locked(b);
+  }
+  capture_pools_.erase(it);
+}
+
+template <class Runtime>
+typename basic_caching_allocator<Runtime>::capture_pool*
+basic_caching_allocator<Runtime>::active_capture_locked(stream_type stream)
+{
+  for (auto& cp : capture_pools_) {
+    if (cp->active && cp->stream == stream) { return cp.get(); }
+  }
+  return nullptr;
+}
+
+template <class Runtime>
+typename basic_caching_allocator<Runtime>::capture_pool&
+basic_caching_allocator<Runtime>::capture_pool_locked(capture_id id)
+{
+  for (auto& cp : capture_pools_) {
+    if (cp->id == id) { return *cp; }
+  }
+  GPUKIT_EXPECTS(false, "caching_allocator: capture pool " + std::to_string(id) + " is gone");
+  return *capture_pools_.front();  // not reached
+}
+
+// During capture: blocks come from the capture's private pool; new segments from a synchronous
+// malloc made in relaxed capture mode (legal during capture, and not part of the graph).
+template <class Runtime>
+void* basic_caching_allocator<Runtime>::allocate_captured_locked(std::size_t bytes,
+                                                                 std::size_t size, int kind,
+                                                                 capture_pool& cp, thread_cache& tc)
+{
+  block* b = cp.index[kind].find(size);
+  if (b == nullptr) {
+    std::size_t const seg_size = segment_size_for(size);
+    std::size_t const limit    = limit_.load(std::memory_order_relaxed);
+    if (limit != 0 && reserved_ + seg_size > limit) { throw_oom_locked(bytes, size); }
+    auto seg      = std::make_unique<segment>();
+    block* nb     = new_block_locked();
+    void* p       = nullptr;
+    cudaError_t e = cudaSuccess;
+    {
+      device_guard<Runtime> guard{runtime_, device_};
+      int mode = cudaStreamCaptureModeRelaxed;
+      GPUKIT_CUDA_TRY(runtime_.exchange_capture_mode(mode));
+      e = runtime_.malloc(&p, seg_size);
+      (void)runtime_.exchange_capture_mode(mode);
+    }
+    if (e != cudaSuccess) {
+      recycle_block_locked(nb);
+      if (e == cudaErrorMemoryAllocation) { throw_oom_locked(bytes, size); }
+      GPUKIT_CUDA_TRY(e);
+    }
+    seg->ptr            = p;
+    seg->size           = seg_size;
+    seg->kind           = kind;
+    seg->stream_ordered = false;
+    nb->ptr.store(reinterpret_cast<std::uintptr_t>(p), std::memory_order_relaxed);
+    nb->size         = seg_size;
+    nb->kind         = kind;
+    nb->stream       = cp.stream;
+    nb->global       = false;
+    nb->capture_pool = cp.id;
+    nb->segment      = seg.release();
+    nb->prev = nb->next = nullptr;
+    nb->state.store(detail::block_state::free, std::memory_order_relaxed);
+    blocks_.insert(nb->address(), nb);
+    reserved_ += seg_size;
+    ++segments_;
+    ++pool_stats_.num_device_allocs;
+    cp.index[kind].insert(nb);
+    b = nb;
+  }
+  b = take_locked(b, size, bytes, cp.stream);
+  tc.handed_out.insert(b->address(), b);
+  tc.allocated_bytes.add(static_cast<std::int64_t>(b->size));
+  tc.requested_bytes.add(static_cast<std::int64_t>(bytes));
+  tc.allocation_count.add(1);
+  tc.num_allocs.add(1);
+  update_peaks_locked();
+  return b->data();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1082,10 +1314,14 @@ std::string basic_caching_allocator<Runtime>::check_invariants() const
     if (b->address() != key) { err += "block key mismatch; "; }
     if (b->prev == nullptr) {
       auto* seg = static_cast<segment*>(b->segment);
-      if (seg == nullptr || reinterpret_cast<std::uintptr_t>(seg->ptr) != key) { err += "segment head mismatch; "; }
+      if (seg == nullptr || reinterpret_cast<std::uintptr_t>(seg->ptr) != key) {
+        err += "segment head mismatch; ";
+      }
       std::size_t total = 0;
       for (block* x = b; x != nullptr; x = x->next) {
-        if (x->next != nullptr && x->address() + x->size != x->next->address()) { err += "blocks do not tile; "; }
+        if (x->next != nullptr && x->address() + x->size != x->next->address()) {
+          err += "blocks do not tile; ";
+        }
         if (x->next != nullptr && x->next->prev != x) { err += "broken prev link; "; }
         if (x->segment != b->segment) { err += "block in the wrong segment; "; }
         if (blocks_.find(x->address()) != x) { err += "block missing from the map; "; }
@@ -1106,21 +1342,39 @@ std::string basic_caching_allocator<Runtime>::check_invariants() const
   auto count_index = [&](detail::tlsf_index<block> const& idx, bool global, stream_type s) {
     idx.for_each([&](block* b) {
       indexed_bytes += b->size;
-      if (b->state.load(std::memory_order_relaxed) != detail::block_state::free) { err += "indexed block not free; "; }
-      if (b->global != global || (!global && !(b->stream == s))) { err += "block in the wrong index; "; }
+      if (b->state.load(std::memory_order_relaxed) != detail::block_state::free) {
+        err += "indexed block not free; ";
+      }
+      if (b->capture_pool != 0 || b->global != global || (!global && !(b->stream == s))) {
+        err += "block in the wrong index; ";
+      }
     });
   };
   for (auto const& sp : stream_pools_) {
     for (auto const& idx : sp->index) { count_index(idx, false, sp->stream); }
   }
   for (auto const& idx : global_) { count_index(idx, true, stream_type{}); }
+  for (auto const& cp : capture_pools_) {
+    for (auto const& idx : cp->index) {
+      idx.for_each([&](block* b) {
+        indexed_bytes += b->size;
+        if (b->capture_pool != cp->id) { err += "block in the wrong capture pool; "; }
+        if (b->state.load(std::memory_order_relaxed) != detail::block_state::free) {
+          err += "indexed block not free; ";
+        }
+      });
+    }
+  }
   std::size_t free_blocks_bytes = 0;
   blocks_.for_each([&](std::uintptr_t, block* b) {
-    if (b->state.load(std::memory_order_relaxed) == detail::block_state::free) { free_blocks_bytes += b->size; }
+    if (b->state.load(std::memory_order_relaxed) == detail::block_state::free) {
+      free_blocks_bytes += b->size;
+    }
   });
   if (free_blocks_bytes != indexed_bytes) { err += "free blocks and indices disagree; "; }
   if (seg_bytes != reserved_) {
-    err += "reserved " + std::to_string(reserved_) + " != segments " + std::to_string(seg_bytes) + "; ";
+    err +=
+      "reserved " + std::to_string(reserved_) + " != segments " + std::to_string(seg_bytes) + "; ";
   }
   if (seg_count != segments_) { err += "segment count mismatch; "; }
   return err;

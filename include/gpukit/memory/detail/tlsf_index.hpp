@@ -17,11 +17,11 @@
 
 namespace gpukit::detail {
 
-inline constexpr int tlsf_sl_bits    = 4;
-inline constexpr int tlsf_sl_count   = 1 << tlsf_sl_bits;
-inline constexpr int tlsf_min_shift  = 8;   // sizes are multiples of 256 bytes
-inline constexpr int tlsf_max_shift  = 48;  // 256 TiB: beyond any device
-inline constexpr int tlsf_fl_count   = tlsf_max_shift - tlsf_min_shift + 1;
+inline constexpr int tlsf_sl_bits     = 4;
+inline constexpr int tlsf_sl_count    = 1 << tlsf_sl_bits;
+inline constexpr int tlsf_min_shift   = 8;   // sizes are multiples of 256 bytes
+inline constexpr int tlsf_max_shift   = 48;  // 256 TiB: beyond any device
+inline constexpr int tlsf_fl_count    = tlsf_max_shift - tlsf_min_shift + 1;
 inline constexpr int tlsf_class_count = tlsf_fl_count * tlsf_sl_count;
 
 [[nodiscard]] inline int msb(std::uint64_t x) noexcept { return 63 - __builtin_clzll(x); }
@@ -46,7 +46,11 @@ inline constexpr int tlsf_class_count = tlsf_fl_count * tlsf_sl_count;
 template <class Block>
 class tlsf_index {
  public:
-  tlsf_index() noexcept { heads_.fill(nullptr); sl_bitmap_.fill(0); }
+  tlsf_index() noexcept
+  {
+    heads_.fill(nullptr);
+    sl_bitmap_.fill(0);
+  }
 
   void insert(Block* b) noexcept
   {
@@ -86,8 +90,8 @@ class tlsf_index {
     }
     int const c = tlsf_ceil_class(size);
     if (c >= tlsf_class_count) { return nullptr; }
-    int fl                    = c / tlsf_sl_count;
-    int const sl              = c % tlsf_sl_count;
+    int fl                     = c / tlsf_sl_count;
+    int const sl               = c % tlsf_sl_count;
     std::uint32_t const sl_map = sl_bitmap_[fl] & (~std::uint32_t{0} << sl);
     if (sl_map != 0) { return heads_[fl * tlsf_sl_count + __builtin_ctz(sl_map)]; }
     std::uint64_t const fl_map = fl + 1 < 64 ? fl_bitmap_ & (~std::uint64_t{0} << (fl + 1)) : 0;

@@ -376,4 +376,23 @@ inline char const* cuda_runtime::error_string(cudaError_t e) noexcept
   return ::cudaGetErrorString(e);
 }
 
+// --- Graph capture -------------------------------------------------------------------------------
+
+inline cudaError_t cuda_runtime::stream_is_capturing(stream_type s, bool& capturing)
+{
+  capturing                      = false;
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  cudaError_t const e            = detail::cuda_result(::cudaStreamIsCapturing(s, &status));
+  capturing                      = e == cudaSuccess && status != cudaStreamCaptureStatusNone;
+  return e;
+}
+
+inline cudaError_t cuda_runtime::exchange_capture_mode(int& mode)
+{
+  auto m              = static_cast<cudaStreamCaptureMode>(mode);
+  cudaError_t const e = detail::cuda_result(::cudaThreadExchangeStreamCaptureMode(&m));
+  mode                = static_cast<int>(m);
+  return e;
+}
+
 }  // namespace gpukit

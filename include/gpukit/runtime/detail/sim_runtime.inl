@@ -72,6 +72,8 @@ inline char const* to_string(sim_op op) noexcept
     case sim_op::memcpy_peer_async: return "memcpy_peer_async";
     case sim_op::memset_async: return "memset_async";
     case sim_op::launch_host_func: return "launch_host_func";
+    case sim_op::stream_is_capturing: return "stream_is_capturing";
+    case sim_op::exchange_capture_mode: return "exchange_capture_mode";
     case sim_op::count_: break;
   }
   return "unknown";
@@ -254,9 +256,52 @@ inline char const* sim_runtime::error_string(cudaError_t e) noexcept
 
 // ---- plumbing ---------------------------------------------------------------------------------
 
+namespace detail {
+inline int& sim_capture_mode() noexcept
+{
+  thread_local int mode = cudaStreamCaptureModeGlobal;
+  return mode;
+}
+}  // namespace detail
+
+inline cudaError_t sim_runtime::capture_violation(sim_op op) noexcept
+{
+  switch (op) {
+    case sim_op::malloc:
+    case sim_op::free:
+    case sim_op::host_alloc:
+    case sim_op::host_free:
+    case sim_op::event_query:
+    case sim_op::event_synchronize:
+    case sim_op::stream_query:
+    case sim_op::stream_synchronize:
+    case sim_op::device_synchronize: break;
+    default: return cudaSuccess;
+  }
+  if (detail::sim_capture_mode() == cudaStreamCaptureModeRelaxed) { return cudaSuccess; }
+  try {
+    return misuse(cudaErrorStreamCaptureUnsupported,
+                  std::string{to_string(op)} +
+                    ": not allowed while a stream is being captured in global mode (call it "
+                    "before the capture, or in relaxed capture mode)");
+  } catch (...) {
+    return cudaErrorStreamCaptureUnsupported;
+  }
+}
+
+inline bool sim_runtime::capturing(std::uint64_t stream_id) const
+{
+  if (captures_underway_.load(std::memory_order_acquire) == 0) { return false; }
+  std::lock_guard<std::mutex> lock{capture_mutex_};
+  return std::find(capturing_.begin(), capturing_.end(), stream_id) != capturing_.end();
+}
+
 inline cudaError_t sim_runtime::enter(sim_op op) noexcept
 {
   calls_[static_cast<std::size_t>(op)].fetch_add(1, std::memory_order_relaxed);
+  if (captures_underway_.load(std::memory_order_acquire) != 0) {
+    if (auto const e = capture_violation(op); e != cudaSuccess) { return e; }
+  }
   if (faults_pending_.load(std::memory_order_acquire) == 0) { return cudaSuccess; }
   return take_fault(op);
 }
@@ -350,6 +395,7 @@ inline std::shared_ptr<detail::sim_event> sim_runtime::find_event(event_type e, 
 inline cudaError_t sim_runtime::enqueue(detail::sim_stream& s, std::function<void()> task,
                                         char const* call)
 {
+  if (capturing(s.id)) { return cudaSuccess; }  // captured into a graph: recorded, not run
   if (s.enqueue(std::move(task))) { return cudaSuccess; }
   return misuse(cudaErrorInvalidResourceHandle,
                 std::string{call} + "(stream " + detail::sim_hex(std::uintptr_t{s.id}) +
@@ -564,6 +610,12 @@ inline cudaError_t sim_runtime::malloc_async(void** p, std::size_t bytes, stream
   cudaError_t err = cudaSuccess;
   auto stream     = find_stream(s, "malloc_async", err);
   if (!stream) { return err; }
+  if (capturing(stream->id)) {
+    return misuse(cudaErrorStreamCaptureUnsupported,
+                  "malloc_async(" + std::to_string(bytes) +
+                    "): the stream is being captured: on CUDA this allocation would become a "
+                    "node of the graph, freed only with it");
+  }
   if (p == nullptr) {
     return misuse(cudaErrorInvalidValue, "malloc_async(nullptr, " + std::to_string(bytes) +
                                            "): the output pointer is null");
@@ -1443,6 +1495,55 @@ inline std::string sim_runtime::last_misuse() const
 inline std::uint64_t sim_runtime::misuse_count() const noexcept
 {
   return misuse_count_.load(std::memory_order_relaxed);
+}
+
+// --- Graph capture (simulated) -------------------------------------------------------------------
+
+inline cudaError_t sim_runtime::stream_is_capturing(stream_type s, bool& is_capturing)
+{
+  is_capturing = false;
+  if (auto e = enter(sim_op::stream_is_capturing); e != cudaSuccess) { return e; }
+  cudaError_t err = cudaSuccess;
+  auto stream     = find_stream(s, "stream_is_capturing", err);
+  if (!stream) { return err; }
+  is_capturing = capturing(stream->id);
+  return cudaSuccess;
+}
+
+inline cudaError_t sim_runtime::exchange_capture_mode(int& mode)
+{
+  if (auto e = enter(sim_op::exchange_capture_mode); e != cudaSuccess) { return e; }
+  std::swap(mode, detail::sim_capture_mode());
+  return cudaSuccess;
+}
+
+inline cudaError_t sim_runtime::begin_capture(stream_type s)
+{
+  cudaError_t err = cudaSuccess;
+  auto stream     = find_stream(s, "begin_capture", err);
+  if (!stream) { return err; }
+  std::lock_guard<std::mutex> lock{capture_mutex_};
+  if (std::find(capturing_.begin(), capturing_.end(), stream->id) != capturing_.end()) {
+    return misuse(cudaErrorInvalidValue, "begin_capture: the stream is already capturing");
+  }
+  capturing_.push_back(stream->id);
+  captures_underway_.fetch_add(1, std::memory_order_acq_rel);
+  return cudaSuccess;
+}
+
+inline cudaError_t sim_runtime::end_capture(stream_type s)
+{
+  cudaError_t err = cudaSuccess;
+  auto stream     = find_stream(s, "end_capture", err);
+  if (!stream) { return err; }
+  std::lock_guard<std::mutex> lock{capture_mutex_};
+  auto it = std::find(capturing_.begin(), capturing_.end(), stream->id);
+  if (it == capturing_.end()) {
+    return misuse(cudaErrorInvalidValue, "end_capture: the stream is not capturing");
+  }
+  capturing_.erase(it);
+  captures_underway_.fetch_sub(1, std::memory_order_acq_rel);
+  return cudaSuccess;
 }
 
 }  // namespace gpukit
