@@ -56,9 +56,12 @@
 #include <cuda/memory_resource>
 #include <cuda/stream_ref>
 
+#include <array>
 #include <atomic>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -99,11 +102,36 @@ struct caching_allocator_options {
   /// one (each such segment is too small for the request). Lowers peak reserved memory at the
   /// cost of a device free and a later device allocation; stream-ordered, so it never waits.
   bool release_before_grow{true};
+  /// Out-of-memory recovery's last step: wait up to this long for blocks other threads are
+  /// returning to the pool (their cached blocks come back at their next call). 0: do not wait.
+  int oom_wait_for_frees_ms{0};
   /// Bytes one thread may keep cached per allocator before it returns blocks to the pool.
   std::size_t thread_cache_bytes{std::size_t{64} << 20};
   /// Blocks one thread keeps per size class and stream.
   int thread_cache_blocks_per_class{8};
 };
+
+/// The steps of the out-of-memory recovery ladder, in order.
+inline constexpr int recovery_step_count                              = 5;
+inline constexpr char const* recovery_step_names[recovery_step_count] = {
+  "collect blocks whose cross-stream events have completed",
+  "user out-of-memory callbacks",
+  "release cached free segments of the requesting stream",
+  "release cached free segments of every stream (waiting only on the events that guard them)",
+  "wait for blocks other threads are returning (oom_wait_for_frees_ms)",
+};
+
+/// What an out-of-memory callback is told.
+struct oom_context {
+  std::size_t requested{0};  ///< bytes of the allocation that failed (rounded to 256)
+  int device{0};
+  std::size_t reserved{0};  ///< bytes the allocator holds from the device
+  std::size_t limit{0};     ///< the allocator's limit (0: none)
+};
+
+/// Called, without the allocator's lock, when an allocation fails: free what you can (spill a
+/// cache, drop activations) and return true to have the allocation tried again.
+using oom_callback = std::function<bool(oom_context const&)>;
 
 /// One statistic, current and peak, as PyTorch reports them.
 struct stat_pair {
@@ -134,6 +162,10 @@ struct caching_allocator_stats {
   std::uint64_t synchronizing_frees{0};      ///< segment frees that may synchronize the device
   /// Out-of-memory recovery waits on a stream whose cached segments it returned (never the device).
   std::uint64_t num_release_waits{0};
+  /// Out-of-memory recovery, by step (see recovery_step_names): times each step ran, and the
+  /// bytes it made available (moved into the usable pool, or returned to the device).
+  std::array<std::uint64_t, 5> num_recovery_steps{};
+  std::array<std::uint64_t, 5> recovery_bytes{};
 };
 
 namespace detail {
@@ -202,6 +234,11 @@ class basic_caching_allocator final {
   /// (other threads' cached blocks for it return to the pool at their next call). Synchronizes
   /// with `stream`.
   void forget_stream(stream_type stream);
+
+  /// Registers a callback for the out-of-memory ladder (step 2), after those registered before.
+  /// Callbacks run without the allocator's lock, so they may free memory through it.
+  /// @throws gpukit::logic_error for an empty callback
+  void add_oom_callback(oom_callback callback);
 
   /// Identifies the private pool of one CUDA graph capture.
   using capture_id = std::uint64_t;
@@ -328,10 +365,21 @@ class basic_caching_allocator final {
   void insert_free_locked(block* b);
   void unindex_locked(block* b);
   stream_pool& stream_pool_locked(stream_type stream);
-  bool poll_pending_locked();
-  bool migrate_locked(stream_type requester, bool wait);
+  std::size_t poll_pending_locked(bool wait = false);
+  std::size_t migrate_locked(stream_type requester, bool wait);
+  block* recover_locked(std::unique_lock<std::mutex>& lock, std::size_t size, int kind,
+                        stream_type stream, thread_cache& tc, std::vector<stream_type>& freed_on,
+                        bool capture);
+  std::size_t free_bytes_locked() const;
+  enum recovery_step : int {
+    step_events,
+    step_callbacks,
+    step_release_stream,
+    step_release_all,
+    step_wait
+  };
   std::size_t release_locked(std::size_t target, std::vector<stream_type>* freed_on = nullptr,
-                             int only_kind = -1);
+                             int only_kind = -1, stream_type const* only_stream = nullptr);
   void flush_cache_locked(thread_cache& tc);
   void flush_cache(thread_cache& tc);
   block* new_block_locked();
@@ -367,6 +415,10 @@ class basic_caching_allocator final {
   block* spare_blocks_{nullptr};
   std::vector<event_type> spare_events_;
   std::vector<std::unique_ptr<thread_cache>> caches_;  // every thread cache of this allocator
+  std::vector<oom_callback> oom_callbacks_;
+  std::vector<oom_report::step> ladder_;  // what the last recovery did
+  std::condition_variable frees_cv_;      // blocks came back to the pool (for step 5)
+  int oom_waiters_{0};
   std::vector<std::unique_ptr<capture_pool>> capture_pools_;
   capture_id next_capture_id_{1};
   std::atomic<int> captures_underway_{0};  // read on the fast path: written only at capture edges

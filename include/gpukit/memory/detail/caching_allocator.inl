@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <limits>
@@ -465,27 +466,8 @@ void* basic_caching_allocator<Runtime>::allocate_slow(std::size_t bytes, std::si
     bool oom = false;
     b        = new_segment_locked(size, kind, stream, oom);
     if (b == nullptr) {
-      // Recovery: wait for blocks freed on other streams, give back every free segment, retry.
       ++pool_stats_.num_alloc_retries;
-      if (!capture && (migrate_locked(stream, true) || poll_pending_locked())) {
-        b = find_free_locked(size, kind, stream);
-      }
-      if (b == nullptr) {
-        for (auto& c : caches_) {
-          if (c.get() != &tc) { c->flush_requested.store(true, std::memory_order_relaxed); }
-        }
-        release_locked(0, &freed_on);
-        if (!freed_on.empty() && stream_ordered_ && !capture) {
-          // Stream-ordered frees take effect when their stream reaches them: wait for those
-          // streams only (never the whole device), then the memory is the device's again.
-          device_guard<Runtime> guard{runtime_, device_};
-          for (stream_type fs : freed_on) {
-            GPUKIT_CUDA_TRY(runtime_.stream_synchronize(fs));
-            ++pool_stats_.num_release_waits;
-          }
-        }
-        b = new_segment_locked(size, kind, stream, oom);
-      }
+      b = recover_locked(lock, size, kind, stream, tc, freed_on, capture);
       if (b == nullptr) { throw_oom_locked(bytes, size); }
     }
   }
@@ -713,6 +695,120 @@ void basic_caching_allocator<Runtime>::free_to_pool_locked(block* b, stream_type
   b->global   = false;
   b->free_seq = ++stream_pool_locked(stream).free_seq;
   insert_free_locked(b);
+  if (oom_waiters_ != 0) { frees_cv_.notify_all(); }
+}
+
+// The out-of-memory ladder: each step, then a fresh search of the pool and one more try of the
+// runtime. Steps that do not apply (nothing to collect, no callbacks, ...) are recorded as such.
+// Returns nullptr when every step failed; ladder_ then holds what each reclaimed (for the report).
+template <class Runtime>
+typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtime>::recover_locked(
+  std::unique_lock<std::mutex>& lock, std::size_t size, int kind, stream_type stream,
+  thread_cache& tc, std::vector<stream_type>& freed_on, bool capture)
+{
+  ladder_.assign(recovery_step_count, oom_report::step{});
+  for (int i = 0; i < recovery_step_count; ++i) { ladder_[i].name = recovery_step_names[i]; }
+  auto attempt = [&]() -> block* {
+    if (block* b = find_free_locked(size, kind, stream)) { return b; }
+    bool oom = false;
+    return new_segment_locked(size, kind, stream, oom);
+  };
+  auto count = [&](int step, std::size_t reclaimed) {
+    ladder_[step].attempted = true;
+    ladder_[step].bytes_reclaimed += reclaimed;
+    ++pool_stats_.num_recovery_steps[step];
+    pool_stats_.recovery_bytes[step] += reclaimed;
+  };
+  // Stream-ordered frees take effect when their stream reaches them: wait for those streams only
+  // (never the whole device); then the memory is the device's again.
+  auto settle = [&] {
+    if (freed_on.empty() || capture) { return; }
+    device_guard<Runtime> guard{runtime_, device_};
+    for (stream_type fs : freed_on) {
+      GPUKIT_CUDA_TRY(runtime_.stream_synchronize(fs));
+      ++pool_stats_.num_release_waits;
+    }
+    freed_on.clear();
+  };
+  settle();  // segments returned just before the failed try (release_before_grow)
+  if (block* b = attempt()) { return b; }
+
+  // (1) Blocks whose cross-stream events have completed (no waiting).
+  if (!capture) {
+    count(step_events, poll_pending_locked() + migrate_locked(stream, false));
+    flush_cache_locked(tc);
+    if (block* b = attempt()) { return b; }
+  }
+  // (2) The user's callbacks, in order, without the pool lock (they may free memory); each may ask
+  // for another try.
+  if (!oom_callbacks_.empty()) {
+    auto callbacks = oom_callbacks_;
+    for (auto const& cb : callbacks) {
+      std::size_t const free_before     = free_bytes_locked();
+      std::size_t const reserved_before = reserved_;
+      oom_context const ctx{size, device_, reserved_,
+                            static_cast<std::size_t>(limit_.load(std::memory_order_relaxed))};
+      lock.unlock();
+      bool const again = cb(ctx);
+      lock.lock();
+      flush_cache_locked(tc);
+      std::size_t const free_after = free_bytes_locked();
+      count(step_callbacks, (free_after > free_before ? free_after - free_before : 0) +
+                              (reserved_before > reserved_ ? reserved_before - reserved_ : 0));
+      if (again) {
+        if (block* b = attempt()) { return b; }
+      }
+    }
+  }
+  // (3) Cached free segments of the requesting stream, then of every stream; blocks other
+  // streams freed are first made usable, waiting only on the events that guard them.
+  count(step_release_stream, release_locked(0, &freed_on, -1, &stream));
+  settle();
+  if (block* b = attempt()) { return b; }
+  for (auto& c : caches_) {
+    if (c.get() != &tc) { c->flush_requested.store(true, std::memory_order_relaxed); }
+  }
+  std::size_t moved = capture ? 0 : migrate_locked(stream, true) + poll_pending_locked(true);
+  if (moved != 0) {
+    if (block* b = find_free_locked(size, kind, stream)) {
+      count(step_release_all, moved);
+      return b;
+    }
+  }
+  count(step_release_all, moved + release_locked(0, &freed_on));
+  settle();
+  if (block* b = attempt()) { return b; }
+  // (4) Unmapping free pages of growable segments: applies once segments are growable.
+  // (5) A bounded wait for blocks that other threads are returning to the pool.
+  if (options_.oom_wait_for_frees_ms > 0) {
+    std::size_t const free_before = free_bytes_locked();
+    ++oom_waiters_;
+    frees_cv_.wait_for(lock, std::chrono::milliseconds(options_.oom_wait_for_frees_ms));
+    --oom_waiters_;
+    std::size_t const free_after = free_bytes_locked();
+    count(step_wait, free_after > free_before ? free_after - free_before : 0);
+    if (!capture) { migrate_locked(stream, false); }
+    release_locked(0, &freed_on);
+    settle();
+    if (block* b = attempt()) { return b; }
+  }
+  return nullptr;
+}
+
+template <class Runtime>
+std::size_t basic_caching_allocator<Runtime>::free_bytes_locked() const
+{
+  std::size_t n = global_[0].bytes() + global_[1].bytes();
+  for (auto const& sp : stream_pools_) { n += sp->index[0].bytes() + sp->index[1].bytes(); }
+  return n;
+}
+
+template <class Runtime>
+void basic_caching_allocator<Runtime>::add_oom_callback(oom_callback callback)
+{
+  GPUKIT_EXPECTS(static_cast<bool>(callback), "add_oom_callback: the callback is empty");
+  std::lock_guard<std::mutex> lock{mutex_};
+  oom_callbacks_.push_back(std::move(callback));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -762,11 +858,13 @@ void basic_caching_allocator<Runtime>::deallocate_impl(void* ptr, std::size_t by
   GPUKIT_EXPECTS(!check_size || bytes == b->requested,
                  "deallocate: pointer " + detail::hex(ptr) + " was allocated with " +
                    std::to_string(b->requested) + " bytes but freed with " + std::to_string(bytes));
-  tc.handed_out.erase(key);
-  tc.allocated_bytes.add(-static_cast<std::int64_t>(b->size));
-  tc.requested_bytes.add(-static_cast<std::int64_t>(b->requested));
-  tc.allocation_count.add(-1);
-  tc.num_frees.add(1);
+  auto count_free = [&] {
+    tc.handed_out.erase(key);
+    tc.allocated_bytes.add(-static_cast<std::int64_t>(b->size));
+    tc.requested_bytes.add(-static_cast<std::int64_t>(b->requested));
+    tc.allocation_count.add(-1);
+    tc.num_frees.add(1);
+  };
   if (!b->recorded.empty()) {
     // Used on other streams too: reusable once the work queued there up to now has completed.
     std::lock_guard<std::mutex> lock{mutex_};
@@ -776,15 +874,22 @@ void basic_caching_allocator<Runtime>::deallocate_impl(void* ptr, std::size_t by
     device_guard<Runtime> guard{runtime_, device_};
     for (stream_type s : b->recorded) {
       if (s == stream) { continue; }
-      event_type e = take_event_locked();
-      GPUKIT_CUDA_TRY(runtime_.event_record(e, s));
+      event_type e        = take_event_locked();
+      cudaError_t const r = runtime_.event_record(e, s);
+      if (r != cudaSuccess) {  // the block stays allocated, as if this call had not been made
+        spare_events_.push_back(e);
+        spare_events_.insert(spare_events_.end(), pf.events.begin(), pf.events.end());
+        GPUKIT_CUDA_TRY(r);
+      }
       pf.events.push_back(e);
     }
+    count_free();
     b->recorded.clear();
     b->state.store(detail::block_state::pending, std::memory_order_relaxed);
     pending_.push_back(std::move(pf));
     return;
   }
+  count_free();
   b->state.store(detail::block_state::cached, std::memory_order_relaxed);
   if (b->size <= options_.thread_cache_max_block_bytes && b->capture_pool == 0 &&
       captures_underway_.load(std::memory_order_relaxed) == 0 &&
@@ -813,14 +918,14 @@ void basic_caching_allocator<Runtime>::record_stream(void* ptr, stream_type stre
 
 // Moves pending frees whose events have all completed into their stream's pool.
 template <class Runtime>
-bool basic_caching_allocator<Runtime>::poll_pending_locked()
+std::size_t basic_caching_allocator<Runtime>::poll_pending_locked(bool wait)
 {
-  bool moved = false;
+  std::size_t moved = 0;
   for (std::size_t i = 0; i < pending_.size();) {
     auto& pf  = pending_[i];
     bool done = true;
     for (event_type e : pf.events) {
-      cudaError_t const q = runtime_.event_query(e);
+      cudaError_t const q = wait ? runtime_.event_synchronize(e) : runtime_.event_query(e);
       if (q == cudaErrorNotReady) {
         done = false;
         break;
@@ -832,10 +937,10 @@ bool basic_caching_allocator<Runtime>::poll_pending_locked()
       continue;
     }
     for (event_type e : pf.events) { spare_events_.push_back(e); }
+    moved += pf.b->size;
     free_to_pool_locked(pf.b, pf.stream);
     pending_[i] = std::move(pending_.back());
     pending_.pop_back();
-    moved = true;
   }
   return moved;
 }
@@ -844,15 +949,17 @@ bool basic_caching_allocator<Runtime>::poll_pending_locked()
 // blocks, recorded when first needed; once it completes, the blocks that stream had freed before
 // the event move to the global pool. With `wait`, blocks until those events complete.
 template <class Runtime>
-bool basic_caching_allocator<Runtime>::migrate_locked(stream_type requester, bool wait)
+std::size_t basic_caching_allocator<Runtime>::migrate_locked(stream_type requester, bool wait)
 {
-  bool moved = false;
+  std::size_t moved = 0;
   device_guard<Runtime> guard{runtime_, device_};
   for (auto& sp : stream_pools_) {
     if (sp->stream == requester || (sp->index[0].empty() && sp->index[1].empty())) { continue; }
     if (!sp->migrating) {
-      event_type e = take_event_locked();
-      GPUKIT_CUDA_TRY(runtime_.event_record(e, sp->stream));
+      event_type e        = take_event_locked();
+      cudaError_t const r = runtime_.event_record(e, sp->stream);
+      if (r != cudaSuccess) { spare_events_.push_back(e); }
+      GPUKIT_CUDA_TRY(r);
       sp->migration_event = e;
       sp->migration_seq   = sp->free_seq;
       sp->migrating       = true;
@@ -876,8 +983,10 @@ bool basic_caching_allocator<Runtime>::migrate_locked(stream_type requester, boo
       b->global = true;
       b->state.store(detail::block_state::pending, std::memory_order_relaxed);
     }
-    for (block* b : movers) { insert_free_locked(b); }
-    moved = moved || !movers.empty();
+    for (block* b : movers) {
+      moved += b->size;
+      insert_free_locked(b);
+    }
   }
   return moved;
 }
@@ -894,8 +1003,12 @@ void basic_caching_allocator<Runtime>::forget_stream(stream_type stream)
   stream_pool& sp = **it;
   device_guard<Runtime> guard{runtime_, device_};
   if (!sp.migrating) {
-    sp.migration_event = take_event_locked();
-    GPUKIT_CUDA_TRY(runtime_.event_record(sp.migration_event, stream));
+    event_type e        = take_event_locked();
+    cudaError_t const r = runtime_.event_record(e, stream);
+    if (r != cudaSuccess) { spare_events_.push_back(e); }
+    GPUKIT_CUDA_TRY(r);
+    sp.migration_event = e;
+    sp.migrating       = true;
   }
   GPUKIT_CUDA_TRY(runtime_.event_synchronize(sp.migration_event));
   spare_events_.push_back(sp.migration_event);
@@ -918,6 +1031,7 @@ void basic_caching_allocator<Runtime>::flush_cache_locked(thread_cache& tc)
 {
   tc.flush_requested.store(false, std::memory_order_relaxed);
   tc.drain([&](stream_type s, block* b) { free_to_pool_locked(b, s); });
+  if (oom_waiters_ != 0) { frees_cv_.notify_all(); }
 }
 
 template <class Runtime>
@@ -952,7 +1066,8 @@ std::size_t basic_caching_allocator<Runtime>::trim(std::size_t target_reserved_b
 template <class Runtime>
 std::size_t basic_caching_allocator<Runtime>::release_locked(std::size_t target,
                                                              std::vector<stream_type>* freed_on,
-                                                             int only_kind)
+                                                             int only_kind,
+                                                             stream_type const* only_stream)
 {
   std::vector<block*> whole;  // free blocks that span their segment
   auto collect = [&](block* b) {
@@ -962,9 +1077,12 @@ std::size_t basic_caching_allocator<Runtime>::release_locked(std::size_t target,
     }
   };
   for (auto& sp : stream_pools_) {
+    if (only_stream != nullptr && !(sp->stream == *only_stream)) { continue; }
     for (auto& idx : sp->index) { idx.for_each(collect); }
   }
-  for (auto& idx : global_) { idx.for_each(collect); }
+  if (only_stream == nullptr) {
+    for (auto& idx : global_) { idx.for_each(collect); }
+  }
   std::sort(whole.begin(), whole.end(), [](block* a, block* b) { return a->size > b->size; });
   std::size_t released = 0;
   device_guard<Runtime> guard{runtime_, device_};
@@ -1147,8 +1265,7 @@ void basic_caching_allocator<Runtime>::throw_oom_locked(std::size_t bytes, std::
     r.total_free_in_pool += idx.bytes();
     r.largest_free_block = std::max(r.largest_free_block, idx.largest());
   }
-  r.steps.push_back({"wait for blocks freed on other streams and move them to this one", 0, true});
-  r.steps.push_back({"release every fully free segment to the device", 0, true});
+  r.steps = ladder_;
   if (r.limit != 0 && reserved_ + size > r.limit) {
     r.hint =
       "the allocator's limit (" + std::to_string(r.limit) +

@@ -1,0 +1,261 @@
+// Out-of-memory recovery on the simulated GPU: the ladder, callbacks, the report, retry_on_oom,
+// and a failure injected at every runtime call the allocation path makes.
+#include <gpukit/memory/caching_allocator.hpp>
+#include <gpukit/memory/retry_on_oom.hpp>
+#include <gpukit/runtime/sim_runtime.hpp>
+
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+using gpukit::sim_op;
+using gpukit::sim_runtime;
+using sim_allocator = gpukit::basic_caching_allocator<sim_runtime>;
+using stream_t      = sim_runtime::stream_type;
+
+namespace {
+
+constexpr std::size_t MiB = std::size_t{1} << 20;
+
+struct two_streams {
+  sim_runtime& rt;
+  stream_t a{}, b{};
+  explicit two_streams(sim_runtime& r) : rt{r}
+  {
+    GPUKIT_CUDA_TRY(rt.stream_create(a));
+    GPUKIT_CUDA_TRY(rt.stream_create(b));
+  }
+  ~two_streams()
+  {
+    (void)rt.stream_destroy(a);
+    (void)rt.stream_destroy(b);
+  }
+};
+
+}  // namespace
+
+TEST_SUITE("oom_recovery")
+{
+  TEST_CASE(
+    "a block that frees only when its stream's work completes is waited for instead of throwing")
+  {
+    for (bool const release_before_grow : {true, false}) {
+      CAPTURE(release_before_grow);
+      sim_runtime sim{gpukit::sim_config{}.with_devices(1, 64 * MiB)};
+      gpukit::caching_allocator_options o;
+      o.release_before_grow = release_before_grow;
+      sim_allocator alloc{sim, 0, o};
+      two_streams s{sim};
+      GPUKIT_CUDA_TRY(sim.stall(s.a));
+      void* p = alloc.allocate_async(40 * MiB, s.a);
+      GPUKIT_CUDA_TRY(sim.memset_async(p, 1, 40 * MiB, s.a));  // queued behind the stall
+      alloc.deallocate_async(p, 40 * MiB, s.a);
+      // Stream a's work finishes 50 ms from now; b needs the memory p holds.
+      std::thread releaser{[&] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        (void)sim.release(s.a);
+      }};
+      sim.reset_counters();
+      void* q = nullptr;
+      CHECK_NOTHROW(q = alloc.allocate_async(40 * MiB, s.b));
+      releaser.join();
+      CHECK(q != nullptr);
+      CHECK(sim.calls(sim_op::device_synchronize) == 0);  // waited on a's work only
+      auto const st = alloc.stats();
+      CHECK(st.num_alloc_retries == 1);
+      CHECK(st.num_ooms == 0);
+      alloc.deallocate_async(q, 40 * MiB, s.b);
+      CHECK(alloc.check_invariants() == "");
+      alloc.forget_stream(s.a);
+      alloc.forget_stream(s.b);
+    }
+  }
+
+  TEST_CASE("callbacks run in order without the lock and can ask for another try")
+  {
+    sim_runtime sim{gpukit::sim_config{}.with_devices(1, 64 * MiB)};
+    sim_allocator alloc{sim, 0};
+    two_streams s{sim};
+    void* held = alloc.allocate_async(40 * MiB, s.a);
+    std::vector<std::string> order;
+    alloc.add_oom_callback([&](gpukit::oom_context const& ctx) {
+      order.push_back("first");
+      CHECK(ctx.requested == 40 * MiB);
+      CHECK(ctx.device == 0);
+      return false;  // could not help
+    });
+    alloc.add_oom_callback([&](gpukit::oom_context const&) {
+      order.push_back("second");
+      alloc.deallocate_async(held, 40 * MiB, s.a);  // re-enters the allocator: no lock is held
+      held = nullptr;
+      return true;
+    });
+    CHECK_THROWS_AS(alloc.add_oom_callback(gpukit::oom_callback{}), gpukit::logic_error);
+    void* p = alloc.allocate_async(40 * MiB, s.a);
+    CHECK(p != nullptr);
+    CHECK(order == std::vector<std::string>{"first", "second"});
+    auto const st = alloc.stats();
+    CHECK(st.num_recovery_steps[1] == 2);
+    CHECK(st.recovery_bytes[1] >= 40 * MiB);
+    CHECK(st.num_ooms == 0);
+    alloc.deallocate_async(p, 40 * MiB, s.a);
+    CHECK(alloc.check_invariants() == "");
+    alloc.forget_stream(s.a);
+  }
+
+  TEST_CASE("the out-of-memory report: exact fields and a readable message")
+  {
+    sim_runtime sim{gpukit::sim_config{}.with_devices(1, 64 * MiB)};
+    sim_allocator alloc{sim, 0};
+    two_streams s{sim};
+    // Four 5 MiB blocks share one 20 MiB segment; freeing the 1st and 3rd leaves two 5 MiB holes.
+    std::vector<void*> b;
+    for (int i = 0; i < 4; ++i) { b.push_back(alloc.allocate_async(5 * MiB, s.a)); }
+    alloc.deallocate_async(b[0], 5 * MiB, s.a);
+    alloc.deallocate_async(b[2], 5 * MiB, s.a);
+    try {
+      (void)alloc.allocate_async(50 * MiB, s.a);
+      FAIL("50 MiB cannot fit beside a 20 MiB segment on a 64 MiB device");
+    } catch (gpukit::out_of_memory const& e) {
+      auto const& r = e.report();
+      CHECK(r.requested == 50 * MiB);
+      CHECK(r.device == 0);
+      CHECK(r.device_total == 64 * MiB);
+      CHECK(r.device_free == 44 * MiB);
+      CHECK(r.allocated == 10 * MiB);
+      CHECK(r.reserved == 20 * MiB);
+      CHECK(r.total_free_in_pool == 10 * MiB);
+      CHECK(r.largest_free_block == 5 * MiB);
+      CHECK(r.fragmentation() == doctest::Approx(0.5));
+      CHECK(r.limit == 0);
+      REQUIRE(r.cached_per_stream.size() == 1);
+      CHECK(r.cached_per_stream[0].bytes == 10 * MiB);
+      REQUIRE(r.steps.size() == 5);
+      CHECK(r.steps[0].attempted);
+      CHECK_FALSE(r.steps[1].attempted);  // no callbacks registered
+      CHECK(r.steps[2].attempted);
+      CHECK(r.steps[2].bytes_reclaimed == 0);  // the segment is in use: nothing to release
+      CHECK_FALSE(r.steps[4].attempted);       // waiting is off by default
+      CHECK(r.hint.find("batch") != std::string::npos);
+      std::string const what = e.what();
+      CHECK(what.find("tried to allocate 50.0 MiB") != std::string::npos);
+      CHECK(what.find("fragmentation 50%") != std::string::npos);
+    }
+    CHECK(alloc.stats().num_ooms == 1);
+    alloc.deallocate_async(b[1], 5 * MiB, s.a);
+    alloc.deallocate_async(b[3], 5 * MiB, s.a);
+    CHECK(alloc.check_invariants() == "");
+    alloc.forget_stream(s.a);
+  }
+
+  TEST_CASE("retry_on_oom halves the micro-batch until the step fits")
+  {
+    sim_runtime sim{gpukit::sim_config{}.with_devices(1, 64 * MiB)};
+    sim_allocator alloc{sim, 0};
+    two_streams s{sim};
+    void* weights   = alloc.allocate_async(20 * MiB, s.a);  // what the model holds
+    int micro_batch = 32;
+    int steps_run   = 0;
+    auto step       = [&] {
+      ++steps_run;
+      void* activations =
+        alloc.allocate_async(static_cast<std::size_t>(micro_batch) * 2 * MiB, s.a);
+      alloc.deallocate_async(activations, static_cast<std::size_t>(micro_batch) * 2 * MiB, s.a);
+    };
+    auto halve = [&](gpukit::out_of_memory const&, int) -> std::optional<std::string> {
+      if (micro_batch == 1) { return std::nullopt; }
+      micro_batch /= 2;
+      return "micro-batch " + std::to_string(micro_batch);
+    };
+    auto const report = gpukit::retry_on_oom(alloc, step, halve);
+    CHECK(micro_batch == 16);
+    CHECK(report.attempts == 2);
+    CHECK(steps_run == 2);
+    CHECK(report.changes == std::vector<std::string>{"micro-batch 16"});
+    REQUIRE(report.failures.size() == 1);
+    CHECK(report.failures[0].requested == 64 * MiB);
+    // A policy that gives up lets the error through.
+    micro_batch = 32;
+    CHECK_THROWS_AS(gpukit::retry_on_oom(
+                      alloc, step, [](auto const&, int) { return std::optional<std::string>{}; }),
+                    gpukit::out_of_memory);
+    alloc.deallocate_async(weights, 20 * MiB, s.a);
+    alloc.forget_stream(s.a);
+  }
+
+  TEST_CASE(
+    "a failure at every runtime call of the allocation path leaves the allocator consistent")
+  {
+    // The workload crosses streams, records a stream, runs out of memory and recovers: it makes
+    // every kind of call the allocation path makes. Each call is made to fail in turn.
+    auto workload = [](sim_runtime& sim, sim_allocator& alloc, two_streams& s,
+                       std::vector<std::pair<void*, std::size_t>>& live) {
+      auto keep = [&](std::size_t bytes, stream_t st) {
+        live.emplace_back(alloc.allocate_async(bytes, st), bytes);
+      };
+      keep(3 * MiB, s.a);
+      keep(30 * MiB, s.a);
+      alloc.record_stream(live.back().first, s.b);
+      alloc.deallocate_async(live.back().first, live.back().second, s.a);
+      live.pop_back();
+      keep(30 * MiB, s.b);  // crosses streams, or needs the pending block
+      alloc.deallocate_async(live.front().first, live.front().second, s.a);  // a whole free segment
+      live.erase(live.begin());
+      keep(25 * MiB, s.b);  // does not fit beside what is held: segments go back, recovery
+      keep(20 * MiB, s.b);  // the 64 MiB device is full: the whole ladder, then out of memory
+      (void)sim;
+    };
+    int fired = 0;
+    for (sim_op op : {sim_op::malloc_async, sim_op::free_async, sim_op::event_create,
+                      sim_op::event_record, sim_op::event_query, sim_op::event_synchronize,
+                      sim_op::stream_synchronize, sim_op::mem_get_info, sim_op::stream_is_capturing,
+                      sim_op::get_device, sim_op::set_device}) {
+      for (std::uint64_t nth = 1; nth <= 4; ++nth) {
+        std::string const op_name = gpukit::to_string(op);
+        CAPTURE(op_name);
+        CAPTURE(nth);
+        sim_runtime sim{gpukit::sim_config{}.with_devices(1, 64 * MiB)};
+        {
+          sim_allocator alloc{sim, 0};
+          two_streams s{sim};
+          std::vector<std::pair<void*, std::size_t>> live;
+          sim.inject_fault(op, nth, cudaErrorUnknown);
+          try {
+            workload(sim, alloc, s, live);
+          } catch (gpukit::cuda_error const&) {
+          } catch (gpukit::bad_alloc const&) {}
+          if (nth == 1) { fired += sim.pending_faults() == 0 ? 1 : 0; }
+          CHECK(alloc.check_invariants() == "");
+          sim.clear_faults();
+          // The next allocation works.
+          void* after = nullptr;
+          try {
+            after = alloc.allocate_async(MiB, s.a);
+          } catch (gpukit::out_of_memory const&) {  // the device may be full of live blocks
+            for (auto& [p, n] : live) { alloc.deallocate_async(p, n, s.b); }
+            live.clear();
+            after = alloc.allocate_async(MiB, s.a);
+          }
+          CHECK(after != nullptr);
+          alloc.deallocate_async(after, MiB, s.a);
+          for (auto& [p, n] : live) { alloc.deallocate_async(p, n, s.b); }
+          GPUKIT_CUDA_TRY(sim.device_synchronize());
+          alloc.forget_stream(s.a);
+          alloc.forget_stream(s.b);
+          alloc.release();
+          CHECK(alloc.check_invariants() == "");
+          CHECK(alloc.stats().reserved_bytes.current == 0);
+          CHECK(alloc.stats().allocation_count.current == 0);
+        }
+        GPUKIT_CUDA_TRY(sim.device_synchronize());
+        CHECK(sim.used_bytes(0) == 0);  // nothing leaked
+      }
+    }
+    // Every kind of call but the waits, which run only when a stream-ordered free has not landed
+    // yet (timing): stream_synchronize is reached in most runs, event_synchronize in few.
+    CHECK(fired >= 8);
+  }
+}
