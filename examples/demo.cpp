@@ -142,10 +142,13 @@ int main(int argc, char** argv)
     if (force_sim) {
       std::printf("--sim: using the simulated GPU\n");
     } else {
-      std::printf(
-        "no usable GPU (%s: %s): using the simulated GPU\n",
-        gpukit::cuda_runtime::error_name(status),
-        status == cudaSuccess ? "no devices" : gpukit::cuda_runtime::error_string(status));
+      // Without libcuda, the CUDA runtime reports an "insufficient" driver: say what it means.
+      char const* why = status == cudaSuccess ? "no CUDA devices"
+                        : status == cudaErrorInsufficientDriver
+                          ? "no CUDA driver, or one older than the runtime"
+                          : gpukit::cuda_runtime::error_string(status);
+      std::printf("no usable GPU (cudaGetDeviceCount: %s: %s): using the simulated GPU\n",
+                  gpukit::cuda_runtime::error_name(status), why);
     }
     return run(gpukit::sim_runtime::instance());
   } catch (std::exception const& e) {
