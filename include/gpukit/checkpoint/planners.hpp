@@ -1,0 +1,302 @@
+// gpukit/checkpoint/planners.hpp: activation checkpointing plans under a memory budget.
+//
+// Quick start:
+//
+//   #include <gpukit/checkpoint/planners.hpp>
+//
+//   // Stage i: {forward time, backward time, output size, tape size}, any integer units.
+//   gpukit::checkpoint_chain chain = gpukit::checkpoint_chain::uniform(32, {10, 20, 4, 12});
+//   gpukit::checkpoint_plan all  = gpukit::plan_store_all(chain);          // the memory to beat
+//   gpukit::checkpoint_plan best = gpukit::plan_optimal(chain, all.peak / 4);
+//   // best.schedule: "Fn1 Fn2 ... Fe32 B32 ... B1"; best.time, best.peak: replayed in the
+//   // simulator (gpukit/checkpoint/schedule.hpp), best.peak <= the budget.
+//   try {
+//     gpukit::plan_optimal(chain, 3);
+//   } catch (gpukit::checkpoint_infeasible const& e) {
+//     e.minimum_budget();  // the least budget with a plan
+//   }
+//
+// Planners (every one returns a plan replayed in the simulator, so its time and peak are those of
+// the cost model in gpukit/checkpoint/chain.hpp):
+//
+// | planner                    | what it is                                                      |
+// |----------------------------|-----------------------------------------------------------------|
+// | plan_store_all             | record every stage: the least time, the most memory             |
+// | plan_sequential(k)         | PyTorch's checkpoint_sequential(k): k equal chunks              |
+// | plan_sqrt                  | Chen et al.'s sqrt(L) segments: plan_sequential(round(sqrt L))  |
+// | plan_optimal               | rotor's dynamic program: the least time among persistent        |
+// |                            | schedules (below) that fit the budget                           |
+// | plan_exhaustive            | the least time of any schedule (shortest path over memory       |
+// |                            | states), for chains of up to 11 stages                          |
+// | plan_revolve               | Griewank's binomial schedule for homogeneous chains, c slots    |
+//
+// Persistent schedules, the class in which plan_optimal is exact: every tape is recorded once and
+// kept until its backward; every activation is either consumed by the next operation alone (a
+// forward without recording) or kept until the backward that needs it (B<j+1>), and a recording
+// forward's input and output are kept. Schedules outside the class (e.g. dropping a kept x_j and
+// recomputing it later) are sometimes faster at the same budget; plan_exhaustive finds those on
+// short chains.
+#pragma once
+
+#include <gpukit/checkpoint/chain.hpp>
+#include <gpukit/checkpoint/detail/exhaustive.hpp>
+#include <gpukit/checkpoint/detail/optimal_dp.hpp>
+#include <gpukit/checkpoint/detail/revolve.hpp>
+#include <gpukit/checkpoint/schedule.hpp>
+#include <gpukit/error.hpp>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <numeric>
+#include <string>
+#include <utility>
+
+namespace gpukit {
+
+/// A schedule with its replayed time and peak.
+struct checkpoint_plan {
+  std::string planner;             ///< "store-all", "sequential:K", "sqrt", "optimal", ...
+  checkpoint_schedule schedule;    ///< the operations, in order
+  std::int64_t time{0};            ///< total time, as the simulator replays the schedule
+  std::int64_t peak{0};            ///< peak memory, as the simulator replays the schedule
+  std::int64_t budget{-1};         ///< the budget it was planned for; -1 when none was given
+  std::int64_t recomputations{0};  ///< forward operations beyond one per stage
+  /// plan_optimal: true when the sizes were planned exactly, false when they were rounded up to
+  /// `unit` (then the plan still fits; it is optimal for the rounded chain). Others: true.
+  bool exact{true};
+  std::int64_t unit{1};  ///< plan_optimal: the size unit of its tables (1 when exact)
+};
+
+/// Pass as a budget to mean "no budget".
+inline constexpr std::int64_t no_checkpoint_budget = -1;
+
+/// Settings of plan_optimal.
+struct checkpoint_planner_options {
+  /// Memory resolution of the dynamic program: sizes are planned exactly when the budget, in units
+  /// of the greatest common divisor of all sizes, is at most `slots`; otherwise they are rounded
+  /// up to ceil(budget / slots) (the plan still fits; the time is optimal for the rounded sizes).
+  /// Time and memory grow as L^3 slots / 6 and L^2 slots / 2 at most.
+  std::int64_t slots{512};
+  /// Largest number of table entries (10 bytes each) plan_optimal may allocate.
+  std::size_t max_table_entries{std::size_t{1} << 25};
+};
+
+namespace detail {
+
+inline checkpoint_plan ckpt_finish(checkpoint_chain const& chain, std::string planner,
+                                   checkpoint_schedule schedule, std::int64_t budget)
+{
+  auto const sim = simulate_checkpoint_schedule(chain, schedule);
+  checkpoint_plan p;
+  p.planner        = std::move(planner);
+  p.schedule       = std::move(schedule);
+  p.time           = sim.time;
+  p.peak           = sim.peak;
+  p.budget         = budget;
+  p.recomputations = sim.recomputations;
+  if (budget >= 0 && p.peak > budget) {
+    throw checkpoint_infeasible{p.planner + ": the plan peaks at " + std::to_string(p.peak) +
+                                  ", above the budget of " + std::to_string(budget) +
+                                  "; this planner needs a budget of at least " +
+                                  std::to_string(p.peak),
+                                p.peak};
+  }
+  return p;
+}
+
+inline void ckpt_check_budget(char const* who, std::int64_t budget)
+{
+  GPUKIT_EXPECTS(budget >= -1, std::string{who} + ": budget " + std::to_string(budget) +
+                                 " is negative (use no_checkpoint_budget for none)");
+}
+
+}  // namespace detail
+
+/// Records every stage: Fe1 ... FeL, BL ... B1. The least time (sum f + sum b) and the most memory.
+/// @param budget when given (>= 0), the plan's peak must fit it
+/// @throws checkpoint_infeasible when the peak exceeds the budget (minimum_budget() is the peak)
+[[nodiscard]] inline checkpoint_plan plan_store_all(checkpoint_chain const& chain,
+                                                    std::int64_t budget = no_checkpoint_budget)
+{
+  detail::ckpt_check_budget("plan_store_all", budget);
+  checkpoint_schedule s;
+  auto const L = static_cast<std::uint32_t>(chain.size());
+  for (std::uint32_t i = 1; i <= L; ++i) s.push_back(fe_op(i));
+  for (std::uint32_t i = L; i >= 1; --i) s.push_back(b_op(i));
+  return detail::ckpt_finish(chain, "store-all", std::move(s), budget);
+}
+
+/// PyTorch's `checkpoint_sequential(functions, segments)`: chunks of floor(L / segments) stages,
+/// the remainder going to the last chunk. The first segments - 1 chunks run forward without
+/// recording (keeping each chunk's input), the last chunk records; in the backward, each earlier
+/// chunk is recomputed with recording from its input, then run backward.
+/// @param segments 1 <= segments <= L
+/// @throws gpukit::logic_error naming `segments` when out of range
+/// @throws checkpoint_infeasible when the peak exceeds a given budget
+[[nodiscard]] inline checkpoint_plan plan_sequential(checkpoint_chain const& chain,
+                                                     std::size_t segments,
+                                                     std::int64_t budget = no_checkpoint_budget)
+{
+  detail::ckpt_check_budget("plan_sequential", budget);
+  std::size_t const L = chain.size();
+  GPUKIT_EXPECTS(segments >= 1 && segments <= L,
+                 "plan_sequential: segments = " + std::to_string(segments) + " is outside 1.." +
+                   std::to_string(L) + " (the number of stages)");
+  std::size_t const size = L / segments;
+  // Chunk c (0-based) covers [first[c], first[c+1]).
+  std::vector<std::size_t> first;
+  for (std::size_t c = 0; c < segments; ++c) first.push_back(1 + c * size);
+  first.push_back(L + 1);
+  auto u32 = [](std::size_t v) { return static_cast<std::uint32_t>(v); };
+  checkpoint_schedule s;
+  for (std::size_t c = 0; c + 1 < segments; ++c)
+    for (std::size_t i = first[c]; i < first[c + 1]; ++i) s.push_back(fn_op(u32(i)));
+  for (std::size_t c = segments; c-- > 0;) {
+    for (std::size_t i = first[c]; i < first[c + 1]; ++i) s.push_back(fe_op(u32(i)));
+    for (std::size_t i = first[c + 1]; i-- > first[c];) s.push_back(b_op(u32(i)));
+  }
+  return detail::ckpt_finish(chain, "sequential:" + std::to_string(segments), std::move(s), budget);
+}
+
+/// Chen et al.'s sqrt(L) checkpointing: plan_sequential with round(sqrt(L)) segments.
+/// @throws checkpoint_infeasible when the peak exceeds a given budget
+[[nodiscard]] inline checkpoint_plan plan_sqrt(checkpoint_chain const& chain,
+                                               std::int64_t budget = no_checkpoint_budget)
+{
+  auto const k = std::max<std::size_t>(
+    1, static_cast<std::size_t>(std::lround(std::sqrt(static_cast<double>(chain.size())))));
+  auto p    = plan_sequential(chain, k, budget);
+  p.planner = "sqrt";
+  return p;
+}
+
+/// The least budget plan_optimal accepts for `chain`: the least peak of any persistent schedule
+/// (see the top of this header), in the chain's size units. O(L^3).
+[[nodiscard]] inline std::int64_t optimal_min_budget(checkpoint_chain const& chain)
+{
+  return detail::ckpt_min_budget(chain);
+}
+
+/// The fastest persistent schedule (see the top of this header) whose peak fits `budget`: rotor's
+/// dynamic program in the cost model of gpukit/checkpoint/chain.hpp. Exact when the budget, in
+/// units of the gcd of the sizes, is at most options.slots; otherwise sizes are rounded up
+/// (plan.exact is false, the plan still fits). O(L^3 slots / 6) time at most, O(L^2 slots / 2)
+/// memory at most.
+/// @throws checkpoint_infeasible when no persistent schedule fits (minimum_budget() says the least
+///         budget; when the budget is above it but rounding made it infeasible, the message says to
+///         raise options.slots)
+/// @throws gpukit::logic_error for a negative budget, slots < 1, or tables over
+///         options.max_table_entries
+[[nodiscard]] inline checkpoint_plan plan_optimal(checkpoint_chain const& chain,
+                                                  std::int64_t budget,
+                                                  checkpoint_planner_options const& options = {})
+{
+  GPUKIT_EXPECTS(budget >= 0, "plan_optimal: budget " + std::to_string(budget) +
+                                " is negative; it is in the units of the chain's sizes");
+  GPUKIT_EXPECTS(budget <= checkpoint_chain::max_total * 2,
+                 "plan_optimal: budget " + std::to_string(budget) + " exceeds 2^47");
+  GPUKIT_EXPECTS(options.slots >= 1,
+                 "plan_optimal: options.slots = " + std::to_string(options.slots) + " is below 1");
+  std::int64_t const minimum = optimal_min_budget(chain);
+  if (budget < minimum) {
+    throw checkpoint_infeasible{"plan_optimal: no schedule fits a budget of " +
+                                  std::to_string(budget) + "; the least budget is " +
+                                  std::to_string(minimum),
+                                minimum};
+  }
+  std::int64_t g = 0;
+  for (auto const& s : chain.stages()) g = std::gcd(std::gcd(g, s.output_size), s.tape_size);
+  if (g == 0) g = 1;
+  std::int64_t unit = g;
+  if (budget / g > options.slots) { unit = (budget + options.slots - 1) / options.slots; }
+  detail::ckpt_dp dp{chain, detail::ckpt_make_units(chain, budget, unit),
+                     options.max_table_entries};
+  if (dp.time() >= detail::ckpt_dp::inf) {
+    throw checkpoint_infeasible{
+      "plan_optimal: no schedule fits a budget of " + std::to_string(budget) +
+        " at a resolution of " + std::to_string(unit) +
+        " (sizes rounded up); the exact least budget is " + std::to_string(minimum) +
+        ": raise checkpoint_planner_options::slots above " + std::to_string(options.slots) +
+        " or the budget",
+      minimum};
+  }
+  auto p = detail::ckpt_finish(chain, "optimal", dp.schedule(), budget);
+  GPUKIT_EXPECTS(p.time == dp.time(), "plan_optimal: internal error: the plan replays in " +
+                                        std::to_string(p.time) + ", the tables said " +
+                                        std::to_string(dp.time()));
+  p.unit  = unit;
+  p.exact = unit == g;
+  return p;
+}
+
+/// Longest chain plan_exhaustive accepts (its memory grows as 4^L: about 40 MB at 11 stages).
+inline constexpr std::size_t exhaustive_max_stages = 11;
+
+/// The fastest schedule of any kind whose peak fits `budget` (the general problem, NP-hard):
+/// Dijkstra over memory states. For short chains, and to measure how far plan_optimal is from the
+/// general optimum.
+/// @throws gpukit::logic_error when the chain has more than exhaustive_max_stages stages or the
+///         budget is negative
+/// @throws checkpoint_infeasible when no schedule fits (minimum_budget() is the least budget
+///         plan_optimal accepts, an upper bound of the general one)
+[[nodiscard]] inline checkpoint_plan plan_exhaustive(checkpoint_chain const& chain,
+                                                     std::int64_t budget)
+{
+  GPUKIT_EXPECTS(budget >= 0, "plan_exhaustive: budget " + std::to_string(budget) + " is negative");
+  GPUKIT_EXPECTS(chain.size() <= exhaustive_max_stages,
+                 "plan_exhaustive: " + std::to_string(chain.size()) +
+                   " stages exceed the limit of " + std::to_string(exhaustive_max_stages));
+  auto r = detail::ckpt_exhaustive(chain, budget);
+  if (r.time < 0) {
+    throw checkpoint_infeasible{
+      "plan_exhaustive: no schedule fits a budget of " + std::to_string(budget),
+      optimal_min_budget(chain)};
+  }
+  auto p = detail::ckpt_finish(chain, "exhaustive", std::move(r.schedule), budget);
+  GPUKIT_EXPECTS(p.time == r.time, "plan_exhaustive: internal error: time mismatch");
+  return p;
+}
+
+/// Griewank's binomial bound: the least number of forward steps without recording (the first sweep
+/// included) that reverses `steps` steps with `slots` checkpoint slots, the initial state in one of
+/// them and the current state not counted, when every reverse step reruns its own step with
+/// recording (ADOL-C's `numforw`). 0 for steps <= 1.
+/// @throws gpukit::logic_error when slots < 1 or steps < 0
+[[nodiscard]] inline std::int64_t revolve_advances(std::int64_t steps, std::int64_t slots)
+{
+  GPUKIT_EXPECTS(slots >= 1, "revolve_advances: slots = " + std::to_string(slots) +
+                               " is below 1 (the initial state needs one)");
+  GPUKIT_EXPECTS(steps >= 0, "revolve_advances: steps = " + std::to_string(steps) + " is negative");
+  return detail::revolve_bound(steps, std::min(slots, std::max<std::int64_t>(steps, 1)));
+}
+
+/// The binomial (Revolve) schedule reversing `steps` homogeneous steps with `slots` slots, as
+/// operations: an advance is Fn<i>, the reverse step of step i is Fe<i> B<i>. It takes
+/// revolve_advances(steps, slots) advances. O(steps^2 min(slots, steps)) time.
+/// @throws gpukit::logic_error when slots < 1, steps < 1 or steps > 4096
+[[nodiscard]] inline checkpoint_schedule revolve_schedule(std::size_t steps, std::size_t slots)
+{
+  GPUKIT_EXPECTS(slots >= 1, "revolve_schedule: slots = " + std::to_string(slots) +
+                               " is below 1 (the initial state needs one)");
+  GPUKIT_EXPECTS(steps >= 1 && steps <= 4096,
+                 "revolve_schedule: steps = " + std::to_string(steps) + " is outside 1..4096");
+  detail::revolve_table table{steps, slots};
+  checkpoint_schedule s;
+  table.emit(0, steps, slots, s);
+  return s;
+}
+
+/// plan_revolve: the Revolve schedule for `chain` (meant for homogeneous chains: it ignores the
+/// costs) with `slots` slots, replayed in the simulator.
+/// @throws as revolve_schedule; checkpoint_infeasible when the peak exceeds a given budget
+[[nodiscard]] inline checkpoint_plan plan_revolve(checkpoint_chain const& chain, std::size_t slots,
+                                                  std::int64_t budget = no_checkpoint_budget)
+{
+  detail::ckpt_check_budget("plan_revolve", budget);
+  return detail::ckpt_finish(chain, "revolve:" + std::to_string(slots),
+                             revolve_schedule(chain.size(), slots), budget);
+}
+
+}  // namespace gpukit
