@@ -47,6 +47,16 @@ if [[ ${BENCH:-1} == 1 ]]; then
     /tmp/torch_anchor | tee "$OUT/torch_anchor.txt"
 fi
 
+if [[ ${HISTORY:-1} == 1 ]]; then
+  step memory_report and PyTorch memory_viz
+  mkdir -p "$OUT/history"
+  "$B/examples/memory_report" --out "$OUT/history"
+  python3 -m torch.cuda._memory_viz trace_plot "$OUT/history/memory.pickle" -o "$OUT/history/trace_plot.html" &&
+    python3 -m torch.cuda._memory_viz segment_plot "$OUT/history/memory.pickle" -o "$OUT/history/segment_plot.html" &&
+    python3 -m torch.cuda._memory_viz stats "$OUT/history/memory.pickle" 2>&1 | tail -5
+  ls -la "$OUT/history"
+fi
+
 if [[ ${CAPTURE:-0} == 1 ]]; then
   step capture llama_varlen
   PYTHONUNBUFFERED=1 timeout 200 python3 benchmarks/traces/capture_trace.py llama_varlen "$OUT" 2>&1 | tail -3

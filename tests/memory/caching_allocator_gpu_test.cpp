@@ -75,4 +75,58 @@ TEST_SUITE("gpu")
     alloc.forget_stream(s);
     GPUKIT_CUDA_TRY(cudaStreamDestroy(s));
   }
+  TEST_CASE("caching_allocator on CUDA: recovery from real allocation failures on a full device")
+  {
+    constexpr std::size_t MiB = std::size_t{1} << 20;
+    constexpr std::size_t GiB = std::size_t{1} << 30;
+    // Another user takes all but about 3 GiB of the device with plain cudaMalloc.
+    std::vector<void*> hog;
+    std::size_t free = 0, total = 0;
+    GPUKIT_CUDA_TRY(cudaMemGetInfo(&free, &total));
+    for (std::size_t chunk : {8 * GiB, 256 * MiB}) {
+      while (free > 3 * GiB + chunk) {
+        void* p = nullptr;
+        GPUKIT_CUDA_TRY(cudaMalloc(&p, chunk));
+        hog.push_back(p);
+        GPUKIT_CUDA_TRY(cudaMemGetInfo(&free, &total));
+      }
+    }
+    MESSAGE("device free before the allocator starts: " << free / MiB << " MiB of " << total / MiB
+                                                        << " MiB");
+    {
+      gpukit::caching_allocator_options o;
+      o.release_before_grow = false;  // so that the first try really fails
+      gpukit::basic_caching_allocator<gpukit::cuda_runtime> alloc{gpukit::cuda_runtime::instance(),
+                                                                  0, o};
+      cudaStream_t s{};
+      GPUKIT_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+      void* a = alloc.allocate_async(GiB, s);
+      void* b = alloc.allocate_async(GiB, s);
+      alloc.deallocate_async(a, GiB, s);
+      alloc.deallocate_async(b, GiB, s);  // 2 GiB cached in two segments, less than 1 GiB free
+      void* big = alloc.allocate_async(2 * GiB + 512 * MiB, s);  // fits only once they go back
+      CHECK(big != nullptr);
+      auto st = alloc.stats();
+      CHECK(st.num_alloc_retries == 1);
+      CHECK(st.recovery_bytes[2] + st.recovery_bytes[3] >= 2 * GiB);
+      MESSAGE("recovered: " << st.num_device_frees << " segments returned, " << st.num_release_waits
+                            << " stream waits, reserved now " << st.reserved_bytes.current / MiB
+                            << " MiB");
+      try {
+        (void)alloc.allocate_async(8 * GiB, s);
+        FAIL("8 GiB cannot fit");
+      } catch (gpukit::out_of_memory const& e) {
+        CHECK(e.report().requested == 8 * GiB);
+        CHECK(e.report().reserved == 2 * GiB + 512 * MiB);
+        MESSAGE(e.what());
+      }
+      alloc.deallocate_async(big, 2 * GiB + 512 * MiB, s);
+      GPUKIT_CUDA_TRY(cudaStreamSynchronize(s));
+      alloc.forget_stream(s);
+      alloc.release();
+      GPUKIT_CUDA_TRY(cudaStreamSynchronize(s));
+      GPUKIT_CUDA_TRY(cudaStreamDestroy(s));
+    }
+    for (void* p : hog) { GPUKIT_CUDA_TRY(cudaFree(p)); }
+  }
 }

@@ -46,6 +46,7 @@
 #include <gpukit/error.hpp>
 #include <gpukit/memory/detail/address_map.hpp>
 #include <gpukit/memory/detail/tlsf_index.hpp>
+#include <gpukit/memory/memory_history.hpp>
 #include <gpukit/runtime/cuda_runtime.hpp>
 #include <gpukit/runtime/runtime.hpp>
 
@@ -307,6 +308,17 @@ class basic_caching_allocator final {
   friend void get_property(basic_caching_allocator const&, ::cuda::mr::device_accessible) noexcept
   {}
 
+  /// Starts recording allocator events (alloc, free, segment alloc and free, out-of-memory) into a
+  /// ring of `events_per_thread` per thread (and one for segment events), clearing earlier ones.
+  /// Costs a clock read and an uncontended lock per event while on; a relaxed load when off.
+  /// @throws gpukit::logic_error when events_per_thread is 0
+  void start_recording(std::size_t events_per_thread = std::size_t{1} << 16);
+  /// Stops recording; what was recorded stays for snapshot().
+  void stop_recording();
+  /// The segments and blocks now, and the events recorded (see memory_history.hpp for exports).
+  /// Takes the pool lock; does not synchronize.
+  [[nodiscard]] memory_snapshot snapshot() const;
+
   /// Statistics, summed over threads when read.
   [[nodiscard]] caching_allocator_stats stats() const;
   /// Resets every peak to its current value.
@@ -393,6 +405,11 @@ class basic_caching_allocator final {
   }
   void update_peaks_locked() const;
   static void on_thread_exit(void* allocator, void* cache);
+  void record(thread_cache& tc, memory_event::action what, block const* b, stream_type stream);
+  void record_pool_locked(memory_event::action what, std::uintptr_t address, std::size_t bytes,
+                          stream_type stream);
+  static std::uint64_t now_ns() noexcept;
+  static std::uintptr_t stream_id(stream_type stream) noexcept;
   capture_pool* active_capture_locked(stream_type stream);
   capture_pool& capture_pool_locked(capture_id id);
   void* allocate_captured_locked(std::size_t bytes, std::size_t size, int kind, capture_pool& cp,
@@ -415,6 +432,11 @@ class basic_caching_allocator final {
   block* spare_blocks_{nullptr};
   std::vector<event_type> spare_events_;
   std::vector<std::unique_ptr<thread_cache>> caches_;  // every thread cache of this allocator
+  std::atomic<bool> recording_{false};
+  std::size_t ring_capacity_{0};
+  std::vector<memory_event> pool_ring_;  // segment and out-of-memory events
+  std::size_t pool_ring_next_{0};
+  std::uint64_t pool_ring_dropped_{0};
   std::vector<oom_callback> oom_callbacks_;
   std::vector<oom_report::step> ladder_;  // what the last recovery did
   std::condition_variable frees_cv_;      // blocks came back to the pool (for step 5)

@@ -224,6 +224,25 @@ struct caching_thread_cache {
 
   counter allocated_bytes, requested_bytes, allocation_count, cached_bytes;
   counter num_allocs, num_frees, num_cache_hits;
+
+  // Recorded events (when recording): written by the owner, read by snapshot(), hence the lock,
+  // taken only while recording.
+  std::mutex ring_mutex;
+  std::vector<memory_event> ring;
+  std::size_t ring_next{0};
+  std::uint64_t ring_dropped{0};
+
+  void record(memory_event const& e, std::size_t capacity)
+  {
+    std::lock_guard<std::mutex> lock{ring_mutex};
+    if (ring.size() < capacity) {
+      ring.push_back(e);
+    } else if (capacity != 0) {
+      ring[ring_next] = e;
+      ring_next       = (ring_next + 1) % capacity;
+      ++ring_dropped;
+    }
+  }
 };
 
 }  // namespace gpukit::detail
@@ -422,6 +441,9 @@ void* basic_caching_allocator<Runtime>::allocate_async(std::size_t bytes, stream
       tc.allocation_count.add(1);
       tc.num_allocs.add(1);
       tc.num_cache_hits.add(1);
+      if (recording_.load(std::memory_order_relaxed)) {
+        record(tc, memory_event::action::alloc, b, stream);
+      }
       return b->data();
     }
   }
@@ -478,7 +500,108 @@ void* basic_caching_allocator<Runtime>::allocate_slow(std::size_t bytes, std::si
   tc.allocation_count.add(1);
   tc.num_allocs.add(1);
   update_peaks_locked();
+  if (recording_.load(std::memory_order_relaxed)) {
+    record(tc, memory_event::action::alloc, b, stream);
+  }
   return b->data();
+}
+
+template <class Runtime>
+void basic_caching_allocator<Runtime>::record(thread_cache& tc, memory_event::action what,
+                                              block const* b, stream_type stream)
+{
+  tc.record(memory_event{what, now_ns(), b->address(), b->size, stream_id(stream)}, ring_capacity_);
+}
+
+template <class Runtime>
+void basic_caching_allocator<Runtime>::record_pool_locked(memory_event::action what,
+                                                          std::uintptr_t address, std::size_t bytes,
+                                                          stream_type stream)
+{
+  if (!recording_.load(std::memory_order_relaxed)) { return; }
+  memory_event const e{what, now_ns(), address, bytes, stream_id(stream)};
+  if (pool_ring_.size() < ring_capacity_) {
+    pool_ring_.push_back(e);
+  } else if (ring_capacity_ != 0) {
+    pool_ring_[pool_ring_next_] = e;
+    pool_ring_next_             = (pool_ring_next_ + 1) % ring_capacity_;
+    ++pool_ring_dropped_;
+  }
+}
+
+template <class Runtime>
+std::uint64_t basic_caching_allocator<Runtime>::now_ns() noexcept
+{
+  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                      std::chrono::steady_clock::now().time_since_epoch())
+                                      .count());
+}
+
+template <class Runtime>
+std::uintptr_t basic_caching_allocator<Runtime>::stream_id(stream_type stream) noexcept
+{
+  std::uintptr_t id = 0;
+  std::memcpy(&id, &stream, std::min(sizeof id, sizeof stream));
+  return id;
+}
+
+template <class Runtime>
+void basic_caching_allocator<Runtime>::start_recording(std::size_t events_per_thread)
+{
+  GPUKIT_EXPECTS(events_per_thread > 0, "start_recording: the ring must hold at least one event");
+  std::lock_guard<std::mutex> lock{mutex_};
+  ring_capacity_ = events_per_thread;
+  for (auto& c : caches_) {
+    std::lock_guard<std::mutex> ring_lock{c->ring_mutex};
+    c->ring.clear();
+    c->ring_next    = 0;
+    c->ring_dropped = 0;
+  }
+  pool_ring_.clear();
+  pool_ring_next_    = 0;
+  pool_ring_dropped_ = 0;
+  recording_.store(true, std::memory_order_relaxed);
+}
+
+template <class Runtime>
+void basic_caching_allocator<Runtime>::stop_recording()
+{
+  recording_.store(false, std::memory_order_relaxed);
+}
+
+template <class Runtime>
+memory_snapshot basic_caching_allocator<Runtime>::snapshot() const
+{
+  std::lock_guard<std::mutex> lock{mutex_};
+  memory_snapshot s;
+  s.device = device_;
+  blocks_.for_each([&](std::uintptr_t, block* head) {
+    if (head->prev != nullptr) { return; }
+    auto const* seg = static_cast<segment const*>(head->segment);
+    memory_snapshot::segment g;
+    g.address = head->address();
+    g.size    = seg->size;
+    g.stream  = stream_id(head->stream);
+    g.small   = seg->kind == small_pool;
+    for (block const* b = head; b != nullptr; b = b->next) {
+      bool const allocated =
+        b->state.load(std::memory_order_relaxed) == detail::block_state::allocated;
+      g.blocks.push_back({b->address(), b->size, allocated ? b->requested : 0, allocated});
+    }
+    s.segments.push_back(std::move(g));
+  });
+  std::sort(s.segments.begin(), s.segments.end(),
+            [](auto const& a, auto const& b) { return a.address < b.address; });
+  s.events         = pool_ring_;
+  s.dropped_events = pool_ring_dropped_;
+  for (auto const& c : caches_) {
+    std::lock_guard<std::mutex> ring_lock{c->ring_mutex};
+    s.events.insert(s.events.end(), c->ring.begin(), c->ring.end());
+    s.dropped_events += c->ring_dropped;
+  }
+  std::stable_sort(s.events.begin(), s.events.end(),
+                   [](auto const& a, auto const& b) { return a.time_ns < b.time_ns; });
+  return s;
 }
 
 template <class Runtime>
@@ -559,6 +682,7 @@ basic_caching_allocator<Runtime>::new_segment_locked(std::size_t size, int kind,
   reserved_ += seg_size;
   ++segments_;
   ++pool_stats_.num_device_allocs;
+  record_pool_locked(memory_event::action::segment_alloc, b->address(), seg_size, stream);
   // Indexed as a free block of `stream`, so take_locked finds it where it expects it.
   auto& sp    = stream_pool_locked(stream);
   b->free_seq = ++sp.free_seq;
@@ -884,12 +1008,18 @@ void basic_caching_allocator<Runtime>::deallocate_impl(void* ptr, std::size_t by
       pf.events.push_back(e);
     }
     count_free();
+    if (recording_.load(std::memory_order_relaxed)) {
+      record(tc, memory_event::action::free, b, stream);
+    }
     b->recorded.clear();
     b->state.store(detail::block_state::pending, std::memory_order_relaxed);
     pending_.push_back(std::move(pf));
     return;
   }
   count_free();
+  if (recording_.load(std::memory_order_relaxed)) {
+    record(tc, memory_event::action::free, b, stream);
+  }
   b->state.store(detail::block_state::cached, std::memory_order_relaxed);
   if (b->size <= options_.thread_cache_max_block_bytes && b->capture_pool == 0 &&
       captures_underway_.load(std::memory_order_relaxed) == 0 &&
@@ -1099,6 +1229,7 @@ std::size_t basic_caching_allocator<Runtime>::release_locked(std::size_t target,
       freed_on->push_back(on);
     }
     if (!seg->stream_ordered) { ++pool_stats_.synchronizing_frees; }
+    record_pool_locked(memory_event::action::segment_free, b->address(), seg->size, on);
     unindex_locked(b);
     blocks_.erase(b->address());
     recycle_block_locked(b);
@@ -1239,6 +1370,7 @@ template <class Runtime>
 void basic_caching_allocator<Runtime>::throw_oom_locked(std::size_t bytes, std::size_t size)
 {
   ++pool_stats_.num_ooms;
+  record_pool_locked(memory_event::action::oom, 0, size, stream_type{});
   update_peaks_locked();
   oom_report r;
   r.requested = bytes;
@@ -1404,10 +1536,14 @@ void* basic_caching_allocator<Runtime>::allocate_captured_locked(std::size_t byt
     reserved_ += seg_size;
     ++segments_;
     ++pool_stats_.num_device_allocs;
+    record_pool_locked(memory_event::action::segment_alloc, nb->address(), seg_size, cp.stream);
     cp.index[kind].insert(nb);
     b = nb;
   }
   b = take_locked(b, size, bytes, cp.stream);
+  if (recording_.load(std::memory_order_relaxed)) {
+    record(tc, memory_event::action::alloc, b, cp.stream);
+  }
   tc.handed_out.insert(b->address(), b);
   tc.allocated_bytes.add(static_cast<std::int64_t>(b->size));
   tc.requested_bytes.add(static_cast<std::int64_t>(bytes));

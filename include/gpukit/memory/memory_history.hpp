@@ -1,0 +1,350 @@
+// gpukit/memory/memory_history.hpp: what a caching allocator did, and what it holds, exported.
+//
+// Quick start:
+//
+//   alloc.start_recording();                    // a ring of events per thread (<= 50 ns each)
+//   train_steps();
+//   gpukit::memory_snapshot snap = alloc.snapshot();   // segments, blocks, recorded events
+//   std::ofstream{"snap.json"} << gpukit::to_json(snap);
+//   std::ofstream{"run.trace"} << gpukit::to_trace(snap);              // replay_trace's format
+//   std::ofstream{"snap.pickle", std::ios::binary} << gpukit::to_pytorch_pickle(snap);
+//   //   python -m torch.cuda._memory_viz trace_plot snap.pickle -o trace.html
+//   std::ofstream{"report.html"} << gpukit::to_html(snap);             // no network needed
+//
+// Nothing here synchronizes or calls the runtime: a snapshot is host-side bookkeeping.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace gpukit {
+
+/// One recorded allocator event.
+struct memory_event {
+  enum class action : std::uint8_t {
+    alloc,          ///< a block handed to a user
+    free,           ///< a block returned by a user (reusable in its stream's order)
+    segment_alloc,  ///< memory taken from the runtime
+    segment_free,   ///< memory returned to the runtime
+    oom,            ///< an allocation that failed after recovery
+  };
+  action what{action::alloc};
+  std::uint64_t time_ns{0};  ///< steady clock
+  std::uintptr_t address{0};
+  std::size_t bytes{0};  ///< block or segment size; for oom, the bytes requested
+  std::uintptr_t stream{0};
+};
+
+[[nodiscard]] inline char const* to_string(memory_event::action a) noexcept
+{
+  switch (a) {
+    case memory_event::action::alloc: return "alloc";
+    case memory_event::action::free: return "free";
+    case memory_event::action::segment_alloc: return "segment_alloc";
+    case memory_event::action::segment_free: return "segment_free";
+    case memory_event::action::oom: return "oom";
+  }
+  return "unknown";
+}
+
+/// The allocator's memory at one moment, and the events recorded before it.
+struct memory_snapshot {
+  struct block {
+    std::uintptr_t address{0};
+    std::size_t size{0};
+    std::size_t requested{0};  ///< bytes the user asked for (0 when free)
+    bool allocated{false};
+  };
+  struct segment {
+    std::uintptr_t address{0};
+    std::size_t size{0};
+    std::uintptr_t stream{0};
+    bool small{false};  ///< from the small pool (blocks <= 1 MiB)
+    std::vector<block> blocks;
+  };
+  int device{0};
+  std::vector<segment> segments;
+  std::vector<memory_event> events;  ///< in time order
+  std::uint64_t dropped_events{0};   ///< overwritten in full rings
+};
+
+namespace detail {
+
+inline std::string json_escape(std::string const& s)
+{
+  std::string o;
+  for (char c : s) {
+    if (c == '"' || c == '\\') {
+      o += '\\';
+      o += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      o += buf;
+    } else {
+      o += c;
+    }
+  }
+  return o;
+}
+
+/// A minimal pickle (protocol 2) writer: dicts, lists, tuples, str, int, bool, None.
+class pickle_writer {
+ public:
+  pickle_writer() { out_ += "\x80\x02"; }
+  void none() { out_ += 'N'; }
+  void boolean(bool v) { out_ += v ? '\x88' : '\x89'; }
+  void integer(long long v)
+  {
+    if (v >= -2147483648LL && v <= 2147483647LL) {
+      out_ += 'J';
+      auto const u = static_cast<std::uint32_t>(static_cast<std::int32_t>(v));
+      for (int i = 0; i < 4; ++i) { out_ += static_cast<char>((u >> (8 * i)) & 0xff); }
+      return;
+    }
+    // LONG1: little-endian two's complement, as few bytes as hold the sign.
+    std::string bytes;
+    long long x = v;
+    for (;;) {
+      auto const b = static_cast<unsigned char>(x & 0xff);
+      bytes += static_cast<char>(b);
+      x >>= 8;
+      bool const sign_ok = (x == 0 && !(b & 0x80)) || (x == -1 && (b & 0x80));
+      if (sign_ok) { break; }
+    }
+    out_ += '\x8a';
+    out_ += static_cast<char>(bytes.size());
+    out_ += bytes;
+  }
+  void str(std::string const& s)
+  {
+    out_ += 'X';
+    auto const n = static_cast<std::uint32_t>(s.size());
+    for (int i = 0; i < 4; ++i) { out_ += static_cast<char>((n >> (8 * i)) & 0xff); }
+    out_ += s;
+  }
+  void begin_dict() { out_ += "}("; }  // EMPTY_DICT, MARK
+  void end_dict() { out_ += 'u'; }     // SETITEMS
+  void begin_list() { out_ += "]("; }  // EMPTY_LIST, MARK
+  void end_list() { out_ += 'e'; }     // APPENDS
+  void begin_tuple() { out_ += '('; }  // MARK
+  void end_tuple() { out_ += 't'; }    // TUPLE
+  std::string finish()
+  {
+    out_ += '.';
+    return std::move(out_);
+  }
+
+ private:
+  std::string out_;
+};
+
+}  // namespace detail
+
+/// The snapshot as JSON: {"device", "segments": [...], "events": [...], "dropped_events"}.
+[[nodiscard]] inline std::string to_json(memory_snapshot const& s)
+{
+  std::string o = "{\"device\": " + std::to_string(s.device) + ", \"segments\": [";
+  for (std::size_t i = 0; i < s.segments.size(); ++i) {
+    auto const& g = s.segments[i];
+    o += i ? ", " : "";
+    o += "{\"address\": " + std::to_string(g.address) + ", \"size\": " + std::to_string(g.size) +
+         ", \"stream\": " + std::to_string(g.stream) + ", \"pool\": \"" +
+         (g.small ? "small" : "large") + "\", \"blocks\": [";
+    for (std::size_t j = 0; j < g.blocks.size(); ++j) {
+      auto const& b = g.blocks[j];
+      o += j ? ", " : "";
+      o += "{\"address\": " + std::to_string(b.address) + ", \"size\": " + std::to_string(b.size) +
+           ", \"requested\": " + std::to_string(b.requested) + ", \"state\": \"" +
+           (b.allocated ? "allocated" : "free") + "\"}";
+    }
+    o += "]}";
+  }
+  o += "], \"events\": [";
+  for (std::size_t i = 0; i < s.events.size(); ++i) {
+    auto const& e = s.events[i];
+    o += i ? ", " : "";
+    o += "{\"action\": \"" + std::string{to_string(e.what)} +
+         "\", \"time_ns\": " + std::to_string(e.time_ns) +
+         ", \"address\": " + std::to_string(e.address) + ", \"bytes\": " + std::to_string(e.bytes) +
+         ", \"stream\": " + std::to_string(e.stream) + "}";
+  }
+  o += "], \"dropped_events\": " + std::to_string(s.dropped_events) + "}\n";
+  return o;
+}
+
+/// The recorded block events in replay_trace's format (`a <id> <bytes> <stream>`, `f <id>`), so a
+/// recorded run can be replayed. Blocks allocated before recording began and freed during it are
+/// left out (as in PyTorch's traces); streams are numbered in order of appearance.
+[[nodiscard]] inline std::string to_trace(memory_snapshot const& s)
+{
+  std::string o = "# gpukit allocation trace: a <id> <bytes> <stream> | f <id>\n";
+  std::unordered_map<std::uintptr_t, std::size_t> live;
+  std::map<std::uintptr_t, int> streams;
+  std::size_t next = 0;
+  for (auto const& e : s.events) {
+    if (e.what == memory_event::action::alloc) {
+      auto const [it, fresh] = streams.emplace(e.stream, static_cast<int>(streams.size()));
+      (void)fresh;
+      live[e.address] = next;
+      o += "a " + std::to_string(next++) + " " + std::to_string(e.bytes) + " " +
+           std::to_string(it->second) + "\n";
+    } else if (e.what == memory_event::action::free) {
+      auto it = live.find(e.address);
+      if (it == live.end()) { continue; }
+      o += "f " + std::to_string(it->second) + "\n";
+      live.erase(it);
+    }
+  }
+  return o;
+}
+
+/// The snapshot in PyTorch's memory-snapshot format (a pickle, as torch.cuda.memory._snapshot()
+/// writes), so that `python -m torch.cuda._memory_viz` and PyTorch's memory_viz page open it.
+[[nodiscard]] inline std::string to_pytorch_pickle(memory_snapshot const& s)
+{
+  detail::pickle_writer w;
+  w.begin_dict();
+  w.str("segments");
+  w.begin_list();
+  for (auto const& g : s.segments) {
+    std::size_t allocated = 0, requested = 0;
+    for (auto const& b : g.blocks) {
+      if (b.allocated) {
+        allocated += b.size;
+        requested += b.requested;
+      }
+    }
+    w.begin_dict();
+    w.str("device"), w.integer(s.device);
+    w.str("address"), w.integer(static_cast<long long>(g.address));
+    w.str("total_size"), w.integer(static_cast<long long>(g.size));
+    w.str("allocated_size"), w.integer(static_cast<long long>(allocated));
+    w.str("active_size"), w.integer(static_cast<long long>(allocated));
+    w.str("requested_size"), w.integer(static_cast<long long>(requested));
+    w.str("stream"), w.integer(static_cast<long long>(g.stream));
+    w.str("segment_type"), w.str(g.small ? "small" : "large");
+    w.str("segment_pool_id");
+    w.begin_tuple();
+    w.integer(0);
+    w.integer(0);
+    w.end_tuple();
+    w.str("is_expandable"), w.boolean(false);
+    w.str("frames"), w.begin_list(), w.end_list();
+    w.str("blocks");
+    w.begin_list();
+    for (auto const& b : g.blocks) {
+      w.begin_dict();
+      w.str("address"), w.integer(static_cast<long long>(b.address));
+      w.str("size"), w.integer(static_cast<long long>(b.size));
+      w.str("requested_size"), w.integer(static_cast<long long>(b.allocated ? b.requested : 0));
+      w.str("state"), w.str(b.allocated ? "active_allocated" : "inactive");
+      w.str("frames"), w.begin_list(), w.end_list();
+      w.end_dict();
+    }
+    w.end_list();
+    w.end_dict();
+  }
+  w.end_list();
+  w.str("device_traces");
+  w.begin_list();
+  w.begin_list();  // device 0's trace (the snapshot's device)
+  for (auto const& e : s.events) {
+    char const* action = nullptr;
+    switch (e.what) {
+      case memory_event::action::alloc: action = "alloc"; break;
+      case memory_event::action::free: action = "free_completed"; break;
+      case memory_event::action::segment_alloc: action = "segment_alloc"; break;
+      case memory_event::action::segment_free: action = "segment_free"; break;
+      case memory_event::action::oom: action = "oom"; break;
+    }
+    w.begin_dict();
+    w.str("action"), w.str(action);
+    w.str("addr"), w.integer(static_cast<long long>(e.address));
+    w.str("size"), w.integer(static_cast<long long>(e.bytes));
+    w.str("stream"), w.integer(static_cast<long long>(e.stream));
+    w.str("time_us"), w.integer(static_cast<long long>(e.time_ns / 1000));
+    w.str("frames"), w.begin_list(), w.end_list();
+    w.end_dict();
+  }
+  w.end_list();
+  w.end_list();
+  w.str("allocator_settings");
+  w.begin_dict();
+  w.str("PYTORCH_CUDA_ALLOC_CONF"), w.str("gpukit");
+  w.end_dict();
+  w.end_dict();
+  return w.finish();
+}
+
+/// A self-contained HTML report (no network): allocated and reserved memory over time, per
+/// stream, and the segment map of the snapshot, drawn by inline JavaScript from inline data.
+[[nodiscard]] inline std::string to_html(memory_snapshot const& s)
+{
+  std::string o = R"(<!doctype html>
+<html><head><meta charset="utf-8"><title>gpukit memory report</title>
+<style>
+body { font: 14px sans-serif; margin: 20px; color: #222; }
+canvas { border: 1px solid #ccc; }
+.seg { margin: 2px 0; height: 14px; display: flex; border: 1px solid #999; }
+.blk { height: 100%; } .a { background: #d9534f; } .f { background: #cfe8cf; }
+</style></head><body>
+<h1>gpukit memory report</h1>
+<p id="summary"></p>
+<h2>Memory over time</h2>
+<canvas id="plot" width="1000" height="360"></canvas>
+<p><span style="color:#1f77b4">&#9632;</span> reserved (segments) &nbsp;
+<span style="color:#d62728">&#9632;</span> allocated (all streams) &nbsp; thin lines: allocated per stream</p>
+<h2>Segments now</h2>
+<div id="segments"></div>
+<script>
+const snapshot = )";
+  o += to_json(s);
+  o += R"(;
+const ev = snapshot.events;
+const streams = [...new Set(ev.filter(e => e.action === 'alloc').map(e => e.stream))];
+let alloc = 0, reserved = 0; const per = {}; streams.forEach(s => per[s] = 0);
+const live = new Map(); const pts = [];
+for (const e of ev) {
+  if (e.action === 'alloc') { alloc += e.bytes; per[e.stream] += e.bytes; live.set(e.address, e); }
+  else if (e.action === 'free') { const a = live.get(e.address); if (a) { alloc -= a.bytes; per[a.stream] -= a.bytes; live.delete(e.address); } }
+  else if (e.action === 'segment_alloc') reserved += e.bytes;
+  else if (e.action === 'segment_free') reserved -= e.bytes;
+  pts.push({t: e.time_ns, alloc, reserved, per: Object.assign({}, per)});
+}
+const peakA = Math.max(0, ...pts.map(p => p.alloc)), peakR = Math.max(0, ...pts.map(p => p.reserved));
+const GiB = b => (b / 1073741824).toFixed(3) + ' GiB';
+document.getElementById('summary').textContent =
+  `device ${snapshot.device}: ${ev.length} events, ${snapshot.segments.length} segments now, ` +
+  `peak allocated ${GiB(peakA)}, peak reserved ${GiB(peakR)}, ${snapshot.dropped_events} events dropped`;
+const c = document.getElementById('plot'), g = c.getContext('2d');
+const top = Math.max(1, peakA, peakR), t0 = pts.length ? pts[0].t : 0, t1 = pts.length ? pts[pts.length - 1].t : 1;
+const X = t => 40 + (c.width - 50) * (t1 > t0 ? (t - t0) / (t1 - t0) : 0), Y = v => c.height - 20 - (c.height - 30) * v / top;
+g.font = '11px sans-serif'; g.fillText(GiB(top), 2, 12); g.fillText('0', 2, c.height - 20);
+function line(get, color, width) { g.strokeStyle = color; g.lineWidth = width; g.beginPath();
+  pts.forEach((p, i) => { const x = X(p.t), y = Y(get(p)); i ? g.lineTo(x, y) : g.moveTo(x, y); }); g.stroke(); }
+line(p => p.reserved, '#1f77b4', 2); line(p => p.alloc, '#d62728', 2);
+const colors = ['#2ca02c', '#9467bd', '#8c564b', '#e377c2', '#7f7f7f', '#bcbd22', '#17becf'];
+streams.forEach((s, i) => line(p => p.per[s], colors[i % colors.length], 1));
+const host = document.getElementById('segments');
+for (const seg of snapshot.segments) {
+  const row = document.createElement('div'); row.className = 'seg';
+  row.title = `segment ${seg.address.toString(16)}: ${GiB(seg.size)} (${seg.pool}), stream ${seg.stream}`;
+  row.style.width = Math.max(2, 1000 * seg.size / Math.max(...snapshot.segments.map(x => x.size))) + 'px';
+  for (const b of seg.blocks) { const d = document.createElement('div');
+    d.className = 'blk ' + (b.state === 'allocated' ? 'a' : 'f'); d.style.width = (100 * b.size / seg.size) + '%';
+    d.title = `${b.state} ${b.size} bytes` + (b.requested ? ` (asked ${b.requested})` : ''); row.appendChild(d); }
+  host.appendChild(row);
+}
+</script></body></html>
+)";
+  return o;
+}
+
+}  // namespace gpukit
