@@ -255,14 +255,31 @@ constexpr char const* nvtx_first(char const* name, Rest const&...) noexcept
 {
   return name;
 }
-/// The attributes of a GPUKIT_RANGE: the caller's extra attributes first (the first of a kind
+/// The attributes of a GPUKIT_RANGE without extra attributes: the call site's static ones.
+[[nodiscard]] inline nvtx3::v1::event_attributes const& nvtx_attributes(
+  nvtx3::v1::event_attributes const& fixed, char const*) noexcept
+{
+  return fixed;
+}
+/// With extra attributes (payload, category, color): the caller's first (the first of a kind
 /// wins), then the registered name and its color.
-template <class D, class... Rest>
+template <class First, class... Rest>
 [[nodiscard]] inline nvtx3::v1::event_attributes nvtx_attributes(
-  nvtx3::v1::registered_string_in<D> const& name, nvtx3::v1::color const& c, char const*,
+  nvtx3::v1::event_attributes const& fixed, char const*, First const& first,
   Rest const&... rest) noexcept
 {
-  return nvtx3::v1::event_attributes{rest..., name, c};
+  nvtx3::v1::event_attributes a{first, rest...};
+  nvtxEventAttributes_t const& f = *fixed.get();
+  nvtxEventAttributes_t& out     = const_cast<nvtxEventAttributes_t&>(*a.get());
+  if (out.messageType == NVTX_MESSAGE_UNKNOWN) {
+    out.messageType = f.messageType;
+    out.message     = f.message;
+  }
+  if (out.colorType == NVTX_COLOR_UNKNOWN) {
+    out.colorType = f.colorType;
+    out.color     = f.color;
+  }
+  return a;
 }
 }  // namespace gpukit::detail
 
@@ -270,16 +287,16 @@ template <class D, class... Rest>
 /// enclosing scope; more attributes (payload, category, color) may follow the name. The name is
 /// registered with the domain and its color computed once per call site: a range costs one push
 /// and one pop.
-#define GPUKIT_RANGE_IN(D, ...)                                                             \
-  static ::nvtx3::v1::registered_string_in<D> const GPUKIT_NVTX_CONCAT(                     \
-    gpukit_range_name_, __LINE__){::gpukit::detail::nvtx_first(__VA_ARGS__)};               \
-  static ::nvtx3::v1::color const GPUKIT_NVTX_CONCAT(gpukit_range_color_, __LINE__){        \
-    ::gpukit::color_for(::gpukit::detail::nvtx_first(__VA_ARGS__))};                        \
-  ::nvtx3::v1::scoped_range_in<D> const GPUKIT_NVTX_CONCAT(gpukit_range_, __LINE__)         \
-  {                                                                                         \
-    ::gpukit::detail::nvtx_attributes<D>(GPUKIT_NVTX_CONCAT(gpukit_range_name_, __LINE__),  \
-                                         GPUKIT_NVTX_CONCAT(gpukit_range_color_, __LINE__), \
-                                         __VA_ARGS__)                                       \
+#define GPUKIT_RANGE_IN(D, ...)                                                                \
+  static ::nvtx3::v1::registered_string_in<D> const GPUKIT_NVTX_CONCAT(                        \
+    gpukit_range_name_, __LINE__){::gpukit::detail::nvtx_first(__VA_ARGS__)};                  \
+  static ::nvtx3::v1::event_attributes const GPUKIT_NVTX_CONCAT(gpukit_range_attr_, __LINE__){ \
+    GPUKIT_NVTX_CONCAT(gpukit_range_name_, __LINE__),                                          \
+    ::gpukit::color_for(::gpukit::detail::nvtx_first(__VA_ARGS__))};                           \
+  ::nvtx3::v1::scoped_range_in<D> const GPUKIT_NVTX_CONCAT(gpukit_range_, __LINE__)            \
+  {                                                                                            \
+    ::gpukit::detail::nvtx_attributes(GPUKIT_NVTX_CONCAT(gpukit_range_attr_, __LINE__),        \
+                                      __VA_ARGS__)                                             \
   }
 /// A range for the rest of the enclosing function, named after it (`__func__`), colored by its
 /// name, in domain `D`.
