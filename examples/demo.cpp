@@ -10,6 +10,8 @@
 // code drives the H200 and the simulated GPU. Later issues extend this file until it walks
 // through a whole training step (DESIGN.md, "Data flowing through one training step").
 #include <gpukit/error.hpp>
+#include <gpukit/memory/caching_allocator.hpp>
+#include <gpukit/memory/retry_on_oom.hpp>
 #include <gpukit/runtime/cuda_runtime.hpp>
 #include <gpukit/runtime/runtime.hpp>
 #include <gpukit/runtime/sim_runtime.hpp>
@@ -19,6 +21,10 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
 
 namespace {
 
@@ -122,11 +128,90 @@ bool round_trip(Runtime& rt, std::size_t bytes)
   return same;
 }
 
+/// Training steps' memory through the caching allocator: activations piled up by a forward pass
+/// and dropped by the backward pass, the batch made on a copy stream and used on the compute
+/// stream (record_stream), then an out-of-memory that the loop adapts to (retry_on_oom).
+template <class Runtime>
+bool training_memory(Runtime& rt)
+{
+  gpukit::caching_allocator_options options;
+  options.limit_bytes = 2 * gib;  // run as if on a 2 GiB device, so the last part fills it quickly
+  gpukit::basic_caching_allocator<Runtime> alloc{rt, 0, options};
+  typename Runtime::stream_type compute{}, copy{};
+  GPUKIT_CUDA_TRY(rt.stream_create(compute));
+  GPUKIT_CUDA_TRY(rt.stream_create(copy));
+  auto step = [&](int micro_batch, std::size_t seq, std::size_t bytes_per_token) {
+    // What the step holds, freed in reverse when it ends, by return or by exception (so that
+    // retry_on_oom can run it again).
+    struct held {
+      gpukit::basic_caching_allocator<Runtime>& alloc;
+      std::vector<std::tuple<void*, std::size_t, typename Runtime::stream_type>> blocks;
+      void* take(std::size_t bytes, typename Runtime::stream_type s)
+      {
+        blocks.emplace_back(alloc.allocate_async(bytes, s), bytes, s);
+        return std::get<0>(blocks.back());
+      }
+      ~held()
+      {
+        for (auto it = blocks.rbegin(); it != blocks.rend(); ++it) {
+          alloc.deallocate_async(std::get<0>(*it), std::get<1>(*it), std::get<2>(*it));
+        }
+      }
+    } h{alloc, {}};
+    void* batch = h.take(static_cast<std::size_t>(micro_batch) * seq * 4, copy);
+    alloc.record_stream(batch, compute);        // used on compute too: not reused before it is done
+    for (int layer = 0; layer < 24; ++layer) {  // forward: activations pile up until backward
+      (void)h.take(
+        static_cast<std::size_t>(micro_batch) * seq * bytes_per_token * (layer % 4 == 0 ? 4 : 1),
+        compute);
+    }
+  };
+  for (int i = 0; i < 20; ++i) { step(8, 256, 96); }  // same shapes every step: reused from caches
+  auto const st = alloc.stats();
+  std::printf(
+    "caching allocator, 20 steps: %llu allocations, %.0f%% served by per-thread caches, "
+    "%llu segments taken; peak allocated %.1f MiB, peak reserved %.1f MiB\n",
+    static_cast<unsigned long long>(st.num_allocs),
+    100.0 * static_cast<double>(st.num_cache_hits) / static_cast<double>(st.num_allocs),
+    static_cast<unsigned long long>(st.num_device_allocs),
+    static_cast<double>(st.allocated_bytes.peak) / mib,
+    static_cast<double>(st.reserved_bytes.peak) / mib);
+  // A bigger model no longer fits in the 2 GiB limit: halve the micro-batch until it does.
+  int micro_batch = 64;
+  auto report     = gpukit::retry_on_oom(
+        alloc, [&] { step(micro_batch, 1024, 1024); },
+        [&](gpukit::out_of_memory const&, int) -> std::optional<std::string> {
+      if (micro_batch == 1) { return std::nullopt; }
+      micro_batch /= 2;
+      return "micro-batch " + std::to_string(micro_batch);
+    });
+  std::printf("bigger model, limit 2 GiB: out of memory, then %zu retries (",
+              report.changes.size());
+  for (std::size_t i = 0; i < report.changes.size(); ++i) {
+    std::printf("%s%s", i ? ", " : "", report.changes[i].c_str());
+  }
+  std::printf("): the step ran\n");
+  if (!report.failures.empty()) {
+    auto const& f = report.failures.front();
+    std::printf("  first failure: %zu MiB asked, %zu MiB allocated, %zu MiB reserved; hint: %s\n",
+                f.requested / mib, f.allocated / mib, f.reserved / mib, f.hint.c_str());
+  }
+  GPUKIT_CUDA_TRY(rt.stream_synchronize(compute));
+  GPUKIT_CUDA_TRY(rt.stream_synchronize(copy));
+  alloc.forget_stream(compute);
+  alloc.forget_stream(copy);
+  GPUKIT_CUDA_TRY(rt.stream_destroy(compute));
+  GPUKIT_CUDA_TRY(rt.stream_destroy(copy));
+  return alloc.stats().allocated_bytes.current == 0 && !report.changes.empty();
+}
+
 template <class Runtime>
 int run(Runtime& rt)
 {
   describe(rt);
-  return round_trip(rt, 64 * mib) ? 0 : 1;
+  bool ok = round_trip(rt, 64 * mib);
+  ok      = training_memory(rt) && ok;
+  return ok ? 0 : 1;
 }
 
 }  // namespace
