@@ -1,0 +1,571 @@
+// gpukit/host/detail/pinned_pool.inl: the bodies of gpukit::basic_pinned_pool. Not public API.
+#pragma once
+
+#include <gpukit/host/pinned_pool.hpp>
+
+#include <algorithm>
+#include <cassert>
+#include <cstdio>
+#include <exception>
+
+namespace gpukit {
+
+namespace detail {
+
+inline std::string pinned_hex(void const* p)
+{
+  char buf[2 + 2 * sizeof(void*) + 1];
+  std::snprintf(buf, sizeof(buf), "%p", p);
+  return buf;
+}
+
+}  // namespace detail
+
+// A pinned range: from host_alloc, or the user's memory registered with host_register. Buffers
+// are carved from it front to back (`next`), and never given back one by one.
+template <class Runtime>
+struct basic_pinned_pool<Runtime>::segment {
+  void* base{nullptr};
+  std::size_t bytes{0};
+  std::uintptr_t next{0};  ///< first address not carved yet
+  std::uintptr_t end{0};
+  bool registered{false};
+  std::size_t live{0};  ///< buffers carved from it that are handed out or pending
+};
+
+template <class Runtime>
+struct basic_pinned_pool<Runtime>::block {
+  enum class state { in_use, pending, ready };
+  void* ptr{nullptr};
+  std::size_t cls{0};
+  std::size_t requested{0};
+  segment* seg{nullptr};
+  state st{state::ready};
+  std::vector<stream_type> streams;  ///< record_stream, cleared when handed out
+};
+
+// A returned buffer and the events (one per stream that used it) it waits on.
+template <class Runtime>
+struct basic_pinned_pool<Runtime>::pending {
+  block* b{nullptr};
+  event_type first{};
+  std::vector<event_type> more;
+};
+
+template <class Runtime>
+basic_pinned_pool<Runtime>::basic_pinned_pool(Runtime& runtime, pinned_pool_options options)
+    : runtime_{runtime}, options_{options}
+{}
+
+template <class Runtime>
+basic_pinned_pool<Runtime>::~basic_pinned_pool()
+{
+  std::lock_guard<std::mutex> lock{mutex_};
+  auto finish = [this](event_type e) {
+    GPUKIT_ASSERT_CUDA_SUCCESS(runtime_.event_synchronize(e));
+    GPUKIT_ASSERT_CUDA_SUCCESS(runtime_.event_destroy(e));
+  };
+  for (auto& p : pending_) {
+    finish(p.first);
+    for (auto e : p.more) { finish(e); }
+  }
+  for (auto e : spare_events_) { GPUKIT_ASSERT_CUDA_SUCCESS(runtime_.event_destroy(e)); }
+  for (auto& s : segments_) {
+    if (s->registered) {
+      GPUKIT_ASSERT_CUDA_SUCCESS(runtime_.host_unregister(s->base));
+    } else {
+      GPUKIT_ASSERT_CUDA_SUCCESS(runtime_.host_free(s->base));
+    }
+  }
+}
+
+template <class Runtime>
+std::size_t basic_pinned_pool<Runtime>::class_size(std::size_t bytes) noexcept
+{
+  if (bytes == 0) { return 0; }
+  if (bytes <= min_class_bytes) { return min_class_bytes; }
+  int p = 0;
+  for (std::size_t v = bytes; v > 1; v >>= 1) { ++p; }
+  std::size_t const step = std::size_t{1} << (p - 3);  // 8 classes per power of two
+  return (bytes + step - 1) & ~(step - 1);
+}
+
+template <class Runtime>
+void basic_pinned_pool<Runtime>::bump(pinned_stat& s, std::int64_t delta) noexcept
+{
+  s.current += delta;
+  s.peak = std::max(s.peak, s.current);
+}
+
+template <class Runtime>
+void basic_pinned_pool<Runtime>::check_limit_locked(std::size_t more, std::size_t request,
+                                                    char const* call)
+{
+  std::size_t const lim = options_.limit_bytes;
+  if (lim == 0 || (more <= lim && reserved_ <= lim - more)) { return; }
+  ++stats_.num_limit_refusals;
+  throw bad_alloc{"gpukit: pinned_pool::" + std::string{call} + ": " + std::to_string(request) +
+                  " bytes (" + std::to_string(more) + " to pin) would pass the limit of " +
+                  std::to_string(lim) + " bytes: " + std::to_string(reserved_) + " pinned, " +
+                  std::to_string(stats_.cached_bytes.current) + " cached (" +
+                  std::to_string(stats_.pending_bytes) +
+                  " waiting on streams); raise the limit or call release_cached()"};
+}
+
+template <class Runtime>
+typename basic_pinned_pool<Runtime>::segment& basic_pinned_pool<Runtime>::add_segment_locked(
+  void* base, std::size_t bytes, bool registered)
+{
+  auto s        = std::make_unique<segment>();
+  s->base       = base;
+  s->bytes      = bytes;
+  auto const b  = reinterpret_cast<std::uintptr_t>(base);
+  s->next       = (b + min_class_bytes - 1) & ~std::uintptr_t{min_class_bytes - 1};
+  s->end        = b + bytes;
+  s->registered = registered;
+  segments_.push_back(std::move(s));
+  bump(stats_.reserved_bytes, static_cast<std::int64_t>(bytes));
+  bump(stats_.segment_count, 1);
+  return *segments_.back();
+}
+
+template <class Runtime>
+typename basic_pinned_pool<Runtime>::block* basic_pinned_pool<Runtime>::take_ready_locked(
+  std::size_t cls)
+{
+  auto it = ready_.find(cls);
+  if (it == ready_.end() || it->second.empty()) { return nullptr; }
+  block* b = it->second.back();
+  it->second.pop_back();
+  return b;
+}
+
+template <class Runtime>
+typename basic_pinned_pool<Runtime>::block* basic_pinned_pool<Runtime>::carve_locked(
+  std::size_t cls)
+{
+  // Newest segments first: older ones are usually full.
+  for (auto it = segments_.rbegin(); it != segments_.rend(); ++it) {
+    segment& s = **it;
+    if (s.next > s.end || s.end - s.next < cls) { continue; }
+    auto b = std::make_unique<block>();
+    b->ptr = reinterpret_cast<void*>(s.next);
+    b->cls = cls;
+    b->seg = &s;
+    b->st  = block::state::in_use;  // about to be handed out: never cached
+    s.next += cls;
+    block* raw = b.get();
+    blocks_.emplace(raw->ptr, std::move(b));
+    return raw;
+  }
+  return nullptr;
+}
+
+template <class Runtime>
+void basic_pinned_pool<Runtime>::poll_pending_locked(std::size_t cls, bool all)
+{
+  auto done = [this](event_type e) {
+    cudaError_t const r = runtime_.event_query(e);
+    if (r == cudaErrorNotReady) { return false; }
+    if (r != cudaSuccess) {
+      detail::throw_cuda_error(r, "event_query (pinned_pool)", __FILE__, __LINE__);
+    }
+    return true;
+  };
+  for (std::size_t i = 0; i < pending_.size();) {
+    pending& p = pending_[i];
+    if (!all && p.b->cls != cls) {
+      ++i;
+      continue;
+    }
+    bool ready = done(p.first);
+    for (std::size_t k = 0; ready && k < p.more.size(); ++k) { ready = done(p.more[k]); }
+    if (!ready) {
+      ++i;
+      continue;
+    }
+    spare_events_.push_back(p.first);
+    spare_events_.insert(spare_events_.end(), p.more.begin(), p.more.end());
+    block* b = p.b;
+    b->st    = block::state::ready;
+    --b->seg->live;
+    stats_.pending_bytes -= static_cast<std::int64_t>(b->cls);
+    ready_[b->cls].push_back(b);
+    if (i + 1 != pending_.size()) { pending_[i] = std::move(pending_.back()); }
+    pending_.pop_back();
+  }
+}
+
+template <class Runtime>
+void basic_pinned_pool<Runtime>::hand_out_locked(block& b, std::size_t bytes, bool hit)
+{
+  if (b.st == block::state::ready) { bump(stats_.cached_bytes, -static_cast<std::int64_t>(b.cls)); }
+  b.st        = block::state::in_use;
+  b.requested = bytes;
+  b.streams.clear();
+  ++b.seg->live;
+  bump(stats_.allocated_bytes, static_cast<std::int64_t>(b.cls));
+  bump(stats_.requested_bytes, static_cast<std::int64_t>(bytes));
+  bump(stats_.allocation_count, 1);
+  ++stats_.num_allocs;
+  if (hit) { ++stats_.num_cache_hits; }
+}
+
+template <class Runtime>
+void* basic_pinned_pool<Runtime>::allocate(std::size_t bytes)
+{
+  GPUKIT_EXPECTS(bytes != 0, "pinned_pool::allocate: 0 bytes requested");
+  if (bytes > max_request_bytes) {
+    throw bad_alloc{"gpukit: pinned_pool::allocate: " + std::to_string(bytes) +
+                    " bytes is more than any host can pin (largest request: " +
+                    std::to_string(max_request_bytes) + " bytes)"};
+  }
+  std::size_t const cls = class_size(bytes);
+  std::unique_lock<std::mutex> lock{mutex_};
+  block* b = take_ready_locked(cls);
+  if (b == nullptr) {
+    poll_pending_locked(cls, false);
+    b = take_ready_locked(cls);
+  }
+  if (b != nullptr) {
+    hand_out_locked(*b, bytes, true);
+    return b->ptr;
+  }
+  if ((b = carve_locked(cls)) != nullptr) {
+    hand_out_locked(*b, bytes, false);
+    return b->ptr;
+  }
+  // Pin a range of its own. Counted as reserved before the lock is dropped, so that concurrent
+  // growth cannot pass the limit together.
+  check_limit_locked(cls, bytes, "allocate");
+  reserved_ += cls;
+  ++stats_.num_host_allocs;
+  lock.unlock();
+  void* p             = nullptr;
+  cudaError_t const r = runtime_.host_alloc(&p, cls, options_.alloc_flags);
+  lock.lock();
+  if (r != cudaSuccess) {
+    reserved_ -= cls;
+    detail::throw_cuda_error(r, "host_alloc (pinned_pool::allocate)", __FILE__, __LINE__);
+  }
+  segment& s = add_segment_locked(p, cls, false);
+  s.next     = s.end;
+  auto nb    = std::make_unique<block>();
+  nb->ptr    = p;
+  nb->cls    = cls;
+  nb->seg    = &s;
+  nb->st     = block::state::in_use;
+  b          = nb.get();
+  blocks_.emplace(p, std::move(nb));
+  hand_out_locked(*b, bytes, false);
+  return p;
+}
+
+template <class Runtime>
+typename basic_pinned_pool<Runtime>::block& basic_pinned_pool<Runtime>::find_live_locked(
+  void* ptr, char const* call)
+{
+  auto it = blocks_.find(ptr);
+  GPUKIT_EXPECTS(it != blocks_.end(), "pinned_pool::" + std::string{call} + ": pointer " +
+                                        detail::pinned_hex(ptr) +
+                                        " was never handed out by this pool");
+  GPUKIT_EXPECTS(it->second->st == block::state::in_use, "pinned_pool::" + std::string{call} +
+                                                           ": pointer " + detail::pinned_hex(ptr) +
+                                                           " is not handed out (double return?)");
+  return *it->second;
+}
+
+template <class Runtime>
+typename basic_pinned_pool<Runtime>::event_type basic_pinned_pool<Runtime>::take_event_locked()
+{
+  if (!spare_events_.empty()) {
+    event_type e = spare_events_.back();
+    spare_events_.pop_back();
+    return e;
+  }
+  event_type e{};
+  GPUKIT_CUDA_TRY(runtime_.event_create(e, false));
+  return e;
+}
+
+template <class Runtime>
+void basic_pinned_pool<Runtime>::return_locked(block& b, stream_type const* stream)
+{
+  std::vector<stream_type>& streams = b.streams;
+  if (stream != nullptr && std::find(streams.begin(), streams.end(), *stream) == streams.end()) {
+    streams.push_back(*stream);
+  }
+  auto const cls = static_cast<std::int64_t>(b.cls);
+  if (streams.empty()) {
+    b.st = block::state::ready;
+    --b.seg->live;
+    ready_[b.cls].push_back(&b);
+  } else {
+    pending p;
+    p.b               = &b;
+    std::size_t taken = 0;
+    try {
+      for (std::size_t i = 0; i < streams.size(); ++i) {
+        event_type e = take_event_locked();
+        ++taken;
+        if (i == 0) {
+          p.first = e;
+        } else {
+          p.more.push_back(e);
+        }
+        GPUKIT_CUDA_TRY(runtime_.event_record(e, streams[i]));
+        ++stats_.num_events_recorded;
+      }
+    } catch (...) {  // the buffer stays handed out; the events go back to the spares
+      if (taken > 0) { spare_events_.push_back(p.first); }
+      spare_events_.insert(spare_events_.end(), p.more.begin(), p.more.end());
+      if (stream != nullptr && !streams.empty() && streams.back() == *stream) {
+        streams.pop_back();
+      }
+      throw;
+    }
+    b.st = block::state::pending;
+    stats_.pending_bytes += cls;
+    pending_.push_back(std::move(p));
+  }
+  bump(stats_.allocated_bytes, -cls);
+  bump(stats_.requested_bytes, -static_cast<std::int64_t>(b.requested));
+  bump(stats_.allocation_count, -1);
+  bump(stats_.cached_bytes, cls);
+  ++stats_.num_frees;
+}
+
+template <class Runtime>
+void basic_pinned_pool<Runtime>::deallocate(void* ptr)
+{
+  std::lock_guard<std::mutex> lock{mutex_};
+  return_locked(find_live_locked(ptr, "deallocate"), nullptr);
+}
+
+template <class Runtime>
+void basic_pinned_pool<Runtime>::deallocate_async(void* ptr, stream_type stream)
+{
+  std::lock_guard<std::mutex> lock{mutex_};
+  return_locked(find_live_locked(ptr, "deallocate_async"), &stream);
+}
+
+template <class Runtime>
+void basic_pinned_pool<Runtime>::record_stream(void* ptr, stream_type stream)
+{
+  std::lock_guard<std::mutex> lock{mutex_};
+  block& b = find_live_locked(ptr, "record_stream");
+  if (std::find(b.streams.begin(), b.streams.end(), stream) == b.streams.end()) {
+    b.streams.push_back(stream);
+  }
+}
+
+template <class Runtime>
+void basic_pinned_pool<Runtime>::reserve(std::size_t bytes)
+{
+  GPUKIT_EXPECTS(bytes != 0, "pinned_pool::reserve: 0 bytes requested");
+  if (bytes > max_request_bytes) {
+    throw bad_alloc{"gpukit: pinned_pool::reserve: " + std::to_string(bytes) +
+                    " bytes is more than any host can pin"};
+  }
+  std::unique_lock<std::mutex> lock{mutex_};
+  check_limit_locked(bytes, bytes, "reserve");
+  reserved_ += bytes;
+  ++stats_.num_host_allocs;
+  lock.unlock();
+  void* p             = nullptr;
+  cudaError_t const r = runtime_.host_alloc(&p, bytes, options_.alloc_flags);
+  lock.lock();
+  if (r != cudaSuccess) {
+    reserved_ -= bytes;
+    detail::throw_cuda_error(r, "host_alloc (pinned_pool::reserve)", __FILE__, __LINE__);
+  }
+  add_segment_locked(p, bytes, false);
+}
+
+template <class Runtime>
+void basic_pinned_pool<Runtime>::prewarm(std::size_t bytes, std::size_t count)
+{
+  GPUKIT_EXPECTS(bytes != 0 && count != 0, "pinned_pool::prewarm: " + std::to_string(count) +
+                                             " buffers of " + std::to_string(bytes) +
+                                             " bytes requested");
+  std::size_t const cls = class_size(std::min(bytes, max_request_bytes));
+  if (bytes > max_request_bytes || count > max_request_bytes / cls) {
+    throw bad_alloc{"gpukit: pinned_pool::prewarm: " + std::to_string(count) + " x " +
+                    std::to_string(bytes) + " bytes is more than any host can pin"};
+  }
+  std::size_t const total = cls * count;
+  std::unique_lock<std::mutex> lock{mutex_};
+  check_limit_locked(total, total, "prewarm");
+  reserved_ += total;
+  ++stats_.num_host_allocs;
+  lock.unlock();
+  void* p             = nullptr;
+  cudaError_t const r = runtime_.host_alloc(&p, total, options_.alloc_flags);
+  lock.lock();
+  if (r != cudaSuccess) {
+    reserved_ -= total;
+    detail::throw_cuda_error(r, "host_alloc (pinned_pool::prewarm)", __FILE__, __LINE__);
+  }
+  segment& s = add_segment_locked(p, total, false);
+  auto& list = ready_[cls];
+  for (std::size_t i = 0; i < count; ++i) {
+    auto b = std::make_unique<block>();
+    b->ptr = reinterpret_cast<void*>(s.next);
+    b->cls = cls;
+    b->seg = &s;
+    s.next += cls;
+    list.push_back(b.get());
+    blocks_.emplace(b->ptr, std::move(b));
+  }
+  bump(stats_.cached_bytes, static_cast<std::int64_t>(total));
+}
+
+template <class Runtime>
+void basic_pinned_pool<Runtime>::add_host_memory(void* ptr, std::size_t bytes)
+{
+  GPUKIT_EXPECTS(ptr != nullptr && bytes != 0, "pinned_pool::add_host_memory: range " +
+                                                 detail::pinned_hex(ptr) + " of " +
+                                                 std::to_string(bytes) + " bytes");
+  std::unique_lock<std::mutex> lock{mutex_};
+  check_limit_locked(bytes, bytes, "add_host_memory");
+  reserved_ += bytes;
+  ++stats_.num_host_registers;
+  lock.unlock();
+  cudaError_t const r = runtime_.host_register(ptr, bytes, options_.register_flags);
+  lock.lock();
+  if (r != cudaSuccess) {
+    reserved_ -= bytes;
+    detail::throw_cuda_error(r, "host_register (pinned_pool::add_host_memory)", __FILE__, __LINE__);
+  }
+  add_segment_locked(ptr, bytes, true);
+}
+
+template <class Runtime>
+std::size_t basic_pinned_pool<Runtime>::release_cached()
+{
+  std::vector<std::unique_ptr<segment>> dropped;
+  {
+    std::lock_guard<std::mutex> lock{mutex_};
+    poll_pending_locked(0, true);
+    for (auto it = segments_.begin(); it != segments_.end();) {
+      if ((*it)->live != 0) {
+        ++it;
+        continue;
+      }
+      dropped.push_back(std::move(*it));
+      it = segments_.erase(it);
+    }
+    if (dropped.empty()) { return 0; }
+    auto gone = [&](block const* b) {
+      for (auto const& s : dropped) {
+        if (b->seg == s.get()) { return true; }
+      }
+      return false;
+    };
+    for (auto& [cls, list] : ready_) {
+      list.erase(std::remove_if(list.begin(), list.end(), gone), list.end());
+    }
+    for (auto it = blocks_.begin(); it != blocks_.end();) {
+      if (gone(it->second.get())) {
+        bump(stats_.cached_bytes, -static_cast<std::int64_t>(it->second->cls));
+        it = blocks_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  std::size_t released = 0;
+  std::exception_ptr error;
+  for (auto& s : dropped) {
+    cudaError_t const r =
+      s->registered ? runtime_.host_unregister(s->base) : runtime_.host_free(s->base);
+    std::lock_guard<std::mutex> lock{mutex_};
+    if (!s->registered) { ++stats_.num_host_frees; }
+    if (r != cudaSuccess) {  // keep it out of the pool: the memory state is unknown
+      if (!error) {
+        try {
+          detail::throw_cuda_error(r,
+                                   s->registered ? "host_unregister (pinned_pool::release_cached)"
+                                                 : "host_free (pinned_pool::release_cached)",
+                                   __FILE__, __LINE__);
+        } catch (...) {
+          error = std::current_exception();
+        }
+      }
+      continue;
+    }
+    released += s->bytes;
+    reserved_ -= s->bytes;
+    bump(stats_.reserved_bytes, -static_cast<std::int64_t>(s->bytes));
+    bump(stats_.segment_count, -1);
+  }
+  if (error) { std::rethrow_exception(error); }
+  return released;
+}
+
+template <class Runtime>
+bool basic_pinned_pool<Runtime>::owns(void const* ptr, std::size_t bytes) const noexcept
+{
+  auto const a = reinterpret_cast<std::uintptr_t>(ptr);
+  if (ptr == nullptr || a + bytes < a) { return false; }
+  std::lock_guard<std::mutex> lock{mutex_};
+  for (auto const& s : segments_) {
+    auto const b = reinterpret_cast<std::uintptr_t>(s->base);
+    if (a >= b && a + bytes <= b + s->bytes) { return true; }
+  }
+  return false;
+}
+
+template <class Runtime>
+pinned_pool_stats basic_pinned_pool<Runtime>::stats() const
+{
+  std::lock_guard<std::mutex> lock{mutex_};
+  return stats_;
+}
+
+template <class Runtime>
+void basic_pinned_pool<Runtime>::reset_peak()
+{
+  std::lock_guard<std::mutex> lock{mutex_};
+  for (pinned_stat* s : {&stats_.allocated_bytes, &stats_.requested_bytes, &stats_.reserved_bytes,
+                         &stats_.cached_bytes, &stats_.allocation_count, &stats_.segment_count}) {
+    s->peak = s->current;
+  }
+}
+
+template <class Runtime>
+std::size_t basic_pinned_pool<Runtime>::limit() const noexcept
+{
+  std::lock_guard<std::mutex> lock{mutex_};
+  return options_.limit_bytes;
+}
+
+template <class Runtime>
+void basic_pinned_pool<Runtime>::set_limit(std::size_t bytes) noexcept
+{
+  std::lock_guard<std::mutex> lock{mutex_};
+  options_.limit_bytes = bytes;
+}
+
+template <class Runtime>
+void pinned_buffer<Runtime>::record_stream(stream_type stream)
+{
+  GPUKIT_EXPECTS(ptr_ != nullptr, "pinned_buffer::record_stream: the buffer is empty");
+  pool_->record_stream(ptr_, stream);
+}
+
+template <class Runtime>
+void pinned_buffer<Runtime>::reset() noexcept
+{
+  if (ptr_ == nullptr) { return; }
+  try {
+    pool_->deallocate(ptr_);
+  } catch (...) {
+    assert(false && "pinned_buffer: returning the buffer failed");
+  }
+  pool_  = nullptr;
+  ptr_   = nullptr;
+  bytes_ = 0;
+}
+
+}  // namespace gpukit

@@ -1,0 +1,473 @@
+// gpukit/transfer/detail/transfer_pipeline.inl: the bodies of gpukit::basic_transfer_pipeline.
+// Not public API.
+//
+// A transfer is a job of chunks. The calling thread publishes it (when it has more than one chunk)
+// to the staging threads, then claims chunks itself; every thread claims chunks of the published
+// jobs round robin, so that a host-to-device and a device-to-host transfer progress together.
+// Staging a chunk takes a slot (a pinned chunk and its event) from the direction's ring:
+//   host to device: wait for the slot's last copy (event), memcpy into it, memcpy_async from it,
+//                   record the slot's event, put the slot back;
+//   device to host: memcpy_async into it, record its event, wait for it, memcpy out, put it back.
+// The caller waits until every claimed chunk is done, then hands the copy stream's progress to the
+// consumer stream with an event.
+#pragma once
+
+#include <gpukit/transfer/transfer_pipeline.hpp>
+
+#include <algorithm>
+#include <cassert>
+#include <cstring>
+#include <string>
+
+namespace gpukit {
+
+template <class Runtime>
+struct basic_transfer_pipeline<Runtime>::slot {
+  void* buf{nullptr};
+  event_type ev{};
+  bool recorded{false};  ///< ev captures the last copy from or to buf
+};
+
+template <class Runtime>
+struct basic_transfer_pipeline<Runtime>::ring {
+  std::mutex mutex;
+  std::condition_variable cv;
+  std::vector<std::unique_ptr<slot>> slots;  ///< every slot held
+  std::deque<slot*> free;                    ///< oldest first: its copy is the likeliest done
+  std::size_t creating{0};                   ///< slots being pinned outside the lock
+  std::size_t capacity{0};
+};
+
+template <class Runtime>
+struct basic_transfer_pipeline<Runtime>::job {
+  int dir{0};
+  char* device{nullptr};
+  char* host{nullptr};
+  std::size_t bytes{0};
+  std::size_t chunks{0};
+  // guarded by jobs_mutex_
+  std::size_t next{0};
+  std::size_t inflight{0};
+  bool failed{false};
+  std::exception_ptr error;
+};
+
+template <class Runtime>
+basic_transfer_pipeline<Runtime>::basic_transfer_pipeline(Runtime& runtime,
+                                                          basic_pinned_pool<Runtime>& pool,
+                                                          transfer_options options)
+    : runtime_{runtime}, pool_{pool}, options_{options}
+{
+  GPUKIT_EXPECTS(options_.chunk_bytes != 0, "transfer_pipeline: chunk_bytes is 0");
+  GPUKIT_EXPECTS(options_.staging_threads >= 0, "transfer_pipeline: staging_threads is " +
+                                                  std::to_string(options_.staging_threads));
+  if (options_.staging_threads == 0) {
+    int const hw             = static_cast<int>(std::thread::hardware_concurrency());
+    options_.staging_threads = std::max(1, std::min(12, hw));
+  }
+  options_.chunk_bytes = (options_.chunk_bytes + 4095) & ~std::size_t{4095};
+  if (options_.ring_chunks == 0) {
+    options_.ring_chunks = static_cast<std::size_t>(options_.staging_threads) + 2;
+  }
+  for (auto& r : rings_) {
+    r           = std::make_unique<ring>();
+    r->capacity = options_.ring_chunks;
+  }
+  {
+    device_guard<Runtime> guard{runtime_, options_.device};
+    GPUKIT_CUDA_TRY(runtime_.stream_create(streams_[0]));
+    cudaError_t const e = runtime_.stream_create(streams_[1]);
+    if (e != cudaSuccess) {
+      (void)runtime_.stream_destroy(streams_[0]);
+      GPUKIT_CUDA_TRY(e);
+    }
+  }
+  try {
+    for (int i = 1; i < options_.staging_threads; ++i) {
+      workers_.emplace_back([this] { worker_loop(); });
+    }
+  } catch (...) {
+    {
+      std::lock_guard<std::mutex> lock{jobs_mutex_};
+      stopping_ = true;
+    }
+    jobs_cv_.notify_all();
+    for (auto& t : workers_) { t.join(); }
+    (void)runtime_.stream_destroy(streams_[0]);
+    (void)runtime_.stream_destroy(streams_[1]);
+    throw;
+  }
+}
+
+template <class Runtime>
+basic_transfer_pipeline<Runtime>::~basic_transfer_pipeline()
+{
+  {
+    std::lock_guard<std::mutex> lock{jobs_mutex_};
+    stopping_ = true;
+  }
+  jobs_cv_.notify_all();
+  for (auto& t : workers_) { t.join(); }
+  for (int dir = 0; dir < 2; ++dir) {
+    for (auto& s : rings_[dir]->slots) {
+      try {
+        if (s->recorded) {
+          pool_.deallocate_async(s->buf, streams_[dir]);  // reused after its last copy
+        } else {
+          pool_.deallocate(s->buf);
+        }
+      } catch (...) {
+        assert(false && "transfer_pipeline: returning a staging chunk failed");
+      }
+      GPUKIT_ASSERT_CUDA_SUCCESS(runtime_.event_destroy(s->ev));
+    }
+  }
+  for (auto e : spare_events_) { GPUKIT_ASSERT_CUDA_SUCCESS(runtime_.event_destroy(e)); }
+  GPUKIT_ASSERT_CUDA_SUCCESS(runtime_.stream_destroy(streams_[0]));
+  GPUKIT_ASSERT_CUDA_SUCCESS(runtime_.stream_destroy(streams_[1]));
+}
+
+template <class Runtime>
+typename basic_transfer_pipeline<Runtime>::event_type basic_transfer_pipeline<Runtime>::take_event()
+{
+  {
+    std::lock_guard<std::mutex> lock{events_mutex_};
+    if (!spare_events_.empty()) {
+      event_type e = spare_events_.back();
+      spare_events_.pop_back();
+      return e;
+    }
+  }
+  event_type e{};
+  GPUKIT_CUDA_TRY(runtime_.event_create(e, false));
+  return e;
+}
+
+template <class Runtime>
+void basic_transfer_pipeline<Runtime>::give_event(event_type e) noexcept
+{
+  std::lock_guard<std::mutex> lock{events_mutex_};
+  try {
+    spare_events_.push_back(e);
+  } catch (...) {
+    (void)runtime_.event_destroy(e);
+  }
+}
+
+template <class Runtime>
+typename basic_transfer_pipeline<Runtime>::slot* basic_transfer_pipeline<Runtime>::acquire_slot(
+  ring& r)
+{
+  std::unique_lock<std::mutex> lock{r.mutex};
+  for (;;) {
+    bool const can_grow = r.slots.size() + r.creating < r.capacity;
+    if (!r.free.empty()) {
+      slot* s = r.free.front();
+      // A new chunk rather than waiting for the oldest one's copy, while the ring may grow.
+      bool const done = !s->recorded || runtime_.event_query(s->ev) != cudaErrorNotReady;
+      if (done || !can_grow) {
+        r.free.pop_front();
+        lock.unlock();
+        if (!done) { chunk_waits_.fetch_add(1, std::memory_order_relaxed); }
+        cudaError_t const w =
+          s->recorded ? runtime_.event_synchronize(s->ev)  // that chunk's copy: never the device
+                      : cudaSuccess;
+        if (w != cudaSuccess) {
+          lock.lock();
+          r.free.push_front(s);
+          lock.unlock();
+          r.cv.notify_one();
+          GPUKIT_CUDA_TRY(w);
+        }
+        return s;
+      }
+    }
+    if (can_grow) { break; }
+    r.cv.wait(lock);
+  }
+  ++r.creating;
+  lock.unlock();
+  auto fresh = std::make_unique<slot>();
+  try {
+    fresh->buf = pool_.allocate(options_.chunk_bytes);
+    GPUKIT_CUDA_TRY(runtime_.event_create(fresh->ev, false));
+  } catch (...) {
+    if (fresh->buf != nullptr) { pool_.deallocate(fresh->buf); }
+    lock.lock();
+    --r.creating;
+    lock.unlock();
+    r.cv.notify_one();
+    throw;
+  }
+  lock.lock();
+  --r.creating;
+  slot* s = fresh.get();
+  r.slots.push_back(std::move(fresh));
+  return s;
+}
+
+template <class Runtime>
+void basic_transfer_pipeline<Runtime>::release_slot(ring& r, slot* s, bool usable)
+{
+  std::unique_lock<std::mutex> lock{r.mutex};
+  if (usable) {
+    r.free.push_back(s);
+    lock.unlock();
+    r.cv.notify_one();
+    return;
+  }
+  // A copy from or to it was enqueued but no event captures it: hand it back to the pool with the
+  // copy stream, which records one, and forget the slot.
+  int const dir               = (&r == rings_[0].get()) ? 0 : 1;
+  auto it                     = std::find_if(r.slots.begin(), r.slots.end(),
+                                             [s](std::unique_ptr<slot> const& p) { return p.get() == s; });
+  std::unique_ptr<slot> owned = std::move(*it);
+  r.slots.erase(it);
+  lock.unlock();
+  r.cv.notify_one();
+  try {
+    pool_.deallocate_async(owned->buf, streams_[dir]);
+  } catch (...) {  // the buffer stays handed out: lost to this pool, never reused early
+  }
+  (void)runtime_.event_destroy(owned->ev);
+}
+
+template <class Runtime>
+void basic_transfer_pipeline<Runtime>::do_chunk(job& j, std::size_t index)
+{
+  std::size_t const off = index * options_.chunk_bytes;
+  std::size_t const n   = std::min(options_.chunk_bytes, j.bytes - off);
+  ring& r               = *rings_[j.dir];
+  stream_type const cs  = streams_[j.dir];
+  slot* s               = acquire_slot(r);
+  bool usable           = true;
+  try {
+    if (j.dir == 0) {
+      std::memcpy(s->buf, j.host + off, n);
+      GPUKIT_CUDA_TRY(
+        runtime_.memcpy_async(j.device + off, s->buf, n, memcpy_kind::host_to_device, cs));
+      usable = false;
+      GPUKIT_CUDA_TRY(runtime_.event_record(s->ev, cs));
+      s->recorded = true;
+      usable      = true;
+    } else {
+      GPUKIT_CUDA_TRY(
+        runtime_.memcpy_async(s->buf, j.device + off, n, memcpy_kind::device_to_host, cs));
+      usable = false;
+      GPUKIT_CUDA_TRY(runtime_.event_record(s->ev, cs));
+      s->recorded = true;
+      usable      = true;
+      GPUKIT_CUDA_TRY(runtime_.event_synchronize(s->ev));  // this chunk's copy only
+      std::memcpy(j.host + off, s->buf, n);
+    }
+  } catch (...) {
+    release_slot(r, s, usable);
+    throw;
+  }
+  release_slot(r, s, true);
+  chunks_.fetch_add(1, std::memory_order_relaxed);
+  staged_bytes_.fetch_add(n, std::memory_order_relaxed);
+}
+
+template <class Runtime>
+bool basic_transfer_pipeline<Runtime>::claim(job& j, std::size_t& index)
+{
+  // jobs_mutex_ held
+  if (j.failed || j.next >= j.chunks) { return false; }
+  index = j.next++;
+  ++j.inflight;
+  if (j.next == j.chunks) {
+    auto it = std::find(jobs_.begin(), jobs_.end(), &j);
+    if (it != jobs_.end()) { jobs_.erase(it); }
+  }
+  return true;
+}
+
+template <class Runtime>
+void basic_transfer_pipeline<Runtime>::finish_chunk(job& j, std::exception_ptr error)
+{
+  // jobs_mutex_ held
+  --j.inflight;
+  if (error && !j.failed) {
+    j.failed = true;
+    j.error  = error;
+    auto it  = std::find(jobs_.begin(), jobs_.end(), &j);
+    if (it != jobs_.end()) { jobs_.erase(it); }
+  }
+  if (j.inflight == 0 && (j.failed || j.next == j.chunks)) { done_cv_.notify_all(); }
+}
+
+template <class Runtime>
+void basic_transfer_pipeline<Runtime>::worker_loop()
+{
+  std::unique_lock<std::mutex> lock{jobs_mutex_};
+  for (;;) {
+    jobs_cv_.wait(lock, [this] { return stopping_ || !jobs_.empty(); });
+    if (stopping_) { return; }
+    job& j            = *jobs_[next_job_++ % jobs_.size()];
+    std::size_t index = 0;
+    if (!claim(j, index)) { continue; }
+    lock.unlock();
+    std::exception_ptr error;
+    try {
+      do_chunk(j, index);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    lock.lock();
+    finish_chunk(j, error);
+  }
+}
+
+template <class Runtime>
+void basic_transfer_pipeline<Runtime>::run_job(job& j)
+{
+  std::unique_lock<std::mutex> lock{jobs_mutex_};
+  if (j.chunks > 1 && !workers_.empty()) {
+    jobs_.push_back(&j);
+    jobs_cv_.notify_all();
+  }
+  std::size_t index = 0;
+  while (claim(j, index)) {
+    lock.unlock();
+    std::exception_ptr error;
+    try {
+      do_chunk(j, index);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    lock.lock();
+    finish_chunk(j, error);
+  }
+  done_cv_.wait(lock, [&] { return j.inflight == 0 && (j.failed || j.next == j.chunks); });
+  auto it = std::find(jobs_.begin(), jobs_.end(), &j);
+  if (it != jobs_.end()) { jobs_.erase(it); }
+}
+
+template <class Runtime>
+void basic_transfer_pipeline<Runtime>::transfer(int dir, char* device, char* host,
+                                                std::size_t bytes, host_memory kind,
+                                                stream_type stream)
+{
+  char const* call = dir == 0 ? "transfer_pipeline::copy_to_device_async: "
+                              : "transfer_pipeline::copy_to_host_async: ";
+  auto hex         = [](void const* p) { return detail::pinned_hex(p); };
+  GPUKIT_EXPECTS(bytes != 0, std::string{call} + "0 bytes requested");
+  GPUKIT_EXPECTS(device != nullptr && host != nullptr, std::string{call} + "null pointer (device " +
+                                                         hex(device) + ", host " + hex(host) +
+                                                         ", " + std::to_string(bytes) + " bytes)");
+  auto const d = reinterpret_cast<std::uintptr_t>(device);
+  auto const h = reinterpret_cast<std::uintptr_t>(host);
+  GPUKIT_EXPECTS(d + bytes > d && h + bytes > h, std::string{call} + std::to_string(bytes) +
+                                                   " bytes from " + hex(dir == 0 ? host : device) +
+                                                   " wrap around the address space");
+  GPUKIT_EXPECTS(d + bytes <= h || h + bytes <= d,
+                 std::string{call} + "source and destination overlap (device " + hex(device) +
+                   ", host " + hex(host) + ", " + std::to_string(bytes) + " bytes)");
+
+  bool const pinned =
+    kind == host_memory::pinned || (kind == host_memory::detect && pool_.owns(host, bytes));
+  if (pinned) {
+    if (dir == 0) {
+      GPUKIT_CUDA_TRY(
+        runtime_.memcpy_async(device, host, bytes, memcpy_kind::host_to_device, stream));
+    } else {
+      GPUKIT_CUDA_TRY(
+        runtime_.memcpy_async(host, device, bytes, memcpy_kind::device_to_host, stream));
+    }
+    direct_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+  } else {
+    stream_type const cs = streams_[dir];
+    {
+      event_type start = take_event();
+      cudaError_t e    = runtime_.event_record(start, stream);
+      if (e == cudaSuccess) { e = runtime_.stream_wait_event(cs, start); }
+      give_event(start);
+      GPUKIT_CUDA_TRY(e);
+    }
+    job j;
+    j.dir    = dir;
+    j.device = device;
+    j.host   = host;
+    j.bytes  = bytes;
+    j.chunks = (bytes + options_.chunk_bytes - 1) / options_.chunk_bytes;
+    run_job(j);
+    // The hand-off, also after a failure: what was enqueued must precede `stream`'s later work.
+    std::exception_ptr handoff_error;
+    try {
+      event_type done = take_event();
+      cudaError_t e   = runtime_.event_record(done, cs);
+      if (e == cudaSuccess) { e = runtime_.stream_wait_event(stream, done); }
+      give_event(done);
+      GPUKIT_CUDA_TRY(e);
+    } catch (...) {
+      handoff_error = std::current_exception();
+    }
+    if (j.error) { std::rethrow_exception(j.error); }
+    if (handoff_error) { std::rethrow_exception(handoff_error); }
+  }
+  (dir == 0 ? h2d_bytes_ : d2h_bytes_).fetch_add(bytes, std::memory_order_relaxed);
+  transfers_.fetch_add(1, std::memory_order_relaxed);
+}
+
+template <class Runtime>
+void basic_transfer_pipeline<Runtime>::copy_to_device_async(void* dst, void const* src,
+                                                            std::size_t bytes, host_memory src_kind,
+                                                            stream_type stream)
+{
+  transfer(0, static_cast<char*>(dst), static_cast<char*>(const_cast<void*>(src)), bytes, src_kind,
+           stream);
+}
+
+template <class Runtime>
+void basic_transfer_pipeline<Runtime>::copy_to_host_async(void* dst, void const* src,
+                                                          std::size_t bytes, host_memory dst_kind,
+                                                          stream_type stream)
+{
+  transfer(1, static_cast<char*>(const_cast<void*>(src)), static_cast<char*>(dst), bytes, dst_kind,
+           stream);
+}
+
+template <class Runtime>
+void basic_transfer_pipeline<Runtime>::prewarm()
+{
+  std::size_t missing = 0;
+  for (auto& r : rings_) {
+    std::lock_guard<std::mutex> lock{r->mutex};
+    missing += r->capacity - std::min(r->capacity, r->slots.size() + r->creating);
+  }
+  if (missing == 0) { return; }
+  pool_.prewarm(options_.chunk_bytes, missing);
+  // Take every slot of each ring once (pinned now, from the prewarmed buffers), then put them back.
+  for (auto& r : rings_) {
+    std::vector<slot*> taken;
+    try {
+      for (std::size_t i = 0; i < r->capacity; ++i) { taken.push_back(acquire_slot(*r)); }
+    } catch (...) {
+      for (slot* s : taken) { release_slot(*r, s, true); }
+      throw;
+    }
+    for (slot* s : taken) { release_slot(*r, s, true); }
+  }
+}
+
+template <class Runtime>
+transfer_stats basic_transfer_pipeline<Runtime>::stats() const
+{
+  transfer_stats s;
+  auto ld = [](std::atomic<std::uint64_t> const& a) { return a.load(std::memory_order_relaxed); };
+  s.transfers    = ld(transfers_);
+  s.h2d_bytes    = ld(h2d_bytes_);
+  s.d2h_bytes    = ld(d2h_bytes_);
+  s.staged_bytes = ld(staged_bytes_);
+  s.direct_bytes = ld(direct_bytes_);
+  s.chunks       = ld(chunks_);
+  s.chunk_waits  = ld(chunk_waits_);
+  for (auto const& r : rings_) {
+    std::lock_guard<std::mutex> lock{r->mutex};
+    s.staging_chunks += r->slots.size();
+  }
+  return s;
+}
+
+}  // namespace gpukit

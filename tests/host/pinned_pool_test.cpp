@@ -1,0 +1,247 @@
+// The pinned pool on the simulated GPU: the conformance cases, plus what only a simulated GPU can
+// show (stalled streams, injected faults, call counters).
+#include "transfer/transfer_conformance.hpp"
+
+#include <gpukit/host/pinned_pool.hpp>
+#include <gpukit/runtime/sim_runtime.hpp>
+
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <random>
+#include <set>
+#include <thread>
+#include <vector>
+
+using gpukit::sim_op;
+using gpukit::sim_runtime;
+using sim_pool = gpukit::basic_pinned_pool<sim_runtime>;
+using gpukit::test::fill_pattern;
+using gpukit::test::first_mismatch;
+using gpukit::test::kib;
+using gpukit::test::mib;
+
+namespace {
+
+gpukit::sim_config small_gpu()
+{
+  return gpukit::sim_config{}.with_devices(1, std::size_t{1} << 30);
+}
+
+}  // namespace
+
+TEST_SUITE("pinned_pool")
+{
+  TEST_CASE("conformance: reuse and size classes and statistics")
+  {
+    sim_runtime sim{small_gpu()};
+    gpukit::test::check_pool_basics(sim);
+  }
+  TEST_CASE("conformance: bad input gets a clear error and changes nothing")
+  {
+    sim_runtime sim{small_gpu()};
+    gpukit::test::check_pool_bad_input(sim);
+  }
+  TEST_CASE("conformance: the limit refuses growth")
+  {
+    sim_runtime sim{small_gpu()};
+    gpukit::test::check_pool_limit(sim);
+  }
+  TEST_CASE("conformance: a buffer returned with a stream comes back after its work")
+  {
+    sim_runtime sim{small_gpu()};
+    gpukit::test::check_pool_stream_return(sim);
+  }
+
+  TEST_CASE("a returned buffer is never handed out while its stream's work is pending")
+  {
+    sim_runtime sim{small_gpu()};
+    sim_pool pool{sim};
+    gpukit::test::stream_holder<sim_runtime> s{sim};
+    gpukit::test::device_buffer<sim_runtime> dev{sim, mib};
+    void* a = pool.allocate(mib);
+    fill_pattern(a, mib, 3);
+    GPUKIT_CUDA_TRY(sim.stall(s.s));
+    GPUKIT_CUDA_TRY(sim.memcpy_async(dev.p, a, mib, gpukit::memcpy_kind::host_to_device, s.s));
+    sim.reset_counters();
+    pool.deallocate_async(a, s.s);
+    CHECK(sim.calls(sim_op::event_record) == 1);  // one pooled event per return and stream
+    std::vector<void*> others;
+    for (int i = 0; i < 5; ++i) {
+      others.push_back(pool.allocate(mib));
+      CHECK(others.back() != a);
+    }
+    CHECK(pool.stats().pending_bytes == static_cast<std::int64_t>(mib));
+    CHECK(sim.synchronizations() == 0);  // polled with event_query, never waited on
+    CHECK(sim.calls(sim_op::device_synchronize) == 0);
+    for (void* p : others) { pool.deallocate(p); }
+    // Buffers returned without a stream are reused at once, LIFO; a stays pending.
+    void* again = pool.allocate(mib);
+    CHECK(again != a);
+    pool.deallocate(again);
+    GPUKIT_CUDA_TRY(sim.release(s.s));
+    GPUKIT_CUDA_TRY(sim.stream_synchronize(s.s));
+    std::set<void*> seen;
+    std::vector<void*> later;
+    for (int i = 0; i < 6; ++i) {
+      later.push_back(pool.allocate(mib));
+      seen.insert(later.back());
+    }
+    CHECK(seen.count(a) == 1);
+    CHECK(first_mismatch(a, mib, 3) == mib);  // nobody wrote it while it was pending
+    for (void* p : later) { pool.deallocate(p); }
+    CHECK(pool.stats().pending_bytes == 0);
+    CHECK(pool.stats().num_host_allocs == 6);
+  }
+
+  TEST_CASE("record_stream makes a return wait on every stream that used the buffer")
+  {
+    sim_runtime sim{small_gpu()};
+    sim_pool pool{sim};
+    gpukit::test::stream_holder<sim_runtime> a{sim}, b{sim};
+    GPUKIT_CUDA_TRY(sim.stall(b.s));
+    auto buf   = pool.acquire(64 * kib);
+    void* addr = buf.data();
+    buf.record_stream(b.s);
+    pool.record_stream(addr, b.s);  // twice: still one event for b
+    sim.reset_counters();
+    void* raw = buf.release();
+    pool.deallocate_async(raw, a.s);
+    CHECK(sim.calls(sim_op::event_record) == 2);
+    GPUKIT_CUDA_TRY(sim.stream_synchronize(a.s));
+    void* x = pool.allocate(64 * kib);
+    CHECK(x != addr);  // a is done, b is not
+    pool.deallocate(x);
+    GPUKIT_CUDA_TRY(sim.release(b.s));
+    GPUKIT_CUDA_TRY(sim.stream_synchronize(b.s));
+    void* y = pool.allocate(64 * kib);
+    void* z = pool.allocate(64 * kib);
+    CHECK((y == addr || z == addr));
+    pool.deallocate(y);
+    pool.deallocate(z);
+  }
+
+  TEST_CASE("registered user memory is a source of buffers and is unregistered at the end")
+  {
+    sim_runtime sim{small_gpu()};
+    std::vector<unsigned char> mine(4 * mib + 123);
+    {
+      sim_pool pool{sim};
+      pool.add_host_memory(mine.data(), mine.size());
+      CHECK(pool.stats().num_host_registers == 1);
+      CHECK(pool.owns(mine.data() + 10, 100));
+      void* p = pool.allocate(mib);
+      void* q = pool.allocate(2 * mib);
+      CHECK(pool.owns(p, mib));
+      CHECK(pool.owns(q, 2 * mib));
+      CHECK(pool.stats().num_host_allocs == 0);
+      CHECK(reinterpret_cast<std::uintptr_t>(p) % 4096 == 0);
+      void* r = pool.allocate(2 * mib);  // does not fit what is left: pinned on its own
+      CHECK_FALSE(pool.owns(r, 1) == false);
+      CHECK(pool.stats().num_host_allocs == 1);
+      pool.deallocate(p);
+      pool.deallocate(q);
+      pool.deallocate(r);
+      // Registering the same memory twice is the runtime's error, and changes nothing.
+      CHECK_THROWS_AS(pool.add_host_memory(mine.data(), 4096), gpukit::cuda_error);
+      CHECK(pool.stats().reserved_bytes.current ==
+            static_cast<std::int64_t>(mine.size() + 2 * mib));
+      CHECK(sim.calls(sim_op::host_unregister) == 0);
+    }
+    CHECK(sim.calls(sim_op::host_unregister) == 1);
+    CHECK(sim.calls(sim_op::host_free) == 1);
+  }
+
+  TEST_CASE("prewarm makes buffers ready with one host_alloc")
+  {
+    sim_runtime sim{small_gpu()};
+    sim_pool pool{sim};
+    pool.prewarm(3 * mib, 4);
+    CHECK(pool.stats().num_host_allocs == 1);
+    CHECK(pool.stats().cached_bytes.current ==
+          static_cast<std::int64_t>(4 * pool.class_size(3 * mib)));
+    std::vector<void*> v;
+    for (int i = 0; i < 4; ++i) { v.push_back(pool.allocate(3 * mib - 5)); }
+    CHECK(pool.stats().num_cache_hits == 4);
+    CHECK(pool.stats().num_host_allocs == 1);
+    for (void* p : v) { pool.deallocate(p); }
+    CHECK_THROWS_AS(pool.prewarm(0, 3), gpukit::logic_error);
+  }
+
+  TEST_CASE("a failing host_alloc leaves the pool unchanged")
+  {
+    sim_runtime sim{small_gpu()};
+    sim_pool pool{sim};
+    sim.inject_fault(sim_op::host_alloc, 1, cudaErrorMemoryAllocation);
+    CHECK_THROWS_AS((void)pool.allocate(mib), gpukit::cuda_error);
+    auto const s = pool.stats();
+    CHECK(s.reserved_bytes.current == 0);
+    CHECK(s.allocation_count.current == 0);
+    CHECK(s.num_allocs == 0);
+    void* p = pool.allocate(mib);
+    CHECK(pool.stats().reserved_bytes.current == static_cast<std::int64_t>(mib));
+    pool.deallocate(p);
+  }
+
+  TEST_CASE("a failing event record leaves the buffer handed out")
+  {
+    sim_runtime sim{small_gpu()};
+    sim_pool pool{sim};
+    gpukit::test::stream_holder<sim_runtime> s{sim};
+    void* p = pool.allocate(mib);
+    sim.inject_fault(sim_op::event_record, 1, cudaErrorLaunchFailure);
+    CHECK_THROWS_AS(pool.deallocate_async(p, s.s), gpukit::cuda_error);
+    CHECK(pool.stats().allocation_count.current == 1);
+    pool.deallocate_async(p, s.s);  // may be returned again
+    CHECK(pool.stats().allocation_count.current == 0);
+  }
+}
+
+TEST_SUITE("sim_concurrency")
+{
+  TEST_CASE("pinned_pool: threads allocate and fill and return with and without streams")
+  {
+    sim_runtime sim{small_gpu()};
+    sim_pool pool{sim};
+    pool.reserve(8 * mib);
+    constexpr int threads = 6;
+    std::atomic<int> bad{0};
+    std::vector<std::thread> ts;
+    for (int t = 0; t < threads; ++t) {
+      ts.emplace_back([&, t] {
+        gpukit::test::stream_holder<sim_runtime> s{sim};
+        std::mt19937 rng{static_cast<unsigned>(t)};
+        std::vector<std::pair<void*, std::size_t>> held;
+        for (int i = 0; i < 400; ++i) {
+          std::size_t const n = 1 + rng() % (300 * kib);
+          void* p             = pool.allocate(n);
+          auto const seed     = static_cast<std::uint32_t>(t * 100000 + i);
+          fill_pattern(p, std::min<std::size_t>(n, 4096), seed);
+          held.emplace_back(p, n);
+          if (held.size() > 4) {
+            auto [q, m] = held.front();
+            held.erase(held.begin());
+            if (rng() % 2 == 0) {
+              pool.deallocate(q);
+            } else {
+              pool.deallocate_async(q, s.s);
+            }
+          }
+          if (first_mismatch(p, std::min<std::size_t>(n, 4096), seed) !=
+              std::min<std::size_t>(n, 4096)) {
+            ++bad;
+          }
+        }
+        for (auto [q, m] : held) { pool.deallocate_async(q, s.s); }
+        GPUKIT_CUDA_TRY(sim.stream_synchronize(s.s));
+      });
+    }
+    for (auto& t : ts) { t.join(); }
+    CHECK(bad.load() == 0);
+    auto const st = pool.stats();
+    CHECK(st.allocation_count.current == 0);
+    CHECK(st.num_allocs == threads * 400);
+    CHECK(st.num_frees == threads * 400);
+    CHECK(pool.release_cached() == static_cast<std::size_t>(st.reserved_bytes.current));
+  }
+}

@@ -1,0 +1,358 @@
+// The pinned pool, transfer pipeline and prefetcher cases that run on every Runtime: the
+// simulated GPU (transfer_test.cpp) and a real one (transfer_gpu_test.cpp).
+#pragma once
+
+#include <gpukit/host/pinned_pool.hpp>
+#include <gpukit/memory/caching_allocator.hpp>
+#include <gpukit/transfer/prefetcher.hpp>
+#include <gpukit/transfer/transfer_pipeline.hpp>
+
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <set>
+#include <thread>
+#include <vector>
+
+namespace gpukit::test {
+
+inline constexpr std::size_t kib = std::size_t{1} << 10;
+inline constexpr std::size_t mib = std::size_t{1} << 20;
+
+/// Fills [p, p + bytes) with a pattern that differs per byte and per seed.
+inline void fill_pattern(void* p, std::size_t bytes, std::uint32_t seed)
+{
+  auto* b         = static_cast<unsigned char*>(p);
+  std::uint32_t x = seed * 2654435761u + 1;
+  for (std::size_t i = 0; i < bytes; ++i) {
+    x ^= x << 13;
+    x ^= x >> 17;
+    x ^= x << 5;
+    b[i] = static_cast<unsigned char>(x);
+  }
+}
+
+/// The index of the first byte that differs from the pattern, or bytes when none does.
+inline std::size_t first_mismatch(void const* p, std::size_t bytes, std::uint32_t seed)
+{
+  std::vector<unsigned char> want(bytes);
+  fill_pattern(want.data(), bytes, seed);
+  auto const* b = static_cast<unsigned char const*>(p);
+  for (std::size_t i = 0; i < bytes; ++i) {
+    if (b[i] != want[i]) { return i; }
+  }
+  return bytes;
+}
+
+template <class Runtime>
+struct stream_holder {
+  Runtime& rt;
+  typename Runtime::stream_type s{};
+  explicit stream_holder(Runtime& r) : rt{r} { GPUKIT_CUDA_TRY(rt.stream_create(s)); }
+  ~stream_holder() { (void)rt.stream_destroy(s); }
+};
+
+template <class Runtime>
+struct device_buffer {
+  Runtime& rt;
+  void* p{nullptr};
+  device_buffer(Runtime& r, std::size_t bytes) : rt{r} { GPUKIT_CUDA_TRY(rt.malloc(&p, bytes)); }
+  ~device_buffer() { (void)rt.free(p); }
+};
+
+/// Reuse, size classes and statistics of the pinned pool.
+template <class Runtime>
+void check_pool_basics(Runtime& rt)
+{
+  basic_pinned_pool<Runtime> pool{rt};
+  CHECK(basic_pinned_pool<Runtime>::class_size(1) == 4096);
+  CHECK(basic_pinned_pool<Runtime>::class_size(600 * mib) == 640 * mib);  // <= 12.5% lost
+  for (std::size_t n : {std::size_t{4097}, std::size_t{100000}, 3 * mib + 1, 600 * mib + 7}) {
+    std::size_t const c = basic_pinned_pool<Runtime>::class_size(n);
+    CHECK(c >= n);
+    CHECK((c - n) * 8 <= n);
+  }
+  void* a = pool.allocate(100 * kib);
+  fill_pattern(a, 100 * kib, 1);
+  auto s = pool.stats();
+  CHECK(s.num_host_allocs == 1);
+  CHECK(s.allocated_bytes.current == static_cast<std::int64_t>(pool.class_size(100 * kib)));
+  CHECK(s.requested_bytes.current == static_cast<std::int64_t>(100 * kib));
+  CHECK(s.allocation_count.current == 1);
+  CHECK(pool.owns(a, 100 * kib));
+  CHECK_FALSE(pool.owns(&s, 1));
+  pool.deallocate(a);
+  void* b = pool.allocate(100 * kib - 3);  // same class, no stream used it: the same buffer
+  CHECK(b == a);
+  s = pool.stats();
+  CHECK(s.num_cache_hits == 1);
+  CHECK(s.num_host_allocs == 1);
+  pool.deallocate(b);
+  // Reserved memory is carved: no host_alloc for buffers that fit.
+  pool.reserve(4 * mib);
+  std::vector<void*> carved;
+  for (int i = 0; i < 4; ++i) { carved.push_back(pool.allocate(mib - 100)); }
+  s = pool.stats();
+  CHECK(s.num_host_allocs == 2);
+  CHECK(s.allocation_count.current == 4);
+  CHECK(s.reserved_bytes.current ==
+        static_cast<std::int64_t>(4 * mib + pool.class_size(100 * kib)));
+  for (std::size_t i = 0; i < carved.size(); ++i) {
+    fill_pattern(carved[i], mib - 100, static_cast<std::uint32_t>(i));
+  }
+  for (std::size_t i = 0; i < carved.size(); ++i) {  // no two overlap
+    CHECK(first_mismatch(carved[i], mib - 100, static_cast<std::uint32_t>(i)) == mib - 100);
+    pool.deallocate(carved[i]);
+  }
+  s = pool.stats();
+  CHECK(s.allocated_bytes.current == 0);
+  CHECK(s.allocated_bytes.peak == static_cast<std::int64_t>(4 * mib));
+  CHECK(s.cached_bytes.current == s.reserved_bytes.current);
+  // RAII handle.
+  {
+    auto buf = pool.acquire(mib);
+    CHECK(buf);
+    CHECK(buf.size() == mib);
+    CHECK(pool.stats().allocation_count.current == 1);
+  }
+  CHECK(pool.stats().allocation_count.current == 0);
+  CHECK(pool.release_cached() == static_cast<std::size_t>(s.reserved_bytes.current));
+  CHECK(pool.stats().reserved_bytes.current == 0);
+  CHECK(pool.stats().num_host_frees == 2);
+}
+
+/// Bad input gets a clear error naming the value, and leaves the pool as it was.
+template <class Runtime>
+void check_pool_bad_input(Runtime& rt)
+{
+  basic_pinned_pool<Runtime> pool{rt};
+  void* a           = pool.allocate(64 * kib);
+  auto const before = pool.stats();
+  CHECK_THROWS_WITH_AS((void)pool.allocate(0), doctest::Contains("0 bytes"), gpukit::logic_error);
+  CHECK_THROWS_WITH_AS((void)pool.allocate(std::size_t{1} << 60),
+                       doctest::Contains("1152921504606846976"), gpukit::bad_alloc);
+  int local = 0;
+  CHECK_THROWS_WITH_AS(pool.deallocate(&local), doctest::Contains("never handed out"),
+                       gpukit::logic_error);
+  CHECK_THROWS_AS(pool.deallocate(static_cast<char*>(a) + 16), gpukit::logic_error);
+  CHECK_THROWS_AS(pool.record_stream(&local, typename Runtime::stream_type{}), gpukit::logic_error);
+  auto const after = pool.stats();
+  CHECK(after.allocation_count.current == before.allocation_count.current);
+  CHECK(after.num_frees == before.num_frees);
+  pool.deallocate(a);
+  CHECK_THROWS_WITH_AS(pool.deallocate(a), doctest::Contains("double return"), gpukit::logic_error);
+  CHECK(pool.stats().num_frees == before.num_frees + 1);
+  CHECK_THROWS_AS(pool.reserve(0), gpukit::logic_error);
+  CHECK_THROWS_AS(pool.add_host_memory(nullptr, 4096), gpukit::logic_error);
+}
+
+/// The limit refuses growth with bad_alloc naming the request and the limit; cached buffers
+/// still serve.
+template <class Runtime>
+void check_pool_limit(Runtime& rt)
+{
+  pinned_pool_options o;
+  o.limit_bytes = 2 * mib;
+  basic_pinned_pool<Runtime> pool{rt, o};
+  void* a = pool.allocate(mib);
+  void* b = pool.allocate(mib);
+  CHECK_THROWS_WITH_AS((void)pool.allocate(4096), doctest::Contains("limit of 2097152"),
+                       gpukit::bad_alloc);
+  CHECK(pool.stats().num_limit_refusals == 1);
+  CHECK_THROWS_AS(pool.reserve(mib), gpukit::bad_alloc);
+  pool.deallocate(a);
+  void* c = pool.allocate(mib);  // cached: fits under the limit
+  CHECK(c == a);
+  pool.deallocate(b);
+  pool.deallocate(c);
+  CHECK(pool.stats().reserved_bytes.current == static_cast<std::int64_t>(2 * mib));
+  pool.set_limit(0);
+  void* d = pool.allocate(4 * mib);
+  pool.deallocate(d);
+}
+
+/// A buffer returned with a stream is handed out again once that stream's work is done.
+template <class Runtime>
+void check_pool_stream_return(Runtime& rt)
+{
+  basic_pinned_pool<Runtime> pool{rt};
+  stream_holder<Runtime> s{rt};
+  device_buffer<Runtime> dev{rt, mib};
+  void* a = pool.allocate(mib);
+  fill_pattern(a, mib, 7);
+  GPUKIT_CUDA_TRY(rt.memcpy_async(dev.p, a, mib, memcpy_kind::host_to_device, s.s));
+  pool.deallocate_async(a, s.s);
+  CHECK(pool.stats().num_events_recorded == 1);
+  GPUKIT_CUDA_TRY(rt.stream_synchronize(s.s));
+  void* b = pool.allocate(mib);
+  CHECK(b == a);
+  std::memset(b, 0, mib);
+  GPUKIT_CUDA_TRY(rt.memcpy_async(b, dev.p, mib, memcpy_kind::device_to_host, s.s));
+  GPUKIT_CUDA_TRY(rt.stream_synchronize(s.s));
+  CHECK(first_mismatch(b, mib, 7) == mib);
+  pool.deallocate(b);
+}
+
+/// Host to device and back through the pipeline, for sizes around the chunk size, pageable and
+/// pinned, every byte checked.
+template <class Runtime>
+void check_pipeline_roundtrip(Runtime& rt, int threads)
+{
+  basic_pinned_pool<Runtime> pool{rt};
+  transfer_options o;
+  o.chunk_bytes     = 64 * kib;
+  o.staging_threads = threads;
+  o.ring_chunks     = 3;
+  basic_transfer_pipeline<Runtime> pipe{rt, pool, o};
+  stream_holder<Runtime> s{rt};
+  std::uint32_t seed = 100;
+  for (std::size_t bytes : {std::size_t{1}, std::size_t{4095}, 64 * kib, 64 * kib + 1,
+                            5 * 64 * kib - 17, 3 * mib + 12345}) {
+    for (bool pinned : {false, true}) {
+      CAPTURE(bytes);
+      CAPTURE(pinned);
+      ++seed;
+      device_buffer<Runtime> dev{rt, bytes + 64};
+      std::vector<unsigned char> pageable_src(bytes), pageable_dst(bytes + 64, 0xEE);
+      void* src = pageable_src.data();
+      void* dst = pageable_dst.data();
+      pinned_buffer<Runtime> psrc, pdst;
+      if (pinned) {
+        psrc = pool.acquire(bytes);
+        pdst = pool.acquire(bytes);
+        src  = psrc.data();
+        dst  = pdst.data();
+      }
+      fill_pattern(src, bytes, seed);
+      auto const before = pipe.stats();
+      pipe.copy_to_device_async(dev.p, src, bytes, s.s);
+      if (!pinned) { std::memset(src, 0, bytes); }  // pageable: reusable once the call returns
+      pipe.copy_to_host_async(dst, dev.p, bytes, s.s);
+      if (pinned) { GPUKIT_CUDA_TRY(rt.stream_synchronize(s.s)); }
+      CHECK(first_mismatch(dst, bytes, seed) == bytes);
+      if (!pinned) { CHECK(pageable_dst[bytes] == 0xEE); }  // nothing written past the end
+      auto const after = pipe.stats();
+      if (pinned) {
+        CHECK(after.direct_bytes - before.direct_bytes == 2 * bytes);
+      } else {
+        CHECK(after.staged_bytes - before.staged_bytes == 2 * bytes);
+      }
+      if (pinned) {
+        psrc.record_stream(s.s);
+        pdst.record_stream(s.s);
+      }
+    }
+  }
+  CHECK(pipe.stats().staging_chunks <= 6);
+  GPUKIT_CUDA_TRY(rt.stream_synchronize(s.s));
+}
+
+/// A host-to-device and a device-to-host transfer at once, from two threads, several times.
+template <class Runtime>
+void check_pipeline_bidirectional(Runtime& rt)
+{
+  basic_pinned_pool<Runtime> pool{rt};
+  transfer_options o;
+  o.chunk_bytes     = 256 * kib;
+  o.staging_threads = 4;
+  basic_transfer_pipeline<Runtime> pipe{rt, pool, o};
+  stream_holder<Runtime> up{rt}, down{rt};
+  std::size_t const bytes = 4 * mib + 777;
+  device_buffer<Runtime> dev_in{rt, bytes}, dev_out{rt, bytes};
+  std::vector<unsigned char> in(bytes), out(bytes);
+  fill_pattern(in.data(), bytes, 1);
+  pipe.copy_to_device_async(dev_out.p, in.data(), bytes, down.s);  // what D2H will read
+  for (std::uint32_t round = 0; round < 4; ++round) {
+    fill_pattern(in.data(), bytes, 10 + round);
+    std::thread t{[&] { pipe.copy_to_device_async(dev_in.p, in.data(), bytes, up.s); }};
+    pipe.copy_to_host_async(out.data(), dev_out.p, bytes, down.s);
+    t.join();
+    CHECK(first_mismatch(out.data(), bytes, round == 0 ? 1 : 10 + round - 1) == bytes);
+    // What went up this round comes down next round.
+    GPUKIT_CUDA_TRY(rt.stream_synchronize(up.s));
+    GPUKIT_CUDA_TRY(
+      rt.memcpy_async(dev_out.p, dev_in.p, bytes, memcpy_kind::device_to_device, down.s));
+    GPUKIT_CUDA_TRY(rt.stream_synchronize(down.s));  // before the next round overwrites dev_in
+  }
+  CHECK(pipe.stats().h2d_bytes == 5 * bytes);
+  CHECK(pipe.stats().d2h_bytes == 4 * bytes);
+  GPUKIT_CUDA_TRY(rt.stream_synchronize(down.s));
+}
+
+/// Bad input: nothing is copied, a clear error.
+template <class Runtime>
+void check_pipeline_bad_input(Runtime& rt)
+{
+  basic_pinned_pool<Runtime> pool{rt};
+  transfer_options o;
+  o.chunk_bytes     = 64 * kib;
+  o.staging_threads = 2;
+  basic_transfer_pipeline<Runtime> pipe{rt, pool, o};
+  stream_holder<Runtime> s{rt};
+  device_buffer<Runtime> dev{rt, mib};
+  std::vector<unsigned char> host(mib);
+  CHECK_THROWS_WITH_AS(pipe.copy_to_device_async(dev.p, host.data(), 0, s.s),
+                       doctest::Contains("0 bytes"), gpukit::logic_error);
+  CHECK_THROWS_WITH_AS(pipe.copy_to_device_async(nullptr, host.data(), 16, s.s),
+                       doctest::Contains("null pointer"), gpukit::logic_error);
+  CHECK_THROWS_WITH_AS(pipe.copy_to_host_async(nullptr, dev.p, 16, s.s),
+                       doctest::Contains("null pointer"), gpukit::logic_error);
+  CHECK_THROWS_WITH_AS(
+    pipe.copy_to_device_async(host.data() + 100, host.data(), 1000, host_memory::pageable, s.s),
+    doctest::Contains("overlap"), gpukit::logic_error);
+  CHECK_THROWS_WITH_AS(pipe.copy_to_device_async(
+                         dev.p, reinterpret_cast<void const*>(~std::uintptr_t{0} - 8), 64, s.s),
+                       doctest::Contains("wrap"), gpukit::logic_error);
+  CHECK(pipe.stats().transfers == 0);
+  CHECK(pipe.stats().chunks == 0);
+}
+
+/// The prefetcher hands batches out in order, each with its bytes, ready after its event.
+template <class Runtime>
+void check_prefetcher_order(Runtime& rt, int device = 0)
+{
+  basic_pinned_pool<Runtime> pool{rt};
+  transfer_options o;
+  o.chunk_bytes     = 128 * kib;
+  o.staging_threads = 3;
+  basic_transfer_pipeline<Runtime> pipe{rt, pool, o};
+  basic_caching_allocator<Runtime> alloc{rt, device};
+  std::size_t const steps = 12;
+  std::vector<std::vector<unsigned char>> data(steps);
+  for (std::size_t i = 0; i < steps; ++i) {
+    data[i].resize(300 * kib + i * 4099);
+    fill_pattern(data[i].data(), data[i].size(), static_cast<std::uint32_t>(1000 + i));
+  }
+  stream_holder<Runtime> compute{rt};
+  std::vector<unsigned char> back;
+  {
+    prefetcher_options po;
+    po.depth = 2;
+    basic_prefetcher<Runtime> loader{pipe, alloc,
+                                     [&](std::size_t i) {
+                                       if (i == steps) { return host_batch{}; }
+                                       return host_batch{data[i].data(), data[i].size()};
+                                     },
+                                     po};
+    std::size_t expect = 0;
+    while (auto b = loader.next(compute.s)) {
+      CHECK(b->index == expect);
+      REQUIRE(b->bytes == data[expect].size());
+      back.assign(b->bytes, 0);
+      pipe.copy_to_host_async(back.data(), b->data, b->bytes, host_memory::pageable, compute.s);
+      CHECK(first_mismatch(back.data(), back.size(), static_cast<std::uint32_t>(1000 + expect)) ==
+            back.size());
+      loader.release(*b, compute.s);
+      ++expect;
+    }
+    CHECK(expect == steps);
+    CHECK(loader.handed_out() == steps);
+    CHECK_FALSE(loader.next().has_value());  // stays at the end
+    GPUKIT_CUDA_TRY(rt.stream_synchronize(compute.s));
+  }
+  alloc.forget_stream(compute.s);
+  CHECK(alloc.stats().allocation_count.current == 0);
+}
+
+}  // namespace gpukit::test

@@ -1,0 +1,326 @@
+// The transfer pipeline and the prefetcher on the simulated GPU: the conformance cases, plus what
+// only a simulated GPU can show (stalled copy streams, injected faults, call counters).
+#include "transfer/transfer_conformance.hpp"
+
+#include <gpukit/runtime/sim_runtime.hpp>
+#include <gpukit/transfer/prefetcher.hpp>
+#include <gpukit/transfer/transfer_pipeline.hpp>
+
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+using gpukit::sim_op;
+using gpukit::sim_runtime;
+using sim_pool     = gpukit::basic_pinned_pool<sim_runtime>;
+using sim_pipeline = gpukit::basic_transfer_pipeline<sim_runtime>;
+using gpukit::test::fill_pattern;
+using gpukit::test::first_mismatch;
+using gpukit::test::kib;
+using gpukit::test::mib;
+
+namespace {
+
+gpukit::sim_config small_gpu()
+{
+  return gpukit::sim_config{}.with_devices(1, std::size_t{1} << 30);
+}
+
+/// Waits (up to 5 s) until pred holds.
+template <class Pred>
+bool eventually(Pred pred)
+{
+  auto const until = std::chrono::steady_clock::now() + std::chrono::seconds{5};
+  while (!pred()) {
+    if (std::chrono::steady_clock::now() > until) { return false; }
+    std::this_thread::sleep_for(std::chrono::milliseconds{1});
+  }
+  return true;
+}
+
+gpukit::transfer_options small_chunks(int threads, std::size_t ring = 0)
+{
+  gpukit::transfer_options o;
+  o.chunk_bytes     = 64 * kib;
+  o.staging_threads = threads;
+  o.ring_chunks     = ring;
+  return o;
+}
+
+}  // namespace
+
+TEST_SUITE("transfer")
+{
+  TEST_CASE("conformance: round trips of pageable and pinned memory on the calling thread")
+  {
+    sim_runtime sim{small_gpu()};
+    gpukit::test::check_pipeline_roundtrip(sim, 1);
+  }
+  TEST_CASE("conformance: bad input is refused before anything is copied")
+  {
+    sim_runtime sim{small_gpu()};
+    gpukit::test::check_pipeline_bad_input(sim);
+  }
+
+  TEST_CASE("a staging chunk is never refilled while the copy from it is pending")
+  {
+    sim_runtime sim{small_gpu()};
+    sim_pool pool{sim};
+    sim_pipeline pipe{sim, pool, small_chunks(1, 2)};
+    gpukit::test::stream_holder<sim_runtime> s{sim};
+    std::size_t const bytes = 5 * 64 * kib + 99;
+    gpukit::test::device_buffer<sim_runtime> dev{sim, bytes};
+    std::vector<unsigned char> src(bytes);
+    fill_pattern(src.data(), bytes, 42);
+    GPUKIT_CUDA_TRY(sim.stall(pipe.h2d_stream()));
+    std::thread t{[&] { pipe.copy_to_device_async(dev.p, src.data(), bytes, s.s); }};
+    CHECK(eventually([&] { return pipe.stats().chunks == 2; }));
+    std::this_thread::sleep_for(std::chrono::milliseconds{30});
+    CHECK(pipe.stats().chunks == 2);  // both chunks' copies are pending: the third waits
+    CHECK(pipe.stats().staging_chunks == 2);
+    CHECK(sim.calls(sim_op::device_synchronize) == 0);
+    GPUKIT_CUDA_TRY(sim.release(pipe.h2d_stream()));
+    t.join();
+    CHECK(pipe.stats().chunk_waits >= 1);
+    std::vector<unsigned char> back(bytes);
+    GPUKIT_CUDA_TRY(
+      sim.memcpy_async(back.data(), dev.p, bytes, gpukit::memcpy_kind::device_to_host, s.s));
+    GPUKIT_CUDA_TRY(sim.stream_synchronize(s.s));
+    CHECK(first_mismatch(back.data(), bytes, 42) == bytes);
+  }
+
+  TEST_CASE("transfers wait for the consumer stream's earlier work and hand their own to it")
+  {
+    sim_runtime sim{small_gpu()};
+    sim_pool pool{sim};
+    sim_pipeline pipe{sim, pool, small_chunks(1, 3)};
+    gpukit::test::stream_holder<sim_runtime> s{sim};
+    std::size_t const bytes = 3 * 64 * kib - 5;  // 3 chunks: a ring of 3 never waits
+    gpukit::test::device_buffer<sim_runtime> dev{sim, bytes};
+    std::vector<unsigned char> src(bytes), dst(bytes, 0);
+    fill_pattern(src.data(), bytes, 5);
+    GPUKIT_CUDA_TRY(sim.stall(s.s));  // earlier work on s: the copies must not start
+    GPUKIT_CUDA_TRY(sim.memset_async(dev.p, 0, bytes, s.s));
+    pipe.copy_to_device_async(dev.p, src.data(), bytes, s.s);  // staged; copies wait on s
+    CHECK(pipe.stats().chunks == 3);
+    std::this_thread::sleep_for(std::chrono::milliseconds{20});
+    CHECK(sim.stream_query(pipe.h2d_stream()) == cudaErrorNotReady);
+    std::thread t{[&] { pipe.copy_to_host_async(dst.data(), dev.p, bytes, s.s); }};
+    std::this_thread::sleep_for(std::chrono::milliseconds{20});
+    CHECK(dst[0] == 0);  // nothing arrives before s's earlier work has run
+    GPUKIT_CUDA_TRY(sim.release(s.s));
+    t.join();
+    CHECK(first_mismatch(dst.data(), bytes, 5) == bytes);
+    CHECK(sim.calls(sim_op::device_synchronize) == 0);
+    CHECK(sim.calls(sim_op::launch_host_func) == 0);
+  }
+
+  TEST_CASE("a failing memcpy_async mid-transfer gives a clear error and leaks nothing")
+  {
+    sim_runtime sim{small_gpu()};
+    std::size_t const bytes = 6 * 64 * kib + 1;
+    {
+      sim_pool pool{sim};
+      {
+        sim_pipeline pipe{sim, pool, small_chunks(1, 3)};
+        gpukit::test::stream_holder<sim_runtime> s{sim};
+        gpukit::test::device_buffer<sim_runtime> dev{sim, bytes};
+        std::vector<unsigned char> src(bytes), dst(bytes);
+        fill_pattern(src.data(), bytes, 9);
+        sim.inject_fault(sim_op::memcpy_async, 3, cudaErrorLaunchFailure);
+        try {
+          pipe.copy_to_device_async(dev.p, src.data(), bytes, s.s);
+          FAIL("the third chunk's copy fails");
+        } catch (gpukit::cuda_error const& e) {
+          CHECK(e.code() == cudaErrorLaunchFailure);
+          CHECK(std::string{e.what()}.find("memcpy_async") != std::string::npos);
+        }
+        CHECK(pipe.stats().chunks == 2);
+        CHECK(pool.stats().allocation_count.current ==
+              static_cast<std::int64_t>(pipe.stats().staging_chunks));
+        // The pipeline still works, and a device-to-host failure is reported the same way.
+        pipe.copy_to_device_async(dev.p, src.data(), bytes, s.s);
+        sim.inject_fault(sim_op::memcpy_async, 2, cudaErrorLaunchFailure);
+        CHECK_THROWS_AS(pipe.copy_to_host_async(dst.data(), dev.p, bytes, s.s), gpukit::cuda_error);
+        pipe.copy_to_host_async(dst.data(), dev.p, bytes, s.s);
+        CHECK(first_mismatch(dst.data(), bytes, 9) == bytes);
+        GPUKIT_CUDA_TRY(sim.stream_synchronize(s.s));
+      }
+      CHECK(pool.stats().allocation_count.current == 0);  // every staging chunk came back
+      GPUKIT_CUDA_TRY(sim.device_synchronize());
+      CHECK(pool.release_cached() > 0);
+      CHECK(pool.stats().reserved_bytes.current == 0);
+    }
+    CHECK(sim.calls(sim_op::host_alloc) == sim.calls(sim_op::host_free));
+    CHECK(sim.calls(sim_op::event_create) == sim.calls(sim_op::event_destroy));
+  }
+
+  TEST_CASE("a failing host_alloc of a staging chunk mid-transfer gives a clear error")
+  {
+    sim_runtime sim{small_gpu()};
+    std::size_t const bytes = 8 * 64 * kib;
+    sim_pool pool{sim};
+    {
+      sim_pipeline pipe{sim, pool, small_chunks(1, 4)};
+      gpukit::test::stream_holder<sim_runtime> s{sim};
+      gpukit::test::device_buffer<sim_runtime> dev{sim, bytes};
+      std::vector<unsigned char> src(bytes), dst(bytes);
+      fill_pattern(src.data(), bytes, 11);
+      // Stalled, the first two chunks' copies stay pending, so the third chunk needs a new slot.
+      GPUKIT_CUDA_TRY(sim.stall(pipe.h2d_stream()));
+      sim.inject_fault(sim_op::host_alloc, 3, cudaErrorMemoryAllocation);
+      CHECK_THROWS_WITH_AS(pipe.copy_to_device_async(dev.p, src.data(), bytes, s.s),
+                           doctest::Contains("host_alloc"), gpukit::cuda_error);
+      CHECK(pipe.stats().staging_chunks == 2);
+      CHECK(pipe.stats().chunks == 2);
+      CHECK(pool.stats().allocation_count.current == 2);
+      GPUKIT_CUDA_TRY(sim.release(pipe.h2d_stream()));
+      pipe.copy_to_device_async(dev.p, src.data(), bytes, s.s);
+      pipe.copy_to_host_async(dst.data(), dev.p, bytes, s.s);
+      CHECK(first_mismatch(dst.data(), bytes, 11) == bytes);
+      GPUKIT_CUDA_TRY(sim.stream_synchronize(s.s));
+    }
+    CHECK(pool.stats().allocation_count.current == 0);
+  }
+
+  TEST_CASE("prewarm pins both rings before the first transfer")
+  {
+    sim_runtime sim{small_gpu()};
+    sim_pool pool{sim};
+    sim_pipeline pipe{sim, pool, small_chunks(1, 3)};
+    pipe.prewarm();
+    CHECK(pipe.stats().staging_chunks == 6);
+    CHECK(pool.stats().num_host_allocs == 1);
+    gpukit::test::stream_holder<sim_runtime> s{sim};
+    gpukit::test::device_buffer<sim_runtime> dev{sim, mib};
+    std::vector<unsigned char> src(mib);
+    pipe.copy_to_device_async(dev.p, src.data(), mib, s.s);
+    CHECK(pool.stats().num_host_allocs == 1);
+    GPUKIT_CUDA_TRY(sim.stream_synchronize(s.s));
+  }
+}
+
+TEST_SUITE("sim_concurrency")
+{
+  TEST_CASE("transfer: round trips with staging threads")
+  {
+    sim_runtime sim{small_gpu()};
+    gpukit::test::check_pipeline_roundtrip(sim, 4);
+  }
+  TEST_CASE("transfer: both directions at once")
+  {
+    sim_runtime sim{small_gpu()};
+    gpukit::test::check_pipeline_bidirectional(sim);
+  }
+  TEST_CASE("transfer: a failing copy with staging threads leaks nothing")
+  {
+    sim_runtime sim{small_gpu()};
+    sim_pool pool{sim};
+    std::size_t const bytes = 40 * 64 * kib + 3;
+    {
+      sim_pipeline pipe{sim, pool, small_chunks(4, 6)};
+      gpukit::test::stream_holder<sim_runtime> s{sim};
+      gpukit::test::device_buffer<sim_runtime> dev{sim, bytes};
+      std::vector<unsigned char> src(bytes), dst(bytes);
+      fill_pattern(src.data(), bytes, 77);
+      sim.inject_fault(sim_op::memcpy_async, 10, cudaErrorLaunchFailure);
+      CHECK_THROWS_AS(pipe.copy_to_device_async(dev.p, src.data(), bytes, s.s), gpukit::cuda_error);
+      pipe.copy_to_device_async(dev.p, src.data(), bytes, s.s);
+      pipe.copy_to_host_async(dst.data(), dev.p, bytes, s.s);
+      CHECK(first_mismatch(dst.data(), bytes, 77) == bytes);
+    }
+    CHECK(pool.stats().allocation_count.current == 0);
+  }
+  TEST_CASE("transfer: many pipelines share one pool and one device")
+  {
+    sim_runtime sim{small_gpu()};
+    sim_pool pool{sim};
+    std::atomic<int> bad{0};
+    std::vector<std::thread> ts;
+    for (int t = 0; t < 4; ++t) {
+      ts.emplace_back([&, t] {
+        sim_pipeline pipe{sim, pool, small_chunks(2, 3)};
+        gpukit::test::stream_holder<sim_runtime> s{sim};
+        for (int i = 0; i < 6; ++i) {
+          std::size_t const bytes = 100 * kib + static_cast<std::size_t>(t * 7919 + i * 4111);
+          gpukit::test::device_buffer<sim_runtime> dev{sim, bytes};
+          std::vector<unsigned char> src(bytes), dst(bytes);
+          auto const seed = static_cast<std::uint32_t>(t * 10 + i);
+          fill_pattern(src.data(), bytes, seed);
+          pipe.copy_to_device_async(dev.p, src.data(), bytes, s.s);
+          pipe.copy_to_host_async(dst.data(), dev.p, bytes, s.s);
+          if (first_mismatch(dst.data(), bytes, seed) != bytes) { ++bad; }
+        }
+        GPUKIT_CUDA_TRY(sim.stream_synchronize(s.s));
+      });
+    }
+    for (auto& t : ts) { t.join(); }
+    CHECK(bad.load() == 0);
+    CHECK(pool.stats().allocation_count.current == 0);
+  }
+  TEST_CASE("prefetcher: batches arrive in order with their bytes")
+  {
+    sim_runtime sim{small_gpu()};
+    gpukit::test::check_prefetcher_order(sim);
+  }
+  TEST_CASE("prefetcher: keeps exactly the next batch in flight")
+  {
+    sim_runtime sim{small_gpu()};
+    sim_pool pool{sim};
+    sim_pipeline pipe{sim, pool, small_chunks(2)};
+    gpukit::basic_caching_allocator<sim_runtime> alloc{sim, 0};
+    std::vector<unsigned char> data(200 * kib, 1);
+    std::atomic<std::size_t> asked{0};
+    gpukit::test::stream_holder<sim_runtime> compute{sim};
+    {
+      gpukit::basic_prefetcher<sim_runtime> loader{
+        pipe, alloc, [&](std::size_t i) {
+          asked = i + 1;
+          if (i == 5) { return gpukit::host_batch{}; }
+          return gpukit::host_batch{data.data(), data.size()};
+        }};
+      auto b0 = loader.next(compute.s);
+      REQUIRE(b0.has_value());
+      CHECK(eventually([&] { return asked.load() == 2; }));
+      std::this_thread::sleep_for(std::chrono::milliseconds{20});
+      CHECK(asked.load() == 2);  // batch 1 is in flight, batch 2 is not asked for yet
+      loader.release(*b0, compute.s);
+      CHECK_THROWS_AS(loader.release(*b0, compute.s), gpukit::logic_error);
+      auto b1 = loader.next(compute.s);
+      CHECK(b1->index == 1);
+      loader.release(*b1, compute.s);
+      GPUKIT_CUDA_TRY(sim.stream_synchronize(compute.s));
+    }
+    alloc.forget_stream(compute.s);
+  }
+  TEST_CASE("prefetcher: an error of the source reaches the consumer after the batches before it")
+  {
+    sim_runtime sim{small_gpu()};
+    sim_pool pool{sim};
+    sim_pipeline pipe{sim, pool, small_chunks(2)};
+    gpukit::basic_caching_allocator<sim_runtime> alloc{sim, 0};
+    std::vector<unsigned char> data(100 * kib, 2);
+    gpukit::test::stream_holder<sim_runtime> compute{sim};
+    {
+      gpukit::basic_prefetcher<sim_runtime> loader{
+        pipe, alloc, [&](std::size_t i) {
+          if (i == 3) { throw std::runtime_error{"batch 3 is corrupt"}; }
+          return gpukit::host_batch{data.data(), data.size()};
+        }};
+      for (std::size_t i = 0; i < 3; ++i) {
+        auto b = loader.next(compute.s);
+        REQUIRE(b.has_value());
+        CHECK(b->index == i);
+        loader.release(*b, compute.s);
+      }
+      CHECK_THROWS_WITH_AS((void)loader.next(), "batch 3 is corrupt", std::runtime_error);
+      CHECK_FALSE(loader.next().has_value());
+      GPUKIT_CUDA_TRY(sim.stream_synchronize(compute.s));
+    }
+    alloc.forget_stream(compute.s);
+  }
+}
