@@ -168,12 +168,27 @@ class ckpt_dp {
           if (lo_[right] > hi_[right] || lo_[left] > hi_[left]) continue;
           std::int64_t const first = std::max({lo, in + dt + sweep, lo_[right] + in, lo_[left]});
           std::int64_t const fw    = fsum[j] - fsum[s - 1];
-          for (std::int64_t m = first; m <= hi; ++m) {
-            std::int64_t const c = fw + at(right, m - in) + at(left, m);
-            if (c < best[m - lo]) {
-              best[m - lo] = c;
-              pick[m - lo] = static_cast<std::uint16_t>(k - s);
+          // The unclamped stretch first (contiguous reads: vectorizable), then the clamped tail.
+          auto const tag         = static_cast<std::uint16_t>(k - s);
+          std::int64_t const mid = std::min({hi, hi_[right] + in, hi_[left]});
+          std::int64_t m         = first;
+          if (first <= mid) {
+            std::int64_t const* rp = cost_.data() + offset_[right] + (first - in - lo_[right]);
+            std::int64_t const* lp = cost_.data() + offset_[left] + (first - lo_[left]);
+            std::int64_t* bp       = best.data() + (first - lo);
+            std::uint16_t* pp      = pick.data() + (first - lo);
+            std::size_t const n    = static_cast<std::size_t>(mid - first + 1);
+            for (std::size_t q = 0; q < n; ++q) {
+              std::int64_t const c = fw + rp[q] + lp[q];
+              bool const better    = c < bp[q];
+              bp[q]                = better ? c : bp[q];
+              pp[q]                = better ? tag : pp[q];
             }
+            m = mid + 1;
+          }
+          for (; m <= hi; ++m) {
+            std::int64_t const c = fw + at(right, m - in) + at(left, m);
+            if (c < best[m - lo]) best[m - lo] = c, pick[m - lo] = tag;
           }
         }
         cost_.insert(cost_.end(), best.begin(), best.end());
