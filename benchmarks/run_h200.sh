@@ -37,7 +37,7 @@ fi
 
 if [[ ${BENCH:-1} == 1 ]]; then
   step allocator_bench
-  "$B/benchmarks/allocator_bench" --benchmark_filter="${BENCH_FILTER:-^(pair|threads|churn)/(gpukit|cudaMalloc|cudaMallocAsync|cub)/}" \
+  "$B/benchmarks/allocator_bench" --benchmark_filter="${BENCH_FILTER:-^(pair|threads|churn)/(gpukit|gpukit_recording|cudaMalloc|cudaMallocAsync|cub)/}" \
     --benchmark_min_time=0.2 --benchmark_repetitions=5 --benchmark_report_aggregates_only=true \
     --benchmark_out="$OUT/allocator_bench.json" --benchmark_out_format=json 2>&1 | grep -E "median|Run on|Load" | tee "$OUT/allocator_bench.txt"
   step torch_anchor

@@ -69,6 +69,23 @@ struct gpukit_cuda {
   void sync(int t) { GPUKIT_CUDA_TRY(cudaStreamSynchronize(cuda_streams()[t])); }
 };
 
+// gpukit with recording on (memory_history.hpp): the cost of an event in the ring.
+struct gpukit_cuda_recording {
+  static constexpr bool needs_gpu = true;
+  static gpukit::caching_allocator& get()
+  {
+    static auto* a = [] {
+      auto* x = new gpukit::caching_allocator{gpukit::cuda_runtime::instance(), 0};
+      x->start_recording(std::size_t{1} << 20);
+      return x;
+    }();
+    return *a;
+  }
+  void* alloc(std::size_t b, int t) { return get().allocate_async(b, cuda_streams()[t]); }
+  void free(void* p, std::size_t b, int t) { get().deallocate_async(p, b, cuda_streams()[t]); }
+  void sync(int t) { GPUKIT_CUDA_TRY(cudaStreamSynchronize(cuda_streams()[t])); }
+};
+
 struct gpukit_sim {
   static constexpr bool needs_gpu = false;
   gpukit::basic_caching_allocator<gpukit::sim_runtime>& a =
@@ -226,6 +243,7 @@ int main(int argc, char** argv)
   register_all<cuda_malloc_async>("cudaMallocAsync");
   register_all<cub_caching>("cub");
   register_all<gpukit_sim>("gpukit_sim");
+  benchmark::RegisterBenchmark("pair/gpukit_recording", pair<gpukit_cuda_recording>)->Arg(65536)->UseRealTime();
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) { return 1; }
   benchmark::RunSpecifiedBenchmarks();
