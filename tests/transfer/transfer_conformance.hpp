@@ -145,6 +145,16 @@ void check_pool_bad_input(Runtime& rt)
   CHECK(pool.stats().num_frees == before.num_frees + 1);
   CHECK_THROWS_AS(pool.reserve(0), gpukit::logic_error);
   CHECK_THROWS_AS(pool.add_host_memory(nullptr, 4096), gpukit::logic_error);
+  // The CCCL resource interface: alignments up to 4 KiB, and every carved buffer is aligned.
+  CHECK_THROWS_WITH_AS((void)pool.allocate(100, 8192), doctest::Contains("alignment 8192"),
+                       gpukit::logic_error);
+  pool.reserve(64 * kib);
+  void* x = pool.allocate(5000, 4096);
+  void* y = pool.allocate(5000, 4096);
+  CHECK(reinterpret_cast<std::uintptr_t>(x) % 4096 == 0);
+  CHECK(reinterpret_cast<std::uintptr_t>(y) % 4096 == 0);
+  pool.deallocate(x, 5000, 4096);
+  pool.deallocate(y, 5000, 4096);
 }
 
 /// The limit refuses growth with bad_alloc naming the request and the limit; cached buffers

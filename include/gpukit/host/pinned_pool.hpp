@@ -42,6 +42,12 @@
 #include <gpukit/runtime/cuda_runtime.hpp>
 #include <gpukit/runtime/runtime.hpp>
 
+// CCCL's memory-resource concepts (CUDA 13.0 ships CCCL 3.0.1, where they are experimental).
+#ifndef LIBCUDACXX_ENABLE_EXPERIMENTAL_MEMORY_RESOURCE
+#define LIBCUDACXX_ENABLE_EXPERIMENTAL_MEMORY_RESOURCE
+#endif
+#include <cuda/memory_resource>
+
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
@@ -231,6 +237,36 @@ class basic_pinned_pool final {
   /// The size class (bytes actually reserved) of a request of `bytes`; 0 for 0.
   [[nodiscard]] static std::size_t class_size(std::size_t bytes) noexcept;
 
+  // The CCCL memory-resource interface (cuda::mr::resource_with<R, host_accessible,
+  // device_accessible>). `align` may be any power of two up to 4 KiB: every buffer is 4 KiB
+  // aligned.
+
+  /// allocate(bytes) with an alignment check. @throws gpukit::logic_error for a bad alignment;
+  /// otherwise as allocate(bytes)
+  [[nodiscard]] void* allocate(std::size_t bytes, std::size_t align)
+  {
+    check_alignment(align);
+    return allocate(bytes);
+  }
+  /// deallocate(ptr) with an alignment check (bytes is not needed). Throws as deallocate(ptr).
+  void deallocate(void* ptr, std::size_t /*bytes*/, std::size_t align)
+  {
+    check_alignment(align);
+    deallocate(ptr);
+  }
+  /// Pinned memory is host accessible and device accessible (unified addressing).
+  friend void get_property(basic_pinned_pool const&, ::cuda::mr::host_accessible) noexcept {}
+  friend void get_property(basic_pinned_pool const&, ::cuda::mr::device_accessible) noexcept {}
+  /// Two pools are equal when they are the same object.
+  friend bool operator==(basic_pinned_pool const& a, basic_pinned_pool const& b) noexcept
+  {
+    return &a == &b;
+  }
+  friend bool operator!=(basic_pinned_pool const& a, basic_pinned_pool const& b) noexcept
+  {
+    return &a != &b;
+  }
+
   /// Statistics (a consistent snapshot).
   [[nodiscard]] pinned_pool_stats stats() const;
   /// Resets every peak to its current value.
@@ -247,6 +283,12 @@ class basic_pinned_pool final {
   struct block;
   struct pending;
 
+  static void check_alignment(std::size_t align)
+  {
+    GPUKIT_EXPECTS(
+      align != 0 && (align & (align - 1)) == 0 && align <= min_class_bytes,
+      "pinned_pool: alignment " + std::to_string(align) + " is not a power of two up to 4096");
+  }
   block* take_ready_locked(std::size_t cls);
   block* carve_locked(std::size_t cls);
   segment& add_segment_locked(void* base, std::size_t bytes, bool registered);
@@ -276,3 +318,7 @@ using pinned_pool = basic_pinned_pool<cuda_runtime>;
 }  // namespace gpukit
 
 #include <gpukit/host/detail/pinned_pool.inl>
+
+static_assert(::cuda::mr::resource_with<gpukit::pinned_pool, ::cuda::mr::host_accessible,
+                                        ::cuda::mr::device_accessible>,
+              "gpukit::pinned_pool must be a CCCL memory resource");

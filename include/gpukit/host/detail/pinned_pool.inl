@@ -146,14 +146,15 @@ typename basic_pinned_pool<Runtime>::block* basic_pinned_pool<Runtime>::carve_lo
 {
   // Newest segments first: older ones are usually full.
   for (auto it = segments_.rbegin(); it != segments_.rend(); ++it) {
-    segment& s = **it;
+    segment& s               = **it;
+    std::size_t const stride = (cls + min_class_bytes - 1) & ~(min_class_bytes - 1);
     if (s.next > s.end || s.end - s.next < cls) { continue; }
     auto b = std::make_unique<block>();
     b->ptr = reinterpret_cast<void*>(s.next);
     b->cls = cls;
     b->seg = &s;
-    b->st  = block::state::in_use;  // about to be handed out: never cached
-    s.next += cls;
+    b->st  = block::state::in_use;               // about to be handed out: never cached
+    s.next += std::min(stride, s.end - s.next);  // the next buffer stays 4 KiB aligned
     block* raw = b.get();
     blocks_.emplace(raw->ptr, std::move(b));
     return raw;
@@ -393,7 +394,8 @@ void basic_pinned_pool<Runtime>::prewarm(std::size_t bytes, std::size_t count)
     throw bad_alloc{"gpukit: pinned_pool::prewarm: " + std::to_string(count) + " x " +
                     std::to_string(bytes) + " bytes is more than any host can pin"};
   }
-  std::size_t const total = cls * count;
+  std::size_t const stride = (cls + min_class_bytes - 1) & ~(min_class_bytes - 1);
+  std::size_t const total  = stride * count;
   std::unique_lock<std::mutex> lock{mutex_};
   check_limit_locked(total, total, "prewarm");
   reserved_ += total;
@@ -413,11 +415,11 @@ void basic_pinned_pool<Runtime>::prewarm(std::size_t bytes, std::size_t count)
     b->ptr = reinterpret_cast<void*>(s.next);
     b->cls = cls;
     b->seg = &s;
-    s.next += cls;
+    s.next += stride;
     list.push_back(b.get());
     blocks_.emplace(b->ptr, std::move(b));
   }
-  bump(stats_.cached_bytes, static_cast<std::int64_t>(total));
+  bump(stats_.cached_bytes, static_cast<std::int64_t>(cls * count));
 }
 
 template <class Runtime>
