@@ -57,6 +57,16 @@ if [[ ${HISTORY:-1} == 1 ]]; then
   ls -la "$OUT/history"
 fi
 
+if [[ ${SANITIZER:-1} == 1 ]]; then
+  step compute-sanitizer sees an overflow inside a segment only with NVTX memory annotation
+  CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  for arg in "" --no-annotate; do
+    echo "--- compute-sanitizer --tool memcheck --nvtx yes sanitizer_overflow $arg"
+    timeout 120 "$CS" --tool memcheck --nvtx yes "$B/examples/sanitizer_overflow" $arg 2>&1 | tee "$OUT/sanitizer${arg}.txt" |
+      grep -E "Invalid|ERROR SUMMARY|sanitizer_overflow:" | head -8
+  done
+fi
+
 if [[ ${CAPTURE:-0} == 1 ]]; then
   step capture llama_varlen
   PYTHONUNBUFFERED=1 timeout 200 python3 benchmarks/traces/capture_trace.py llama_varlen "$OUT" 2>&1 | tail -3

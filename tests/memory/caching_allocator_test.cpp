@@ -405,3 +405,32 @@ TEST_SUITE("caching_allocator")
     alloc.forget_stream(s.a);
   }
 }
+
+TEST_SUITE("caching_allocator")
+{
+  TEST_CASE("peaks reached on cache hits are seen")
+  {
+    sim_runtime sim{one_device()};
+    sim_allocator alloc{sim, 0};
+    streams2 s{sim};
+    // Warm the cache with two 64 KiB blocks, then hold both again: only cache hits reach the peak.
+    void* a = alloc.allocate_async(65536, s.a);
+    void* b = alloc.allocate_async(65536, s.a);
+    alloc.deallocate_async(a, 65536, s.a);
+    alloc.deallocate_async(b, 65536, s.a);
+    alloc.reset_peak();
+    CHECK(alloc.stats().allocated_bytes.peak == 0);
+    auto const hits = alloc.stats().num_cache_hits;
+    a               = alloc.allocate_async(65536, s.a);
+    b               = alloc.allocate_async(65536, s.a);
+    CHECK(alloc.stats().num_cache_hits == hits + 2);
+    alloc.deallocate_async(a, 65536, s.a);
+    alloc.deallocate_async(b, 65536, s.a);
+    auto const st = alloc.stats();
+    CHECK(st.allocated_bytes.current == 0);
+    CHECK(st.allocated_bytes.peak == 2 * 65536);
+    CHECK(st.requested_bytes.peak == 2 * 65536);
+    CHECK(st.allocation_count.peak == 2);
+    alloc.forget_stream(s.a);
+  }
+}

@@ -47,6 +47,7 @@
 #include <gpukit/memory/detail/address_map.hpp>
 #include <gpukit/memory/detail/tlsf_index.hpp>
 #include <gpukit/memory/memory_history.hpp>
+#include <gpukit/profile/memory_annotation.hpp>
 #include <gpukit/runtime/cuda_runtime.hpp>
 #include <gpukit/runtime/runtime.hpp>
 
@@ -103,6 +104,11 @@ struct caching_allocator_options {
   /// one (each such segment is too small for the request). Lowers peak reserved memory at the
   /// cost of a device free and a later device allocation; stream-ordered, so it never waits.
   bool release_before_grow{true};
+  /// Describe segments and blocks to NVTX's memory API (nvToolsExtMem.h), so that tools such as
+  /// compute-sanitizer (`--nvtx yes`) report accesses beyond a block even inside its segment.
+  /// About 1 ns per allocation and free when no tool is attached; compiled out with
+  /// GPUKIT_DISABLE_NVTX.
+  bool nvtx_annotate{true};
   /// Out-of-memory recovery's last step: wait up to this long for blocks other threads are
   /// returning to the pool (their cached blocks come back at their next call). 0: do not wait.
   int oom_wait_for_frees_ms{0};
@@ -410,6 +416,11 @@ class basic_caching_allocator final {
                           stream_type stream);
   static std::uint64_t now_ns() noexcept;
   static std::uintptr_t stream_id(stream_type stream) noexcept;
+  void annotate_alloc(block const* b, std::size_t bytes) const noexcept
+  {
+    if (options_.nvtx_annotate) { register_memory_region(segment_heap(b), b->data(), bytes); }
+  }
+  static memory_heap segment_heap(block const* b) noexcept;
   capture_pool* active_capture_locked(stream_type stream);
   capture_pool& capture_pool_locked(capture_id id);
   void* allocate_captured_locked(std::size_t bytes, std::size_t size, int kind, capture_pool& cp,

@@ -222,7 +222,20 @@ struct caching_thread_cache {
   std::atomic<bool> flush_requested{false};
   bool orphaned{false};  // guarded by the allocator's mutex
 
-  counter allocated_bytes, requested_bytes, allocation_count, cached_bytes;
+  /// A counter that also keeps the highest value it reached (still one writer, no RMW).
+  struct peaked_counter : counter {
+    counter peak;
+    void add(std::int64_t d) noexcept
+    {
+      counter::add(d);
+      if (this->get() > peak.get()) { peak.v.store(this->get(), std::memory_order_relaxed); }
+    }
+  };
+
+  // allocated_bytes etc. are this thread's net contribution (negative when it frees blocks other
+  // threads allocated); their peaks make the totals' peaks exact when one thread allocates.
+  peaked_counter allocated_bytes, requested_bytes, allocation_count;
+  counter cached_bytes;
   counter num_allocs, num_frees, num_cache_hits;
 
   // Recorded events (when recording): written by the owner, read by snapshot(), hence the lock,
@@ -255,6 +268,7 @@ struct basic_caching_allocator<Runtime>::segment {
   std::size_t size{0};
   int kind{0};
   bool stream_ordered{true};  // from malloc_async (else malloc)
+  memory_heap nvtx_heap{};    // the segment as an NVTX heap (memory annotation)
 };
 
 template <class Runtime>
@@ -353,6 +367,7 @@ basic_caching_allocator<Runtime>::~basic_caching_allocator()
       } else {
         (void)runtime_.free(seg->ptr);
       }
+      if (options_.nvtx_annotate) { unregister_memory_heap(seg->nvtx_heap); }
       delete seg;
     }
   });
@@ -444,6 +459,7 @@ void* basic_caching_allocator<Runtime>::allocate_async(std::size_t bytes, stream
       if (recording_.load(std::memory_order_relaxed)) {
         record(tc, memory_event::action::alloc, b, stream);
       }
+      annotate_alloc(b, bytes);
       return b->data();
     }
   }
@@ -503,6 +519,7 @@ void* basic_caching_allocator<Runtime>::allocate_slow(std::size_t bytes, std::si
   if (recording_.load(std::memory_order_relaxed)) {
     record(tc, memory_event::action::alloc, b, stream);
   }
+  annotate_alloc(b, bytes);
   return b->data();
 }
 
@@ -535,6 +552,12 @@ std::uint64_t basic_caching_allocator<Runtime>::now_ns() noexcept
   return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
                                       std::chrono::steady_clock::now().time_since_epoch())
                                       .count());
+}
+
+template <class Runtime>
+memory_heap basic_caching_allocator<Runtime>::segment_heap(block const* b) noexcept
+{
+  return static_cast<segment const*>(b->segment)->nvtx_heap;
 }
 
 template <class Runtime>
@@ -670,6 +693,9 @@ basic_caching_allocator<Runtime>::new_segment_locked(std::size_t size, int kind,
   seg->size           = seg_size;
   seg->kind           = kind;
   seg->stream_ordered = stream_ordered_;
+  if (options_.nvtx_annotate) {
+    seg->nvtx_heap = register_memory_heap(p, seg_size, "gpukit caching allocator");
+  }
   b->ptr.store(reinterpret_cast<std::uintptr_t>(p), std::memory_order_relaxed);
   b->size    = seg_size;
   b->kind    = kind;
@@ -983,6 +1009,7 @@ void basic_caching_allocator<Runtime>::deallocate_impl(void* ptr, std::size_t by
                  "deallocate: pointer " + detail::hex(ptr) + " was allocated with " +
                    std::to_string(b->requested) + " bytes but freed with " + std::to_string(bytes));
   auto count_free = [&] {
+    if (options_.nvtx_annotate) { unregister_memory_region(ptr); }
     tc.handed_out.erase(key);
     tc.allocated_bytes.add(-static_cast<std::int64_t>(b->size));
     tc.requested_bytes.add(-static_cast<std::int64_t>(b->requested));
@@ -1230,6 +1257,7 @@ std::size_t basic_caching_allocator<Runtime>::release_locked(std::size_t target,
     }
     if (!seg->stream_ordered) { ++pool_stats_.synchronizing_frees; }
     record_pool_locked(memory_event::action::segment_free, b->address(), seg->size, on);
+    if (options_.nvtx_annotate) { unregister_memory_heap(seg->nvtx_heap); }
     unindex_locked(b);
     blocks_.erase(b->address());
     recycle_block_locked(b);
@@ -1297,19 +1325,26 @@ basic_caching_allocator<Runtime>::take_event_locked()
 template <class Runtime>
 void basic_caching_allocator<Runtime>::update_peaks_locked() const
 {
+  // Current values are the sums over threads. A peak is the highest of: the sums seen here (on
+  // the pool path and when statistics are read) and each thread's own peak (exact when a single
+  // thread allocates; a lower bound otherwise, since cache hits between samples are not summed).
   std::int64_t allocated = 0, requested = 0, count = 0;
+  std::int64_t allocated_peak = 0, requested_peak = 0, count_peak = 0;
   for (auto const& c : caches_) {
     allocated += c->allocated_bytes.get();
     requested += c->requested_bytes.get();
     count += c->allocation_count.get();
+    allocated_peak = std::max(allocated_peak, c->allocated_bytes.peak.get());
+    requested_peak = std::max(requested_peak, c->requested_bytes.peak.get());
+    count_peak     = std::max(count_peak, c->allocation_count.peak.get());
   }
-  auto bump = [](stat_pair& s, std::int64_t v) {
+  auto bump = [](stat_pair& s, std::int64_t v, std::int64_t thread_peak = 0) {
     s.current = v;
-    s.peak    = std::max(s.peak, v);
+    s.peak    = std::max({s.peak, v, thread_peak});
   };
-  bump(pool_stats_.allocated_bytes, allocated);
-  bump(pool_stats_.requested_bytes, requested);
-  bump(pool_stats_.allocation_count, count);
+  bump(pool_stats_.allocated_bytes, allocated, allocated_peak);
+  bump(pool_stats_.requested_bytes, requested, requested_peak);
+  bump(pool_stats_.allocation_count, count, count_peak);
   bump(pool_stats_.reserved_bytes, static_cast<std::int64_t>(reserved_));
   bump(pool_stats_.segment_count, static_cast<std::int64_t>(segments_));
 }
@@ -1358,6 +1393,11 @@ void basic_caching_allocator<Runtime>::reset_peak()
 {
   std::lock_guard<std::mutex> lock{mutex_};
   update_peaks_locked();
+  for (auto& c : caches_) {  // the owners write these too: a relaxed store races benignly
+    c->allocated_bytes.peak.v.store(c->allocated_bytes.get(), std::memory_order_relaxed);
+    c->requested_bytes.peak.v.store(c->requested_bytes.get(), std::memory_order_relaxed);
+    c->allocation_count.peak.v.store(c->allocation_count.get(), std::memory_order_relaxed);
+  }
   for (stat_pair* p :
        {&pool_stats_.allocated_bytes, &pool_stats_.requested_bytes, &pool_stats_.reserved_bytes,
         &pool_stats_.active_bytes, &pool_stats_.inactive_split_bytes, &pool_stats_.allocation_count,
@@ -1523,6 +1563,9 @@ void* basic_caching_allocator<Runtime>::allocate_captured_locked(std::size_t byt
     seg->size           = seg_size;
     seg->kind           = kind;
     seg->stream_ordered = false;
+    if (options_.nvtx_annotate) {
+      seg->nvtx_heap = register_memory_heap(p, seg_size, "gpukit caching allocator");
+    }
     nb->ptr.store(reinterpret_cast<std::uintptr_t>(p), std::memory_order_relaxed);
     nb->size         = seg_size;
     nb->kind         = kind;
@@ -1550,6 +1593,7 @@ void* basic_caching_allocator<Runtime>::allocate_captured_locked(std::size_t byt
   tc.allocation_count.add(1);
   tc.num_allocs.add(1);
   update_peaks_locked();
+  annotate_alloc(b, bytes);
   return b->data();
 }
 
