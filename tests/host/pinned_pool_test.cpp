@@ -32,28 +32,28 @@ gpukit::sim_config small_gpu()
 
 TEST_SUITE("pinned_pool")
 {
-  TEST_CASE("conformance: reuse and size classes and statistics")
+  TEST_CASE("pinned_pool: conformance: reuse and size classes and statistics")
   {
     sim_runtime sim{small_gpu()};
     gpukit::test::check_pool_basics(sim);
   }
-  TEST_CASE("conformance: bad input gets a clear error and changes nothing")
+  TEST_CASE("pinned_pool: conformance: bad input gets a clear error and changes nothing")
   {
     sim_runtime sim{small_gpu()};
     gpukit::test::check_pool_bad_input(sim);
   }
-  TEST_CASE("conformance: the limit refuses growth")
+  TEST_CASE("pinned_pool: conformance: the limit refuses growth")
   {
     sim_runtime sim{small_gpu()};
     gpukit::test::check_pool_limit(sim);
   }
-  TEST_CASE("conformance: a buffer returned with a stream comes back after its work")
+  TEST_CASE("pinned_pool: conformance: a buffer returned with a stream comes back after its work")
   {
     sim_runtime sim{small_gpu()};
     gpukit::test::check_pool_stream_return(sim);
   }
 
-  TEST_CASE("a returned buffer is never handed out while its stream's work is pending")
+  TEST_CASE("pinned_pool: a returned buffer is never handed out while its stream's work is pending")
   {
     sim_runtime sim{small_gpu()};
     sim_pool pool{sim};
@@ -94,7 +94,7 @@ TEST_SUITE("pinned_pool")
     CHECK(pool.stats().num_host_allocs == 6);
   }
 
-  TEST_CASE("record_stream makes a return wait on every stream that used the buffer")
+  TEST_CASE("pinned_pool: record_stream makes a return wait on every stream that used the buffer")
   {
     sim_runtime sim{small_gpu()};
     sim_pool pool{sim};
@@ -121,7 +121,8 @@ TEST_SUITE("pinned_pool")
     pool.deallocate(z);
   }
 
-  TEST_CASE("registered user memory is a source of buffers and is unregistered at the end")
+  TEST_CASE(
+    "pinned_pool: registered user memory is a source of buffers and is unregistered at the end")
   {
     sim_runtime sim{small_gpu()};
     std::vector<unsigned char> mine(4 * mib + 123);
@@ -152,7 +153,7 @@ TEST_SUITE("pinned_pool")
     CHECK(sim.calls(sim_op::host_free) == 1);
   }
 
-  TEST_CASE("prewarm makes buffers ready with one host_alloc")
+  TEST_CASE("pinned_pool: prewarm makes buffers ready with one host_alloc")
   {
     sim_runtime sim{small_gpu()};
     sim_pool pool{sim};
@@ -168,7 +169,7 @@ TEST_SUITE("pinned_pool")
     CHECK_THROWS_AS(pool.prewarm(0, 3), gpukit::logic_error);
   }
 
-  TEST_CASE("a failing host_alloc leaves the pool unchanged")
+  TEST_CASE("pinned_pool: a failing host_alloc leaves the pool unchanged")
   {
     sim_runtime sim{small_gpu()};
     sim_pool pool{sim};
@@ -183,7 +184,7 @@ TEST_SUITE("pinned_pool")
     pool.deallocate(p);
   }
 
-  TEST_CASE("a failing event record leaves the buffer handed out")
+  TEST_CASE("pinned_pool: a failing event record leaves the buffer handed out")
   {
     sim_runtime sim{small_gpu()};
     sim_pool pool{sim};

@@ -55,18 +55,19 @@ gpukit::transfer_options small_chunks(int threads, std::size_t ring = 0)
 
 TEST_SUITE("transfer")
 {
-  TEST_CASE("conformance: round trips of pageable and pinned memory on the calling thread")
+  TEST_CASE(
+    "transfer: conformance: round trips of pageable and pinned memory on the calling thread")
   {
     sim_runtime sim{small_gpu()};
     gpukit::test::check_pipeline_roundtrip(sim, 1);
   }
-  TEST_CASE("conformance: bad input is refused before anything is copied")
+  TEST_CASE("transfer: conformance: bad input is refused before anything is copied")
   {
     sim_runtime sim{small_gpu()};
     gpukit::test::check_pipeline_bad_input(sim);
   }
 
-  TEST_CASE("a staging chunk is never refilled while the copy from it is pending")
+  TEST_CASE("transfer: a staging chunk is never refilled while the copy from it is pending")
   {
     sim_runtime sim{small_gpu()};
     sim_pool pool{sim};
@@ -93,7 +94,8 @@ TEST_SUITE("transfer")
     CHECK(first_mismatch(back.data(), bytes, 42) == bytes);
   }
 
-  TEST_CASE("transfers wait for the consumer stream's earlier work and hand their own to it")
+  TEST_CASE(
+    "transfer: transfers wait for the consumer stream's earlier work and hand their own to it")
   {
     sim_runtime sim{small_gpu()};
     sim_pool pool{sim};
@@ -119,7 +121,7 @@ TEST_SUITE("transfer")
     CHECK(sim.calls(sim_op::launch_host_func) == 0);
   }
 
-  TEST_CASE("a failing memcpy_async mid-transfer gives a clear error and leaks nothing")
+  TEST_CASE("transfer: a failing memcpy_async mid-transfer gives a clear error and leaks nothing")
   {
     sim_runtime sim{small_gpu()};
     std::size_t const bytes = 6 * 64 * kib + 1;
@@ -159,7 +161,7 @@ TEST_SUITE("transfer")
     CHECK(sim.calls(sim_op::event_create) == sim.calls(sim_op::event_destroy));
   }
 
-  TEST_CASE("a failing host_alloc of a staging chunk mid-transfer gives a clear error")
+  TEST_CASE("transfer: a failing host_alloc of a staging chunk mid-transfer gives a clear error")
   {
     sim_runtime sim{small_gpu()};
     std::size_t const bytes = 8 * 64 * kib;
@@ -187,7 +189,7 @@ TEST_SUITE("transfer")
     CHECK(pool.stats().allocation_count.current == 0);
   }
 
-  TEST_CASE("prewarm pins both rings before the first transfer")
+  TEST_CASE("transfer: prewarm pins both rings before the first transfer")
   {
     sim_runtime sim{small_gpu()};
     sim_pool pool{sim};
