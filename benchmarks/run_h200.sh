@@ -40,6 +40,8 @@ if [[ ${BENCH:-1} == 1 ]]; then
   "$B/benchmarks/allocator_bench" --benchmark_filter="${BENCH_FILTER:-^(pair|threads|churn)/(gpukit|gpukit_recording|cudaMalloc|cudaMallocAsync|cub)/}" \
     --benchmark_min_time=0.2 --benchmark_repetitions=5 --benchmark_report_aggregates_only=true \
     --benchmark_out="$OUT/allocator_bench.json" --benchmark_out_format=json 2>&1 | grep -E "median|Run on|Load" | tee "$OUT/allocator_bench.txt"
+fi
+if [[ ${BENCH:-1} == 1 && ${TORCH:-1} == 1 ]]; then
   step torch_anchor
   T=$(python3 -c "import torch,os;print(os.path.dirname(torch.__file__))")
   g++ -O2 -std=c++17 benchmarks/memory/torch_anchor.cpp -I"$T/include" -I/usr/local/cuda/include -L"$T/lib" \

@@ -25,6 +25,9 @@ int main(int argc, char** argv)
   try {
     gpukit::caching_allocator_options o;
     o.nvtx_annotate = annotate;
+    // compute-sanitizer accepts NVTX heaps only over plain device allocations (cudaMalloc or
+    // cuMemAlloc), not over memory from cudaMallocAsync's pools: take segments from cudaMalloc.
+    o.source = gpukit::segment_source::synchronous;
     gpukit::caching_allocator alloc{gpukit::cuda_runtime::instance(), 0, o};
     cudaStream_t s{};
     GPUKIT_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));

@@ -121,7 +121,7 @@ struct caching_thread_cache {
   // by stats(). Each cache is its own allocation, so no two threads write one cache line.
   struct counter {
     std::atomic<std::int64_t> v{0};
-    void add(std::int64_t d) noexcept
+    __attribute__((always_inline)) void add(std::int64_t d) noexcept
     {
       v.store(v.load(std::memory_order_relaxed) + d, std::memory_order_relaxed);
     }
@@ -225,10 +225,11 @@ struct caching_thread_cache {
   /// A counter that also keeps the highest value it reached (still one writer, no RMW).
   struct peaked_counter : counter {
     counter peak;
-    void add(std::int64_t d) noexcept
+    __attribute__((always_inline)) void add(std::int64_t d) noexcept
     {
-      counter::add(d);
-      if (this->get() > peak.get()) { peak.v.store(this->get(), std::memory_order_relaxed); }
+      std::int64_t const now = this->get() + d;
+      this->v.store(now, std::memory_order_relaxed);
+      if (now > peak.get()) { peak.v.store(now, std::memory_order_relaxed); }
     }
   };
 
@@ -240,14 +241,22 @@ struct caching_thread_cache {
 
   // Recorded events (when recording): written by the owner, read by snapshot(), hence the lock,
   // taken only while recording.
-  std::mutex ring_mutex;
+  struct spin_lock {  // uncontended but for snapshot(): cheaper than a mutex per event
+    std::atomic_flag flag = ATOMIC_FLAG_INIT;
+    void lock() noexcept
+    {
+      while (flag.test_and_set(std::memory_order_acquire)) {}
+    }
+    void unlock() noexcept { flag.clear(std::memory_order_release); }
+  };
+  spin_lock ring_mutex;
   std::vector<memory_event> ring;
   std::size_t ring_next{0};
   std::uint64_t ring_dropped{0};
 
   void record(memory_event const& e, std::size_t capacity)
   {
-    std::lock_guard<std::mutex> lock{ring_mutex};
+    std::lock_guard<spin_lock> lock{ring_mutex};
     if (ring.size() < capacity) {
       ring.push_back(e);
     } else if (capacity != 0) {
@@ -575,7 +584,7 @@ void basic_caching_allocator<Runtime>::start_recording(std::size_t events_per_th
   std::lock_guard<std::mutex> lock{mutex_};
   ring_capacity_ = events_per_thread;
   for (auto& c : caches_) {
-    std::lock_guard<std::mutex> ring_lock{c->ring_mutex};
+    std::lock_guard<typename thread_cache::spin_lock> ring_lock{c->ring_mutex};
     c->ring.clear();
     c->ring_next    = 0;
     c->ring_dropped = 0;
@@ -618,7 +627,7 @@ memory_snapshot basic_caching_allocator<Runtime>::snapshot() const
   s.events         = pool_ring_;
   s.dropped_events = pool_ring_dropped_;
   for (auto const& c : caches_) {
-    std::lock_guard<std::mutex> ring_lock{c->ring_mutex};
+    std::lock_guard<typename thread_cache::spin_lock> ring_lock{c->ring_mutex};
     s.events.insert(s.events.end(), c->ring.begin(), c->ring.end());
     s.dropped_events += c->ring_dropped;
   }
