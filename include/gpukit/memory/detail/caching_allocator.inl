@@ -524,7 +524,6 @@ void* basic_caching_allocator<Runtime>::allocate_slow(std::size_t bytes, std::si
   tc.requested_bytes.add(static_cast<std::int64_t>(bytes));
   tc.allocation_count.add(1);
   tc.num_allocs.add(1);
-  update_peaks_locked();
   if (recording_.load(std::memory_order_relaxed)) {
     record(tc, memory_event::action::alloc, b, stream);
   }
@@ -715,6 +714,10 @@ basic_caching_allocator<Runtime>::new_segment_locked(std::size_t size, int kind,
   b->state.store(detail::block_state::free, std::memory_order_relaxed);
   blocks_.insert(b->address(), b);
   reserved_ += seg_size;
+  pool_stats_.reserved_bytes.peak =
+    std::max(pool_stats_.reserved_bytes.peak, static_cast<std::int64_t>(reserved_));
+  pool_stats_.segment_count.peak =
+    std::max(pool_stats_.segment_count.peak, static_cast<std::int64_t>(segments_ + 1));
   ++segments_;
   ++pool_stats_.num_device_allocs;
   record_pool_locked(memory_event::action::segment_alloc, b->address(), seg_size, stream);
@@ -1334,9 +1337,10 @@ basic_caching_allocator<Runtime>::take_event_locked()
 template <class Runtime>
 void basic_caching_allocator<Runtime>::update_peaks_locked() const
 {
-  // Current values are the sums over threads. A peak is the highest of: the sums seen here (on
-  // the pool path and when statistics are read) and each thread's own peak (exact when a single
-  // thread allocates; a lower bound otherwise, since cache hits between samples are not summed).
+  // Current values are the sums over threads. A peak is the highest of: the sums seen here (when
+  // statistics are read, at out-of-memory and reset_peak) and each thread's own peak (exact when
+  // a single thread allocates; a lower bound otherwise). Reserved and segment peaks are exact:
+  // they are raised where segments are taken.
   std::int64_t allocated = 0, requested = 0, count = 0;
   std::int64_t allocated_peak = 0, requested_peak = 0, count_peak = 0;
   for (auto const& c : caches_) {
@@ -1586,6 +1590,10 @@ void* basic_caching_allocator<Runtime>::allocate_captured_locked(std::size_t byt
     nb->state.store(detail::block_state::free, std::memory_order_relaxed);
     blocks_.insert(nb->address(), nb);
     reserved_ += seg_size;
+    pool_stats_.reserved_bytes.peak =
+      std::max(pool_stats_.reserved_bytes.peak, static_cast<std::int64_t>(reserved_));
+    pool_stats_.segment_count.peak =
+      std::max(pool_stats_.segment_count.peak, static_cast<std::int64_t>(segments_ + 1));
     ++segments_;
     ++pool_stats_.num_device_allocs;
     record_pool_locked(memory_event::action::segment_alloc, nb->address(), seg_size, cp.stream);
@@ -1601,7 +1609,6 @@ void* basic_caching_allocator<Runtime>::allocate_captured_locked(std::size_t byt
   tc.requested_bytes.add(static_cast<std::int64_t>(bytes));
   tc.allocation_count.add(1);
   tc.num_allocs.add(1);
-  update_peaks_locked();
   annotate_alloc(b, bytes);
   return b->data();
 }
