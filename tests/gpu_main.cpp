@@ -19,8 +19,8 @@ bool only_listing(int argc, char** argv)
     char const* a = argv[i];
     while (*a == '-') { ++a; }
     if (std::strncmp(a, "dt-", 3) == 0) { a += 3; }
-    for (char const* flag : {"list-test-cases", "ltc", "list-test-suites", "lts", "list-reporters", "lr",
-                             "count", "c", "help", "h", "version", "v"}) {
+    for (char const* flag : {"list-test-cases", "ltc", "list-test-suites", "lts", "list-reporters",
+                             "lr", "count", "c", "help", "h", "version", "v"}) {
       if (std::strcmp(a, flag) == 0) { return true; }
     }
     if (std::strncmp(a, "count=", 6) == 0 || std::strncmp(a, "c=", 2) == 0) { return true; }
@@ -33,7 +33,7 @@ bool only_listing(int argc, char** argv)
 int main(int argc, char** argv)
 {
   if (!only_listing(argc, argv)) {
-    int count         = 0;
+    int count           = 0;
     cudaError_t const e = cudaGetDeviceCount(&count);
     if (e != cudaSuccess || count == 0) {
       std::printf("no usable GPU (%s: %s): skipping GPU tests\n", cudaGetErrorName(e),

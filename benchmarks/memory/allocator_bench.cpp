@@ -243,7 +243,9 @@ int main(int argc, char** argv)
   register_all<cuda_malloc_async>("cudaMallocAsync");
   register_all<cub_caching>("cub");
   register_all<gpukit_sim>("gpukit_sim");
-  benchmark::RegisterBenchmark("pair/gpukit_recording", pair<gpukit_cuda_recording>)->Arg(65536)->UseRealTime();
+  benchmark::RegisterBenchmark("pair/gpukit_recording", pair<gpukit_cuda_recording>)
+    ->Arg(65536)
+    ->UseRealTime();
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) { return 1; }
   benchmark::RunSpecifiedBenchmarks();

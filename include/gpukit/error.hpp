@@ -36,9 +36,9 @@ class cuda_error : public std::runtime_error {
   /// @param call the text of the call (e.g. "cudaStreamCreate(&s)")
   /// @param file, line where the call was made
   cuda_error(cudaError_t code, char const* call, char const* file, int line)
-      : std::runtime_error{format(code, call, file, line)}, code_{code}, call_{call}, file_{file}, line_{line}
-  {
-  }
+      : std::runtime_error{format(code, call, file, line)}, code_{code}, call_{call}, file_{file},
+        line_{line}
+  {}
 
   [[nodiscard]] cudaError_t code() const noexcept { return code_; }
   [[nodiscard]] char const* call() const noexcept { return call_; }
@@ -100,25 +100,25 @@ struct oom_report {
     std::size_t bytes{0};
   };
 
-  std::size_t requested{0};            ///< bytes asked for
-  int device{-1};                      ///< device ordinal
-  std::size_t device_total{0};         ///< total memory of the device
-  std::size_t device_free{0};          ///< free memory of the device as the runtime reports it
-  std::size_t allocated{0};            ///< bytes handed to users and not yet freed
-  std::size_t reserved{0};             ///< bytes the allocator holds from the device
-  std::size_t largest_free_block{0};   ///< largest block free in the allocator's pool
-  std::size_t total_free_in_pool{0};   ///< all free bytes in the allocator's pool
-  std::size_t limit{0};                ///< allocator limit; 0 when none is set
+  std::size_t requested{0};           ///< bytes asked for
+  int device{-1};                     ///< device ordinal
+  std::size_t device_total{0};        ///< total memory of the device
+  std::size_t device_free{0};         ///< free memory of the device as the runtime reports it
+  std::size_t allocated{0};           ///< bytes handed to users and not yet freed
+  std::size_t reserved{0};            ///< bytes the allocator holds from the device
+  std::size_t largest_free_block{0};  ///< largest block free in the allocator's pool
+  std::size_t total_free_in_pool{0};  ///< all free bytes in the allocator's pool
+  std::size_t limit{0};               ///< allocator limit; 0 when none is set
   std::vector<stream_cache> cached_per_stream;
   std::vector<step> steps;
-  std::string hint;                    ///< a concrete action that would have made it fit
+  std::string hint;  ///< a concrete action that would have made it fit
 
   /// 1 - largest free block / total free in the pool (0 when nothing is free).
   [[nodiscard]] double fragmentation() const noexcept
   {
-    return total_free_in_pool == 0
-             ? 0.0
-             : 1.0 - static_cast<double>(largest_free_block) / static_cast<double>(total_free_in_pool);
+    return total_free_in_pool == 0 ? 0.0
+                                   : 1.0 - static_cast<double>(largest_free_block) /
+                                             static_cast<double>(total_free_in_pool);
   }
 
   /// A readable, multi-line description of the report.
@@ -130,8 +130,9 @@ struct oom_report {
       s += std::to_string((b % (1024 * 1024)) * 10 / (1024 * 1024));
       return s + " MiB";
     };
-    std::string s = "gpukit: out of memory on device " + std::to_string(device) + ": tried to allocate " +
-                    mib(requested) + " (" + std::to_string(requested) + " bytes)";
+    std::string s = "gpukit: out of memory on device " + std::to_string(device) +
+                    ": tried to allocate " + mib(requested) + " (" + std::to_string(requested) +
+                    " bytes)";
     s += "\n  device: " + mib(device_total) + " total, " + mib(device_free) + " free";
     s += "\n  allocator: " + mib(allocated) + " allocated, " + mib(reserved) + " reserved, " +
          mib(total_free_in_pool) + " free in pool, largest free block " + mib(largest_free_block);
@@ -153,7 +154,9 @@ struct oom_report {
 /// every recovery step has run. Catch it to adapt (e.g. halve the micro-batch) instead of crashing.
 class out_of_memory : public bad_alloc {
  public:
-  explicit out_of_memory(oom_report report) : bad_alloc{report.to_string()}, report_{std::move(report)} {}
+  explicit out_of_memory(oom_report report)
+      : bad_alloc{report.to_string()}, report_{std::move(report)}
+  {}
   [[nodiscard]] oom_report const& report() const noexcept { return report_; }
 
  private:

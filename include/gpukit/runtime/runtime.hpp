@@ -136,10 +136,11 @@ enum class memcpy_kind : int {
 
 /// Flags of `host_alloc`; the values are those of `cudaHostAlloc*`.
 struct host_alloc_flags {
-  static constexpr unsigned none           = cudaHostAllocDefault;
-  static constexpr unsigned portable       = cudaHostAllocPortable;       ///< pinned for every device
-  static constexpr unsigned mapped         = cudaHostAllocMapped;         ///< device-addressable
-  static constexpr unsigned write_combined = cudaHostAllocWriteCombined;  ///< fast H2D, slow host reads
+  static constexpr unsigned none     = cudaHostAllocDefault;
+  static constexpr unsigned portable = cudaHostAllocPortable;  ///< pinned for every device
+  static constexpr unsigned mapped   = cudaHostAllocMapped;    ///< device-addressable
+  static constexpr unsigned write_combined =
+    cudaHostAllocWriteCombined;  ///< fast H2D, slow host reads
 };
 
 /// Flags of `host_register`; the values are those of `cudaHostRegister*`.

@@ -378,8 +378,8 @@ class sim_runtime final {
   /// whose capture mode is not relaxed gets cudaErrorStreamCaptureUnsupported, with a misuse
   /// message, from the calls CUDA prohibits then (malloc, free, host_alloc, host_free, queries and
   /// synchronizations); malloc_async on `s` is reported too (on CUDA it would silently become a
-  /// graph allocation node). cudaErrorInvalidResourceHandle for a dead stream, cudaErrorInvalidValue
-  /// when `s` is already capturing.
+  /// graph allocation node). cudaErrorInvalidResourceHandle for a dead stream,
+  /// cudaErrorInvalidValue when `s` is already capturing.
   cudaError_t begin_capture(stream_type s);
   /// Ends the capture begun by begin_capture(s). cudaErrorInvalidValue when `s` is not capturing.
   cudaError_t end_capture(stream_type s);
