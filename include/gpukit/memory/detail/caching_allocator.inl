@@ -459,17 +459,8 @@ void* basic_caching_allocator<Runtime>::allocate_async(std::size_t bytes, stream
       b->state.store(detail::block_state::allocated, std::memory_order_relaxed);
       b->requested = bytes;
       b->stream    = stream;
-      tc.handed_out.insert(b->address(), b);
-      tc.allocated_bytes.add(static_cast<std::int64_t>(b->size));
-      tc.requested_bytes.add(static_cast<std::int64_t>(bytes));
-      tc.allocation_count.add(1);
-      tc.num_allocs.add(1);
       tc.num_cache_hits.add(1);
-      if (recording_.load(std::memory_order_relaxed)) {
-        record(tc, memory_event::action::alloc, b, stream);
-      }
-      annotate_alloc(b, bytes);
-      return b->data();
+      return hand_out(tc, b, bytes, stream);
     }
   }
   return allocate_slow(bytes, size, stream, tc);
@@ -518,7 +509,15 @@ void* basic_caching_allocator<Runtime>::allocate_slow(std::size_t bytes, std::si
       if (b == nullptr) { throw_oom_locked(bytes, size); }
     }
   }
-  b = take_locked(b, size, bytes, stream);
+  return hand_out(tc, take_locked(b, size, bytes, stream), bytes, stream);
+}
+
+// Every path that gives a block to a user ends here: the thread's map and counters, then the
+// optional recording and annotation.
+template <class Runtime>
+__attribute__((always_inline)) inline void* basic_caching_allocator<Runtime>::hand_out(
+  thread_cache& tc, block* b, std::size_t bytes, stream_type stream)
+{
   tc.handed_out.insert(b->address(), b);
   tc.allocated_bytes.add(static_cast<std::int64_t>(b->size));
   tc.requested_bytes.add(static_cast<std::int64_t>(bytes));
@@ -656,6 +655,41 @@ std::size_t basic_caching_allocator<Runtime>::segment_size_for(std::size_t size)
   return detail::round_up(size, options_.segment_rounding_bytes);
 }
 
+// Makes `b` the one free block of a new segment [p, p + seg_size) and counts the segment; the
+// caller indexes it.
+template <class Runtime>
+void basic_caching_allocator<Runtime>::adopt_segment_locked(block* b, std::unique_ptr<segment> seg,
+                                                            void* p, std::size_t seg_size, int kind,
+                                                            stream_type stream, bool stream_ordered,
+                                                            capture_id pool)
+{
+  seg->ptr            = p;
+  seg->size           = seg_size;
+  seg->kind           = kind;
+  seg->stream_ordered = stream_ordered;
+  if (options_.nvtx_annotate) {
+    seg->nvtx_heap = register_memory_heap(p, seg_size, "gpukit caching allocator");
+  }
+  b->ptr.store(reinterpret_cast<std::uintptr_t>(p), std::memory_order_relaxed);
+  b->size         = seg_size;
+  b->kind         = kind;
+  b->stream       = stream;
+  b->global       = false;
+  b->capture_pool = pool;
+  b->segment      = seg.release();
+  b->prev = b->next = nullptr;
+  b->state.store(detail::block_state::free, std::memory_order_relaxed);
+  blocks_.insert(b->address(), b);
+  reserved_ += seg_size;
+  ++segments_;
+  pool_stats_.reserved_bytes.peak =
+    std::max(pool_stats_.reserved_bytes.peak, static_cast<std::int64_t>(reserved_));
+  pool_stats_.segment_count.peak =
+    std::max(pool_stats_.segment_count.peak, static_cast<std::int64_t>(segments_));
+  ++pool_stats_.num_device_allocs;
+  record_pool_locked(memory_event::action::segment_alloc, b->address(), seg_size, stream);
+}
+
 template <class Runtime>
 typename basic_caching_allocator<Runtime>::block*
 basic_caching_allocator<Runtime>::new_segment_locked(std::size_t size, int kind, stream_type stream,
@@ -697,30 +731,7 @@ basic_caching_allocator<Runtime>::new_segment_locked(std::size_t size, int kind,
     }
     GPUKIT_CUDA_TRY(e);
   }
-  seg->ptr            = p;
-  seg->size           = seg_size;
-  seg->kind           = kind;
-  seg->stream_ordered = stream_ordered_;
-  if (options_.nvtx_annotate) {
-    seg->nvtx_heap = register_memory_heap(p, seg_size, "gpukit caching allocator");
-  }
-  b->ptr.store(reinterpret_cast<std::uintptr_t>(p), std::memory_order_relaxed);
-  b->size    = seg_size;
-  b->kind    = kind;
-  b->stream  = stream;
-  b->global  = false;
-  b->segment = seg.release();
-  b->prev = b->next = nullptr;
-  b->state.store(detail::block_state::free, std::memory_order_relaxed);
-  blocks_.insert(b->address(), b);
-  reserved_ += seg_size;
-  pool_stats_.reserved_bytes.peak =
-    std::max(pool_stats_.reserved_bytes.peak, static_cast<std::int64_t>(reserved_));
-  pool_stats_.segment_count.peak =
-    std::max(pool_stats_.segment_count.peak, static_cast<std::int64_t>(segments_ + 1));
-  ++segments_;
-  ++pool_stats_.num_device_allocs;
-  record_pool_locked(memory_event::action::segment_alloc, b->address(), seg_size, stream);
+  adopt_segment_locked(b, std::move(seg), p, seg_size, kind, stream, stream_ordered_, 0);
   // Indexed as a free block of `stream`, so take_locked finds it where it expects it.
   auto& sp    = stream_pool_locked(stream);
   b->free_seq = ++sp.free_seq;
@@ -1572,45 +1583,11 @@ void* basic_caching_allocator<Runtime>::allocate_captured_locked(std::size_t byt
       if (e == cudaErrorMemoryAllocation) { throw_oom_locked(bytes, size); }
       GPUKIT_CUDA_TRY(e);
     }
-    seg->ptr            = p;
-    seg->size           = seg_size;
-    seg->kind           = kind;
-    seg->stream_ordered = false;
-    if (options_.nvtx_annotate) {
-      seg->nvtx_heap = register_memory_heap(p, seg_size, "gpukit caching allocator");
-    }
-    nb->ptr.store(reinterpret_cast<std::uintptr_t>(p), std::memory_order_relaxed);
-    nb->size         = seg_size;
-    nb->kind         = kind;
-    nb->stream       = cp.stream;
-    nb->global       = false;
-    nb->capture_pool = cp.id;
-    nb->segment      = seg.release();
-    nb->prev = nb->next = nullptr;
-    nb->state.store(detail::block_state::free, std::memory_order_relaxed);
-    blocks_.insert(nb->address(), nb);
-    reserved_ += seg_size;
-    pool_stats_.reserved_bytes.peak =
-      std::max(pool_stats_.reserved_bytes.peak, static_cast<std::int64_t>(reserved_));
-    pool_stats_.segment_count.peak =
-      std::max(pool_stats_.segment_count.peak, static_cast<std::int64_t>(segments_ + 1));
-    ++segments_;
-    ++pool_stats_.num_device_allocs;
-    record_pool_locked(memory_event::action::segment_alloc, nb->address(), seg_size, cp.stream);
+    adopt_segment_locked(nb, std::move(seg), p, seg_size, kind, cp.stream, false, cp.id);
     cp.index[kind].insert(nb);
     b = nb;
   }
-  b = take_locked(b, size, bytes, cp.stream);
-  if (recording_.load(std::memory_order_relaxed)) {
-    record(tc, memory_event::action::alloc, b, cp.stream);
-  }
-  tc.handed_out.insert(b->address(), b);
-  tc.allocated_bytes.add(static_cast<std::int64_t>(b->size));
-  tc.requested_bytes.add(static_cast<std::int64_t>(bytes));
-  tc.allocation_count.add(1);
-  tc.num_allocs.add(1);
-  annotate_alloc(b, bytes);
-  return b->data();
+  return hand_out(tc, take_locked(b, size, bytes, cp.stream), bytes, cp.stream);
 }
 
 // ---------------------------------------------------------------------------------------------
