@@ -41,6 +41,7 @@
 #include <gpukit/error.hpp>
 #include <gpukit/runtime/cuda_runtime.hpp>
 #include <gpukit/runtime/runtime.hpp>
+#include <gpukit/stats.hpp>
 
 // CCCL's memory-resource concepts (CUDA 13.0 ships CCCL 3.0.1, where they are experimental).
 #ifndef LIBCUDACXX_ENABLE_EXPERIMENTAL_MEMORY_RESOURCE
@@ -71,20 +72,14 @@ struct pinned_pool_options {
   unsigned register_flags{host_register_flags::portable};
 };
 
-/// One counter of a pinned pool, current and peak (PyTorch's vocabulary).
-struct pinned_stat {
-  std::int64_t current{0};
-  std::int64_t peak{0};
-};
-
 /// Statistics of a pinned pool (PyTorch's `torch.cuda.host_memory_stats` vocabulary).
 struct pinned_pool_stats {
-  pinned_stat allocated_bytes;           ///< bytes of buffers handed out (class sizes)
-  pinned_stat requested_bytes;           ///< bytes users asked for
-  pinned_stat reserved_bytes;            ///< bytes pinned by the pool (host_alloc + registered)
-  pinned_stat cached_bytes;              ///< bytes of free buffers, ready or waiting on streams
-  pinned_stat allocation_count;          ///< buffers handed out
-  pinned_stat segment_count;             ///< host_alloc or registered ranges held
+  stat_pair allocated_bytes;             ///< bytes of buffers handed out (class sizes)
+  stat_pair requested_bytes;             ///< bytes users asked for
+  stat_pair reserved_bytes;              ///< bytes pinned by the pool (host_alloc + registered)
+  stat_pair cached_bytes;                ///< bytes of free buffers, ready or waiting on streams
+  stat_pair allocation_count;            ///< buffers handed out
+  stat_pair segment_count;               ///< host_alloc or registered ranges held
   std::int64_t pending_bytes{0};         ///< returned buffers whose streams' work is pending
   std::uint64_t num_allocs{0};           ///< allocate calls that succeeded
   std::uint64_t num_frees{0};            ///< buffers returned
@@ -298,7 +293,7 @@ class basic_pinned_pool final {
   void return_locked(block& b, stream_type const* stream);
   event_type take_event_locked();
   void hand_out_locked(block& b, std::size_t bytes, bool hit);
-  static void bump(pinned_stat& s, std::int64_t delta) noexcept;
+  static void bump(stat_pair& s, std::int64_t delta) noexcept;
 
   Runtime& runtime_;
   pinned_pool_options options_;

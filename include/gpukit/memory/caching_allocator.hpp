@@ -50,6 +50,7 @@
 #include <gpukit/profile/memory_annotation.hpp>
 #include <gpukit/runtime/cuda_runtime.hpp>
 #include <gpukit/runtime/runtime.hpp>
+#include <gpukit/stats.hpp>
 
 // CCCL's memory-resource concepts (CUDA 13.0 ships CCCL 3.0.1, where they are experimental).
 #ifndef LIBCUDACXX_ENABLE_EXPERIMENTAL_MEMORY_RESOURCE
@@ -144,12 +145,6 @@ struct oom_context {
 /// Called, without the allocator's lock, when an allocation fails: free what you can (spill a
 /// cache, drop activations) and return true to have the allocation tried again.
 using oom_callback = std::function<bool(oom_context const&)>;
-
-/// One statistic, current and peak, as PyTorch reports them.
-struct stat_pair {
-  std::int64_t current{0};
-  std::int64_t peak{0};
-};
 
 /// Statistics of a caching allocator (PyTorch's `torch.cuda.memory_stats` vocabulary).
 struct caching_allocator_stats {

@@ -91,7 +91,7 @@ std::size_t basic_pinned_pool<Runtime>::class_size(std::size_t bytes) noexcept
 }
 
 template <class Runtime>
-void basic_pinned_pool<Runtime>::bump(pinned_stat& s, std::int64_t delta) noexcept
+void basic_pinned_pool<Runtime>::bump(stat_pair& s, std::int64_t delta) noexcept
 {
   s.current += delta;
   s.peak = std::max(s.peak, s.current);
@@ -529,8 +529,8 @@ template <class Runtime>
 void basic_pinned_pool<Runtime>::reset_peak()
 {
   std::lock_guard<std::mutex> lock{mutex_};
-  for (pinned_stat* s : {&stats_.allocated_bytes, &stats_.requested_bytes, &stats_.reserved_bytes,
-                         &stats_.cached_bytes, &stats_.allocation_count, &stats_.segment_count}) {
+  for (stat_pair* s : {&stats_.allocated_bytes, &stats_.requested_bytes, &stats_.reserved_bytes,
+                       &stats_.cached_bytes, &stats_.allocation_count, &stats_.segment_count}) {
     s->peak = s->current;
   }
 }
