@@ -204,7 +204,12 @@ TEST_SUITE("checkpoint")
     CHECK(
       contains(error_of([&] { (void)parse_checkpoint_chain(bad2); }), "\"x\" is not an integer"));
     CHECK(contains(error_of([&] { (void)parse_checkpoint_chain(bad3); }), "more than 4 fields"));
-    CHECK(contains(error_of([&] { (void)parse_checkpoint_chain(bad4); }), "output size a = -3"));
+    CHECK(contains(error_of([&] { (void)parse_checkpoint_chain(bad4); }),
+                   "line 1: output size a = -3 is negative"));
+    // Line numbers count comments and blank lines: they are the file's lines.
+    std::istringstream bad5{"# f b a t\n1 2 3 4\n\n1 -2 3 4\n"};
+    CHECK(contains(error_of([&] { (void)parse_checkpoint_chain(bad5); }),
+                   "line 4: backward time b = -2 is negative"));
   }
 
   TEST_CASE("planners: bad arguments name the value")

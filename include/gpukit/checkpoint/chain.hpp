@@ -156,8 +156,8 @@ class checkpoint_chain {
 
 /// Reads a chain, one stage a line: `f b a t` (four non-negative integers separated by blanks).
 /// Blank lines and lines starting with `#` are skipped.
-/// @throws gpukit::logic_error naming the line and the offending text for malformed input, and
-///         as checkpoint_chain's constructor for bad values
+/// @throws gpukit::logic_error naming the line and the offending text for malformed input or a
+///         negative or too large value, and as checkpoint_chain's constructor for bad totals
 [[nodiscard]] inline checkpoint_chain parse_checkpoint_chain(std::istream& in)
 {
   std::vector<checkpoint_stage> stages;
@@ -188,6 +188,12 @@ class checkpoint_chain {
     }
     GPUKIT_EXPECTS(!(fields >> word), "checkpoint chain: line " + std::to_string(number) +
                                         " has more than 4 fields (f b a t): \"" + line + "\"");
+    char const* names[4] = {"forward time f", "backward time b", "output size a", "tape size t"};
+    for (int k = 0; k < 4; ++k) {
+      GPUKIT_EXPECTS(v[k] >= 0 && v[k] <= checkpoint_chain::max_total,
+                     "checkpoint chain: line " + std::to_string(number) + ": " + names[k] + " = " +
+                       std::to_string(v[k]) + (v[k] < 0 ? " is negative" : " exceeds 2^46"));
+    }
     stages.push_back({v[0], v[1], v[2], v[3]});
   }
   return checkpoint_chain{std::move(stages)};

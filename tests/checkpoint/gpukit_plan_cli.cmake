@@ -1,0 +1,165 @@
+# The gpukit-plan executable end to end: its output format (the schedule, then a JSON line with
+# time and peak), reading a file or standard input, the planners, revolve, and every error path
+# (exit status and a message naming the problem).
+#   cmake -DPLAN=<gpukit-plan> -DOUT=<scratch dir> -P gpukit_plan_cli.cmake
+cmake_minimum_required(VERSION 3.25)
+file(MAKE_DIRECTORY "${OUT}")
+
+# Chains. hand: the simulator's hand-worked chain (store-all: time 66, peak 66). uniform8: 8
+# stages (1 2 1 2), whose least persistent budget is 5 and whose optimal time at budget 15 is 28.
+file(WRITE "${OUT}/hand.chain" "# f b a t\n1 10 10 1\n2 20 20 2\n\n3 30 30 3\n")
+file(WRITE "${OUT}/uniform8.chain" "")
+foreach(i RANGE 1 8)
+  file(APPEND "${OUT}/uniform8.chain" "1 2 1 2\n")
+endforeach()
+file(WRITE "${OUT}/uniform5.chain" "1 1 1 1\n1 1 1 1\n1 1 1 1\n1 1 1 1\n1 1 1 1\n")
+file(WRITE "${OUT}/fields.chain" "1 2 3 4\n1 2 3\n")
+file(WRITE "${OUT}/word.chain" "# comment\n\n1 2 x 4\n")
+file(WRITE "${OUT}/negative.chain" "1 2 3 4\n1 2 -5 4\n")
+file(WRITE "${OUT}/extra.chain" "1 2 3 4 5\n")
+file(WRITE "${OUT}/empty.chain" "# nothing but a comment\n")
+
+set(failures 0)
+set(cases 0)
+
+# expect(<name> EXIT <code> [STDIN <file>] [STDOUT <regex>...] [LAST <regex>] [STDERR <regex>...]
+#        [LINES <n>] ARGS <args...>)
+function(expect name)
+  cmake_parse_arguments(arg "" "EXIT;STDIN;LAST;LINES" "STDOUT;STDERR;ARGS" ${ARGN})
+  math(EXPR n "${cases} + 1")
+  set(cases ${n} PARENT_SCOPE)
+  set(input "")
+  if(arg_STDIN)
+    set(input INPUT_FILE "${arg_STDIN}")
+  else()
+    set(input INPUT_FILE "${OUT}/empty.chain")
+  endif()
+  execute_process(COMMAND "${PLAN}" ${arg_ARGS} ${input}
+                  OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc TIMEOUT 60)
+  set(problems "")
+  if(NOT "${rc}" STREQUAL "${arg_EXIT}")
+    string(APPEND problems "\n  exit status ${rc}, expected ${arg_EXIT}")
+  endif()
+  foreach(re IN LISTS arg_STDOUT)
+    if(NOT out MATCHES "${re}")
+      string(APPEND problems "\n  standard output does not match '${re}'")
+    endif()
+  endforeach()
+  foreach(re IN LISTS arg_STDERR)
+    if(NOT err MATCHES "${re}")
+      string(APPEND problems "\n  standard error does not match '${re}'")
+    endif()
+  endforeach()
+  string(REGEX REPLACE "\n$" "" trimmed "${out}")
+  string(REPLACE "\n" ";" lines "${trimmed}")
+  list(LENGTH lines count)
+  if(arg_LAST)
+    set(last "")
+    if(count GREATER 0)
+      list(GET lines -1 last)
+    endif()
+    if(NOT last MATCHES "${arg_LAST}")
+      string(APPEND problems "\n  the last line '${last}' does not match '${arg_LAST}'")
+    endif()
+  endif()
+  if(arg_LINES AND NOT count EQUAL arg_LINES)
+    string(APPEND problems "\n  ${count} lines of output, expected ${arg_LINES}")
+  endif()
+  if(NOT "${arg_EXIT}" STREQUAL "0" AND NOT out STREQUAL "")
+    string(APPEND problems "\n  a failed run printed to standard output")
+  endif()
+  if(problems)
+    message(SEND_ERROR "FAILED ${name}: gpukit-plan ${arg_ARGS}${problems}\n"
+                       "  stdout: ${out}\n  stderr: ${err}")
+    math(EXPR f "${failures} + 1")
+    set(failures ${f} PARENT_SCOPE)
+  else()
+    message(STATUS "ok ${name}")
+  endif()
+endfunction()
+
+set(json_num "-?[0-9]+")
+
+# ---- plans -------------------------------------------------------------------------------------
+expect(store-all EXIT 0 LINES 2
+  STDOUT "^Fe1 Fe2 Fe3 B3 B2 B1\n"
+  LAST "^{\"planner\": \"store-all\", \"stages\": 3, \"budget\": null, \"time\": 66, \"peak\": 66, .*}$"
+  ARGS --chain "${OUT}/hand.chain" --planner store-all)
+expect(optimal-from-stdin EXIT 0 LINES 2 STDIN "${OUT}/hand.chain"
+  LAST "\"budget\": 66, \"time\": 66, \"peak\": 66,"
+  ARGS --budget 66)
+expect(optimal-is-the-default EXIT 0 LINES 2
+  STDOUT "^(Fn|Fe|B)[0-9]+( (Fn|Fe|B)[0-9]+)* B1\n"
+  LAST "^{\"planner\": \"optimal\", \"stages\": 8, \"budget\": 15, \"time\": 28, \"peak\": (1[0-5]|[0-9]), \"recomputations\": ${json_num}, \"exact\": true}$"
+  ARGS --chain "${OUT}/uniform8.chain" --budget 15)
+expect(optimal-equals-sign EXIT 0 LINES 2 LAST "\"budget\": 5, \"time\": ${json_num}, \"peak\": 5,"
+  ARGS --chain=${OUT}/uniform8.chain --budget=5 --planner=optimal)
+expect(sequential EXIT 0 LINES 2
+  STDOUT "^Fn1 Fn2 Fe3 Fe4 Fe5 B5 B4 B3 Fe1 Fe2 B2 B1\n"
+  LAST "\"planner\": \"sequential:2\", \"stages\": 5, \"budget\": null, \"time\": 12,"
+  ARGS --chain "${OUT}/uniform5.chain" --planner sequential:2)
+expect(sqrt EXIT 0 LINES 2
+  LAST "\"planner\": \"sqrt\", \"stages\": 5, \"budget\": 100, \"time\": ${json_num}, \"peak\": ${json_num}"
+  ARGS --chain "${OUT}/uniform5.chain" --planner sqrt --budget 100)
+expect(chain-from-dash EXIT 0 LINES 2 STDIN "${OUT}/uniform5.chain" LAST "\"stages\": 5,"
+  ARGS --chain - --planner store-all)
+expect(revolve EXIT 0 LINES 2
+  STDOUT "^(Fn|Fe|B)[0-9]+( (Fn|Fe|B)[0-9]+)* Fe1 B1\n"
+  LAST "^{\"steps\": 10, \"slots\": 3, \"advances\": 15}$"
+  ARGS revolve --steps 10 --slots 3)
+expect(revolve-one-slot EXIT 0 LINES 2 LAST "\"advances\": 6}$" ARGS revolve --slots 1 --steps 4)
+expect(help EXIT 0 STDOUT "usage: gpukit-plan" ARGS --help)
+
+# ---- infeasible budgets (exit 3) ----------------------------------------------------------------
+expect(optimal-infeasible EXIT 3 STDERR "budget 4 is infeasible" "the least budget is 5"
+  ARGS --chain "${OUT}/uniform8.chain" --budget 4)
+expect(store-all-infeasible EXIT 3 STDERR "budget 10 is infeasible" "needs a budget of at least 66"
+  ARGS --chain "${OUT}/hand.chain" --planner store-all --budget 10)
+expect(sqrt-infeasible EXIT 3 STDERR "budget 1 is infeasible for sqrt"
+  ARGS --chain "${OUT}/uniform5.chain" --planner sqrt --budget 1)
+
+# ---- malformed input (exit 1) -------------------------------------------------------------------
+expect(too-few-fields EXIT 1 STDERR "fields.chain: checkpoint chain: line 2 has 3 fields, expected 4"
+  ARGS --chain "${OUT}/fields.chain" --planner store-all)
+expect(not-an-integer EXIT 1 STDERR "line 3: \"x\" is not an integer"
+  ARGS --chain "${OUT}/word.chain" --budget 10)
+expect(negative-value EXIT 1 STDERR "line 2: output size a = -5 is negative"
+  ARGS --chain "${OUT}/negative.chain" --budget 10)
+expect(too-many-fields EXIT 1 STDERR "line 1 has more than 4 fields"
+  ARGS --chain "${OUT}/extra.chain" --budget 10)
+expect(stdin-malformed EXIT 1 STDIN "${OUT}/negative.chain"
+  STDERR "standard input: checkpoint chain: line 2: output size a = -5"
+  ARGS --budget 10)
+expect(empty-chain EXIT 1 STDERR "a chain needs at least one stage" ARGS --budget 10)
+expect(missing-file EXIT 1 STDERR "cannot open the chain file \"${OUT}/nope.chain\""
+  ARGS --chain "${OUT}/nope.chain" --budget 10)
+
+# ---- bad command lines (exit 2) -----------------------------------------------------------------
+expect(unknown-option EXIT 2 STDERR "unknown option \"--bogus\"" "usage:" ARGS --bogus 3)
+expect(stray-argument EXIT 2 STDERR "unexpected argument \"plan\"" ARGS plan)
+expect(budget-not-a-number EXIT 2 STDERR "--budget: \"12x\" is not a non-negative integer"
+  ARGS --chain "${OUT}/hand.chain" --budget 12x)
+expect(budget-negative EXIT 2 STDERR "--budget: \"-3\" is not a non-negative integer"
+  ARGS --chain "${OUT}/hand.chain" --budget -3)
+expect(budget-missing-value EXIT 2 STDERR "--budget needs a value" ARGS --budget)
+expect(optimal-needs-budget EXIT 2 STDERR "the optimal planner needs --budget"
+  ARGS --chain "${OUT}/hand.chain")
+expect(unknown-planner EXIT 2 STDERR "--planner \"fastest\" is not one of"
+  ARGS --chain "${OUT}/hand.chain" --planner fastest)
+expect(sequential-zero EXIT 2 STDERR "0 segments is outside 1..5"
+  ARGS --chain "${OUT}/uniform5.chain" --planner sequential:0)
+expect(sequential-too-many EXIT 2 STDERR "9 segments is outside 1..5"
+  ARGS --chain "${OUT}/uniform5.chain" --planner sequential:9)
+expect(sequential-no-k EXIT 2 STDERR "K in sequential:K must be a positive integer"
+  ARGS --chain "${OUT}/uniform5.chain" --planner sequential:)
+expect(option-twice EXIT 2 STDERR "--budget is given twice" ARGS --budget 3 --budget 4)
+expect(revolve-no-steps EXIT 2 STDERR "revolve needs --steps L" ARGS revolve --slots 3)
+expect(revolve-zero-steps EXIT 2 STDERR "--steps 0 is outside 1..4096" ARGS revolve --steps 0 --slots 3)
+expect(revolve-zero-slots EXIT 2 STDERR "--slots 0 is below 1" ARGS revolve --steps 4 --slots 0)
+expect(revolve-foreign-option EXIT 2 STDERR "unknown option \"--budget\" for revolve"
+  ARGS revolve --steps 4 --slots 2 --budget 3)
+
+if(failures GREATER 0)
+  message(FATAL_ERROR "${failures} of ${cases} gpukit-plan cases failed")
+endif()
+message(STATUS "all ${cases} gpukit-plan cases passed")
