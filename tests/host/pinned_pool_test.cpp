@@ -7,9 +7,14 @@
 
 #include <doctest/doctest.h>
 
+#include <sys/mman.h>
+
 #include <atomic>
+#include <fstream>
 #include <random>
 #include <set>
+#include <sstream>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -28,6 +33,38 @@ gpukit::sim_config small_gpu()
   return gpukit::sim_config{}.with_devices(1, std::size_t{1} << 30);
 }
 
+/// True when every page of [p, p + bytes) is mapped in this process (mincore fails with ENOMEM
+/// on an unmapped page).
+bool is_mapped(void const* p, std::size_t bytes)
+{
+  auto const a = reinterpret_cast<std::uintptr_t>(p) & ~std::uintptr_t{4095};
+  std::vector<unsigned char> vec((bytes + 4095) / 4096 + 1);
+  return ::mincore(reinterpret_cast<void*>(a), bytes, vec.data()) == 0;
+}
+
+/// The "VmFlags:" line of /proc/self/smaps for the mapping holding p (" rd wr mr ... hg"), or ""
+/// when the kernel does not report it.
+std::string vm_flags_of(void const* p)
+{
+  std::ifstream smaps{"/proc/self/smaps"};
+  auto const a = reinterpret_cast<std::uintptr_t>(p);
+  std::string line;
+  bool inside = false;
+  while (std::getline(smaps, line)) {
+    unsigned long lo = 0, hi = 0;
+    char dash = 0;
+    std::istringstream head{line};
+    if (line.find(':') == std::string::npos || line.find('-') < line.find(':')) {
+      if (head >> std::hex >> lo >> dash >> hi && dash == '-') {
+        inside = a >= lo && a < hi;
+        continue;
+      }
+    }
+    if (inside && line.rfind("VmFlags:", 0) == 0) { return line.substr(8) + " "; }
+  }
+  return {};
+}
+
 }  // namespace
 
 TEST_SUITE("pinned_pool")
@@ -36,6 +73,13 @@ TEST_SUITE("pinned_pool")
   {
     sim_runtime sim{small_gpu()};
     gpukit::test::check_pool_basics(sim);
+  }
+  TEST_CASE("pinned_pool: conformance: the same with host_alloc growth")
+  {
+    sim_runtime sim{small_gpu()};
+    gpukit::pinned_pool_options o;
+    o.growth = gpukit::pinned_growth::host_alloc;
+    gpukit::test::check_pool_basics(sim, o);
   }
   TEST_CASE("pinned_pool: conformance: bad input gets a clear error and changes nothing")
   {
@@ -91,7 +135,7 @@ TEST_SUITE("pinned_pool")
     CHECK(first_mismatch(a, mib, 3) == mib);  // nobody wrote it while it was pending
     for (void* p : later) { pool.deallocate(p); }
     CHECK(pool.stats().pending_bytes == 0);
-    CHECK(pool.stats().num_host_allocs == 6);
+    CHECK(pool.stats().num_growths == 6);
   }
 
   TEST_CASE("pinned_pool: record_stream makes a return wait on every stream that used the buffer")
@@ -135,11 +179,12 @@ TEST_SUITE("pinned_pool")
       void* q = pool.allocate(2 * mib);
       CHECK(pool.owns(p, mib));
       CHECK(pool.owns(q, 2 * mib));
-      CHECK(pool.stats().num_host_allocs == 0);
+      CHECK(pool.stats().num_growths == 0);
       CHECK(reinterpret_cast<std::uintptr_t>(p) % 4096 == 0);
       void* r = pool.allocate(2 * mib);  // does not fit what is left: pinned on its own
       CHECK_FALSE(pool.owns(r, 1) == false);
-      CHECK(pool.stats().num_host_allocs == 1);
+      CHECK(pool.stats().num_growths == 1);
+      CHECK(pool.stats().num_host_registers == 2);
       pool.deallocate(p);
       pool.deallocate(q);
       pool.deallocate(r);
@@ -149,22 +194,23 @@ TEST_SUITE("pinned_pool")
             static_cast<std::int64_t>(mine.size() + 2 * mib));
       CHECK(sim.calls(sim_op::host_unregister) == 0);
     }
-    CHECK(sim.calls(sim_op::host_unregister) == 1);
-    CHECK(sim.calls(sim_op::host_free) == 1);
+    CHECK(sim.calls(sim_op::host_unregister) == 2);  // the user's memory and the pool's own range
+    CHECK(sim.calls(sim_op::host_free) == 0);
   }
 
-  TEST_CASE("pinned_pool: prewarm makes buffers ready with one host_alloc")
+  TEST_CASE("pinned_pool: prewarm makes buffers ready with one growth")
   {
     sim_runtime sim{small_gpu()};
     sim_pool pool{sim};
     pool.prewarm(3 * mib, 4);
-    CHECK(pool.stats().num_host_allocs == 1);
+    CHECK(pool.stats().num_growths == 1);
+    CHECK(sim.calls(sim_op::host_register) == 1);
     CHECK(pool.stats().cached_bytes.current ==
           static_cast<std::int64_t>(4 * pool.class_size(3 * mib)));
     std::vector<void*> v;
     for (int i = 0; i < 4; ++i) { v.push_back(pool.allocate(3 * mib - 5)); }
     CHECK(pool.stats().num_cache_hits == 4);
-    CHECK(pool.stats().num_host_allocs == 1);
+    CHECK(pool.stats().num_growths == 1);
     for (void* p : v) { pool.deallocate(p); }
     CHECK_THROWS_AS(pool.prewarm(0, 3), gpukit::logic_error);
   }
@@ -172,7 +218,9 @@ TEST_SUITE("pinned_pool")
   TEST_CASE("pinned_pool: a failing host_alloc leaves the pool unchanged")
   {
     sim_runtime sim{small_gpu()};
-    sim_pool pool{sim};
+    gpukit::pinned_pool_options o;
+    o.growth = gpukit::pinned_growth::host_alloc;
+    sim_pool pool{sim, o};
     sim.inject_fault(sim_op::host_alloc, 1, cudaErrorMemoryAllocation);
     CHECK_THROWS_AS((void)pool.allocate(mib), gpukit::cuda_error);
     auto const s = pool.stats();
@@ -182,6 +230,131 @@ TEST_SUITE("pinned_pool")
     void* p = pool.allocate(mib);
     CHECK(pool.stats().reserved_bytes.current == static_cast<std::int64_t>(mib));
     pool.deallocate(p);
+  }
+
+  TEST_CASE("pinned_pool: growth maps 2 MiB aligned huge-page memory and registers it")
+  {
+    sim_runtime sim{small_gpu()};
+    std::size_t const bytes = 48 * mib + 5 * kib;  // not a multiple of a huge page
+    void* base              = nullptr;
+    {
+      gpukit::pinned_pool_options o;
+      o.pin_threads = 4;  // 48 MiB: three threads fault it in
+      sim_pool pool{sim, o};
+      CHECK(pool.options().pin_threads == 4);
+      pool.reserve(bytes);
+      CHECK(sim.calls(sim_op::host_alloc) == 0);
+      CHECK(sim.calls(sim_op::host_register) == 1);
+      auto const s = pool.stats();
+      CHECK(s.num_growths == 1);
+      CHECK(s.num_host_registers == 1);
+      CHECK(s.reserved_bytes.current == static_cast<std::int64_t>(bytes));
+      void* a = pool.allocate(bytes - 64 * kib);
+      base    = a;  // carved from the front of the range
+      CHECK(reinterpret_cast<std::uintptr_t>(a) % (2 * mib) == 0);
+      CHECK(is_mapped(a, bytes));
+      // Fresh anonymous memory: every byte reads zero, then holds what is written.
+      auto const* z       = static_cast<unsigned char const*>(a);
+      std::size_t nonzero = 0;
+      for (std::size_t i = 0; i < bytes; i += 4096) { nonzero += z[i] != 0; }
+      CHECK(nonzero == 0);
+      fill_pattern(a, bytes - 64 * kib, 21);
+      CHECK(first_mismatch(a, bytes - 64 * kib, 21) == bytes - 64 * kib);
+      // The kernel was asked for transparent huge pages (VmFlags "hg"), where it reports flags.
+      std::string const flags = vm_flags_of(a);
+      if (!flags.empty()) { CHECK(flags.find(" hg") != std::string::npos); }
+      pool.deallocate(a);
+      CHECK(pool.release_cached() == bytes);
+      CHECK(sim.calls(sim_op::host_unregister) == 1);
+      CHECK(sim.calls(sim_op::host_free) == 0);  // never cudaFreeHost
+      CHECK(pool.stats().num_host_unregisters == 1);
+      CHECK_FALSE(is_mapped(base, 4096));  // unmapped too
+      pool.reserve(4 * mib);               // freed by the destructor the same way
+      base = pool.allocate(mib);
+      pool.deallocate(base);
+    }
+    CHECK(sim.calls(sim_op::host_unregister) == 2);
+    CHECK(sim.calls(sim_op::host_free) == 0);
+    CHECK_FALSE(is_mapped(base, 4096));
+  }
+
+  TEST_CASE("pinned_pool: huge pages off maps page-aligned memory without the advice")
+  {
+    sim_runtime sim{small_gpu()};
+    gpukit::pinned_pool_options o;
+    o.huge_pages = false;
+    sim_pool pool{sim, o};
+    void* a = pool.allocate(3 * mib);
+    fill_pattern(a, 3 * mib, 4);
+    CHECK(first_mismatch(a, 3 * mib, 4) == 3 * mib);
+    std::string const flags = vm_flags_of(a);
+    if (!flags.empty()) { CHECK(flags.find(" hg") == std::string::npos); }
+    pool.deallocate(a);
+  }
+
+  TEST_CASE("pinned_pool: a failing host_register of a grown range unmaps it and changes nothing")
+  {
+    sim_runtime sim{small_gpu()};
+    sim_pool pool{sim};
+    sim.inject_fault(sim_op::host_register, 1, cudaErrorHostMemoryAlreadyRegistered);
+    try {
+      (void)pool.allocate(5 * mib);
+      FAIL("allocate should have thrown");
+    } catch (gpukit::cuda_error const& e) {
+      CHECK(e.code() == cudaErrorHostMemoryAlreadyRegistered);
+      CHECK(std::string{e.what()}.find("host_register") != std::string::npos);
+      CHECK(std::string{e.what()}.find("allocate") != std::string::npos);
+    }
+    auto const s = pool.stats();
+    CHECK(s.reserved_bytes.current == 0);
+    CHECK(s.num_growths == 0);
+    CHECK(s.segment_count.current == 0);
+    sim.inject_fault(sim_op::host_register, 1, cudaErrorMemoryAllocation);
+    CHECK_THROWS_AS(pool.reserve(8 * mib), gpukit::cuda_error);
+    CHECK(pool.stats().reserved_bytes.current == 0);
+    pool.prewarm(mib, 2);  // the fault is used up
+    CHECK(pool.stats().reserved_bytes.current ==
+          static_cast<std::int64_t>(2 * pool.class_size(mib)));
+    void* p = pool.allocate(mib);  // from the prewarmed buffers
+    CHECK(pool.stats().num_cache_hits == 1);
+    pool.deallocate(p);
+  }
+
+  TEST_CASE("pinned_pool: the limit counts growth of either kind and bad options are refused")
+  {
+    sim_runtime sim{small_gpu()};
+    gpukit::pinned_pool_options o;
+    o.limit_bytes = 8 * mib;
+    sim_pool pool{sim, o};
+    pool.reserve(6 * mib);
+    CHECK_THROWS_AS(pool.reserve(4 * mib), gpukit::bad_alloc);
+    CHECK(sim.calls(sim_op::host_register) == 1);
+    gpukit::pinned_pool_options bad;
+    bad.pin_threads = -2;
+    CHECK_THROWS_WITH_AS(sim_pool(sim, bad), doctest::Contains("pin_threads is -2"),
+                         gpukit::logic_error);
+  }
+
+  TEST_CASE("pinned_pool: threads grow the pool at once and every range is distinct")
+  {
+    sim_runtime sim{small_gpu()};
+    sim_pool pool{sim};
+    std::vector<void*> got(8);
+    std::vector<std::thread> ts;
+    for (std::size_t t = 0; t < got.size(); ++t) {
+      ts.emplace_back([&, t] {
+        got[t] = pool.allocate((t + 1) * 3 * mib);
+        fill_pattern(got[t], (t + 1) * 3 * mib, static_cast<std::uint32_t>(t));
+      });
+    }
+    for (auto& t : ts) { t.join(); }
+    for (std::size_t t = 0; t < got.size(); ++t) {
+      CHECK(first_mismatch(got[t], (t + 1) * 3 * mib, static_cast<std::uint32_t>(t)) ==
+            (t + 1) * 3 * mib);
+      pool.deallocate(got[t]);
+    }
+    CHECK(pool.stats().num_growths == 8);
+    CHECK(sim.calls(sim_op::host_register) == 8);
   }
 
   TEST_CASE("pinned_pool: a failing event record leaves the buffer handed out")

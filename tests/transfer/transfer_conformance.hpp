@@ -61,11 +61,12 @@ struct device_buffer {
   ~device_buffer() { (void)rt.free(p); }
 };
 
-/// Reuse, size classes and statistics of the pinned pool.
+/// Reuse, size classes and statistics of the pinned pool, growing as `options` says.
 template <class Runtime>
-void check_pool_basics(Runtime& rt)
+void check_pool_basics(Runtime& rt, pinned_pool_options options = {})
 {
-  basic_pinned_pool<Runtime> pool{rt};
+  basic_pinned_pool<Runtime> pool{rt, options};
+  bool const mapped = options.growth == pinned_growth::map_and_register;
   CHECK(basic_pinned_pool<Runtime>::class_size(1) == 4096);
   CHECK(basic_pinned_pool<Runtime>::class_size(600 * mib) == 640 * mib);  // <= 12.5% lost
   for (std::size_t n : {std::size_t{4097}, std::size_t{100000}, 3 * mib + 1, 600 * mib + 7}) {
@@ -76,7 +77,9 @@ void check_pool_basics(Runtime& rt)
   void* a = pool.allocate(100 * kib);
   fill_pattern(a, 100 * kib, 1);
   auto s = pool.stats();
-  CHECK(s.num_host_allocs == 1);
+  CHECK(s.num_growths == 1);
+  CHECK(s.num_host_allocs == (mapped ? 0 : 1));
+  CHECK(s.num_host_registers == (mapped ? 1 : 0));
   CHECK(s.allocated_bytes.current == static_cast<std::int64_t>(pool.class_size(100 * kib)));
   CHECK(s.requested_bytes.current == static_cast<std::int64_t>(100 * kib));
   CHECK(s.allocation_count.current == 1);
@@ -87,14 +90,14 @@ void check_pool_basics(Runtime& rt)
   CHECK(b == a);
   s = pool.stats();
   CHECK(s.num_cache_hits == 1);
-  CHECK(s.num_host_allocs == 1);
+  CHECK(s.num_growths == 1);
   pool.deallocate(b);
-  // Reserved memory is carved: no host_alloc for buffers that fit.
+  // Reserved memory is carved: no growth for buffers that fit.
   pool.reserve(4 * mib);
   std::vector<void*> carved;
   for (int i = 0; i < 4; ++i) { carved.push_back(pool.allocate(mib - 100)); }
   s = pool.stats();
-  CHECK(s.num_host_allocs == 2);
+  CHECK(s.num_growths == 2);
   CHECK(s.allocation_count.current == 4);
   CHECK(s.reserved_bytes.current ==
         static_cast<std::int64_t>(4 * mib + pool.class_size(100 * kib)));
@@ -119,7 +122,9 @@ void check_pool_basics(Runtime& rt)
   CHECK(pool.stats().allocation_count.current == 0);
   CHECK(pool.release_cached() == static_cast<std::size_t>(s.reserved_bytes.current));
   CHECK(pool.stats().reserved_bytes.current == 0);
-  CHECK(pool.stats().num_host_frees == 2);
+  // cudaFreeHost only for host_alloc ranges; the pool's mappings are unregistered (and unmapped).
+  CHECK(pool.stats().num_host_frees == (mapped ? 0 : 2));
+  CHECK(pool.stats().num_host_unregisters == (mapped ? 2 : 0));
 }
 
 /// Bad input gets a clear error naming the value, and leaves the pool as it was.

@@ -158,14 +158,16 @@ TEST_SUITE("transfer")
       CHECK(pool.stats().reserved_bytes.current == 0);
     }
     CHECK(sim.calls(sim_op::host_alloc) == sim.calls(sim_op::host_free));
+    CHECK(sim.calls(sim_op::host_register) == sim.calls(sim_op::host_unregister));
+    CHECK(sim.calls(sim_op::host_register) > 0);
     CHECK(sim.calls(sim_op::event_create) == sim.calls(sim_op::event_destroy));
   }
 
-  TEST_CASE("transfer: a failing host_alloc of a staging chunk mid-transfer gives a clear error")
+  TEST_CASE("transfer: a failing pin of a staging chunk mid-transfer gives a clear error")
   {
     sim_runtime sim{small_gpu()};
     std::size_t const bytes = 8 * 64 * kib;
-    sim_pool pool{sim};
+    sim_pool pool{sim};  // grows with host_register
     {
       sim_pipeline pipe{sim, pool, small_chunks(1, 4)};
       gpukit::test::stream_holder<sim_runtime> s{sim};
@@ -174,9 +176,9 @@ TEST_SUITE("transfer")
       fill_pattern(src.data(), bytes, 11);
       // Stalled, the first two chunks' copies stay pending, so the third chunk needs a new slot.
       GPUKIT_CUDA_TRY(sim.stall(pipe.h2d_stream()));
-      sim.inject_fault(sim_op::host_alloc, 3, cudaErrorMemoryAllocation);
+      sim.inject_fault(sim_op::host_register, 3, cudaErrorMemoryAllocation);
       CHECK_THROWS_WITH_AS(pipe.copy_to_device_async(dev.p, src.data(), bytes, s.s),
-                           doctest::Contains("host_alloc"), gpukit::cuda_error);
+                           doctest::Contains("host_register"), gpukit::cuda_error);
       CHECK(pipe.stats().staging_chunks == 2);
       CHECK(pipe.stats().chunks == 2);
       CHECK(pool.stats().allocation_count.current == 2);
@@ -196,12 +198,12 @@ TEST_SUITE("transfer")
     sim_pipeline pipe{sim, pool, small_chunks(1, 3)};
     pipe.prewarm();
     CHECK(pipe.stats().staging_chunks == 6);
-    CHECK(pool.stats().num_host_allocs == 1);
+    CHECK(pool.stats().num_growths == 1);
     gpukit::test::stream_holder<sim_runtime> s{sim};
     gpukit::test::device_buffer<sim_runtime> dev{sim, mib};
     std::vector<unsigned char> src(mib);
     pipe.copy_to_device_async(dev.p, src.data(), mib, s.s);
-    CHECK(pool.stats().num_host_allocs == 1);
+    CHECK(pool.stats().num_growths == 1);
     GPUKIT_CUDA_TRY(sim.stream_synchronize(s.s));
   }
 }

@@ -29,8 +29,17 @@
 // - Size classes: requests round up to one of 8 classes per power of two (at least 4 KiB), so at
 //   most 12.5% of a buffer is lost to rounding (PyTorch's pinned allocator rounds to a power of
 //   two: a 600 MiB request takes 1 GiB). A class is served from a free buffer of that class, else
-//   carved from reserved memory (`reserve`, `add_host_memory`), else pinned anew (`host_alloc`
-//   with the portable flag) unless that would pass the limit.
+//   carved from reserved memory (`reserve`, `add_host_memory`), else pinned anew unless that
+//   would pass the limit.
+// - Growth pins fast (pinned_growth::map_and_register, the default): one `cudaHostAlloc` pins
+//   2-4 GB/s, because one thread faults in and zeroes every 4 KiB page; the pool instead maps
+//   ordinary memory 2 MiB aligned with transparent huge pages, faults it in with several threads,
+//   then page-locks it with `cudaHostRegister` (about 16.7 GB/s on the H200 host). Such ranges
+//   are freed with `cudaHostUnregister` + munmap; `cudaFreeHost`, which waits for the device, is
+//   called only for pinned_growth::host_alloc ranges, and only by release_cached and the
+//   destructor.
+// - Memory tools: with `nvtx_annotate` (on when an NVTX tool is configured) every pinned range is
+//   an NVTX memory heap and every buffer handed out a region of the bytes requested.
 // - Stream semantics: a buffer returned with the streams that used it (`deallocate_async`,
 //   `record_stream`) gets one pooled event recorded per stream, and is handed out again only once
 //   those events have completed (checked with event_query when its class runs dry: never a wait,
@@ -39,6 +48,7 @@
 #pragma once
 
 #include <gpukit/error.hpp>
+#include <gpukit/profile/memory_annotation.hpp>
 #include <gpukit/runtime/cuda_runtime.hpp>
 #include <gpukit/runtime/runtime.hpp>
 #include <gpukit/stats.hpp>
@@ -51,6 +61,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <initializer_list>
 #include <map>
 #include <memory>
@@ -62,33 +73,60 @@
 
 namespace gpukit {
 
+/// How a pinned pool pins memory when it grows (allocate with nothing cached, reserve, prewarm).
+enum class pinned_growth {
+  /// Ordinary memory mapped 2 MiB aligned with transparent huge pages (mmap,
+  /// madvise(MADV_HUGEPAGE)), faulted in by `pin_threads` threads at once, then page-locked with
+  /// host_register (cudaHostRegister). Freed with host_unregister and munmap: never host_free.
+  /// The H200 host pinned this way at about 16.7 GB/s.
+  map_and_register,
+  /// One host_alloc (cudaHostAlloc) per range: 2-4 GB/s, the kernel faulting and zeroing 4 KiB
+  /// pages with one thread. Freed with host_free, which may wait for the device.
+  host_alloc,
+};
+
 /// Settings of a pinned pool.
 struct pinned_pool_options {
   /// Most bytes the pool may hold pinned (host_alloc plus registered memory); 0: no limit.
   std::size_t limit_bytes{0};
+  /// How the pool pins memory when it grows.
+  pinned_growth growth{pinned_growth::map_and_register};
+  /// Threads that fault in a range grown by map_and_register (the calling thread included; ranges
+  /// under 16 MiB per thread use fewer). 0: min(8, hardware threads).
+  int pin_threads{0};
+  /// Advise transparent huge pages (2 MiB) for ranges grown by map_and_register.
+  bool huge_pages{true};
   /// Flags of every host_alloc (host_alloc_flags); portable: usable with every device.
   unsigned alloc_flags{host_alloc_flags::portable};
-  /// Flags of every host_register (host_register_flags).
+  /// Flags of every host_register (host_register_flags): add_host_memory and map_and_register.
   unsigned register_flags{host_register_flags::portable};
+  /// Describe the pool's ranges and buffers to NVTX's memory API (nvToolsExtMem.h): each pinned
+  /// range is a sub-allocator heap, each buffer handed out a region of the bytes requested, so
+  /// that tools (compute-sanitizer `--nvtx yes`) see an access past a buffer inside its range.
+  /// On by default when an NVTX tool is configured (NVTX_INJECTION64_PATH is set), as for the
+  /// caching allocator. Compiled out with GPUKIT_DISABLE_NVTX.
+  bool nvtx_annotate{std::getenv("NVTX_INJECTION64_PATH") != nullptr};
 };
 
 /// Statistics of a pinned pool (PyTorch's `torch.cuda.host_memory_stats` vocabulary).
 struct pinned_pool_stats {
-  stat_pair allocated_bytes;             ///< bytes of buffers handed out (class sizes)
-  stat_pair requested_bytes;             ///< bytes users asked for
-  stat_pair reserved_bytes;              ///< bytes pinned by the pool (host_alloc + registered)
-  stat_pair cached_bytes;                ///< bytes of free buffers, ready or waiting on streams
-  stat_pair allocation_count;            ///< buffers handed out
-  stat_pair segment_count;               ///< host_alloc or registered ranges held
-  std::int64_t pending_bytes{0};         ///< returned buffers whose streams' work is pending
-  std::uint64_t num_allocs{0};           ///< allocate calls that succeeded
-  std::uint64_t num_frees{0};            ///< buffers returned
-  std::uint64_t num_cache_hits{0};       ///< allocations served by a free buffer of the class
-  std::uint64_t num_host_allocs{0};      ///< host_alloc calls (cudaHostAlloc)
-  std::uint64_t num_host_frees{0};       ///< host_free calls (cudaFreeHost: release_cached only)
-  std::uint64_t num_host_registers{0};   ///< host_register calls (cudaHostRegister)
-  std::uint64_t num_events_recorded{0};  ///< events recorded on return (one per stream)
-  std::uint64_t num_limit_refusals{0};   ///< allocations refused by the limit
+  stat_pair allocated_bytes;              ///< bytes of buffers handed out (class sizes)
+  stat_pair requested_bytes;              ///< bytes users asked for
+  stat_pair reserved_bytes;               ///< bytes pinned by the pool (host_alloc + registered)
+  stat_pair cached_bytes;                 ///< bytes of free buffers, ready or waiting on streams
+  stat_pair allocation_count;             ///< buffers handed out
+  stat_pair segment_count;                ///< host_alloc or registered ranges held
+  std::int64_t pending_bytes{0};          ///< returned buffers whose streams' work is pending
+  std::uint64_t num_allocs{0};            ///< allocate calls that succeeded
+  std::uint64_t num_frees{0};             ///< buffers returned
+  std::uint64_t num_cache_hits{0};        ///< allocations served by a free buffer of the class
+  std::uint64_t num_growths{0};           ///< ranges the pool pinned itself (either pinned_growth)
+  std::uint64_t num_host_allocs{0};       ///< host_alloc calls (cudaHostAlloc)
+  std::uint64_t num_host_frees{0};        ///< host_free calls (cudaFreeHost: release_cached only)
+  std::uint64_t num_host_registers{0};    ///< host_register calls (growth and add_host_memory)
+  std::uint64_t num_host_unregisters{0};  ///< host_unregister calls (release_cached only)
+  std::uint64_t num_events_recorded{0};   ///< events recorded on return (one per stream)
+  std::uint64_t num_limit_refusals{0};    ///< allocations refused by the limit
 };
 
 template <class Runtime>
@@ -164,10 +202,12 @@ class basic_pinned_pool final {
   static constexpr std::size_t max_request_bytes = std::size_t{1} << 46;
 
   /// An empty pool: pins nothing until asked. Does not call the runtime.
+  /// @throws gpukit::logic_error for a negative pin_threads or an unknown growth
   explicit basic_pinned_pool(Runtime& runtime, pinned_pool_options options = {});
   /// Waits for the events of buffers still pending (event_synchronize on those only), then frees
-  /// every pinned range (host_free may synchronize the device) and unregisters registered ones.
-  /// Buffers still handed out become invalid. Never throws.
+  /// every pinned range: host_free for host_alloc ones (may synchronize the device),
+  /// host_unregister (and munmap for the pool's own mappings) for registered ones. Buffers still
+  /// handed out become invalid. Never throws.
   ~basic_pinned_pool();
   basic_pinned_pool(basic_pinned_pool const&)            = delete;
   basic_pinned_pool& operator=(basic_pinned_pool const&) = delete;
@@ -177,11 +217,12 @@ class basic_pinned_pool final {
   /// A pinned buffer of at least `bytes` (its size class), aligned to 4 KiB when carved from
   /// reserved memory and to the page when pinned on its own. Does not synchronize; pins memory
   /// (host_alloc, milliseconds for large sizes) only when no free buffer of the class is ready and
-  /// no reserved memory is left to carve.
+  /// no reserved memory is left to carve (see pinned_growth).
   /// @throws gpukit::logic_error when bytes is 0
   /// @throws gpukit::bad_alloc when bytes exceeds max_request_bytes, or pinning it would pass the
-  ///         limit (the message names the request, the limit and what is held)
-  /// @throws gpukit::cuda_error when host_alloc fails; the pool is left unchanged
+  ///         limit (the message names the request, the limit and what is held), or host memory
+  ///         cannot be mapped
+  /// @throws gpukit::cuda_error when host_alloc or host_register fails; the pool is left unchanged
   [[nodiscard]] void* allocate(std::size_t bytes);
   /// allocate() wrapped in a pinned_buffer that returns it on destruction. Throws as allocate.
   [[nodiscard]] pinned_buffer<Runtime> acquire(std::size_t bytes)
@@ -205,11 +246,12 @@ class basic_pinned_pool final {
   /// Does not synchronize. @throws gpukit::logic_error for a pointer not currently handed out
   void record_stream(void* ptr, stream_type stream);
 
-  /// Pins `bytes` more (one host_alloc) to carve buffers from later: prewarming, so that the first
-  /// steps of a loop pin nothing. Blocks while pages are pinned; does not synchronize the device.
+  /// Pins `bytes` more (one range, pinned as options().growth says) to carve buffers from later:
+  /// prewarming, so that the first steps of a loop pin nothing. Blocks while pages are pinned;
+  /// does not synchronize the device.
   /// @throws gpukit::logic_error when bytes is 0
-  /// @throws gpukit::bad_alloc when it would pass the limit
-  /// @throws gpukit::cuda_error when host_alloc fails
+  /// @throws gpukit::bad_alloc when it would pass the limit, or host memory cannot be mapped
+  /// @throws gpukit::cuda_error when host_alloc or host_register fails
   void reserve(std::size_t bytes);
   /// Makes `count` free buffers of the class of `bytes` ready at once (carved from one new pinned
   /// range). Throws as reserve.
@@ -221,9 +263,10 @@ class basic_pinned_pool final {
   /// @throws gpukit::cuda_error when host_register fails (e.g. already registered)
   void add_host_memory(void* ptr, std::size_t bytes);
 
-  /// Frees every pinned range (host_alloc ones; registered ones are unregistered) whose buffers
-  /// are all free and ready, and returns the bytes released. host_free may synchronize the device:
-  /// call it outside hot loops. @throws gpukit::cuda_error when host_free fails
+  /// Frees every pinned range whose buffers are all free and ready (host_free for host_alloc
+  /// ones, host_unregister and munmap for the pool's mappings, host_unregister for the user's
+  /// memory), and returns the bytes released. host_free may synchronize the device: call it
+  /// outside hot loops. @throws gpukit::cuda_error when host_free or host_unregister fails
   std::size_t release_cached();
 
   /// True when [ptr, ptr + bytes) lies in memory this pool pinned or registered (a pinned source:
@@ -274,6 +317,7 @@ class basic_pinned_pool final {
   [[nodiscard]] pinned_pool_options const& options() const noexcept { return options_; }
 
  private:
+  enum class segment_kind { allocated, mapped, user };  ///< host_alloc, the pool's mmap, the user's
   struct segment;
   struct block;
   struct pending;
@@ -286,7 +330,11 @@ class basic_pinned_pool final {
   }
   block* take_ready_locked(std::size_t cls);
   block* carve_locked(std::size_t cls);
-  segment& add_segment_locked(void* base, std::size_t bytes, bool registered);
+  segment& add_segment_locked(void* base, std::size_t bytes, segment_kind kind,
+                              std::size_t map_bytes);
+  segment& grow_locked(std::unique_lock<std::mutex>& lock, std::size_t bytes, std::size_t request,
+                       char const* call);
+  cudaError_t free_segment(segment& s) noexcept;
   void poll_pending_locked(std::size_t cls, bool all);
   block& find_live_locked(void* ptr, char const* call);
   void check_limit_locked(std::size_t more, std::size_t request, char const* call);

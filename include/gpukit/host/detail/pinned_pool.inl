@@ -1,12 +1,15 @@
 // gpukit/host/detail/pinned_pool.inl: the bodies of gpukit::basic_pinned_pool. Not public API.
 #pragma once
 
+#include <gpukit/host/detail/host_pages.hpp>
 #include <gpukit/host/pinned_pool.hpp>
 
 #include <algorithm>
 #include <cassert>
 #include <cstdio>
+#include <cstring>
 #include <exception>
+#include <thread>
 
 namespace gpukit {
 
@@ -21,16 +24,19 @@ inline std::string pinned_hex(void const* p)
 
 }  // namespace detail
 
-// A pinned range: from host_alloc, or the user's memory registered with host_register. Buffers
-// are carved from it front to back (`next`), and never given back one by one.
+// A pinned range: from host_alloc, memory the pool mapped and registered (map_and_register), or
+// the user's memory registered with host_register. Buffers are carved from it front to back
+// (`next`), and never given back one by one.
 template <class Runtime>
 struct basic_pinned_pool<Runtime>::segment {
   void* base{nullptr};
   std::size_t bytes{0};
   std::uintptr_t next{0};  ///< first address not carved yet
   std::uintptr_t end{0};
-  bool registered{false};
-  std::size_t live{0};  ///< buffers carved from it that are handed out or pending
+  segment_kind kind{segment_kind::allocated};
+  std::size_t map_bytes{0};  ///< bytes to munmap (segment_kind::mapped)
+  std::size_t live{0};       ///< buffers carved from it that are handed out or pending
+  memory_heap heap{};        ///< the range as an NVTX heap (options_.nvtx_annotate)
 };
 
 template <class Runtime>
@@ -55,7 +61,35 @@ struct basic_pinned_pool<Runtime>::pending {
 template <class Runtime>
 basic_pinned_pool<Runtime>::basic_pinned_pool(Runtime& runtime, pinned_pool_options options)
     : runtime_{runtime}, options_{options}
-{}
+{
+  GPUKIT_EXPECTS(options_.pin_threads >= 0,
+                 "pinned_pool: pin_threads is " + std::to_string(options_.pin_threads));
+  GPUKIT_EXPECTS(
+    options_.growth == pinned_growth::map_and_register ||
+      options_.growth == pinned_growth::host_alloc,
+    "pinned_pool: unknown growth " + std::to_string(static_cast<int>(options_.growth)));
+  if (options_.pin_threads == 0) {
+    int const hw         = static_cast<int>(std::thread::hardware_concurrency());
+    options_.pin_threads = std::max(1, std::min(8, hw));
+  }
+}
+
+template <class Runtime>
+cudaError_t basic_pinned_pool<Runtime>::free_segment(segment& s) noexcept
+{
+  if (options_.nvtx_annotate) { unregister_memory_heap(s.heap); }
+  switch (s.kind) {
+    case segment_kind::allocated: return runtime_.host_free(s.base);
+    case segment_kind::user: return runtime_.host_unregister(s.base);
+    case segment_kind::mapped: {
+      cudaError_t const r = runtime_.host_unregister(s.base);
+      // Unmapped even when unregistering fails: the pages are the pool's alone.
+      int const e = detail::unmap_host_pages(s.base, s.map_bytes);
+      return r != cudaSuccess ? r : (e != 0 ? cudaErrorInvalidValue : cudaSuccess);
+    }
+  }
+  return cudaErrorInvalidValue;
+}
 
 template <class Runtime>
 basic_pinned_pool<Runtime>::~basic_pinned_pool()
@@ -70,13 +104,7 @@ basic_pinned_pool<Runtime>::~basic_pinned_pool()
     for (auto e : p.more) { finish(e); }
   }
   for (auto e : spare_events_) { GPUKIT_ASSERT_CUDA_SUCCESS(runtime_.event_destroy(e)); }
-  for (auto& s : segments_) {
-    if (s->registered) {
-      GPUKIT_ASSERT_CUDA_SUCCESS(runtime_.host_unregister(s->base));
-    } else {
-      GPUKIT_ASSERT_CUDA_SUCCESS(runtime_.host_free(s->base));
-    }
-  }
+  for (auto& s : segments_) { GPUKIT_ASSERT_CUDA_SUCCESS(free_segment(*s)); }
 }
 
 template <class Runtime>
@@ -114,19 +142,68 @@ void basic_pinned_pool<Runtime>::check_limit_locked(std::size_t more, std::size_
 
 template <class Runtime>
 typename basic_pinned_pool<Runtime>::segment& basic_pinned_pool<Runtime>::add_segment_locked(
-  void* base, std::size_t bytes, bool registered)
+  void* base, std::size_t bytes, segment_kind kind, std::size_t map_bytes)
 {
-  auto s        = std::make_unique<segment>();
-  s->base       = base;
-  s->bytes      = bytes;
-  auto const b  = reinterpret_cast<std::uintptr_t>(base);
-  s->next       = (b + min_class_bytes - 1) & ~std::uintptr_t{min_class_bytes - 1};
-  s->end        = b + bytes;
-  s->registered = registered;
+  auto s       = std::make_unique<segment>();
+  s->base      = base;
+  s->bytes     = bytes;
+  auto const b = reinterpret_cast<std::uintptr_t>(base);
+  s->next      = (b + min_class_bytes - 1) & ~std::uintptr_t{min_class_bytes - 1};
+  s->end       = b + bytes;
+  s->kind      = kind;
+  s->map_bytes = map_bytes;
+  if (options_.nvtx_annotate) { s->heap = register_memory_heap(base, bytes, "gpukit pinned pool"); }
   segments_.push_back(std::move(s));
   bump(stats_.reserved_bytes, static_cast<std::int64_t>(bytes));
   bump(stats_.segment_count, 1);
   return *segments_.back();
+}
+
+template <class Runtime>
+typename basic_pinned_pool<Runtime>::segment& basic_pinned_pool<Runtime>::grow_locked(
+  std::unique_lock<std::mutex>& lock, std::size_t bytes, std::size_t request, char const* call)
+{
+  // Counted as reserved before the lock is dropped, so that concurrent growth cannot pass the
+  // limit together.
+  check_limit_locked(bytes, request, call);
+  reserved_ += bytes;
+  bool const map = options_.growth == pinned_growth::map_and_register;
+  ++(map ? stats_.num_host_registers : stats_.num_host_allocs);
+  lock.unlock();
+  void* p               = nullptr;
+  std::size_t map_bytes = 0;
+  cudaError_t r         = cudaSuccess;
+  std::string what;
+  if (map) {
+    detail::host_mapping const m =
+      detail::map_host_pages(bytes, options_.huge_pages, options_.pin_threads);
+    if (m.base == nullptr) {
+      lock.lock();
+      reserved_ -= bytes;
+      throw bad_alloc{"gpukit: pinned_pool::" + std::string{call} + ": mapping " +
+                      std::to_string(bytes) +
+                      " bytes of host memory failed: " + std::strerror(m.error)};
+    }
+    r = runtime_.host_register(m.base, m.bytes, options_.register_flags);
+    if (r != cudaSuccess) {
+      (void)detail::unmap_host_pages(m.base, m.bytes);
+      what = "host_register of " + std::to_string(m.bytes) + " mapped bytes";
+    }
+    p         = m.base;
+    map_bytes = m.bytes;
+  } else {
+    r    = runtime_.host_alloc(&p, bytes, options_.alloc_flags);
+    what = "host_alloc of " + std::to_string(bytes) + " bytes";
+  }
+  lock.lock();
+  if (r != cudaSuccess) {
+    reserved_ -= bytes;
+    detail::throw_cuda_error(r, (what + " (pinned_pool::" + call + ")").c_str(), __FILE__,
+                             __LINE__);
+  }
+  ++stats_.num_growths;
+  return add_segment_locked(p, bytes, map ? segment_kind::mapped : segment_kind::allocated,
+                            map_bytes);
 }
 
 template <class Runtime>
@@ -210,6 +287,7 @@ void basic_pinned_pool<Runtime>::hand_out_locked(block& b, std::size_t bytes, bo
   bump(stats_.allocation_count, 1);
   ++stats_.num_allocs;
   if (hit) { ++stats_.num_cache_hits; }
+  if (options_.nvtx_annotate) { register_memory_region(b.seg->heap, b.ptr, bytes); }
 }
 
 template <class Runtime>
@@ -236,20 +314,9 @@ void* basic_pinned_pool<Runtime>::allocate(std::size_t bytes)
     hand_out_locked(*b, bytes, false);
     return b->ptr;
   }
-  // Pin a range of its own. Counted as reserved before the lock is dropped, so that concurrent
-  // growth cannot pass the limit together.
-  check_limit_locked(cls, bytes, "allocate");
-  reserved_ += cls;
-  ++stats_.num_host_allocs;
-  lock.unlock();
-  void* p             = nullptr;
-  cudaError_t const r = runtime_.host_alloc(&p, cls, options_.alloc_flags);
-  lock.lock();
-  if (r != cudaSuccess) {
-    reserved_ -= cls;
-    detail::throw_cuda_error(r, "host_alloc (pinned_pool::allocate)", __FILE__, __LINE__);
-  }
-  segment& s = add_segment_locked(p, cls, false);
+  // Pin a range of its own.
+  segment& s = grow_locked(lock, cls, bytes, "allocate");
+  void* p    = s.base;
   s.next     = s.end;
   auto nb    = std::make_unique<block>();
   nb->ptr    = p;
@@ -334,6 +401,7 @@ void basic_pinned_pool<Runtime>::return_locked(block& b, stream_type const* stre
   bump(stats_.allocation_count, -1);
   bump(stats_.cached_bytes, cls);
   ++stats_.num_frees;
+  if (options_.nvtx_annotate) { unregister_memory_region(b.ptr); }
 }
 
 template <class Runtime>
@@ -369,18 +437,7 @@ void basic_pinned_pool<Runtime>::reserve(std::size_t bytes)
                     " bytes is more than any host can pin"};
   }
   std::unique_lock<std::mutex> lock{mutex_};
-  check_limit_locked(bytes, bytes, "reserve");
-  reserved_ += bytes;
-  ++stats_.num_host_allocs;
-  lock.unlock();
-  void* p             = nullptr;
-  cudaError_t const r = runtime_.host_alloc(&p, bytes, options_.alloc_flags);
-  lock.lock();
-  if (r != cudaSuccess) {
-    reserved_ -= bytes;
-    detail::throw_cuda_error(r, "host_alloc (pinned_pool::reserve)", __FILE__, __LINE__);
-  }
-  add_segment_locked(p, bytes, false);
+  (void)grow_locked(lock, bytes, bytes, "reserve");
 }
 
 template <class Runtime>
@@ -397,18 +454,7 @@ void basic_pinned_pool<Runtime>::prewarm(std::size_t bytes, std::size_t count)
   std::size_t const stride = (cls + min_class_bytes - 1) & ~(min_class_bytes - 1);
   std::size_t const total  = stride * count;
   std::unique_lock<std::mutex> lock{mutex_};
-  check_limit_locked(total, total, "prewarm");
-  reserved_ += total;
-  ++stats_.num_host_allocs;
-  lock.unlock();
-  void* p             = nullptr;
-  cudaError_t const r = runtime_.host_alloc(&p, total, options_.alloc_flags);
-  lock.lock();
-  if (r != cudaSuccess) {
-    reserved_ -= total;
-    detail::throw_cuda_error(r, "host_alloc (pinned_pool::prewarm)", __FILE__, __LINE__);
-  }
-  segment& s = add_segment_locked(p, total, false);
+  segment& s = grow_locked(lock, total, total, "prewarm");
   auto& list = ready_[cls];
   for (std::size_t i = 0; i < count; ++i) {
     auto b = std::make_unique<block>();
@@ -439,7 +485,7 @@ void basic_pinned_pool<Runtime>::add_host_memory(void* ptr, std::size_t bytes)
     reserved_ -= bytes;
     detail::throw_cuda_error(r, "host_register (pinned_pool::add_host_memory)", __FILE__, __LINE__);
   }
-  add_segment_locked(ptr, bytes, true);
+  add_segment_locked(ptr, bytes, segment_kind::user, 0);
 }
 
 template <class Runtime>
@@ -479,16 +525,16 @@ std::size_t basic_pinned_pool<Runtime>::release_cached()
   std::size_t released = 0;
   std::exception_ptr error;
   for (auto& s : dropped) {
-    cudaError_t const r =
-      s->registered ? runtime_.host_unregister(s->base) : runtime_.host_free(s->base);
+    cudaError_t const r = free_segment(*s);
     std::lock_guard<std::mutex> lock{mutex_};
-    if (!s->registered) { ++stats_.num_host_frees; }
+    bool const freed = s->kind == segment_kind::allocated;
+    ++(freed ? stats_.num_host_frees : stats_.num_host_unregisters);
     if (r != cudaSuccess) {  // keep it out of the pool: the memory state is unknown
       if (!error) {
         try {
           detail::throw_cuda_error(r,
-                                   s->registered ? "host_unregister (pinned_pool::release_cached)"
-                                                 : "host_free (pinned_pool::release_cached)",
+                                   freed ? "host_free (pinned_pool::release_cached)"
+                                         : "host_unregister (pinned_pool::release_cached)",
                                    __FILE__, __LINE__);
         } catch (...) {
           error = std::current_exception();
