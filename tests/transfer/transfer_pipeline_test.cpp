@@ -191,6 +191,59 @@ TEST_SUITE("transfer")
     CHECK(pool.stats().allocation_count.current == 0);
   }
 
+  TEST_CASE("transfer: guided pieces shrink at a transfer's end and every byte arrives")
+  {
+    sim_runtime sim{small_gpu()};
+    sim_pool pool{sim};
+    for (auto copy : {gpukit::staging_copy::memcpy, gpukit::staging_copy::nontemporal}) {
+      gpukit::transfer_options o;
+      o.chunk_bytes     = 256 * kib;
+      o.min_piece_bytes = 1000;  // rounded up to 64 KiB
+      o.staging_threads = 4;
+      o.copy            = copy;
+      sim_pipeline pipe{sim, pool, o};
+      CHECK(pipe.options().min_piece_bytes == 64 * kib);
+      gpukit::test::stream_holder<sim_runtime> s{sim};
+      std::uint32_t seed = 40;
+      for (std::size_t bytes : {3 * mib + 12345, mib - 1, 256 * kib + 1, std::size_t{100}}) {
+        CAPTURE(bytes);
+        ++seed;
+        gpukit::test::device_buffer<sim_runtime> dev{sim, bytes};
+        // Source and destination off any alignment: the streaming copy's head and tail.
+        std::vector<unsigned char> src(bytes + 3), dst(bytes + 70, 0xEE);
+        fill_pattern(src.data() + 3, bytes, seed);
+        auto const before = pipe.stats();
+        pipe.copy_to_device_async(dev.p, src.data() + 3, bytes, gpukit::host_memory::pageable, s.s);
+        pipe.copy_to_host_async(dst.data() + 5, dev.p, bytes, gpukit::host_memory::pageable, s.s);
+        CHECK(first_mismatch(dst.data() + 5, bytes, seed) == bytes);
+        for (std::size_t i = 0; i < 5; ++i) { CHECK(dst[i] == 0xEE); }
+        for (std::size_t i = bytes + 5; i < dst.size(); ++i) { CHECK(dst[i] == 0xEE); }
+        std::size_t const fixed = (bytes + o.chunk_bytes - 1) / o.chunk_bytes;
+        std::size_t const most  = (bytes + 64 * kib - 1) / (64 * kib);
+        auto const pieces       = (pipe.stats().chunks - before.chunks) / 2;
+        if (bytes > 2 * o.chunk_bytes) { CHECK(pieces > fixed); }  // the tail was split
+        CHECK(pieces >= fixed);
+        CHECK(pieces <= most);
+      }
+      GPUKIT_CUDA_TRY(sim.stream_synchronize(s.s));
+    }
+    // Fixed chunks when min_piece_bytes is 0 or at least chunk_bytes.
+    gpukit::transfer_options fixed = small_chunks(2);
+    fixed.min_piece_bytes          = 0;
+    sim_pipeline a{sim, pool, fixed};
+    CHECK(a.options().min_piece_bytes == a.options().chunk_bytes);
+    gpukit::test::stream_holder<sim_runtime> s{sim};
+    gpukit::test::device_buffer<sim_runtime> dev{sim, mib};
+    std::vector<unsigned char> src(mib - 7);
+    a.copy_to_device_async(dev.p, src.data(), src.size(), s.s);
+    CHECK(a.stats().chunks == 16);
+    GPUKIT_CUDA_TRY(sim.stream_synchronize(s.s));
+    gpukit::transfer_options bad;
+    bad.copy = static_cast<gpukit::staging_copy>(7);
+    CHECK_THROWS_WITH_AS(sim_pipeline(sim, pool, bad), doctest::Contains("staging_copy 7"),
+                         gpukit::logic_error);
+  }
+
   TEST_CASE("transfer: prewarm pins both rings before the first transfer")
   {
     sim_runtime sim{small_gpu()};

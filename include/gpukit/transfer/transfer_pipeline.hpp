@@ -60,16 +60,32 @@ enum class host_memory {
   pinned,    ///< page-locked (pool, cudaHostAlloc or cudaHostRegister): copied directly
 };
 
+/// How staging threads copy between user memory and staging chunks.
+enum class staging_copy {
+  memcpy,  ///< std::memcpy (glibc switches to non-temporal stores above a cache-size threshold)
+  nontemporal,  ///< streaming (non-temporal) stores on x86-64: the destination's cache lines are
+                ///< not read first, a third less memory traffic; std::memcpy elsewhere
+};
+
 /// Settings of a transfer pipeline. The defaults follow the H200 host: host memcpy peaks at about
 /// 12 threads (47.8 GB/s of 16 vCPUs), and 16 MiB chunks keep per-chunk overhead below 1%.
+/// benchmarks/transfer/transfer_bench takes every knob on its command line (--help).
 struct transfer_options {
-  /// Bytes of one staging chunk (rounded up to 4 KiB).
+  /// Bytes of one staging chunk (rounded up to 4 KiB): the most one thread copies at once.
   std::size_t chunk_bytes{std::size_t{16} << 20};
   /// Host threads copying to and from staging chunks, the calling thread included (the pipeline
   /// starts staging_threads - 1 of its own). 0: min(12, hardware threads).
   int staging_threads{0};
   /// Chunks in each direction's ring; 0: staging_threads + 2.
   std::size_t ring_chunks{0};
+  /// Guided scheduling: a thread claims min(chunk_bytes, what is left / staging_threads), but at
+  /// least this much (rounded up to 64 KiB), so that pieces shrink as a transfer ends and the
+  /// threads finish together (with fixed 16 MiB chunks the last one alone takes about 4 ms of
+  /// one thread on the H200 host, 15% of a 1 GiB transfer). 0, or chunk_bytes or more: fixed
+  /// chunks.
+  std::size_t min_piece_bytes{std::size_t{1} << 20};
+  /// How staging threads copy (see staging_copy).
+  staging_copy copy{staging_copy::memcpy};
   /// The device whose copy streams the pipeline creates.
   int device{0};
 };
@@ -81,7 +97,7 @@ struct transfer_stats {
   std::uint64_t d2h_bytes{0};       ///< bytes copied device to host
   std::uint64_t staged_bytes{0};    ///< bytes that went through staging chunks
   std::uint64_t direct_bytes{0};    ///< bytes copied from or to pinned memory directly
-  std::uint64_t chunks{0};          ///< staging chunks copied
+  std::uint64_t chunks{0};          ///< staging chunks (pieces) copied
   std::uint64_t chunk_waits{0};     ///< chunk refills that found the previous copy still pending
   std::uint64_t staging_chunks{0};  ///< staging chunks held from the pinned pool (both rings)
 };
@@ -167,9 +183,10 @@ class basic_transfer_pipeline final {
                 stream_type stream);
   void run_job(job& j);
   void worker_loop();
-  bool claim(job& j, std::size_t& index);
+  bool claim(job& j, std::size_t& offset, std::size_t& bytes);
   void finish_chunk(job& j, std::exception_ptr error);
-  void do_chunk(job& j, std::size_t index);
+  void do_chunk(job& j, std::size_t offset, std::size_t bytes);
+  void copy_host(void* dst, void const* src, std::size_t bytes) const noexcept;
   slot* acquire_slot(ring& r);
   void release_slot(ring& r, slot* s, bool usable);
   event_type take_event();

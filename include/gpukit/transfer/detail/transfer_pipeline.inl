@@ -4,6 +4,8 @@
 // A transfer is a job of chunks. The calling thread publishes it (when it has more than one chunk)
 // to the staging threads, then claims chunks itself; every thread claims chunks of the published
 // jobs round robin, so that a host-to-device and a device-to-host transfer progress together.
+// Chunks are claimed by offset: chunk_bytes each, shrinking toward min_piece_bytes as the job
+// ends (guided scheduling), so that no thread is left copying one last full chunk alone.
 // Staging a chunk takes a slot (a pinned chunk and its event) from the direction's ring:
 //   host to device: wait for the slot's last copy (event), memcpy into it, memcpy_async from it,
 //                   record the slot's event, put the slot back;
@@ -19,7 +21,47 @@
 #include <cstring>
 #include <string>
 
+#if defined(__x86_64__) || defined(_M_X64)
+#include <emmintrin.h>
+#define GPUKIT_HAVE_STREAMING_STORES 1
+#endif
+
 namespace gpukit {
+
+namespace detail {
+
+/// Copies with non-temporal (streaming) stores where the CPU has them: the destination's lines
+/// are written without being read into the cache first. Any alignment; never throws.
+inline void copy_nontemporal(void* dst, void const* src, std::size_t bytes) noexcept
+{
+#ifdef GPUKIT_HAVE_STREAMING_STORES
+  auto* d       = static_cast<char*>(dst);
+  auto const* s = static_cast<char const*>(src);
+  // Head: up to the destination's next 64-byte boundary.
+  std::size_t const head = std::min(bytes, (64 - (reinterpret_cast<std::uintptr_t>(d) & 63)) & 63);
+  std::memcpy(d, s, head);
+  d += head;
+  s += head;
+  bytes -= head;
+  std::size_t const lines = bytes / 64;
+  for (std::size_t i = 0; i < lines; ++i, d += 64, s += 64) {
+    __m128i const a = _mm_loadu_si128(reinterpret_cast<__m128i const*>(s));
+    __m128i const b = _mm_loadu_si128(reinterpret_cast<__m128i const*>(s + 16));
+    __m128i const c = _mm_loadu_si128(reinterpret_cast<__m128i const*>(s + 32));
+    __m128i const e = _mm_loadu_si128(reinterpret_cast<__m128i const*>(s + 48));
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d), a);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + 16), b);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + 32), c);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + 48), e);
+  }
+  _mm_sfence();  // streaming stores are weakly ordered: visible before the copy is enqueued
+  std::memcpy(d, s, bytes - lines * 64);
+#else
+  std::memcpy(dst, src, bytes);
+#endif
+}
+
+}  // namespace detail
 
 template <class Runtime>
 struct basic_transfer_pipeline<Runtime>::slot {
@@ -44,9 +86,8 @@ struct basic_transfer_pipeline<Runtime>::job {
   char* device{nullptr};
   char* host{nullptr};
   std::size_t bytes{0};
-  std::size_t chunks{0};
   // guarded by jobs_mutex_
-  std::size_t next{0};
+  std::size_t next{0};  ///< bytes claimed so far (the next chunk's offset)
   std::size_t inflight{0};
   bool failed{false};
   std::exception_ptr error;
@@ -65,7 +106,15 @@ basic_transfer_pipeline<Runtime>::basic_transfer_pipeline(Runtime& runtime,
     int const hw             = static_cast<int>(std::thread::hardware_concurrency());
     options_.staging_threads = std::max(1, std::min(12, hw));
   }
+  GPUKIT_EXPECTS(
+    options_.copy == staging_copy::memcpy || options_.copy == staging_copy::nontemporal,
+    "transfer_pipeline: unknown staging_copy " + std::to_string(static_cast<int>(options_.copy)));
   options_.chunk_bytes = (options_.chunk_bytes + 4095) & ~std::size_t{4095};
+  options_.min_piece_bytes =
+    options_.min_piece_bytes == 0 || options_.min_piece_bytes >= options_.chunk_bytes
+      ? options_.chunk_bytes
+      : (options_.min_piece_bytes + 65535) & ~std::size_t{65535};
+  options_.min_piece_bytes = std::min(options_.min_piece_bytes, options_.chunk_bytes);
   if (options_.ring_chunks == 0) {
     options_.ring_chunks = static_cast<std::size_t>(options_.staging_threads) + 2;
   }
@@ -233,17 +282,26 @@ void basic_transfer_pipeline<Runtime>::release_slot(ring& r, slot* s, bool usabl
 }
 
 template <class Runtime>
-void basic_transfer_pipeline<Runtime>::do_chunk(job& j, std::size_t index)
+void basic_transfer_pipeline<Runtime>::copy_host(void* dst, void const* src,
+                                                 std::size_t bytes) const noexcept
 {
-  std::size_t const off = index * options_.chunk_bytes;
-  std::size_t const n   = std::min(options_.chunk_bytes, j.bytes - off);
-  ring& r               = *rings_[j.dir];
-  stream_type const cs  = streams_[j.dir];
-  slot* s               = acquire_slot(r);
-  bool usable           = true;
+  if (options_.copy == staging_copy::nontemporal) {
+    detail::copy_nontemporal(dst, src, bytes);
+  } else {
+    std::memcpy(dst, src, bytes);
+  }
+}
+
+template <class Runtime>
+void basic_transfer_pipeline<Runtime>::do_chunk(job& j, std::size_t off, std::size_t n)
+{
+  ring& r              = *rings_[j.dir];
+  stream_type const cs = streams_[j.dir];
+  slot* s              = acquire_slot(r);
+  bool usable          = true;
   try {
     if (j.dir == 0) {
-      std::memcpy(s->buf, j.host + off, n);
+      copy_host(s->buf, j.host + off, n);
       GPUKIT_CUDA_TRY(
         runtime_.memcpy_async(j.device + off, s->buf, n, memcpy_kind::host_to_device, cs));
       usable = false;
@@ -258,7 +316,7 @@ void basic_transfer_pipeline<Runtime>::do_chunk(job& j, std::size_t index)
       s->recorded = true;
       usable      = true;
       GPUKIT_CUDA_TRY(runtime_.event_synchronize(s->ev));  // this chunk's copy only
-      std::memcpy(j.host + off, s->buf, n);
+      copy_host(j.host + off, s->buf, n);
     }
   } catch (...) {
     release_slot(r, s, usable);
@@ -270,13 +328,23 @@ void basic_transfer_pipeline<Runtime>::do_chunk(job& j, std::size_t index)
 }
 
 template <class Runtime>
-bool basic_transfer_pipeline<Runtime>::claim(job& j, std::size_t& index)
+bool basic_transfer_pipeline<Runtime>::claim(job& j, std::size_t& offset, std::size_t& bytes)
 {
   // jobs_mutex_ held
-  if (j.failed || j.next >= j.chunks) { return false; }
-  index = j.next++;
+  if (j.failed || j.next >= j.bytes) { return false; }
+  std::size_t const left  = j.bytes - j.next;
+  std::size_t const chunk = options_.chunk_bytes;
+  std::size_t n           = chunk;
+  if (options_.min_piece_bytes < chunk) {  // guided: a thread's share of what is left
+    std::size_t const share = left / static_cast<std::size_t>(options_.staging_threads);
+    n = std::clamp((share + 65535) & ~std::size_t{65535}, options_.min_piece_bytes, chunk);
+    if (left - std::min(n, left) < options_.min_piece_bytes && left <= chunk) { n = left; }
+  }
+  offset = j.next;
+  bytes  = std::min(n, left);
+  j.next += bytes;
   ++j.inflight;
-  if (j.next == j.chunks) {
+  if (j.next == j.bytes) {
     auto it = std::find(jobs_.begin(), jobs_.end(), &j);
     if (it != jobs_.end()) { jobs_.erase(it); }
   }
@@ -294,7 +362,7 @@ void basic_transfer_pipeline<Runtime>::finish_chunk(job& j, std::exception_ptr e
     auto it  = std::find(jobs_.begin(), jobs_.end(), &j);
     if (it != jobs_.end()) { jobs_.erase(it); }
   }
-  if (j.inflight == 0 && (j.failed || j.next == j.chunks)) { done_cv_.notify_all(); }
+  if (j.inflight == 0 && (j.failed || j.next == j.bytes)) { done_cv_.notify_all(); }
 }
 
 template <class Runtime>
@@ -304,13 +372,13 @@ void basic_transfer_pipeline<Runtime>::worker_loop()
   for (;;) {
     jobs_cv_.wait(lock, [this] { return stopping_ || !jobs_.empty(); });
     if (stopping_) { return; }
-    job& j            = *jobs_[next_job_++ % jobs_.size()];
-    std::size_t index = 0;
-    if (!claim(j, index)) { continue; }
+    job& j          = *jobs_[next_job_++ % jobs_.size()];
+    std::size_t off = 0, n = 0;
+    if (!claim(j, off, n)) { continue; }
     lock.unlock();
     std::exception_ptr error;
     try {
-      do_chunk(j, index);
+      do_chunk(j, off, n);
     } catch (...) {
       error = std::current_exception();
     }
@@ -323,23 +391,23 @@ template <class Runtime>
 void basic_transfer_pipeline<Runtime>::run_job(job& j)
 {
   std::unique_lock<std::mutex> lock{jobs_mutex_};
-  if (j.chunks > 1 && !workers_.empty()) {
+  if (j.bytes > options_.chunk_bytes && !workers_.empty()) {
     jobs_.push_back(&j);
     jobs_cv_.notify_all();
   }
-  std::size_t index = 0;
-  while (claim(j, index)) {
+  std::size_t off = 0, n = 0;
+  while (claim(j, off, n)) {
     lock.unlock();
     std::exception_ptr error;
     try {
-      do_chunk(j, index);
+      do_chunk(j, off, n);
     } catch (...) {
       error = std::current_exception();
     }
     lock.lock();
     finish_chunk(j, error);
   }
-  done_cv_.wait(lock, [&] { return j.inflight == 0 && (j.failed || j.next == j.chunks); });
+  done_cv_.wait(lock, [&] { return j.inflight == 0 && (j.failed || j.next == j.bytes); });
   auto it = std::find(jobs_.begin(), jobs_.end(), &j);
   if (it != jobs_.end()) { jobs_.erase(it); }
 }
@@ -390,7 +458,6 @@ void basic_transfer_pipeline<Runtime>::transfer(int dir, char* device, char* hos
     j.device = device;
     j.host   = host;
     j.bytes  = bytes;
-    j.chunks = (bytes + options_.chunk_bytes - 1) / options_.chunk_bytes;
     run_job(j);
     // The hand-off, also after a failure: what was enqueued must precede `stream`'s later work.
     std::exception_ptr handoff_error;
