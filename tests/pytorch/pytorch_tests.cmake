@@ -1,0 +1,32 @@
+# libgpukit_torch (examples/pytorch) tested without a GPU, included from tests/CMakeLists.txt (one
+# line there). libgpukit_torch_sim.so is the same source over the simulated GPU
+# (GPUKIT_TORCH_SIM=1); two tests load it as PyTorch and CuPy would:
+#   gpukit_torch_abi_test  doctest: dlopen + dlsym, every C function, OOM, bad frees, snapshots
+#   gpukit_torch.python    gpukit_torch.py's ctypes layer (stats, empty_cache, snapshot, the CuPy
+#                          allocator's malloc and free), when python3 is here; no torch needed
+include(${PROJECT_SOURCE_DIR}/examples/pytorch/torch_library.cmake)
+set(gpukit_torch_sim_dir "${CMAKE_CURRENT_BINARY_DIR}/pytorch")
+if(GPUKIT_OUTPUT_DIRECTORY)
+  set(gpukit_torch_sim_dir "${GPUKIT_OUTPUT_DIRECTORY}/tests")  # next to the test binaries
+endif()
+gpukit_add_torch_library(gpukit_torch_sim SIM OUTPUT_DIRECTORY "${gpukit_torch_sim_dir}"
+  SOURCES ${PROJECT_SOURCE_DIR}/examples/pytorch/gpukit_torch.cpp)
+
+gpukit_add_test(gpukit_torch_abi_test SOURCES pytorch/gpukit_torch_abi_test.cpp)
+if(TARGET gpukit_torch_abi_test)
+  target_link_libraries(gpukit_torch_abi_test PRIVATE ${CMAKE_DL_LIBS})
+  target_include_directories(gpukit_torch_abi_test PRIVATE "${PROJECT_SOURCE_DIR}/examples/pytorch")
+  target_compile_definitions(gpukit_torch_abi_test PRIVATE
+    GPUKIT_TORCH_SIM_LIB="$<TARGET_FILE:gpukit_torch_sim>")
+  add_dependencies(gpukit_torch_abi_test gpukit_torch_sim)
+endif()
+
+# Python loads the library into an interpreter that a sanitizer runtime does not come first in.
+find_package(Python3 COMPONENTS Interpreter QUIET)
+if(Python3_Interpreter_FOUND AND NOT GPUKIT_SANITIZE)
+  add_test(NAME gpukit_torch.python
+           COMMAND Python3::Interpreter ${CMAKE_CURRENT_SOURCE_DIR}/pytorch/gpukit_torch_ctypes_test.py
+                   $<TARGET_FILE:gpukit_torch_sim>)
+  set_tests_properties(gpukit_torch.python PROPERTIES LABELS gpukit_torch
+    ENVIRONMENT "GPUKIT_SIM_DEVICES=2;GPUKIT_SIM_CAPACITY=1G")
+endif()
