@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
 # benchmarks/transfer/run_h200.sh: the pinned pool and transfer pipeline on the GPU machine, in one
-# command from the repo root (issue 6). Finishes in under 3 minutes.
+# command from the repo root (issue 6). Finishes in about 6 minutes (SWEEP=0: about 3).
 #
 # Build here first (cmake --preset h200 && cmake --build --preset h200) and take along build/h200
 # and .device-libs (Google Benchmark), as for benchmarks/run_h200.sh. Writes to $OUT (default:
-# out/): device.txt, transfer_gpu_test.log, transfer_bench.{txt,json}, prefetch_training_loop.txt.
+# out/): device.txt, transfer_gpu_test.log, transfer_bench.{txt,json} (with pool growth rates),
+# summary.txt, torch_pin_anchor.txt (PyTorch's pin_memory + non_blocking copy, when PyTorch
+# imports), sweep.{txt,json} + sweep_summary.txt (the staging knobs over a grid, SWEEP=1),
+# copy_compute.txt (copy-plus-compute overlap) and prefetch_training_loop.txt.
+# BENCH_ARGS passes staging knobs to transfer_bench (e.g. "--chunk_kib=8192 --copy=nt"; see the
+# top of benchmarks/transfer/transfer_bench.cpp); SWEEP_ARGS narrows the sweep's grid.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 OUT=${OUT:-out}
@@ -18,6 +23,9 @@ step device
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   nvcc --version 2>/dev/null | tail -1
   echo "host: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
+  echo "NUMA nodes: $(ls -d /sys/devices/system/node/node* 2>/dev/null | wc -l);" \
+    "transparent huge pages: $(cat /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null)"
+  echo "locked memory limit: $(ulimit -l)"
   date -u +%Y-%m-%d
 } | tee "$OUT/device.txt"
 
@@ -31,11 +39,56 @@ timeout 60 "$B/examples/prefetch_training_loop" 2>&1 | tee "$OUT/prefetch_traini
 
 step transfer_bench
 # Medians of 3 repetitions; bytes_per_second is the figure (manual time: CUDA events).
-timeout 150 "$B/benchmarks/transfer_bench" --benchmark_filter="${BENCH_FILTER:-.}" \
+# shellcheck disable=SC2086
+timeout 300 "$B/benchmarks/transfer_bench" ${BENCH_ARGS:-} --benchmark_filter="${BENCH_FILTER:-.}" \
   --benchmark_min_time=0.1 --benchmark_repetitions=3 --benchmark_report_aggregates_only=true \
   --benchmark_out="$OUT/transfer_bench.json" --benchmark_out_format=json 2>&1 |
   grep -E "median|Run on|Load|no usable" | tee "$OUT/transfer_bench.txt"
 echo "transfer_bench exit ${PIPESTATUS[0]}"
+
+if python3 -c 'import torch' 2>/dev/null; then
+  step torch_pin_anchor
+  # PyTorch's pin_memory() + .to('cuda', non_blocking=True), same units as the summary below.
+  timeout 180 python3 benchmarks/transfer/torch_pin_anchor.py --sizes-mib 512,1024 --reps 5 2>&1 |
+    tee "$OUT/torch_pin_anchor.txt"
+else
+  echo "(PyTorch does not import: no torch_pin_anchor)"
+fi
+
+if [[ ${SWEEP:-1} == 1 ]]; then
+  step transfer_sweep
+  # The staging knobs (threads x chunk x guided min piece x non-temporal copies) on 1 GiB pageable
+  # host -> device, and the host memcpy ceiling beside them. One pipeline at a time.
+  # shellcheck disable=SC2086
+  timeout 420 "$B/benchmarks/transfer_bench" ${BENCH_ARGS:-} --sweep ${SWEEP_ARGS:-} \
+    --benchmark_filter='^(sweep/|ceiling/)' --benchmark_min_time=0.1 --benchmark_repetitions=3 \
+    --benchmark_report_aggregates_only=true --benchmark_out="$OUT/sweep.json" \
+    --benchmark_out_format=json 2>&1 | grep -E "median|no usable" > "$OUT/sweep.txt"
+  echo "sweep exit ${PIPESTATUS[0]}"
+  python3 - "$OUT/sweep.json" <<'PY' | tee "$OUT/sweep_summary.txt"
+import json, sys
+try:
+    runs = json.load(open(sys.argv[1]))["benchmarks"]
+except Exception as e:
+    sys.exit(f"no sweep JSON: {e}")
+med = [r for r in runs if r.get("aggregate_name") == "median" and "bytes_per_second" in r]
+ceil = max((r["bytes_per_second"] for r in med if r["run_name"].startswith("ceiling/")), default=0)
+sweep = sorted((r for r in med if r["run_name"].startswith("sweep/")),
+               key=lambda r: -r["bytes_per_second"])
+print(f"host memcpy ceiling (best thread count): {ceil / 1e9:.1f} GB/s")
+for r in sweep:
+    gb = r["bytes_per_second"] / 1e9
+    share = f"{100 * r['bytes_per_second'] / ceil:5.1f}% of ceiling" if ceil else ""
+    print(f"{r['run_name']:80s} {gb:6.1f} GB/s {share}")
+PY
+fi
+
+step copy_compute
+# A loop of 32 batches of 64 MiB through the prefetcher, each followed by a kernel on another
+# stream: total vs max(copy alone, compute alone), target <= 1.05.
+timeout 240 "$B/benchmarks/copy_compute_bench" --batches=32 --batch_mib=64 --reps=5 2>&1 |
+  tee "$OUT/copy_compute.txt"
+echo "copy_compute_bench exit ${PIPESTATUS[0]}"
 
 step summary
 # GB/s per benchmark (median), for the README table: pipeline vs the anchors, and the ceiling.
@@ -50,7 +103,8 @@ for r in runs:
         continue
     name = r["run_name"]
     if "bytes_per_second" in r:
-        print(f"{name:60s} {r['bytes_per_second'] / 1e9:8.1f} GB/s")
+        unit = "GB/s pinned" if name.startswith("grow/") else "GB/s"
+        print(f"{name:60s} {r['bytes_per_second'] / 1e9:8.1f} {unit}")
     elif "items_per_second" in r:
         print(f"{name:60s} {1e9 / r['items_per_second']:10.0f} ns per acquire+release")
 PY
