@@ -282,6 +282,37 @@ TEST_SUITE("checkpoint")
     MESSAGE(compared << " (chain, budget) pairs matched the brute force");
   }
 
+  TEST_CASE("plan_optimal with times past 2^29 (its 64-bit tables) equals a brute force")
+  {
+    // Times this large make the dynamic program keep 64-bit costs (the other tests' small times
+    // take its 32-bit tables).
+    std::mt19937_64 rng{41};
+    std::uniform_int_distribution<std::int64_t> time{0, std::int64_t{1} << 40}, size{0, 9};
+    int compared = 0;
+    for (int trial = 0; trial < 60; ++trial) {
+      std::size_t const L = 2 + trial % 4;
+      std::vector<checkpoint_stage> v;
+      for (std::size_t i = 0; i < L; ++i) v.push_back({time(rng), time(rng), size(rng), size(rng)});
+      checkpoint_chain const chain{v};
+      std::vector<checkpoint_schedule> all;
+      persistent_schedules(1, L, all);
+      std::vector<checkpoint_simulation> sims;
+      for (auto const& s : all) sims.push_back(simulate_checkpoint_schedule(chain, s));
+      for (std::int64_t M = optimal_min_budget(chain); M <= plan_store_all(chain).peak; ++M) {
+        std::int64_t best = INT64_MAX;
+        for (auto const& r : sims)
+          if (r.peak <= M) best = std::min(best, r.time);
+        auto const p = plan_optimal(chain, M);
+        INFO("L = " << L << ", M = " << M << ", plan " << to_string(p.schedule));
+        CHECK(p.time == best);
+        CHECK(p.time > (std::int64_t{1} << 29));
+        CHECK(p.peak <= M);
+        ++compared;
+      }
+    }
+    MESSAGE(compared << " (chain, budget) pairs with 64-bit times matched the brute force");
+  }
+
   TEST_CASE("plan_exhaustive is the general optimum: never slower, sometimes faster than rotor")
   {
     std::mt19937_64 rng{7};

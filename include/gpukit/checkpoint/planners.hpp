@@ -79,7 +79,8 @@ struct checkpoint_planner_options {
   /// up to ceil(budget / slots) (the plan still fits; the time is optimal for the rounded sizes).
   /// Time and memory grow as L^3 slots / 6 and L^2 slots / 2 at most.
   std::int64_t slots{512};
-  /// Largest number of table entries (10 bytes each) plan_optimal may allocate.
+  /// Largest number of table entries (4 bytes each, 8 when a schedule of the chain may take 2^29
+  /// time units or more) plan_optimal may allocate.
   std::size_t max_table_entries{std::size_t{1} << 25};
 };
 

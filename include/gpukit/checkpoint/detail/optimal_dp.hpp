@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <numeric>
 #include <string>
@@ -107,6 +108,17 @@ inline std::int64_t ckpt_min_budget(checkpoint_chain const& chain)
 }
 
 /// The dynamic program's tables, and the schedule read back from them.
+///
+/// Speed (planner_bench optimal/64/512): one allocation for every table, sized from the bounds
+/// before the program runs; no choice table (the few choices the schedule needs are recomputed
+/// when it is read back, with the same tie-breaking: record first, then the least k); costs in
+/// 32-bit integers whenever every schedule of the chain takes less than 2^29 (twice the lanes per
+/// vector); each move relaxes its memory range in at most three branch-free, vectorizable
+/// stretches (both subproblems read contiguously, one of them at its stored-everything value, both
+/// constant); and a move is skipped from the first memory on which the best time so far already
+/// reaches the move's lower bound (forward sweep + sum(f + b) of both subproblems): the best time
+/// is non-increasing in memory, so it cannot improve there. None of this changes a value or a
+/// choice.
 class ckpt_dp {
  public:
   static constexpr std::int64_t inf = std::numeric_limits<std::int64_t>::max() / 4;
@@ -118,82 +130,38 @@ class ckpt_dp {
     lo_.assign(W_ * W_, 0);
     hi_.assign(W_ * W_, -1);
     offset_.assign(W_ * W_, 0);
-    std::vector<std::int64_t> fsum(L_ + 1, 0);
-    for (std::size_t i = 1; i <= L_; ++i) fsum[i] = fsum[i - 1] + chain[i].forward_time;
+    fsum_.assign(L_ + 1, 0);
+    fbsum_.assign(L_ + 1, 0);
+    for (std::size_t i = 1; i <= L_; ++i) {
+      fsum_[i]  = fsum_[i - 1] + chain[i].forward_time;
+      fbsum_[i] = fbsum_[i - 1] + chain[i].forward_time + chain[i].backward_time;
+    }
+    // Every table's memory range, known from the bounds alone: one allocation for all of them.
     std::size_t total = 0;
-    std::vector<std::int64_t> best;
-    std::vector<std::uint16_t> pick;
     for (std::size_t len = 0; len < L_; ++len) {
       for (std::size_t s = 1; s + len <= L_; ++s) {
-        std::size_t const t   = s + len;
-        std::size_t const id  = s * W_ + t;
-        std::int64_t const lo = bounds_.need[id];
-        std::int64_t const hi = std::min(u_.budget, bounds_.store[id]);
-        lo_[id]               = lo;
-        hi_[id]               = hi;
-        offset_[id]           = total;
-        if (lo > hi) continue;  // infeasible within the budget
-        std::size_t const n = static_cast<std::size_t>(hi - lo + 1);
-        total += n;
+        std::size_t const id = s * W_ + s + len;
+        lo_[id]              = bounds_.need[id];
+        hi_[id]              = std::min(u_.budget, bounds_.store[id]);
+        offset_[id]          = total;
+        if (lo_[id] <= hi_[id]) total += static_cast<std::size_t>(hi_[id] - lo_[id] + 1);
         GPUKIT_EXPECTS(total <= max_entries,
                        "plan_optimal: the dynamic program's tables would exceed " +
                          std::to_string(max_entries) +
                          " entries; lower checkpoint_planner_options::slots or raise "
                          "max_table_entries");
-        best.assign(n, inf);
-        pick.assign(n, 0);
-        auto const in = u_.in(s), dt = u_.d(t);
-        auto const fb = chain[s].forward_time + chain[s].backward_time;
-        // record
-        {
-          std::int64_t first =
-            std::max(in + dt + u_.a[s] + u_.t[s], in + u_.t[s] + u_.d(s) + u_.d(s - 1));
-          if (s == t) {
-            for (std::int64_t m = std::max(lo, first); m <= hi; ++m) best[m - lo] = fb;
-          } else {
-            std::size_t const sub = (s + 1) * W_ + t;
-            std::int64_t const sh = in + u_.t[s];
-            first                 = std::max(first, lo_[sub] + sh);
-            for (std::int64_t m = std::max(lo, first); m <= hi; ++m) {
-              best[m - lo] = fb + at(sub, m - sh);
-            }
-          }
-        }
-        // checkpoint at k
-        std::int64_t sweep = 0;
-        for (std::size_t k = s + 1; k <= t; ++k) {
-          std::size_t const j     = k - 1;
-          sweep                   = std::max(sweep, (j > s ? u_.a[j - 1] : 0) + u_.a[j]);
-          std::size_t const right = k * W_ + t, left = s * W_ + j;
-          if (lo_[right] > hi_[right] || lo_[left] > hi_[left]) continue;
-          std::int64_t const first = std::max({lo, in + dt + sweep, lo_[right] + in, lo_[left]});
-          std::int64_t const fw    = fsum[j] - fsum[s - 1];
-          // The unclamped stretch first (contiguous reads: vectorizable), then the clamped tail.
-          auto const tag         = static_cast<std::uint16_t>(k - s);
-          std::int64_t const mid = std::min({hi, hi_[right] + in, hi_[left]});
-          std::int64_t m         = first;
-          if (first <= mid) {
-            std::int64_t const* rp = cost_.data() + offset_[right] + (first - in - lo_[right]);
-            std::int64_t const* lp = cost_.data() + offset_[left] + (first - lo_[left]);
-            std::int64_t* bp       = best.data() + (first - lo);
-            std::uint16_t* pp      = pick.data() + (first - lo);
-            std::size_t const n    = static_cast<std::size_t>(mid - first + 1);
-            for (std::size_t q = 0; q < n; ++q) {
-              std::int64_t const c = fw + rp[q] + lp[q];
-              bool const better    = c < bp[q];
-              bp[q]                = better ? c : bp[q];
-              pp[q]                = better ? tag : pp[q];
-            }
-            m = mid + 1;
-          }
-          for (; m <= hi; ++m) {
-            std::int64_t const c = fw + at(right, m - in) + at(left, m);
-            if (c < best[m - lo]) best[m - lo] = c, pick[m - lo] = tag;
-          }
-        }
-        cost_.insert(cost_.end(), best.begin(), best.end());
-        choice_.insert(choice_.end(), pick.begin(), pick.end());
       }
+    }
+    // A persistent schedule runs each forward at most once per subproblem that contains its stage
+    // (at most L of them): L sum(f) + sum(b) bounds every finite time.
+    std::int64_t const most = static_cast<std::int64_t>(L_) * fsum_[L_] + (fbsum_[L_] - fsum_[L_]);
+    narrow_                 = most < narrow_inf;
+    if (narrow_) {
+      cost32_.resize(total);
+      build(cost32_, static_cast<std::int32_t>(narrow_inf));
+    } else {
+      cost64_.resize(total);
+      build(cost64_, inf);
     }
   }
 
@@ -209,14 +177,158 @@ class ckpt_dp {
   }
 
  private:
+  /// The sentinel of 32-bit tables; every finite time is below it, and a sum of three values
+  /// below it does not overflow.
+  static constexpr std::int64_t narrow_inf = std::int64_t{1} << 29;
+  static constexpr std::size_t no_table    = static_cast<std::size_t>(-1);
+
+  // The peak of the record move's own operations (Fe<s>, B<s>), before its subproblem.
+  [[nodiscard]] std::int64_t record_first(std::size_t s, std::size_t t) const noexcept
+  {
+    auto const in = u_.in(s);
+    return std::max(in + u_.d(t) + u_.a[s] + u_.t[s], in + u_.t[s] + u_.d(s) + u_.d(s - 1));
+  }
+  [[nodiscard]] bool feasible(std::size_t id) const noexcept { return lo_[id] <= hi_[id]; }
+
+  template <class C>
+  void build(std::vector<C>& cost, C const cinf)
+  {
+    for (std::size_t len = 0; len < L_; ++len) {
+      for (std::size_t s = 1; s + len <= L_; ++s) {
+        std::size_t const t  = s + len;
+        std::size_t const id = s * W_ + t;
+        if (!feasible(id)) continue;  // infeasible within the budget
+        std::int64_t const lo = lo_[id], hi = hi_[id];
+        std::size_t const n = static_cast<std::size_t>(hi - lo + 1);
+        C* const best       = cost.data() + offset_[id];
+        auto const in = u_.in(s), dt = u_.d(t);
+        C const fb = static_cast<C>(chain_[s].forward_time + chain_[s].backward_time);
+        // record
+        {
+          std::int64_t first = record_first(s, t);
+          if (s < t) first = std::max(first, lo_[(s + 1) * W_ + t] + in + u_.t[s]);
+          std::size_t const q0 = static_cast<std::size_t>(std::clamp(first, lo, hi + 1) - lo);
+          std::fill(best, best + n, cinf);
+          if (s == t) {
+            std::fill(best + q0, best + n, fb);
+          } else if (q0 < n) {
+            relax_range(cost, best, lo, lo + static_cast<std::int64_t>(q0), hi + 1,
+                        (s + 1) * W_ + t, in + u_.t[s], fb);
+          }
+        }
+        // checkpoint at k
+        std::int64_t sweep = 0;
+        for (std::size_t k = s + 1; k <= t; ++k) {
+          std::size_t const j     = k - 1;
+          sweep                   = std::max(sweep, (j > s ? u_.a[j - 1] : 0) + u_.a[j]);
+          std::size_t const right = k * W_ + t, left = s * W_ + j;
+          if (!feasible(right) || !feasible(left)) continue;
+          std::int64_t const first = std::max({lo, in + dt + sweep, lo_[right] + in, lo_[left]});
+          if (first > hi) continue;
+          C const fw = static_cast<C>(fsum_[j] - fsum_[s - 1]);
+          // Lower bound of this move: the sweep, then both subproblems at their fastest.
+          C const floor = static_cast<C>(fsum_[j] - fsum_[s - 1] + (fbsum_[t] - fbsum_[j]) +
+                                         (fbsum_[j] - fbsum_[s - 1]));
+          // best is non-increasing in m: the move can only improve it before the first m where
+          // best <= floor.
+          C* const from = best + (first - lo);
+          std::int64_t const end =
+            first + (std::lower_bound(from, best + n, floor, std::greater<C>{}) - from);
+          if (end <= first) continue;
+          relax_range(cost, best, lo, first, end, right, in, fw, left);
+        }
+      }
+    }
+  }
+
+  // best[m - lo] = min(best[m - lo], fw + T_a(m - shift) + T_b(m)) for m in [from, end), where
+  // T_x(m) is table x at min(m, hi_x) (every m read is >= lo_x); without b, T_b is 0. Three
+  // stretches, each a branch-free loop over contiguous memory: both tables read in range, one of
+  // them past its range (its last entry, a constant), both past their ranges.
+  template <class C>
+  void relax_range(std::vector<C> const& cost, C* best, std::int64_t lo, std::int64_t from,
+                   std::int64_t end, std::size_t a, std::int64_t shift, C fw,
+                   std::size_t b = no_table) const
+  {
+    C* const out              = best + (from - lo);  // out[q]: m = from + q
+    C const* const ta         = cost.data() + offset_[a];
+    std::int64_t const a_last = hi_[a] + shift;  // the last m at which T_a is not clamped
+    C const a_end             = ta[hi_[a] - lo_[a]];
+    C const* const pa         = ta + (from - shift - lo_[a]);  // pa[q] = T_a(from + q - shift)
+    std::int64_t b_last       = end;
+    C b_end                   = 0;
+    C const* pb               = nullptr;
+    if (b != no_table) {
+      C const* const tb = cost.data() + offset_[b];
+      b_last            = hi_[b];
+      b_end             = tb[hi_[b] - lo_[b]];
+      pb                = tb + (from - lo_[b]);
+    }
+    auto const index = [&](std::int64_t m) {
+      return static_cast<std::size_t>(std::clamp(m, from, end) - from);
+    };
+    std::size_t const e1 = index(std::min(a_last, b_last) + 1);
+    std::size_t const e2 = std::max(e1, index(std::max(a_last, b_last) + 1));
+    std::size_t const n  = index(end);
+    std::size_t q        = 0;
+    if (pb == nullptr) {
+      for (; q < e1; ++q) out[q] = std::min(out[q], static_cast<C>(fw + pa[q]));
+      C const c = fw + a_end;
+      for (; q < n; ++q) out[q] = std::min(out[q], c);
+      return;
+    }
+    for (; q < e1; ++q) out[q] = std::min(out[q], static_cast<C>(fw + pa[q] + pb[q]));
+    if (a_last < b_last) {  // T_a clamped, T_b read
+      C const c = fw + a_end;
+      for (; q < e2; ++q) out[q] = std::min(out[q], static_cast<C>(c + pb[q]));
+    } else {  // T_b clamped, T_a read
+      C const c = fw + b_end;
+      for (; q < e2; ++q) out[q] = std::min(out[q], static_cast<C>(c + pa[q]));
+    }
+    C const c = fw + a_end + b_end;
+    for (; q < n; ++q) out[q] = std::min(out[q], c);
+  }
+
   [[nodiscard]] std::int64_t at(std::size_t id, std::int64_t m) const noexcept
   {
     if (m < lo_[id] || lo_[id] > hi_[id]) return inf;
-    return cost_[offset_[id] + static_cast<std::size_t>(std::min(m, hi_[id]) - lo_[id])];
+    std::size_t const q = offset_[id] + static_cast<std::size_t>(std::min(m, hi_[id]) - lo_[id]);
+    if (narrow_) return cost32_[q] >= narrow_inf ? inf : cost32_[q];
+    return cost64_[q];
   }
-  [[nodiscard]] std::size_t choice(std::size_t id, std::int64_t m) const noexcept
+
+  // The move the program chose for (s, t) at memory m (0: record; c > 0: checkpoint at s + c):
+  // the first, in the program's order, whose time equals the table's.
+  [[nodiscard]] std::size_t choice(std::size_t s, std::size_t t, std::int64_t m) const
   {
-    return choice_[offset_[id] + static_cast<std::size_t>(std::min(m, hi_[id]) - lo_[id])];
+    std::size_t const id      = s * W_ + t;
+    m                         = std::min(m, hi_[id]);
+    std::int64_t const target = at(id, m);
+    auto const in = u_.in(s), dt = u_.d(t);
+    {
+      std::int64_t first = std::max(lo_[id], record_first(s, t));
+      std::int64_t c     = chain_[s].forward_time + chain_[s].backward_time;
+      if (s < t) {
+        std::size_t const sub = (s + 1) * W_ + t;
+        first                 = std::max(first, lo_[sub] + in + u_.t[s]);
+        c += m >= first ? at(sub, m - in - u_.t[s]) : 0;
+      }
+      if (m >= first && c == target) return 0;
+    }
+    std::int64_t sweep = 0;
+    for (std::size_t k = s + 1; k <= t; ++k) {
+      std::size_t const j     = k - 1;
+      sweep                   = std::max(sweep, (j > s ? u_.a[j - 1] : 0) + u_.a[j]);
+      std::size_t const right = k * W_ + t, left = s * W_ + j;
+      if (!feasible(right) || !feasible(left)) continue;
+      std::int64_t const first = std::max({lo_[id], in + dt + sweep, lo_[right] + in, lo_[left]});
+      if (m < first) continue;
+      if (fsum_[j] - fsum_[s - 1] + at(right, m - in) + at(left, m) == target) return k - s;
+    }
+    GPUKIT_EXPECTS(false, "plan_optimal: internal error: no move of (" + std::to_string(s) + ", " +
+                            std::to_string(t) + ") at memory " + std::to_string(m) +
+                            " takes the table's time " + std::to_string(target));
+    return 0;
   }
 
   void emit(std::size_t s, std::size_t t, std::int64_t m, checkpoint_schedule& out) const
@@ -227,8 +339,7 @@ class ckpt_dp {
     // Iterative along the record moves (each only nests one subproblem to its right).
     std::vector<std::size_t> pending_backward;
     while (true) {
-      std::size_t const id = s * W_ + t;
-      std::size_t const c  = choice(id, m);
+      std::size_t const c = choice(s, t, m);
       if (c == 0) {
         out.push_back(op(checkpoint_op_kind::forward_record, s));
         if (s == t) {
@@ -256,8 +367,10 @@ class ckpt_dp {
   ckpt_bounds bounds_;
   std::vector<std::int64_t> lo_, hi_;
   std::vector<std::size_t> offset_;
-  std::vector<std::int64_t> cost_;
-  std::vector<std::uint16_t> choice_;
+  std::vector<std::int64_t> fsum_, fbsum_;  ///< prefix sums of f, and of f + b
+  bool narrow_{false};                      ///< the tables are cost32_ (else cost64_)
+  std::vector<std::int32_t> cost32_;
+  std::vector<std::int64_t> cost64_;
 };
 
 }  // namespace gpukit::detail
