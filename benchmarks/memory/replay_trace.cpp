@@ -2,8 +2,11 @@
 // and reports how much memory it held and how fast it was.
 //
 //   replay_trace --trace FILE [--runtime sim|cuda] [--allocator
-//   gpukit|cuda_malloc|cuda_malloc_async|cub]
-//                [--repeat N]
+//   gpukit|gpukit_vmm|cuda_malloc|cuda_malloc_async|cub]
+//                [--repeat N] [--page-bytes N]
+//
+// gpukit_vmm is gpukit's caching allocator with growable segments (segment_source::growable):
+// device_allocs and device_frees then count pages mapped and unmapped.
 //
 // Trace lines: `a <id> <bytes> <stream>` allocates, `f <id>` frees, `#` starts a comment.
 // The last line of standard output is one JSON object (nothing after it):
@@ -296,6 +299,8 @@ int main(int argc, char** argv)
         options.thread_cache_max_block_bytes = std::strtoull(value().c_str(), nullptr, 10);
       } else if (a == "--medium-segment") {
         options.medium_segment_bytes = std::strtoull(value().c_str(), nullptr, 10);
+      } else if (a == "--page-bytes") {
+        options.growable_page_bytes = std::strtoull(value().c_str(), nullptr, 10);
       } else if (a == "--no-release-before-grow") {
         options.release_before_grow = false;
       } else if (a == "--repeat") {
@@ -303,7 +308,8 @@ int main(int argc, char** argv)
       } else if (a == "--help" || a == "-h") {
         std::printf(
           "usage: replay_trace --trace FILE [--runtime sim|cuda] "
-          "[--allocator gpukit|cuda_malloc|cuda_malloc_async|cub] [--repeat N]\n");
+          "[--allocator gpukit|gpukit_vmm|cuda_malloc|cuda_malloc_async|cub] [--repeat N] "
+          "[--page-bytes N]\n");
         return 0;
       } else {
         throw usage_error{"unknown argument '" + a + "'"};
@@ -313,12 +319,15 @@ int main(int argc, char** argv)
     if (runtime != "sim" && runtime != "cuda") {
       throw usage_error{"--runtime must be sim or cuda, not '" + runtime + "'"};
     }
-    if (allocator != "gpukit" && allocator != "cuda_malloc" && allocator != "cuda_malloc_async" &&
-        allocator != "cub") {
-      throw usage_error{"--allocator must be gpukit, cuda_malloc, cuda_malloc_async or cub, not '" +
-                        allocator + "'"};
+    if (allocator != "gpukit" && allocator != "gpukit_vmm" && allocator != "cuda_malloc" &&
+        allocator != "cuda_malloc_async" && allocator != "cub") {
+      throw usage_error{
+        "--allocator must be gpukit, gpukit_vmm, cuda_malloc, cuda_malloc_async or cub, not '" +
+        allocator + "'"};
     }
-    if (allocator != "gpukit" && runtime != "cuda") {
+    bool const is_gpukit = allocator == "gpukit" || allocator == "gpukit_vmm";
+    if (allocator == "gpukit_vmm") { options.source = gpukit::segment_source::growable; }
+    if (!is_gpukit && runtime != "cuda") {
       throw usage_error{"--allocator " + allocator + " needs --runtime cuda"};
     }
     if (repeat < 1) { throw usage_error{"--repeat must be at least 1"}; }
@@ -333,7 +342,7 @@ int main(int argc, char** argv)
       std::size_t const capacity = std::max<std::size_t>(std::size_t{80} << 30, 4 * t.peak_live);
       gpukit::sim_runtime sim{gpukit::sim_config{}.with_devices(1, capacity)};
       r = run_gpukit(sim, t, repeat, options);
-    } else if (allocator == "gpukit") {
+    } else if (is_gpukit) {
       r = run_gpukit(gpukit::cuda_runtime::instance(), t, repeat, options);
     } else {
       r = run_cuda_anchor(allocator, t, repeat);

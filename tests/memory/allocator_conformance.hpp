@@ -1,5 +1,6 @@
 // Cases every caching allocator must pass, on every runtime (simulated and CUDA).
-// Each function takes a Runtime and builds its own allocator.
+// Each function takes a Runtime (and optionally the allocator's options: every segment source
+// must pass) and builds its own allocator.
 #pragma once
 
 #include <gpukit/memory/caching_allocator.hpp>
@@ -46,9 +47,9 @@ bool holds(Runtime& rt, void* p, std::size_t bytes, unsigned char value,
 }
 
 template <class Runtime>
-void check_alloc_roundtrip(Runtime& rt)
+void check_alloc_roundtrip(Runtime& rt, caching_allocator_options const& options = {})
 {
-  basic_caching_allocator<Runtime> alloc{rt, 0};
+  basic_caching_allocator<Runtime> alloc{rt, 0, options};
   typename Runtime::stream_type s{};
   GPUKIT_CUDA_TRY(rt.stream_create(s));
   for (std::size_t bytes :
@@ -76,9 +77,9 @@ void check_alloc_roundtrip(Runtime& rt)
 }
 
 template <class Runtime>
-void check_same_stream_reuse(Runtime& rt)
+void check_same_stream_reuse(Runtime& rt, caching_allocator_options const& options = {})
 {
-  basic_caching_allocator<Runtime> alloc{rt, 0};
+  basic_caching_allocator<Runtime> alloc{rt, 0, options};
   typename Runtime::stream_type s{};
   GPUKIT_CUDA_TRY(rt.stream_create(s));
   void* p = alloc.allocate_async(65536, s);
@@ -96,9 +97,9 @@ void check_same_stream_reuse(Runtime& rt)
 }
 
 template <class Runtime>
-void check_bad_input(Runtime& rt)
+void check_bad_input(Runtime& rt, caching_allocator_options const& options = {})
 {
-  basic_caching_allocator<Runtime> alloc{rt, 0};
+  basic_caching_allocator<Runtime> alloc{rt, 0, options};
   typename Runtime::stream_type s{};
   GPUKIT_CUDA_TRY(rt.stream_create(s));
   CHECK_THROWS_AS((void)alloc.allocate_async(0, s), gpukit::logic_error);
@@ -144,9 +145,8 @@ void check_bad_input(Runtime& rt)
 }
 
 template <class Runtime>
-void check_limit_and_oom_report(Runtime& rt)
+void check_limit_and_oom_report(Runtime& rt, caching_allocator_options o = {})
 {
-  caching_allocator_options o;
   o.limit_bytes = std::size_t{64} << 20;
   basic_caching_allocator<Runtime> alloc{rt, 0, o};
   typename Runtime::stream_type s{};
@@ -180,9 +180,10 @@ void check_limit_and_oom_report(Runtime& rt)
 
 // Threads x streams x random sizes; every block holds its own byte value, checked before its free.
 template <class Runtime>
-void check_stress(Runtime& rt, int threads, int iterations, std::size_t max_bytes)
+void check_stress(Runtime& rt, int threads, int iterations, std::size_t max_bytes,
+                  caching_allocator_options const& options = {})
 {
-  basic_caching_allocator<Runtime> alloc{rt, 0};
+  basic_caching_allocator<Runtime> alloc{rt, 0, options};
   std::vector<typename Runtime::stream_type> streams(static_cast<std::size_t>(threads));
   for (auto& s : streams) { GPUKIT_CUDA_TRY(rt.stream_create(s)); }
   std::atomic<int> failures{0};

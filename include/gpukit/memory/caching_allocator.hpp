@@ -39,6 +39,17 @@
 //   (`release`, `trim`, the OOM path) is itself stream-ordered and never synchronizes the device.
 //   With `segment_source::synchronous` they come from `cudaMalloc`/`cudaFree`, and every
 //   `cudaFree` is counted in `stats().synchronizing_frees`.
+// - Growable segments (`segment_source::growable`): each stream and pool kind gets a large range
+//   of virtual addresses; pages of physical memory (`cuMemCreate`) are mapped into it on demand,
+//   at the end of the free space a request needs, so the free block before the end of the mapped
+//   region and the new pages form one block: a segment never "ends" under a block, and peak
+//   reserved memory tracks peak live memory. Free pages whose work has completed (their stream is
+//   idle, or an event shows it) are unmapped and their physical memory mapped again where the
+//   pool grows, before any new memory is taken from the device. A map that fails part-way undoes
+//   itself (pages unmapped, new handles released), so the allocator stays as it was and the next
+//   allocation works. Unmapping waits only on the stream whose work used those pages (a stream
+//   synchronize on the allocator's device), never on the device. Statistics count mapped (and
+//   held) physical memory as reserved, and each page mapped or unmapped as a device alloc or free.
 //
 // Thread-safe. One instance serves one device: the hot path never asks which device is current.
 #pragma once
@@ -81,6 +92,12 @@ enum class segment_source {
   automatic,       ///< stream_ordered when the device supports memory pools, else synchronous
   stream_ordered,  ///< malloc_async / free_async on the requesting stream (cudaMallocAsync)
   synchronous,     ///< malloc / free (cudaMalloc / cudaFree; cudaFree may synchronize the device)
+  /// Growable segments on CUDA virtual memory (cuMemAddressReserve, cuMemCreate, cuMemMap): one
+  /// large address range per stream and pool kind, physical pages mapped on demand at its end, so
+  /// that a block never has to fit inside a fixed segment. Free pages are unmapped by `release`,
+  /// `trim` and the out-of-memory ladder, and reused (unmapped and mapped again where they are
+  /// needed) before the allocator takes new pages from the device. See "Growable segments" below.
+  growable,
 };
 
 /// Settings of a caching allocator. Defaults suit training loops.
@@ -118,6 +135,15 @@ struct caching_allocator_options {
   /// Out-of-memory recovery's last step: wait up to this long for blocks other threads are
   /// returning to the pool (their cached blocks come back at their next call). 0: do not wait.
   int oom_wait_for_frees_ms{0};
+  /// Growable segments: address space reserved per stream and pool kind (0: 9/8 of the device's
+  /// memory, as PyTorch's expandable segments reserve). A request larger than this gets a range of
+  /// its own. Address space costs no memory.
+  std::size_t growable_reserve_bytes{0};
+  /// Growable segments: the unit of mapping of the large pool (rounded up to the device's
+  /// granularity, 2 MiB on current GPUs; the small pool maps one granule at a time). Larger pages
+  /// mean fewer driver calls when the pool grows; smaller ones less memory lost at the edges of
+  /// free ranges.
+  std::size_t growable_page_bytes{std::size_t{2} << 20};
   /// Bytes one thread may keep cached per allocator before it returns blocks to the pool.
   std::size_t thread_cache_bytes{std::size_t{64} << 20};
   /// Blocks one thread keeps per size class and stream.
@@ -161,8 +187,13 @@ struct caching_allocator_stats {
   std::uint64_t num_allocs{0};   ///< allocate calls that succeeded
   std::uint64_t num_frees{0};
   std::uint64_t num_cache_hits{0};     ///< allocations served by a per-thread cache
-  std::uint64_t num_device_allocs{0};  ///< segments taken from the runtime
-  std::uint64_t num_device_frees{0};   ///< segments returned to the runtime
+  std::uint64_t num_device_allocs{0};  ///< segments taken from the runtime (growable: pages mapped)
+  std::uint64_t num_device_frees{0};   ///< segments returned to the runtime (growable: unmapped)
+  /// Growable segments: physical pages created (cuMemCreate) and released (cuMemRelease); pages
+  /// unmapped from a free range and mapped again where the pool grows are counted as reused.
+  std::uint64_t num_pages_created{0};
+  std::uint64_t num_pages_released{0};
+  std::uint64_t num_pages_reused{0};
   std::uint64_t num_alloc_retries{0};  ///< allocations that needed a recovery step
   std::uint64_t num_ooms{0};
   std::uint64_t num_cross_stream_events{0};  ///< events recorded to move blocks across streams
@@ -188,9 +219,10 @@ struct caching_thread_cache;
 template <class Runtime>
 class basic_caching_allocator final {
  public:
-  using runtime_type = Runtime;
-  using stream_type  = typename Runtime::stream_type;
-  using event_type   = typename Runtime::event_type;
+  using runtime_type    = Runtime;
+  using stream_type     = typename Runtime::stream_type;
+  using event_type      = typename Runtime::event_type;
+  using physical_handle = typename Runtime::physical_handle;
 
   static constexpr std::size_t alignment = 256;
 
@@ -383,7 +415,7 @@ class basic_caching_allocator final {
   void* hand_out(thread_cache& tc, block* b, std::size_t bytes, stream_type stream);
   void adopt_segment_locked(block* b, std::unique_ptr<segment> seg, void* p, std::size_t seg_size,
                             int kind, stream_type stream, bool stream_ordered, capture_id pool);
-  void insert_free_locked(block* b);
+  block* insert_free_locked(block* b);
   void unindex_locked(block* b);
   stream_pool& stream_pool_locked(stream_type stream);
   std::size_t poll_pending_locked(bool wait = false);
@@ -424,6 +456,21 @@ class basic_caching_allocator final {
     if (options_.nvtx_annotate) { register_memory_region(segment_heap(b), b->data(), bytes); }
   }
   static memory_heap segment_heap(block const* b) noexcept;
+  // Growable segments (detail/growable_segments.inl).
+  block* grow_locked(std::size_t size, int kind, stream_type stream, bool& oom);
+  block* reserve_growable_locked(std::size_t size, int kind, stream_type stream, bool& oom);
+  bool map_pages_locked(segment& seg, std::size_t first, std::size_t count, bool& oom);
+  std::size_t harvest_pages_locked(int kind, std::size_t wanted, block const* keep);
+  std::size_t unmap_free_pages_locked(block* b, std::size_t wanted, cudaError_t& error);
+  void insert_unmapped_locked(block* b);
+  block* split_off_locked(block* b, std::size_t offset);
+  std::size_t release_growable_locked(std::size_t target, stream_type const* only_stream);
+  // The list of spare pages a pool kind uses: one for both when their pages have the same size.
+  int spare_kind(int kind) const noexcept
+  {
+    return page_bytes_[small_pool] == page_bytes_[large_pool] ? small_pool : kind;
+  }
+  void raise_reserved_peak_locked() noexcept;
   capture_pool* active_capture_locked(stream_type stream);
   capture_pool& capture_pool_locked(capture_id id);
   void* allocate_captured_locked(std::size_t bytes, std::size_t size, int kind, capture_pool& cp,
@@ -435,6 +482,8 @@ class basic_caching_allocator final {
   std::uint64_t uid_;
   std::size_t device_total_{0};
   bool stream_ordered_{true};
+  bool growable_{false};
+  std::size_t page_bytes_[2]{0, 0};  // growable segments: mapping unit per pool kind
   std::atomic<std::size_t> limit_{0};
 
   mutable std::mutex mutex_;           // the pool: everything below
@@ -442,6 +491,9 @@ class basic_caching_allocator final {
   std::vector<std::unique_ptr<stream_pool>> stream_pools_;
   detail::tlsf_index<block> global_[2];  // free blocks usable on any stream
   std::vector<pending_free> pending_;
+  std::vector<block*> unmapped_[2];                  // growable: unmapped ranges, per pool kind
+  std::vector<physical_handle> spare_pages_[2];      // growable: unmapped physical pages, held
+  std::vector<segment*> growable_segments_;
   std::vector<std::unique_ptr<block[]>> block_chunks_;
   block* spare_blocks_{nullptr};
   std::vector<event_type> spare_events_;
@@ -526,6 +578,7 @@ basic_caching_allocator<Runtime>& default_caching_allocator(int device = -1)
 }  // namespace gpukit
 
 #include <gpukit/memory/detail/caching_allocator.inl>
+#include <gpukit/memory/detail/growable_segments.inl>
 
 static_assert(
   ::cuda::mr::async_resource_with<gpukit::caching_allocator, ::cuda::mr::device_accessible>,

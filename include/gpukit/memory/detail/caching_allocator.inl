@@ -73,6 +73,7 @@ enum class block_state : std::uint8_t {
   cached,     // in a thread cache
   free,       // in a pool index
   pending,    // freed, waiting for events on recorded streams
+  unmapped,   // growable segments: address range without usable memory (page-aligned)
   dead,       // descriptor not describing any block (spare)
 };
 
@@ -278,6 +279,14 @@ struct basic_caching_allocator<Runtime>::segment {
   int kind{0};
   bool stream_ordered{true};  // from malloc_async (else malloc)
   memory_heap nvtx_heap{};    // the segment as an NVTX heap (memory annotation)
+  // Growable segments: `size` bytes of reserved addresses, mapped a page at a time. A page is
+  // mapped when it holds a handle; free and allocated blocks lie on mapped pages only, unmapped
+  // blocks on pages that are unmapped (or mapped but not yet accessible, after a failed undo).
+  bool growable{false};
+  std::size_t page{0};
+  std::vector<physical_handle> handles;  // per page
+  std::vector<std::uint8_t> mapped;      // per page
+  std::size_t mapped_pages{0};
 };
 
 template <class Runtime>
@@ -337,6 +346,22 @@ basic_caching_allocator<Runtime>::basic_caching_allocator(Runtime& runtime, int 
   device_total_   = props.total_memory;
   stream_ordered_ = options_.source == segment_source::stream_ordered ||
                     (options_.source == segment_source::automatic && props.memory_pools);
+  growable_       = options_.source == segment_source::growable;
+  if (growable_) {
+    GPUKIT_EXPECTS(props.virtual_memory_management,
+                   "caching_allocator: segment_source::growable needs virtual memory management, "
+                   "which device " +
+                     std::to_string(device) + " (" + props.name + ") does not support");
+    std::size_t granularity = 0;
+    GPUKIT_CUDA_TRY(runtime_.vm_granularity(granularity, device));
+    GPUKIT_EXPECTS(granularity != 0 && granularity % alignment == 0,
+                   "caching_allocator: the device reports a mapping granularity of " +
+                     std::to_string(granularity) + " bytes");
+    GPUKIT_EXPECTS(options_.growable_page_bytes != 0,
+                   "caching_allocator_options: growable_page_bytes must not be 0");
+    page_bytes_[small_pool] = granularity;
+    page_bytes_[large_pool] = detail::round_up(options_.growable_page_bytes, granularity);
+  }
   std::size_t limit = options_.limit_bytes;
   if (options_.limit_fraction > 0.0) {
     auto const frac =
@@ -368,10 +393,25 @@ basic_caching_allocator<Runtime>::~basic_caching_allocator()
     if (sp->migrating) { (void)runtime_.event_destroy(sp->migration_event); }
   }
   for (event_type e : spare_events_) { (void)runtime_.event_destroy(e); }
+  if (!growable_segments_.empty()) {
+    // Unmapping is immediate: the work queued on the streams this allocator served goes first.
+    for (auto& sp : stream_pools_) { (void)runtime_.stream_synchronize(sp->stream); }
+    (void)runtime_.stream_synchronize(stream_type{});
+  }
+  for (auto& spares : spare_pages_) {
+    for (physical_handle h : spares) { (void)runtime_.vm_release(h); }
+  }
   blocks_.for_each([&](std::uintptr_t, block* b) {
     if (b->prev == nullptr) {  // first block of its segment
       auto* seg = static_cast<segment*>(b->segment);
-      if (seg->stream_ordered) {
+      if (seg->growable) {
+        for (std::size_t i = 0; i < seg->mapped.size(); ++i) {
+          if (seg->mapped[i] == 0) { continue; }
+          (void)runtime_.vm_unmap(static_cast<char*>(seg->ptr) + i * seg->page, seg->page);
+          (void)runtime_.vm_release(seg->handles[i]);
+        }
+        (void)runtime_.vm_free(seg->ptr, seg->size);
+      } else if (seg->stream_ordered) {
         (void)runtime_.free_async(seg->ptr, b->global ? stream_type{} : b->stream);
       } else {
         (void)runtime_.free(seg->ptr);
@@ -495,14 +535,15 @@ void* basic_caching_allocator<Runtime>::allocate_slow(std::size_t bytes, std::si
   }
   if (b == nullptr) {
     std::vector<stream_type> freed_on;
-    if (options_.release_before_grow) {
+    if (options_.release_before_grow && !growable_) {
       // No free block fits: fully free segments of this kind are too small for it. Give them
       // back before taking a new segment, so they do not add to the peak (stream-ordered frees
       // in the order of the stream that used them: no wait).
       release_locked(0, &freed_on, kind);
     }
     bool oom = false;
-    b        = new_segment_locked(size, kind, stream, oom);
+    b        = growable_ ? grow_locked(size, kind, stream, oom)
+                         : new_segment_locked(size, kind, stream, oom);
     if (b == nullptr) {
       ++pool_stats_.num_alloc_retries;
       b = recover_locked(lock, size, kind, stream, tc, freed_on, capture);
@@ -608,17 +649,30 @@ memory_snapshot basic_caching_allocator<Runtime>::snapshot() const
   blocks_.for_each([&](std::uintptr_t, block* head) {
     if (head->prev != nullptr) { return; }
     auto const* seg = static_cast<segment const*>(head->segment);
+    // A growable segment appears as one segment per run of mapped blocks (as PyTorch shows its
+    // expandable segments), so that the blocks of each segment tile it.
     memory_snapshot::segment g;
-    g.address = head->address();
-    g.size    = seg->size;
-    g.stream  = stream_id(head->stream);
-    g.small   = seg->kind == small_pool;
+    auto flush = [&] {
+      if (!g.blocks.empty()) { s.segments.push_back(std::move(g)); }
+      g = memory_snapshot::segment{};
+    };
     for (block const* b = head; b != nullptr; b = b->next) {
-      bool const allocated =
-        b->state.load(std::memory_order_relaxed) == detail::block_state::allocated;
+      auto const st = b->state.load(std::memory_order_relaxed);
+      if (st == detail::block_state::unmapped) {
+        flush();
+        continue;
+      }
+      if (g.blocks.empty()) {
+        g.address = b->address();
+        g.size    = 0;
+        g.stream  = stream_id(head->stream);
+        g.small   = seg->kind == small_pool;
+      }
+      bool const allocated = st == detail::block_state::allocated;
       g.blocks.push_back({b->address(), b->size, allocated ? b->requested : 0, allocated});
+      g.size += b->size;
     }
-    s.segments.push_back(std::move(g));
+    flush();
   });
   std::sort(s.segments.begin(), s.segments.end(),
             [](auto const& a, auto const& b) { return a.address < b.address; });
@@ -798,8 +852,10 @@ void basic_caching_allocator<Runtime>::unindex_locked(block* b)
 }
 
 // Inserts free block b (state free, owner set) into its index, merging free neighbours first.
+// Returns the block that holds b's bytes now (b, or the free block before it that absorbed it).
 template <class Runtime>
-void basic_caching_allocator<Runtime>::insert_free_locked(block* b)
+typename basic_caching_allocator<Runtime>::block*
+basic_caching_allocator<Runtime>::insert_free_locked(block* b)
 {
   auto mergeable = [&](block* n) {
     if (n == nullptr || n->state.load(std::memory_order_relaxed) != detail::block_state::free) {
@@ -848,6 +904,7 @@ void basic_caching_allocator<Runtime>::insert_free_locked(block* b)
   } else {
     stream_pool_locked(b->stream).index[b->kind].insert(b);
   }
+  return b;
 }
 
 template <class Runtime>
@@ -884,7 +941,8 @@ typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtim
   auto attempt = [&]() -> block* {
     if (block* b = find_free_locked(size, kind, stream)) { return b; }
     bool oom = false;
-    return new_segment_locked(size, kind, stream, oom);
+    return growable_ ? grow_locked(size, kind, stream, oom)
+                     : new_segment_locked(size, kind, stream, oom);
   };
   auto count = [&](int step, std::size_t reclaimed) {
     ladder_[step].attempted = true;
@@ -951,7 +1009,7 @@ typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtim
   count(step_release_all, moved + release_locked(0, &freed_on));
   settle();
   if (block* b = attempt()) { return b; }
-  // (4) Unmapping free pages of growable segments: applies once segments are growable.
+  // Growable segments: steps 3 and 4 unmap the free pages of the streams they release.
   // (5) A bounded wait for blocks that other threads are returning to the pool.
   if (options_.oom_wait_for_frees_ms > 0) {
     std::size_t const free_before = free_bytes_locked();
@@ -1249,10 +1307,12 @@ std::size_t basic_caching_allocator<Runtime>::release_locked(std::size_t target,
                                                              int only_kind,
                                                              stream_type const* only_stream)
 {
+  std::size_t released = 0;
+  if (growable_ && only_kind < 0) { released += release_growable_locked(target, only_stream); }
   std::vector<block*> whole;  // free blocks that span their segment
   auto collect = [&](block* b) {
     if (b->prev == nullptr && b->next == nullptr && b->capture_pool == 0 &&
-        (only_kind < 0 || b->kind == only_kind)) {
+        !static_cast<segment*>(b->segment)->growable && (only_kind < 0 || b->kind == only_kind)) {
       whole.push_back(b);
     }
   };
@@ -1264,7 +1324,6 @@ std::size_t basic_caching_allocator<Runtime>::release_locked(std::size_t target,
     for (auto& idx : global_) { idx.for_each(collect); }
   }
   std::sort(whole.begin(), whole.end(), [](block* a, block* b) { return a->size > b->size; });
-  std::size_t released = 0;
   device_guard<Runtime> guard{runtime_, device_};
   for (block* b : whole) {
     if (reserved_ <= target) { break; }
@@ -1622,10 +1681,43 @@ std::string basic_caching_allocator<Runtime>::check_invariants() const
           err += "mergeable neighbours left unmerged; ";
         }
         if (st == detail::block_state::dead) { err += "dead block in a segment; "; }
+        if (seg->growable) {
+          // Blocks in use or free lie on mapped pages; unmapped ones are page-aligned, unindexed
+          // ranges, each listed once, never next to another.
+          auto const off    = x->address() - reinterpret_cast<std::uintptr_t>(seg->ptr);
+          std::size_t first = off / seg->page, last = (off + x->size - 1) / seg->page;
+          if (st == detail::block_state::unmapped) {
+            if (off % seg->page != 0 || x->size % seg->page != 0) {
+              err += "unmapped block not page-aligned; ";
+            }
+            if (x->next != nullptr &&
+                x->next->state.load(std::memory_order_relaxed) == detail::block_state::unmapped) {
+              err += "unmapped neighbours left unmerged; ";
+            }
+            auto const& list = unmapped_[x->kind];
+            if (std::count(list.begin(), list.end(), x) != 1) {
+              err += "unmapped block not listed once; ";
+            }
+          } else {
+            for (std::size_t i = first; i <= last && i < seg->mapped.size(); ++i) {
+              if (seg->mapped[i] == 0) {
+                err += "block on an unmapped page; ";
+                break;
+              }
+            }
+          }
+        }
         total += x->size;
       }
       if (total != seg->size) { err += "segment size mismatch; "; }
-      seg_bytes += seg->size;
+      if (seg->growable) {
+        std::size_t n = 0;
+        for (auto m : seg->mapped) { n += m; }
+        if (n != seg->mapped_pages) { err += "mapped page count mismatch; "; }
+        seg_bytes += seg->mapped_pages * seg->page;
+      } else {
+        seg_bytes += seg->size;
+      }
       ++seg_count;
     }
   });
@@ -1662,6 +1754,7 @@ std::string basic_caching_allocator<Runtime>::check_invariants() const
     }
   });
   if (free_blocks_bytes != indexed_bytes) { err += "free blocks and indices disagree; "; }
+  for (int k = 0; k < 2; ++k) { seg_bytes += spare_pages_[k].size() * page_bytes_[k]; }
   if (seg_bytes != reserved_) {
     err +=
       "reserved " + std::to_string(reserved_) + " != segments " + std::to_string(seg_bytes) + "; ";

@@ -1,0 +1,485 @@
+// gpukit/memory/detail/growable_segments.inl: the growable (virtual memory) segments of
+// basic_caching_allocator. Not public API; included by caching_allocator.hpp.
+//
+// A growable segment is a range of reserved addresses of one pool kind, first taken for one
+// stream, cut into pages (the large pool's page is `growable_page_bytes`, the small pool's the
+// device's granularity). Each page is mapped to its own physical allocation, or not at all. Its
+// blocks tile the range as in any segment; free and allocated blocks lie on mapped pages only,
+// and the unmapped pages form blocks of state `unmapped`, which are not in any free index but
+// listed in `unmapped_` per kind.
+//
+// Growth (grow_locked, when no free block fits): pick the unmapped block that needs the fewest new
+// pages, counting the free block just before it when the requesting stream may use it; map that
+// many pages at its start (physical pages held spare first, then cuMemCreate) in one transaction;
+// the new pages become a free block that merges with the free block before them. Before creating
+// pages, the allocator "harvests": it unmaps fully free pages elsewhere whose work has completed
+// (blocks usable by every stream, or blocks of streams that are idle) and keeps their physical
+// memory as spare pages, so that memory moves to where the pool grows instead of the pool
+// growing.
+//
+// Release (release, trim, the out-of-memory ladder): synchronizes the streams that own free
+// blocks (only those, on the allocator's device), unmaps every fully free page, releases spare
+// pages, and returns address ranges that hold nothing.
+#pragma once
+
+#include <algorithm>
+#include <limits>
+
+namespace gpukit {
+
+template <class Runtime>
+void basic_caching_allocator<Runtime>::raise_reserved_peak_locked() noexcept
+{
+  pool_stats_.reserved_bytes.peak =
+    std::max(pool_stats_.reserved_bytes.peak, static_cast<std::int64_t>(reserved_));
+}
+
+// Splits b at `offset` (0 < offset < size): b keeps the head; the tail, returned, gets b's state
+// and owner and is linked after b. Neither is (re)indexed here.
+template <class Runtime>
+typename basic_caching_allocator<Runtime>::block*
+basic_caching_allocator<Runtime>::split_off_locked(block* b, std::size_t offset)
+{
+  block* t = new_block_locked();
+  t->ptr.store(b->address() + offset, std::memory_order_relaxed);
+  t->size         = b->size - offset;
+  t->kind         = b->kind;
+  t->stream       = b->stream;
+  t->global       = b->global;
+  t->segment      = b->segment;
+  t->free_seq     = b->free_seq;
+  t->capture_pool = b->capture_pool;
+  t->prev         = b;
+  t->next         = b->next;
+  if (b->next != nullptr) { b->next->prev = t; }
+  b->next = t;
+  b->size = offset;
+  t->state.store(b->state.load(std::memory_order_relaxed), std::memory_order_relaxed);
+  blocks_.insert(t->address(), t);
+  return t;
+}
+
+// Makes b an unmapped block, merged with unmapped neighbours and listed once.
+template <class Runtime>
+void basic_caching_allocator<Runtime>::insert_unmapped_locked(block* b)
+{
+  auto& list   = unmapped_[b->kind];
+  auto unlist  = [&](block* x) {
+    auto it = std::find(list.begin(), list.end(), x);
+    if (it != list.end()) {
+      *it = list.back();
+      list.pop_back();
+    }
+  };
+  auto is_unmapped = [](block const* x) {
+    return x != nullptr &&
+           x->state.load(std::memory_order_relaxed) == detail::block_state::unmapped;
+  };
+  b->state.store(detail::block_state::unmapped, std::memory_order_relaxed);
+  b->global       = false;
+  b->stream       = stream_type{};
+  b->capture_pool = 0;
+  if (is_unmapped(b->prev)) {
+    block* p = b->prev;
+    p->size += b->size;
+    p->next = b->next;
+    if (b->next != nullptr) { b->next->prev = p; }
+    unlist(b);
+    blocks_.erase(b->address());
+    recycle_block_locked(b);
+    b = p;
+  }
+  if (is_unmapped(b->next)) {
+    block* n = b->next;
+    b->size += n->size;
+    b->next = n->next;
+    if (n->next != nullptr) { n->next->prev = b; }
+    unlist(n);
+    blocks_.erase(n->address());
+    recycle_block_locked(n);
+  }
+  if (std::find(list.begin(), list.end(), b) == list.end()) { list.push_back(b); }
+}
+
+// Unmaps up to `wanted` fully free pages at the top of free block b (whose work has completed:
+// the caller makes sure) and keeps their physical memory as spare pages. The unmapped pages
+// become an unmapped block; what remains of b stays free. Stops at the first unmap that fails
+// (that page stays mapped and free; the error is returned through `error`). Returns the pages
+// unmapped.
+template <class Runtime>
+std::size_t basic_caching_allocator<Runtime>::unmap_free_pages_locked(block* b, std::size_t wanted,
+                                                                      cudaError_t& error)
+{
+  auto* seg                = static_cast<segment*>(b->segment);
+  std::size_t const page   = seg->page;
+  std::uintptr_t const va0 = reinterpret_cast<std::uintptr_t>(seg->ptr);
+  std::size_t const off    = b->address() - va0;
+  std::size_t const end    = off + b->size;
+  std::size_t const ps     = (off + page - 1) / page;  // first page wholly inside b
+  std::size_t const pe     = end / page;               // one past the last
+  if (pe <= ps || wanted == 0) { return 0; }
+  std::size_t const lo = pe - std::min(pe - ps, wanted);
+  std::size_t done     = 0;
+  for (std::size_t i = pe; i-- > lo;) {
+    cudaError_t const e = runtime_.vm_unmap(reinterpret_cast<void*>(va0 + i * page), page);
+    if (e != cudaSuccess) {
+      error = e;
+      break;
+    }
+    spare_pages_[spare_kind(b->kind)].push_back(seg->handles[i]);
+    seg->handles[i] = physical_handle{};
+    seg->mapped[i]  = 0;
+    --seg->mapped_pages;
+    ++pool_stats_.num_device_frees;
+    ++done;
+  }
+  if (done == 0) { return 0; }
+  std::size_t const first = pe - done;
+  record_pool_locked(memory_event::action::segment_free, va0 + first * page, done * page,
+                     b->global ? stream_type{} : b->stream);
+  unindex_locked(b);
+  block* mid = b;
+  if (first * page > off) { mid = split_off_locked(b, first * page - off); }
+  block* tail = nullptr;
+  if (end > pe * page) { tail = split_off_locked(mid, done * page); }
+  mid->state.store(detail::block_state::unmapped, std::memory_order_relaxed);  // no merge into it
+  if (mid != b) { insert_free_locked(b); }
+  if (tail != nullptr) { insert_free_locked(tail); }
+  insert_unmapped_locked(mid);
+  return done;
+}
+
+// Unmaps up to `wanted` free pages of pool `kind` whose work has completed, as spare pages.
+// Never waits: a block qualifies when every stream may use it (its work is known complete) or
+// when the stream that owns it is idle. The neighbours of `keep` (the unmapped range about to be
+// mapped, whose free block before it becomes part of the new block) are left alone.
+template <class Runtime>
+std::size_t basic_caching_allocator<Runtime>::harvest_pages_locked(int kind, std::size_t wanted,
+                                                                   block const* keep)
+{
+  if (wanted == 0 || captures_underway_.load(std::memory_order_relaxed) != 0) { return 0; }
+  std::vector<block*> donors;
+  auto consider = [&](block* b) {
+    auto const* seg = static_cast<segment const*>(b->segment);
+    if (!seg->growable || b->capture_pool != 0 || b == keep->prev || b == keep->next) { return; }
+    std::uintptr_t const va0 = reinterpret_cast<std::uintptr_t>(seg->ptr);
+    std::size_t const off    = b->address() - va0;
+    if ((off + b->size) / seg->page > (off + seg->page - 1) / seg->page) { donors.push_back(b); }
+  };
+  device_guard<Runtime> guard{runtime_, device_};
+  // Both pools' pages serve either pool when their pages have the same size.
+  int const kinds[2] = {kind, 1 - kind};
+  int const nkinds   = page_bytes_[0] == page_bytes_[1] ? 2 : 1;
+  for (int k = 0; k < nkinds; ++k) { global_[kinds[k]].for_each(consider); }
+  for (auto& sp : stream_pools_) {
+    bool any = false;
+    for (int k = 0; k < nkinds; ++k) { any = any || !sp->index[kinds[k]].empty(); }
+    if (!any) { continue; }
+    cudaError_t const q = runtime_.stream_query(sp->stream);
+    if (q == cudaErrorNotReady) { continue; }
+    GPUKIT_CUDA_TRY(q);
+    for (int k = 0; k < nkinds; ++k) { sp->index[kinds[k]].for_each(consider); }
+  }
+  // Largest first: fewer blocks split for the same pages.
+  std::sort(donors.begin(), donors.end(), [](block* a, block* b) { return a->size > b->size; });
+  std::size_t got = 0;
+  for (block* b : donors) {
+    cudaError_t error = cudaSuccess;
+    got += unmap_free_pages_locked(b, wanted - got, error);
+    if (error != cudaSuccess || got >= wanted) { break; }  // a failed unmap: grow instead
+  }
+  return got;
+}
+
+// Maps pages [first, first + count) of seg, in one transaction: physical memory from the spare
+// pages, else new (cuMemCreate, within the limit); each page mapped, then the range made
+// accessible. On any failure every page this call mapped is unmapped again and the physical memory
+// it created released, so that the allocator is as it was (a page whose undo fails stays mapped
+// but inaccessible inside its unmapped block, and is retried by release). Returns false with
+// `oom` set when memory ran out; throws gpukit::cuda_error for other errors.
+template <class Runtime>
+bool basic_caching_allocator<Runtime>::map_pages_locked(segment& seg, std::size_t first,
+                                                        std::size_t count, bool& oom)
+{
+  std::size_t const page = seg.page;
+  int const kind         = spare_kind(seg.kind);
+  auto va = [&](std::size_t i) { return static_cast<void*>(static_cast<char*>(seg.ptr) + i * page); };
+  struct mapped_page {
+    std::size_t index;
+    physical_handle handle;
+    bool fresh;  // created by this call
+  };
+  std::vector<mapped_page> now;
+  now.reserve(count);
+  device_guard<Runtime> guard{runtime_, device_};
+  auto undo = [&] {
+    for (auto it = now.rbegin(); it != now.rend(); ++it) {
+      if (runtime_.vm_unmap(va(it->index), page) != cudaSuccess) {
+        seg.handles[it->index] = it->handle;  // still mapped, never made accessible
+        seg.mapped[it->index]  = 1;
+        ++seg.mapped_pages;
+        continue;
+      }
+      if (it->fresh && runtime_.vm_release(it->handle) == cudaSuccess) {
+        reserved_ -= page;
+        ++pool_stats_.num_pages_released;
+      } else {
+        spare_pages_[kind].push_back(it->handle);  // held: released by release()
+      }
+    }
+  };
+  auto fail = [&](cudaError_t e) {
+    undo();
+    if (e == cudaErrorMemoryAllocation) {
+      oom = true;
+      return false;
+    }
+    GPUKIT_CUDA_TRY(e);
+    return false;
+  };
+  std::size_t const limit = limit_.load(std::memory_order_relaxed);
+  std::size_t reused      = 0;
+  for (std::size_t i = first; i < first + count; ++i) {
+    if (seg.mapped[i] != 0) { continue; }  // left mapped by an undo that failed: access only
+    mapped_page m{i, physical_handle{}, false};
+    if (!spare_pages_[kind].empty()) {
+      m.handle = spare_pages_[kind].back();
+      spare_pages_[kind].pop_back();
+      ++reused;
+    } else {
+      if (limit != 0 && reserved_ + page > limit) { return fail(cudaErrorMemoryAllocation); }
+      cudaError_t const e = runtime_.vm_create(m.handle, page, device_);
+      if (e != cudaSuccess) { return fail(e); }
+      m.fresh = true;
+      reserved_ += page;
+      ++pool_stats_.num_pages_created;
+    }
+    if (cudaError_t const e = runtime_.vm_map(va(i), page, m.handle); e != cudaSuccess) {
+      if (m.fresh && runtime_.vm_release(m.handle) == cudaSuccess) {
+        reserved_ -= page;
+        ++pool_stats_.num_pages_released;
+      } else {
+        spare_pages_[kind].push_back(m.handle);
+      }
+      if (!m.fresh) { --reused; }
+      return fail(e);
+    }
+    now.push_back(m);
+  }
+  if (cudaError_t const e = runtime_.vm_set_access(va(first), count * page, device_);
+      e != cudaSuccess) {
+    // Pages left mapped by an earlier failed undo are in the range too: they stay as they were.
+    return fail(e);
+  }
+  for (auto const& m : now) {
+    seg.handles[m.index] = m.handle;
+    seg.mapped[m.index]  = 1;
+    ++seg.mapped_pages;
+  }
+  pool_stats_.num_device_allocs += now.size();
+  pool_stats_.num_pages_reused += reused;
+  raise_reserved_peak_locked();
+  record_pool_locked(memory_event::action::segment_alloc,
+                     reinterpret_cast<std::uintptr_t>(va(first)), count * page, stream_type{});
+  return true;
+}
+
+// Reserves a new growable segment for a request of `size` bytes: its whole range is one unmapped
+// block. Returns that block, or nullptr with `oom` set when no address space is left.
+template <class Runtime>
+typename basic_caching_allocator<Runtime>::block*
+basic_caching_allocator<Runtime>::reserve_growable_locked(std::size_t size, int kind,
+                                                          stream_type stream, bool& oom)
+{
+  std::size_t const page = page_bytes_[kind];
+  std::size_t reserve    = options_.growable_reserve_bytes != 0
+                             ? detail::round_up(options_.growable_reserve_bytes, page)
+                             : detail::round_up(device_total_ / 8 * 9, page);
+  reserve                = std::max(reserve, detail::round_up(size, page));
+  auto seg               = std::make_unique<segment>();
+  block* b               = new_block_locked();
+  void* p                = nullptr;
+  cudaError_t e          = cudaSuccess;
+  {
+    device_guard<Runtime> guard{runtime_, device_};
+    e = runtime_.vm_reserve(&p, reserve, 0);
+  }
+  if (e != cudaSuccess) {
+    recycle_block_locked(b);
+    if (e == cudaErrorMemoryAllocation) {
+      oom = true;
+      return nullptr;
+    }
+    GPUKIT_CUDA_TRY(e);
+  }
+  seg->ptr      = p;
+  seg->size     = reserve;
+  seg->kind     = kind;
+  seg->growable = true;
+  seg->page     = page;
+  seg->handles.assign(reserve / page, physical_handle{});
+  seg->mapped.assign(reserve / page, 0);
+  if (options_.nvtx_annotate) {
+    seg->nvtx_heap = register_memory_heap(p, reserve, "gpukit caching allocator (growable)");
+  }
+  b->ptr.store(reinterpret_cast<std::uintptr_t>(p), std::memory_order_relaxed);
+  b->size    = reserve;
+  b->kind    = kind;
+  b->stream  = stream;
+  b->segment = seg.get();
+  b->prev = b->next = nullptr;
+  blocks_.insert(b->address(), b);
+  growable_segments_.push_back(seg.release());
+  ++segments_;
+  pool_stats_.segment_count.peak =
+    std::max(pool_stats_.segment_count.peak, static_cast<std::int64_t>(segments_));
+  insert_unmapped_locked(b);
+  return b;
+}
+
+// No free block fits `size`: map pages where the fewest are needed (see the top of this file).
+// Returns a free block of at least `size` bytes usable on `stream`, or nullptr with `oom` set.
+template <class Runtime>
+typename basic_caching_allocator<Runtime>::block*
+basic_caching_allocator<Runtime>::grow_locked(std::size_t size, int kind, stream_type stream,
+                                              bool& oom)
+{
+  std::size_t const page = page_bytes_[kind];
+  std::size_t const most = (size + page - 1) / page;
+  auto usable_before = [&](block const* u) -> std::size_t {
+    block const* p = u->prev;
+    if (p == nullptr || p->state.load(std::memory_order_relaxed) != detail::block_state::free ||
+        p->capture_pool != 0 || !(p->global || p->stream == stream)) {
+      return 0;
+    }
+    return p->size;
+  };
+  block* best            = nullptr;
+  std::size_t best_pages = std::numeric_limits<std::size_t>::max();
+  for (block* u : unmapped_[kind]) {
+    std::size_t const have  = usable_before(u);
+    std::size_t const need  = size > have ? size - have : 0;
+    std::size_t const pages = std::max<std::size_t>(1, (need + page - 1) / page);
+    if (pages * page > u->size) { continue; }
+    if (pages < best_pages || (pages == best_pages && u->address() < best->address())) {
+      best       = u;
+      best_pages = pages;
+    }
+  }
+  if (best == nullptr) {
+    best = reserve_growable_locked(size, kind, stream, oom);
+    if (best == nullptr) { return nullptr; }
+    best_pages = most;
+  }
+  // Physical memory of free pages elsewhere first, new memory only for the rest.
+  auto const& spares = spare_pages_[spare_kind(kind)];
+  if (spares.size() < best_pages) { harvest_pages_locked(kind, best_pages - spares.size(), best); }
+  auto* seg = static_cast<segment*>(best->segment);
+  std::size_t const first =
+    (best->address() - reinterpret_cast<std::uintptr_t>(seg->ptr)) / seg->page;
+  if (!map_pages_locked(*seg, first, best_pages, oom)) { return nullptr; }
+  auto& list = unmapped_[kind];
+  list.erase(std::find(list.begin(), list.end(), best));
+  if (best_pages * page < best->size) { list.push_back(split_off_locked(best, best_pages * page)); }
+  best->state.store(detail::block_state::free, std::memory_order_relaxed);
+  best->stream   = stream;
+  best->global   = false;
+  best->free_seq = ++stream_pool_locked(stream).free_seq;
+  block* merged  = insert_free_locked(best);
+  return merged->size >= size ? merged : find_free_locked(size, kind, stream);
+}
+
+// Unmaps the free pages of growable segments (of `only_stream`'s blocks, or of every stream),
+// releases spare and unmapped physical memory until at most `target` bytes are reserved, and
+// (when releasing everything) returns address ranges that hold nothing. Waits only on the streams
+// that own the free blocks it unmaps.
+template <class Runtime>
+std::size_t basic_caching_allocator<Runtime>::release_growable_locked(
+  std::size_t target, stream_type const* only_stream)
+{
+  std::size_t const before = reserved_;
+  device_guard<Runtime> guard{runtime_, device_};
+  auto release_spares = [&] {
+    for (int k = 0; k < 2; ++k) {
+      auto& spares = spare_pages_[k];
+      while (!spares.empty() && reserved_ > target) {
+        GPUKIT_CUDA_TRY(runtime_.vm_release(spares.back()));
+        spares.pop_back();
+        reserved_ -= page_bytes_[k];
+        ++pool_stats_.num_pages_released;
+      }
+    }
+  };
+  release_spares();
+  if (captures_underway_.load(std::memory_order_relaxed) != 0) {
+    return before - reserved_;  // no synchronization while a graph is being captured
+  }
+  // Pages left mapped (never accessible) by a failed undo: unmap them now.
+  for (segment* seg : growable_segments_) {
+    for (block* u : unmapped_[seg->kind]) {
+      if (u->segment != seg) { continue; }
+      std::size_t const p0 = (u->address() - reinterpret_cast<std::uintptr_t>(seg->ptr)) / seg->page;
+      for (std::size_t i = p0; i < p0 + u->size / seg->page; ++i) {
+        if (seg->mapped[i] == 0) { continue; }
+        GPUKIT_CUDA_TRY(runtime_.vm_unmap(static_cast<char*>(seg->ptr) + i * seg->page, seg->page));
+        spare_pages_[spare_kind(seg->kind)].push_back(seg->handles[i]);
+        seg->handles[i] = physical_handle{};
+        seg->mapped[i]  = 0;
+        --seg->mapped_pages;
+        ++pool_stats_.num_device_frees;
+      }
+    }
+  }
+  release_spares();
+  std::vector<block*> blocks;
+  auto collect = [&](block* b) {
+    if (static_cast<segment const*>(b->segment)->growable && b->capture_pool == 0) {
+      blocks.push_back(b);
+    }
+  };
+  for (auto& sp : stream_pools_) {
+    if (only_stream != nullptr && !(sp->stream == *only_stream)) { continue; }
+    std::size_t const n = blocks.size();
+    for (auto& idx : sp->index) { idx.for_each(collect); }
+    if (blocks.size() != n) {  // the work that used these pages goes first
+      GPUKIT_CUDA_TRY(runtime_.stream_synchronize(sp->stream));
+      ++pool_stats_.num_release_waits;
+    }
+  }
+  if (only_stream == nullptr) {
+    for (auto& idx : global_) { idx.for_each(collect); }
+  }
+  std::sort(blocks.begin(), blocks.end(), [](block* a, block* b) { return a->size > b->size; });
+  for (block* b : blocks) {
+    if (reserved_ <= target) { break; }
+    cudaError_t error = cudaSuccess;
+    unmap_free_pages_locked(b, std::numeric_limits<std::size_t>::max(), error);
+    release_spares();
+    GPUKIT_CUDA_TRY(error);
+  }
+  if (only_stream == nullptr && target == 0) {
+    // Address ranges with nothing left in them go back too.
+    for (std::size_t i = 0; i < growable_segments_.size();) {
+      segment* seg = growable_segments_[i];
+      block* head  = blocks_.find(reinterpret_cast<std::uintptr_t>(seg->ptr));
+      if (seg->mapped_pages != 0 || head == nullptr || head->next != nullptr ||
+          head->state.load(std::memory_order_relaxed) != detail::block_state::unmapped) {
+        ++i;
+        continue;
+      }
+      GPUKIT_CUDA_TRY(runtime_.vm_free(seg->ptr, seg->size));
+      if (options_.nvtx_annotate) { unregister_memory_heap(seg->nvtx_heap); }
+      auto& list = unmapped_[seg->kind];
+      list.erase(std::find(list.begin(), list.end(), head));
+      blocks_.erase(head->address());
+      recycle_block_locked(head);
+      --segments_;
+      delete seg;
+      growable_segments_[i] = growable_segments_.back();
+      growable_segments_.pop_back();
+    }
+  }
+  return before - reserved_;
+}
+
+}  // namespace gpukit
