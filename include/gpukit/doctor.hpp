@@ -27,9 +27,15 @@
 //   [arch.<d>]         compute capability against the architectures the kernels were built for
 //   [memory.<d>]       free memory (warns when other processes hold most of it)
 //   [features.<d>]     virtual memory management and memory pools (what gpukit's allocator uses)
+//   [ecc.<d>]          ECC on device memory enabled (warns when off: bit flips go unnoticed)
 //   [pinned]           a pinned host allocation works
 //   [copy]             a round trip host -> device -> host returns the same bytes; pinned and
 //                      pageable host-to-device bandwidth
+//   [pcie.<d>]         PCIe link generation and width, current and maximum, from sysfs
+//                      (/sys/bus/pci/devices/<domain:bus:device.0>/{current,max}_link_{speed,width});
+//                      warns when the link runs narrower or slower than its maximum (a GPU in an
+//                      x8 slot, a Gen3 riser); "unknown" (skip) when sysfs cannot be read. Read
+//                      after the copies, so that a link idling at a low speed has trained up
 //   [device_files]     /dev/nvidiactl, /dev/nvidia-uvm, /dev/nvidia<d> exist and are accessible
 //   [nvtx]             whether an NVTX tool is attached (NVTX_INJECTION64_PATH)
 //   [env.<NAME>]       environment variables that change CUDA's behavior, when set
@@ -106,6 +112,8 @@ struct doctor_options {
   std::function<char const*(char const*)> getenv{[](char const* n) { return std::getenv(n); }};
   /// Where the device files are looked for.
   std::string device_files_root{"/dev"};
+  /// Where the PCI devices' sysfs directories are looked for (a test seam).
+  std::string pci_sysfs_root{"/sys/bus/pci/devices"};
 };
 
 /// Every check's result, in order.

@@ -121,6 +121,9 @@ TEST_SUITE("profile")
     CHECK(status(r, "arch.0") == check_status::ok);
     CHECK(status(r, "memory.0") == check_status::ok);
     CHECK(status(r, "features.0") == check_status::ok);
+    CHECK(status(r, "ecc.0") == check_status::ok);
+    CHECK(status(r, "pcie.0") == check_status::skip);  // a simulated GPU has no link
+    CHECK(contains(r.find("device.0")->detail, "PCI 0000:00:00.0"));
     CHECK(status(r, "pinned") == check_status::ok);
     CHECK(status(r, "copy") == check_status::ok);
     CHECK(contains(r.find("copy")->detail, "pinned"));
@@ -360,6 +363,89 @@ TEST_SUITE("profile")
     }
     for (char const* f : {"/nvidiactl", "/nvidia-uvm", "/nvidia0"}) ::unlink((dir + f).c_str());
     ::rmdir(dir.c_str());
+  }
+
+  TEST_CASE("ECC disabled is a warning with the command that enables it")
+  {
+    sim_runtime sim{gpukit::sim_config{}.with_devices(2, std::size_t{8} << 30).with_ecc(false)};
+    fake_env env;
+    auto const r = gpukit::run_doctor(sim, env.options());
+    CHECK(status(r, "ecc.0") == check_status::warn);
+    CHECK(status(r, "ecc.1") == check_status::warn);
+    CHECK(contains(r.find("ecc.1")->detail, "disabled"));
+    CHECK(contains(r.find("ecc.1")->fix, "nvidia-smi -i 1 -e 1"));
+    CHECK(r.verdict() == check_status::warn);
+    CHECK(r.exit_code() == doctor_exit::ok);  // a warning, not a failure
+    gpukit::device_properties p;
+    GPUKIT_CUDA_TRY(sim.get_device_properties(p, 1));
+    CHECK_FALSE(p.ecc_enabled);
+    sim_runtime with_ecc{one_device()};
+    GPUKIT_CUDA_TRY(with_ecc.get_device_properties(p, 0));
+    CHECK(p.ecc_enabled);
+  }
+
+  TEST_CASE("PCIe link: at its maximum, narrower, slower, and unknown when sysfs cannot be read")
+  {
+    sim_runtime sim{one_device()};
+    driver_override<false> rt{sim, 13000};  // "real hardware": the link is read
+    char dir_template[] = "/tmp/gpukit_doctor_pciXXXXXX";
+    REQUIRE(::mkdtemp(dir_template) != nullptr);
+    std::string const root = dir_template;
+    std::string const dev  = root + "/0000:00:00.0";  // the simulated device 0's address
+    fake_env env;
+    auto o           = env.options();
+    o.pci_sysfs_root = root;
+    auto write_link  = [&](char const* cur_speed, char const* cur_width, char const* max_speed,
+                          char const* max_width) {
+      std::ofstream{dev + "/current_link_speed"} << cur_speed << "\n";
+      std::ofstream{dev + "/current_link_width"} << cur_width << "\n";
+      std::ofstream{dev + "/max_link_speed"} << max_speed << "\n";
+      std::ofstream{dev + "/max_link_width"} << max_width << "\n";
+    };
+
+    auto const absent = gpukit::run_doctor(rt, o);  // no directory for the device
+    CHECK(status(absent, "pcie.0") == check_status::skip);
+    CHECK(contains(absent.find("pcie.0")->detail, "unknown"));
+    CHECK(contains(absent.find("pcie.0")->detail, "0000:00:00.0/current_link_speed"));
+
+    REQUIRE(::mkdir(dev.c_str(), 0755) == 0);
+    write_link("32.0 GT/s PCIe", "16", "32.0 GT/s PCIe", "16");
+    auto const full = gpukit::run_doctor(rt, o);
+    CHECK(status(full, "pcie.0") == check_status::ok);
+    CHECK(contains(full.find("pcie.0")->detail, "Gen5 x16"));
+    CHECK(contains(full.find("pcie.0")->detail, "its maximum"));
+
+    write_link("32.0 GT/s PCIe", "8", "32.0 GT/s PCIe", "16");  // an x8 slot
+    auto const narrow = gpukit::run_doctor(rt, o);
+    CHECK(status(narrow, "pcie.0") == check_status::warn);
+    CHECK(contains(narrow.find("pcie.0")->detail, "Gen5 x8"));
+    CHECK(contains(narrow.find("pcie.0")->detail, "narrower than its maximum Gen5 x16"));
+    CHECK(contains(narrow.find("pcie.0")->detail, "50%"));
+    CHECK(contains(narrow.find("pcie.0")->fix, "x16"));
+    CHECK(narrow.exit_code() == doctor_exit::ok);
+
+    write_link("8.0 GT/s PCIe", "16", "16.0 GT/s PCIe", "16");  // a Gen3 riser on a Gen4 GPU
+    auto const slow = gpukit::run_doctor(rt, o);
+    CHECK(status(slow, "pcie.0") == check_status::warn);
+    CHECK(contains(slow.find("pcie.0")->detail, "Gen3 x16"));
+    CHECK(contains(slow.find("pcie.0")->detail, "slower than its maximum Gen4 x16"));
+    CHECK(contains(slow.find("pcie.0")->fix, "idle"));
+
+    write_link("Unknown", "16", "32.0 GT/s PCIe", "16");  // what sysfs says of a link it lost
+    auto const unknown = gpukit::run_doctor(rt, o);
+    CHECK(status(unknown, "pcie.0") == check_status::skip);
+    CHECK(contains(unknown.find("pcie.0")->detail, "current_link_speed"));
+
+    for (char const* f :
+         {"/current_link_speed", "/current_link_width", "/max_link_speed", "/max_link_width"}) {
+      ::unlink((dev + f).c_str());
+    }
+    ::rmdir(dev.c_str());
+    ::rmdir(root.c_str());
+    CHECK(gpukit::detail::pcie_generation(2.5) == 1);
+    CHECK(gpukit::detail::pcie_generation(5.0) == 2);
+    CHECK(gpukit::detail::pcie_generation(64.0) == 6);
+    CHECK(gpukit::detail::pcie_generation(0.0) == 0);
   }
 
   TEST_CASE("version helpers")

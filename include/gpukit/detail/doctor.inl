@@ -8,8 +8,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace gpukit {
@@ -105,6 +108,99 @@ inline doctor_check make_check(std::string id, std::string title, check_status s
                                std::string detail, std::string fix = {}, int code = 0)
 {
   return doctor_check{std::move(id), std::move(title), s, std::move(detail), std::move(fix), code};
+}
+
+/// A PCIe link as sysfs describes it.
+struct pcie_link {
+  bool known{false};
+  std::string unreadable;  ///< the first file that could not be read or parsed
+  double current_gts{0}, max_gts{0};
+  int current_width{0}, max_width{0};
+};
+
+/// PCIe generation of a transfer rate per lane in GT/s (2.5 Gen1 ... 64 Gen6); 0 when unknown.
+inline int pcie_generation(double gts) noexcept
+{
+  if (gts <= 0) return 0;
+  if (gts < 4) return 1;
+  if (gts < 6.5) return 2;
+  if (gts < 12) return 3;
+  if (gts < 24) return 4;
+  if (gts < 48) return 5;
+  if (gts < 96) return 6;
+  return 7;
+}
+
+/// Reads <dir>/{current,max}_link_{speed,width} ("16.0 GT/s PCIe", "16").
+inline pcie_link read_pcie_link(std::string const& dir)
+{
+  pcie_link l;
+  auto number = [&](char const* name, double& out) {
+    std::ifstream f{dir + "/" + name};
+    std::string text;
+    if (!f || !std::getline(f, text)) return false;
+    char* end      = nullptr;
+    double const v = std::strtod(text.c_str(), &end);
+    if (end == text.c_str() || !(v > 0)) return false;
+    out = v;
+    return true;
+  };
+  double cw = 0, mw = 0;
+  for (auto [name, out] : {std::pair<char const*, double*>{"current_link_speed", &l.current_gts},
+                           {"max_link_speed", &l.max_gts},
+                           {"current_link_width", &cw},
+                           {"max_link_width", &mw}}) {
+    if (!number(name, *out)) {
+      l.unreadable = dir + "/" + name;
+      return l;
+    }
+  }
+  l.current_width = static_cast<int>(cw);
+  l.max_width     = static_cast<int>(mw);
+  l.known         = true;
+  return l;
+}
+
+/// The [pcie.<d>] check of device `d` with PCI address `pci` (domain:bus:device.0).
+inline doctor_check pcie_check(std::string const& sd, std::string const& pci,
+                               std::string const& root)
+{
+  pcie_link const l    = read_pcie_link(root + "/" + pci);
+  std::string const id = "pcie." + sd, title = "PCIe link";
+  if (!l.known) {
+    return make_check(
+      id, title, check_status::skip,
+      "unknown: cannot read " + l.unreadable + " (no sysfs here, or not a PCIe device)");
+  }
+  auto spell = [](double gts, int width) {
+    char buf[64];
+    int const gen = pcie_generation(gts);
+    std::snprintf(buf, sizeof buf, "Gen%d x%d (%.1f GT/s)", gen, width, gts);
+    return std::string{buf};
+  };
+  std::string const now = spell(l.current_gts, l.current_width);
+  std::string const top = spell(l.max_gts, l.max_width);
+  int const gen_now = pcie_generation(l.current_gts), gen_top = pcie_generation(l.max_gts);
+  if (l.current_width < l.max_width) {
+    return make_check(
+      id, title, check_status::warn,
+      "PCI " + pci + " runs at " + now + ", narrower than its maximum " + top +
+        ": host <-> device copies get about " +
+        std::to_string(100 * l.current_width / l.max_width) + "% of the link",
+      "put the GPU in a slot wired x" + std::to_string(l.max_width) +
+        " (check riser cables and the BIOS's lane bifurcation); nvidia-smi -q -d PCIE shows the "
+        "link");
+  }
+  if (gen_now < gen_top) {
+    return make_check(
+      id, title, check_status::warn,
+      "PCI " + pci + " runs at " + now + ", slower than its maximum " + top,
+      "an idle GPU lowers its link speed to save power: look again while copying (nvidia-smi -q -d "
+      "PCIE); if it stays low, the slot, a riser or the BIOS caps the generation (set the slot to "
+      "Gen" +
+        std::to_string(gen_top) + " or auto)");
+  }
+  return make_check(id, title, check_status::ok, "PCI " + pci + " at " + now + ", its maximum");
 }
 
 /// How a binary built for `archs` (CMAKE_CUDA_ARCHITECTURES) runs on compute capability
@@ -335,7 +431,8 @@ doctor_report run_doctor(Runtime& rt, doctor_options const& o)
 
   int original       = 0;
   bool const restore = have_devices && rt.get_device(original) == cudaSuccess;
-  bool usable        = false;  // some device could be made current
+  bool usable        = false;                              // some device could be made current
+  std::vector<std::pair<int, std::string>> pci_addresses;  // device, domain:bus:device.0
   for (int d = 0; have_devices && d < count; ++d) {
     std::string const sd = std::to_string(d);
     device_properties p;
@@ -348,7 +445,9 @@ doctor_report run_doctor(Runtime& rt, doctor_options const& o)
       continue;
     }
     char pci[32];
-    std::snprintf(pci, sizeof pci, "%02x:%02x.0", p.pci_bus_id, p.pci_device_id);
+    std::snprintf(pci, sizeof pci, "%04x:%02x:%02x.0", p.pci_domain_id, p.pci_bus_id,
+                  p.pci_device_id);
+    pci_addresses.emplace_back(d, pci);
     checks.push_back(make_check(
       "device." + sd, "device " + sd, check_status::ok,
       p.name + ", compute capability " + std::to_string(p.major) + "." + std::to_string(p.minor) +
@@ -429,6 +528,21 @@ doctor_report run_doctor(Runtime& rt, doctor_options const& o)
         "features." + sd, "allocator features", check_status::warn, "not supported: " + missing,
         "gpukit's caching allocator falls back to cudaMalloc/cudaFree segments (cudaFree "
         "synchronizes the device); on a VM or MIG slice check that the hypervisor exposes them"));
+    }
+
+    // ECC.
+    if (p.ecc_enabled) {
+      checks.push_back(
+        make_check("ecc." + sd, "ECC", check_status::ok, "enabled on device memory"));
+    } else {
+      checks.push_back(make_check(
+        "ecc." + sd, "ECC", check_status::warn,
+        "disabled (or not supported by this GPU): bit flips in device memory go unnoticed and "
+        "corrupt results silently",
+        "data-center GPUs: nvidia-smi -i " + sd +
+          " -e 1 as root, then reset the GPU (nvidia-smi "
+          "-r -i " +
+          sd + ") or reboot; consumer GPUs have no ECC"));
     }
   }
 
@@ -560,6 +674,16 @@ doctor_report run_doctor(Runtime& rt, doctor_options const& o)
     if (pinned_out != nullptr) (void)rt.host_free(pinned_out);
   }
   if (restore) (void)rt.set_device(original);
+
+  // ---- PCIe links (after the copies: an idle link may have lowered its speed) ------------------
+  for (auto const& [d, pci] : pci_addresses) {
+    if (Runtime::is_simulated) {
+      checks.push_back(make_check("pcie." + std::to_string(d), "PCIe link", check_status::skip,
+                                  "simulated GPU: no PCIe link"));
+    } else {
+      checks.push_back(detail::pcie_check(std::to_string(d), pci, o.pci_sysfs_root));
+    }
+  }
 
   // ---- device files -----------------------------------------------------------------------------
   if (Runtime::is_simulated) {

@@ -163,8 +163,10 @@ struct device_properties {
   std::size_t total_memory{0};
   int multiprocessor_count{0};
   int async_engine_count{0};  ///< copy engines: 2 or more copy both directions at once
+  int pci_domain_id{0};       ///< PCI address domain:bus:device.0 (sysfs names the device so)
   int pci_bus_id{0};
   int pci_device_id{0};
+  bool ecc_enabled{false};  ///< ECC on device memory is on (false also when the GPU lacks it)
   bool unified_addressing{false};
   bool virtual_memory_management{false};  ///< cuMem* virtual memory is supported
   bool memory_pools{false};               ///< cudaMallocAsync is supported

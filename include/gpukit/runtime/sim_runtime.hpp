@@ -141,6 +141,8 @@ struct sim_config {
   std::string device_name{"gpukit simulated GPU"};
   /// When true, every misuse message is also written to stderr as it is recorded.
   bool log_misuse{false};
+  /// device_properties::ecc_enabled of every device (data-center GPUs ship with ECC on).
+  bool ecc_enabled{true};
 
   /// `count` devices of `capacity_bytes` each (replaces device_capacities).
   /// Throws gpukit::logic_error when count < 1 or count > 64. Returns *this.
@@ -155,6 +157,9 @@ struct sim_config {
   /// Sets log_misuse. Returns *this.
   sim_config& with_misuse_log(bool on) &;
   sim_config&& with_misuse_log(bool on) &&;
+  /// Sets ecc_enabled. Returns *this.
+  sim_config& with_ecc(bool on) &;
+  sim_config&& with_ecc(bool on) &&;
 
   /// The configuration of sim_runtime::instance(): GPUKIT_SIM_DEVICES devices (default 1) of
   /// GPUKIT_SIM_CAPACITY bytes each (default 80 GiB; a K, M, G or T suffix multiplies by 2^10,
@@ -208,7 +213,8 @@ class sim_runtime final {
   cudaError_t set_device(int d);
   /// Fills `p` for device `d`: the configured name, compute capability 9.0, total_memory = the
   /// current capacity, 132 multiprocessors, 2 copy engines, unified addressing, virtual memory and
-  /// memory pools supported, simulated = true. cudaErrorInvalidDevice when `d` is out of range.
+  /// memory pools supported, ECC as configured (sim_config::ecc_enabled), PCI 0000:<d>:00.0,
+  /// simulated = true. cudaErrorInvalidDevice when `d` is out of range.
   cudaError_t get_device_properties(device_properties& p, int d);
   /// Current device: total = capacity, free = capacity - used (0 when used exceeds a shrunk
   /// capacity).

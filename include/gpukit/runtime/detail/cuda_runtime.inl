@@ -104,8 +104,10 @@ inline cudaError_t cuda_runtime::get_device_properties(device_properties& p, int
   p.total_memory         = prop.totalGlobalMem;
   p.multiprocessor_count = prop.multiProcessorCount;
   p.async_engine_count   = prop.asyncEngineCount;
+  p.pci_domain_id        = prop.pciDomainID;
   p.pci_bus_id           = prop.pciBusID;
   p.pci_device_id        = prop.pciDeviceID;
+  p.ecc_enabled          = prop.ECCEnabled != 0;
   p.unified_addressing   = prop.unifiedAddressing != 0;
   p.memory_pools         = prop.memoryPoolsSupported != 0;
   p.simulated            = false;

@@ -121,6 +121,12 @@ inline sim_config&& sim_config::with_misuse_log(bool on) &&
 {
   return std::move(with_misuse_log(on));
 }
+inline sim_config& sim_config::with_ecc(bool on) &
+{
+  ecc_enabled = on;
+  return *this;
+}
+inline sim_config&& sim_config::with_ecc(bool on) && { return std::move(with_ecc(on)); }
 
 namespace detail {
 
@@ -472,8 +478,10 @@ inline cudaError_t sim_runtime::get_device_properties(device_properties& p, int 
   p.total_memory              = capacity(d);
   p.multiprocessor_count      = 132;
   p.async_engine_count        = 2;
+  p.pci_domain_id             = 0;
   p.pci_bus_id                = d;
   p.pci_device_id             = 0;
+  p.ecc_enabled               = config_.ecc_enabled;
   p.unified_addressing        = true;
   p.virtual_memory_management = true;
   p.memory_pools              = true;
