@@ -10,6 +10,9 @@
 # copy_compute.txt (copy-plus-compute overlap) and prefetch_training_loop.txt.
 # BENCH_ARGS passes staging knobs to transfer_bench (e.g. "--chunk_kib=8192 --copy=nt"; see the
 # top of benchmarks/transfer/transfer_bench.cpp); SWEEP_ARGS narrows the sweep's grid.
+# Parts, each on unless set to 0: TESTS (GPU tests and the example), BENCH (transfer_bench and its
+# summary), TORCH, SWEEP, COPY_COMPUTE. Two calls under 10 minutes each: SWEEP=0, then
+# TESTS=0 BENCH=0 TORCH=0 COPY_COMPUTE=0.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 OUT=${OUT:-out}
@@ -29,6 +32,7 @@ step device
   date -u +%Y-%m-%d
 } | tee "$OUT/device.txt"
 
+if [[ ${TESTS:-1} == 1 ]]; then
 step transfer_gpu_test
 timeout 120 "$B/tests/transfer_gpu_test" > "$OUT/transfer_gpu_test.log" 2>&1
 echo "transfer_gpu_test exit $?"
@@ -36,7 +40,9 @@ grep -E "test cases:|assertions:|ERROR|FAILED" "$OUT/transfer_gpu_test.log" | ta
 
 step prefetch_training_loop
 timeout 60 "$B/examples/prefetch_training_loop" 2>&1 | tee "$OUT/prefetch_training_loop.txt"
+fi
 
+if [[ ${BENCH:-1} == 1 ]]; then
 step transfer_bench
 # Medians of 3 repetitions; bytes_per_second is the figure (manual time: CUDA events).
 # shellcheck disable=SC2086
@@ -45,8 +51,11 @@ timeout 300 "$B/benchmarks/transfer_bench" ${BENCH_ARGS:-} --benchmark_filter="$
   --benchmark_out="$OUT/transfer_bench.json" --benchmark_out_format=json 2>&1 |
   grep -E "median|Run on|Load|no usable" | tee "$OUT/transfer_bench.txt"
 echo "transfer_bench exit ${PIPESTATUS[0]}"
+fi
 
-if python3 -c 'import torch' 2>/dev/null; then
+if [[ ${TORCH:-1} != 1 ]]; then
+  :
+elif python3 -c 'import torch' 2>/dev/null; then
   step torch_pin_anchor
   # PyTorch's pin_memory() + .to('cuda', non_blocking=True), same units as the summary below.
   timeout 180 python3 benchmarks/transfer/torch_pin_anchor.py --sizes-mib 512,1024 --reps 5 2>&1 |
@@ -83,16 +92,18 @@ for r in sweep:
 PY
 fi
 
-step copy_compute
-# A loop of 32 batches of 64 MiB through the prefetcher, each followed by a kernel on another
-# stream: total vs max(copy alone, compute alone), target <= 1.05.
-timeout 240 "$B/benchmarks/copy_compute_bench" --batches=32 --batch_mib=64 --reps=5 2>&1 |
-  tee "$OUT/copy_compute.txt"
-echo "copy_compute_bench exit ${PIPESTATUS[0]}"
+if [[ ${COPY_COMPUTE:-1} == 1 ]]; then
+  step copy_compute
+  # A loop of 32 batches of 64 MiB through the prefetcher, each followed by a kernel on another
+  # stream: total vs max(copy alone, compute alone), target <= 1.05.
+  timeout 240 "$B/benchmarks/copy_compute_bench" --batches=32 --batch_mib=64 --reps=5 2>&1 |
+    tee "$OUT/copy_compute.txt"
+  echo "copy_compute_bench exit ${PIPESTATUS[0]}"
+fi
 
-step summary
+[[ ${BENCH:-1} == 1 ]] && step summary
 # GB/s per benchmark (median), for the README table: pipeline vs the anchors, and the ceiling.
-python3 - "$OUT/transfer_bench.json" <<'PY' | tee "$OUT/summary.txt"
+[[ ${BENCH:-1} == 1 ]] && python3 - "$OUT/transfer_bench.json" <<'PY' | tee "$OUT/summary.txt"
 import json, sys
 try:
     runs = json.load(open(sys.argv[1]))["benchmarks"]
