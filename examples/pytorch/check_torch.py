@@ -27,6 +27,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 import gpukit_torch  # noqa: E402
 
 CHECKS = ("tensors", "oom", "bad_free", "after_init", "empty_cache", "snapshot", "cupy")

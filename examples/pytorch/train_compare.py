@@ -46,6 +46,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 
 MODELS = ("resnet50", "gpt2", "gpt2_varlen")
 CONFIGS = ("native", "expandable", "native_async", "trivial", "gpukit")

@@ -15,6 +15,7 @@ import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "examples", "pytorch"))
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 import gpukit_torch  # noqa: E402
 
 LIB = None
