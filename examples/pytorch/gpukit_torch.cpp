@@ -314,6 +314,10 @@ void fill_stats(int device, gpukit_torch_stats& out)
   out.limit_bytes               = static_cast<std::int64_t>(a->limit());
   out.segment_source            = static_cast<std::int64_t>(a->options().source);
   out.initialized               = 1;
+  out.num_cache_hits            = static_cast<std::int64_t>(s.num_cache_hits);
+  out.num_pages_created         = static_cast<std::int64_t>(s.num_pages_created);
+  out.num_pages_released        = static_cast<std::int64_t>(s.num_pages_released);
+  out.num_pages_reused          = static_cast<std::int64_t>(s.num_pages_reused);
 }
 
 std::string stats_json(int device)
@@ -354,6 +358,10 @@ std::string stats_json(int device)
   field("limit_bytes", s.limit_bytes);
   field("bad_frees", s.bad_frees);
   field("initialized", s.initialized);
+  field("num_cache_hits", s.num_cache_hits);
+  field("num_pages_created", s.num_pages_created);
+  field("num_pages_released", s.num_pages_released);
+  field("num_pages_reused", s.num_pages_reused);
   o += "}";
   return o;
 }

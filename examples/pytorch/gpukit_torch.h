@@ -67,6 +67,11 @@ typedef struct gpukit_torch_stats {
   int64_t bad_frees;      /* frees of pointers this device's allocator never gave (ignored) */
   int64_t segment_source; /* gpukit::segment_source as an integer; see gpukit_torch_stats_json */
   int64_t initialized;    /* 1 when the device's allocator exists (else every field is 0) */
+  int64_t num_cache_hits; /* allocations served by a per-thread cache */
+  /* Growable segments: physical pages created, released, and unmapped then mapped again. */
+  int64_t num_pages_created;
+  int64_t num_pages_released;
+  int64_t num_pages_reused;
 } gpukit_torch_stats;
 
 /* The allocation function of torch.cuda.memory.CUDAPluggableAllocator: `size` bytes on `device`,

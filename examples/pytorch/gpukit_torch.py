@@ -52,7 +52,8 @@ class _Stats(ctypes.Structure):
         "inactive_split_bytes", "inactive_split_bytes_peak", "allocation_count",
         "allocation_count_peak", "segment_count", "segment_count_peak", "num_allocs", "num_frees",
         "num_device_allocs", "num_device_frees", "num_alloc_retries", "num_ooms",
-        "synchronizing_frees", "limit_bytes", "bad_frees", "segment_source", "initialized")]
+        "synchronizing_frees", "limit_bytes", "bad_frees", "segment_source", "initialized",
+        "num_cache_hits", "num_pages_created", "num_pages_released", "num_pages_reused")]
 
 
 def _candidates():

@@ -181,7 +181,8 @@ def worker(args):
         s = gpukit_torch.stats()
         result["gpukit"] = {k: s[k] for k in ("segments", "num_allocs", "num_device_allocs",
                                               "num_device_frees", "num_alloc_retries", "num_ooms",
-                                              "bad_frees", "segment_count_peak")}
+                                              "bad_frees", "segment_count_peak", "num_pages_created",
+                                              "num_pages_reused", "num_cache_hits")}
     print("RESULT " + json.dumps(result), flush=True)
 
 

@@ -188,7 +188,11 @@ TEST_SUITE("gpukit_torch")
     CHECK(contains(j, "\"device\": 0"));
     CHECK(contains(j, "\"allocated_bytes\": " + std::to_string(s.allocated_bytes) + ","));
     CHECK(contains(j, "\"reserved_bytes_peak\": " + std::to_string(s.reserved_bytes_peak) + ","));
-    CHECK(contains(j, "\"initialized\": 1}"));
+    CHECK(contains(j, "\"initialized\": 1,"));
+    CHECK(contains(j, "\"num_pages_created\": " + std::to_string(s.num_pages_created) + ","));
+    if (std::string{expected_default_source} == "growable") {
+      CHECK(s.num_pages_created > 0);  // physical pages back every growable segment
+    }
     // A buffer too small gets a truncated, terminated copy and the full length.
     char small[8] = {};
     CHECK(lib.stats_json(0, small, sizeof small) == static_cast<long long>(j.size()));
