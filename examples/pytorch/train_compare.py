@@ -213,11 +213,13 @@ def run_one(model_name, config, args):
 
 def table(results):
     rows = []
-    head = (f"{'model':<12} {'allocator':<22} {'step ms':>9} {'vs native':>9} "
+    head = (f"{'model':<12} {'allocator':<22} {'step ms':>9} {'vs native':>9} {'vs trivial':>10} "
             f"{'peak reserved GiB':>17} {'peak alloc GiB':>14} {'reserved/alloc':>14}")
     rows.append(head)
     rows.append("-" * len(head))
-    native = {r["model"]: r for r in results if r["config"] == "native" and "error" not in r}
+    ok = [r for r in results if "error" not in r]
+    native = {r["model"]: r for r in ok if r["config"] == "native"}
+    trivial = {r["model"]: r for r in ok if r["config"] == "trivial"}
     for r in results:
         name = r["config"]
         if "error" in r:
@@ -227,12 +229,21 @@ def table(results):
             continue
         if name.startswith("gpukit") and "gpukit" in r:
             name = f"gpukit ({r['gpukit']['segments']})"
-        base = native.get(r["model"])
-        ratio = f"{r['step_ms_median'] / base['step_ms_median']:.3f}" if base else "-"
+        def ratio(base):
+            return f"{r['step_ms_median'] / base['step_ms_median']:.3f}" if base else "-"
         res, alloc = r["peak_reserved_bytes"], r["peak_allocated_bytes"]
-        rows.append(f"{r['model']:<12} {name:<22} {r['step_ms_median']:>9.2f} {ratio:>9} "
+        rows.append(f"{r['model']:<12} {name:<22} {r['step_ms_median']:>9.2f} "
+                    f"{ratio(native.get(r['model'])):>9} {ratio(trivial.get(r['model'])):>10} "
                     f"{res / GiB:>17.2f} {alloc / GiB:>14.2f} "
                     f"{(res / alloc if alloc else float('nan')):>14.3f}")
+    # The pluggable path's own cost: the same cudaMallocAsync pool, through PyTorch's native
+    # backend and through CUDAPluggableAllocator.
+    for m in dict.fromkeys(r["model"] for r in ok):
+        a = {r["config"]: r for r in ok if r["model"] == m}
+        if "trivial" in a and "native_async" in a:
+            t, n = a["trivial"]["step_ms_median"], a["native_async"]["step_ms_median"]
+            rows.append(f"{m}: pluggable path (trivial vs native_async): {t:.2f} vs {n:.2f} ms, "
+                        f"{(t / n - 1) * 100:+.1f}%")
     return "\n".join(rows)
 
 
