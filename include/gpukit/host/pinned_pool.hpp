@@ -44,6 +44,11 @@
 //   `record_stream`) gets one pooled event recorded per stream, and is handed out again only once
 //   those events have completed (checked with event_query when its class runs dry: never a wait,
 //   never a device-wide sync). A buffer returned without streams is reusable at once.
+// - Several GPUs: one pool serves every device. Memory is pinned portable by default
+//   (host_alloc_flags::portable, host_register_flags::portable), so a buffer is pinned for every
+//   device, not only the one current when it was pinned; the streams given back with a buffer may
+//   belong to any device: each event is created on its stream's device (events are kept per
+//   device), whatever device is current.
 // - One mutex guards the pool; every member is thread-safe.
 #pragma once
 
@@ -339,7 +344,11 @@ class basic_pinned_pool final {
   block& find_live_locked(void* ptr, char const* call);
   void check_limit_locked(std::size_t more, std::size_t request, char const* call);
   void return_locked(block& b, stream_type const* stream);
-  event_type take_event_locked();
+  struct device_event {  ///< an event and the device it belongs to (events record on its streams)
+    int device{0};
+    event_type event{};
+  };
+  device_event take_event_locked(int device);
   void hand_out_locked(block& b, std::size_t bytes, bool hit);
   static void bump(stat_pair& s, std::int64_t delta) noexcept;
 
@@ -350,7 +359,7 @@ class basic_pinned_pool final {
   std::unordered_map<void*, std::unique_ptr<block>> blocks_;  ///< every carved buffer
   std::map<std::size_t, std::vector<block*>> ready_;  ///< class -> free, reusable now (LIFO)
   std::vector<pending> pending_;                      ///< returned, waiting on events
-  std::vector<event_type> spare_events_;
+  std::vector<device_event> spare_events_;  ///< of every device the pool's buffers were used on
   std::size_t reserved_{0};
   mutable pinned_pool_stats stats_{};
 };

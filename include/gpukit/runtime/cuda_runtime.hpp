@@ -199,6 +199,10 @@ class cuda_runtime final {
   /// (cudaStreamWaitEvent). Does not block the host.
   [[nodiscard]] cudaError_t stream_wait_event(stream_type s, event_type e);
 
+  /// The device `s` was created on (cudaStreamGetDevice; the current device for the null
+  /// stream). @param device set to its ordinal. Does not block.
+  [[nodiscard]] cudaError_t stream_get_device(stream_type s, int& device);
+
   // --- Events ----------------------------------------------------------------------------------
 
   /// Creates an event (cudaEventCreateWithFlags): cudaEventDisableTiming unless `timing`.

@@ -87,14 +87,20 @@
 //   stream_synchronize(stream_type s)                blocks until s is idle
 //   stream_query(stream_type s)                      cudaSuccess if idle, else cudaErrorNotReady
 //   stream_wait_event(stream_type s, event_type e)   later work on s waits for e's capture
-// Events
+//                                                    (e may belong to another device)
+//   stream_get_device(stream_type s, int& device)    the device s was created on (the null
+//                                                    stream: the current device)
+// Events (an event belongs to the device current when it was created)
 //   event_create(event_type& e, bool timing = false) timing events cost more to record
 //   event_destroy(event_type e)
-//   event_record(event_type e, stream_type s)        captures the work submitted to s so far
+//   event_record(event_type e, stream_type s)        captures the work submitted to s so far;
+//                                                    cudaErrorInvalidResourceHandle when s
+//                                                    belongs to another device than e
 //   event_query(event_type e)                        cudaSuccess if the capture has completed
 //                                                    (or e was never recorded), else NotReady
 //   event_synchronize(event_type e)                  blocks until the capture completes
-//   event_elapsed_time(float& ms, event_type start, event_type stop)   timing events only
+//   event_elapsed_time(float& ms, event_type start, event_type stop)   timing events only, of
+//                                                    one device
 // Copies and work on streams (stream-ordered; on CUDA a copy to or from pageable host memory may
 // block the host until it is done, so code that must not block copies from pinned memory)
 //   memcpy_async(void* dst, void const* src, std::size_t bytes, memcpy_kind k, stream_type s)
@@ -213,6 +219,7 @@ struct is_runtime_impl<R, std::void_t<
   decltype(std::declval<R&>().stream_synchronize(std::declval<typename R::stream_type>())),
   decltype(std::declval<R&>().stream_query(std::declval<typename R::stream_type>())),
   decltype(std::declval<R&>().stream_wait_event(std::declval<typename R::stream_type>(), std::declval<typename R::event_type>())),
+  decltype(std::declval<R&>().stream_get_device(std::declval<typename R::stream_type>(), std::declval<int&>())),
   decltype(std::declval<R&>().event_create(std::declval<typename R::event_type&>(), false)),
   decltype(std::declval<R&>().event_destroy(std::declval<typename R::event_type>())),
   decltype(std::declval<R&>().event_record(std::declval<typename R::event_type>(), std::declval<typename R::stream_type>())),

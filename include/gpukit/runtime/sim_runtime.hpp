@@ -121,6 +121,7 @@ enum class sim_op : int {
   launch_host_func,
   stream_is_capturing,
   exchange_capture_mode,
+  stream_get_device,
   count_  ///< number of ops; not an op
 };
 
@@ -305,25 +306,30 @@ class sim_runtime final {
   /// Work submitted to `s` after this call waits for `e`'s capture as of this call (no-op when `e`
   /// was never recorded or has completed). Does not block the host.
   cudaError_t stream_wait_event(stream_type s, event_type e);
+  /// device = the device `s` was created on (the current device for the null stream).
+  /// cudaErrorInvalidResourceHandle for a dead stream.
+  cudaError_t stream_get_device(stream_type s, int& device);
 
   // ---- Events -----------------------------------------------------------------------------------
 
-  /// Creates an event; only `timing` events can be given to event_elapsed_time.
+  /// Creates an event of the current device; only `timing` events can be given to
+  /// event_elapsed_time.
   cudaError_t event_create(event_type& e, bool timing = false);
   /// Destroys `e`; streams waiting on its capture still wait for it. Dead handle:
   /// cudaErrorInvalidResourceHandle.
   cudaError_t event_destroy(event_type e);
   /// Captures the work submitted to `s` so far (replacing the previous capture); the capture
   /// completes, with a steady_clock timestamp for timing events, when `s` reaches it: at once when
-  /// `s` has run everything submitted and is not stalled.
+  /// `s` has run everything submitted and is not stalled. cudaErrorInvalidResourceHandle (and a
+  /// misuse message) when `s` belongs to another device than `e`, as on CUDA.
   cudaError_t event_record(event_type e, stream_type s);
   /// cudaSuccess when the capture has completed or `e` was never recorded, else cudaErrorNotReady.
   cudaError_t event_query(event_type e);
   /// Blocks until the capture completes. Counts as a synchronization.
   cudaError_t event_synchronize(event_type e);
   /// ms = milliseconds between the completions of `start`'s and `stop`'s captures.
-  /// cudaErrorInvalidResourceHandle when either is not a timing event or was never recorded;
-  /// cudaErrorNotReady when either capture has not completed.
+  /// cudaErrorInvalidResourceHandle when either is not a timing event, was never recorded, or
+  /// the two belong to different devices; cudaErrorNotReady when either capture has not completed.
   cudaError_t event_elapsed_time(float& ms, event_type start, event_type stop);
 
   // ---- Work on streams (enqueued, never blocking the host) ------------------------------------

@@ -31,6 +31,10 @@
 //   on that chunk's event (event_synchronize), never inside a host function on a stream.
 // - Pinned host memory (memory of the pool, or marked host_memory::pinned) bypasses staging: one
 //   memcpy_async on `stream`.
+// - Several GPUs: a pipeline serves one device (`transfer_options::device`): its copy streams,
+//   events and staging threads belong to that device, and every call acts on it whatever device
+//   the calling thread has current (the null stream is that device's). Use one pipeline per
+//   device; they may share one pinned pool (its memory is pinned for every device).
 //
 // Every member is thread-safe; transfers from several threads share the staging threads.
 #pragma once
@@ -134,7 +138,8 @@ class basic_transfer_pipeline final {
   /// @param src_kind what src is (host_memory::detect asks the pinned pool)
   /// @param stream the consumer: its earlier work precedes the copy, its later work follows it
   /// @throws gpukit::logic_error for null pointers, zero bytes, a range that wraps around the
-  ///         address space, or overlapping src and dst (nothing is copied)
+  ///         address space, overlapping src and dst, or a stream of another device than the
+  ///         pipeline's (nothing is copied)
   /// @throws gpukit::cuda_error when a runtime call fails (copies enqueued before it still run
   ///         before `stream`'s later work; the staging chunks stay in the ring: nothing leaks)
   /// @throws gpukit::bad_alloc / gpukit::cuda_error when a staging chunk cannot be pinned

@@ -54,8 +54,8 @@ struct basic_pinned_pool<Runtime>::block {
 template <class Runtime>
 struct basic_pinned_pool<Runtime>::pending {
   block* b{nullptr};
-  event_type first{};
-  std::vector<event_type> more;
+  device_event first{};
+  std::vector<device_event> more;
 };
 
 template <class Runtime>
@@ -95,15 +95,17 @@ template <class Runtime>
 basic_pinned_pool<Runtime>::~basic_pinned_pool()
 {
   std::lock_guard<std::mutex> lock{mutex_};
-  auto finish = [this](event_type e) {
-    GPUKIT_ASSERT_CUDA_SUCCESS(runtime_.event_synchronize(e));
-    GPUKIT_ASSERT_CUDA_SUCCESS(runtime_.event_destroy(e));
+  auto finish = [this](device_event const& e) {
+    GPUKIT_ASSERT_CUDA_SUCCESS(runtime_.event_synchronize(e.event));
+    GPUKIT_ASSERT_CUDA_SUCCESS(runtime_.event_destroy(e.event));
   };
   for (auto& p : pending_) {
     finish(p.first);
-    for (auto e : p.more) { finish(e); }
+    for (auto const& e : p.more) { finish(e); }
   }
-  for (auto e : spare_events_) { GPUKIT_ASSERT_CUDA_SUCCESS(runtime_.event_destroy(e)); }
+  for (auto const& e : spare_events_) {
+    GPUKIT_ASSERT_CUDA_SUCCESS(runtime_.event_destroy(e.event));
+  }
   for (auto& s : segments_) { GPUKIT_ASSERT_CUDA_SUCCESS(free_segment(*s)); }
 }
 
@@ -242,8 +244,8 @@ typename basic_pinned_pool<Runtime>::block* basic_pinned_pool<Runtime>::carve_lo
 template <class Runtime>
 void basic_pinned_pool<Runtime>::poll_pending_locked(std::size_t cls, bool all)
 {
-  auto done = [this](event_type e) {
-    cudaError_t const r = runtime_.event_query(e);
+  auto done = [this](device_event const& e) {
+    cudaError_t const r = runtime_.event_query(e.event);
     if (r == cudaErrorNotReady) { return false; }
     if (r != cudaSuccess) {
       detail::throw_cuda_error(r, "event_query (pinned_pool)", __FILE__, __LINE__);
@@ -344,15 +346,20 @@ typename basic_pinned_pool<Runtime>::block& basic_pinned_pool<Runtime>::find_liv
 }
 
 template <class Runtime>
-typename basic_pinned_pool<Runtime>::event_type basic_pinned_pool<Runtime>::take_event_locked()
+typename basic_pinned_pool<Runtime>::device_event basic_pinned_pool<Runtime>::take_event_locked(
+  int device)
 {
-  if (!spare_events_.empty()) {
-    event_type e = spare_events_.back();
-    spare_events_.pop_back();
-    return e;
+  for (auto it = spare_events_.rbegin(); it != spare_events_.rend(); ++it) {
+    if (it->device == device) {
+      device_event const e = *it;
+      spare_events_.erase(std::next(it).base());
+      return e;
+    }
   }
-  event_type e{};
-  GPUKIT_CUDA_TRY(runtime_.event_create(e, false));
+  // An event records only on streams of the device it was created on.
+  device_guard<Runtime> guard{runtime_, device};
+  device_event e{device, event_type{}};
+  GPUKIT_CUDA_TRY(runtime_.event_create(e.event, false));
   return e;
 }
 
@@ -374,14 +381,16 @@ void basic_pinned_pool<Runtime>::return_locked(block& b, stream_type const* stre
     std::size_t taken = 0;
     try {
       for (std::size_t i = 0; i < streams.size(); ++i) {
-        event_type e = take_event_locked();
+        int device = 0;
+        GPUKIT_CUDA_TRY(runtime_.stream_get_device(streams[i], device));
+        device_event const e = take_event_locked(device);
         ++taken;
         if (i == 0) {
           p.first = e;
         } else {
           p.more.push_back(e);
         }
-        GPUKIT_CUDA_TRY(runtime_.event_record(e, streams[i]));
+        GPUKIT_CUDA_TRY(runtime_.event_record(e.event, streams[i]));
         ++stats_.num_events_recorded;
       }
     } catch (...) {  // the buffer stays handed out; the events go back to the spares

@@ -308,6 +308,11 @@ inline cudaError_t cuda_runtime::stream_wait_event(stream_type s, event_type e)
   return detail::cuda_result(::cudaStreamWaitEvent(s, e, cudaEventWaitDefault));
 }
 
+inline cudaError_t cuda_runtime::stream_get_device(stream_type s, int& device)
+{
+  return detail::cuda_result(::cudaStreamGetDevice(s, &device));
+}
+
 // --- Events --------------------------------------------------------------------------------------
 
 inline cudaError_t cuda_runtime::event_create(event_type& e, bool timing)

@@ -74,6 +74,7 @@ inline char const* to_string(sim_op op) noexcept
     case sim_op::launch_host_func: return "launch_host_func";
     case sim_op::stream_is_capturing: return "stream_is_capturing";
     case sim_op::exchange_capture_mode: return "exchange_capture_mode";
+    case sim_op::stream_get_device: return "stream_get_device";
     case sim_op::count_: break;
   }
   return "unknown";
@@ -1096,13 +1097,23 @@ inline cudaError_t sim_runtime::stream_wait_event(stream_type s, event_type e)
     *stream, [capture] { capture->wait(); }, "stream_wait_event");
 }
 
+inline cudaError_t sim_runtime::stream_get_device(stream_type s, int& device)
+{
+  if (auto e = enter(sim_op::stream_get_device); e != cudaSuccess) { return e; }
+  cudaError_t err = cudaSuccess;
+  auto stream     = find_stream(s, "stream_get_device", err);
+  if (!stream) { return err; }
+  device = stream->device;
+  return cudaSuccess;
+}
+
 // ---- events -------------------------------------------------------------------------------------
 
 inline cudaError_t sim_runtime::event_create(event_type& e, bool timing)
 {
   if (auto f = enter(sim_op::event_create); f != cudaSuccess) { return f; }
   auto const id = detail::sim_next_id();
-  auto event    = std::make_shared<detail::sim_event>(id, timing);
+  auto event    = std::make_shared<detail::sim_event>(id, timing, current_device());
   {
     std::unique_lock<std::shared_mutex> lock{handles_mutex_};
     events_.emplace(id, std::move(event));
@@ -1137,6 +1148,13 @@ inline cudaError_t sim_runtime::event_record(event_type e, stream_type s)
   if (!event) { return err; }
   auto stream = find_stream(s, "event_record", err);
   if (!stream) { return err; }
+  if (stream->device != event->device) {
+    return misuse(cudaErrorInvalidResourceHandle,
+                  "event_record(event " + detail::sim_hex(e) + ", stream " + detail::sim_hex(s) +
+                    "): the event belongs to device " + std::to_string(event->device) +
+                    " and the stream to device " + std::to_string(stream->device) +
+                    " (create the event with the stream's device current)");
+  }
   auto capture = std::make_shared<detail::sim_capture>(event->timing);
   if (stream->caught_up()) {
     capture->complete();  // nothing to wait for: complete now, as an idle GPU would almost at once
@@ -1188,6 +1206,11 @@ inline cudaError_t sim_runtime::event_elapsed_time(float& ms, event_type start, 
   if (!a->timing || !b->timing) {
     return misuse(cudaErrorInvalidResourceHandle,
                   args + ": both events must be created with timing = true");
+  }
+  if (a->device != b->device) {
+    return misuse(cudaErrorInvalidResourceHandle, args + ": the events belong to devices " +
+                                                    std::to_string(a->device) + " and " +
+                                                    std::to_string(b->device));
   }
   auto ca = a->current();
   auto cb = b->current();

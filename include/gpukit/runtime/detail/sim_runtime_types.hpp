@@ -226,7 +226,9 @@ struct sim_stream {
 
 /// A simulated event: the latest capture (null until first recorded).
 struct sim_event {
-  sim_event(std::uint64_t event_id, bool with_timing) : id{event_id}, timing{with_timing} {}
+  sim_event(std::uint64_t event_id, bool with_timing, int event_device)
+      : id{event_id}, timing{with_timing}, device{event_device}
+  {}
 
   [[nodiscard]] std::shared_ptr<sim_capture> current() const
   {
@@ -247,6 +249,7 @@ struct sim_event {
 
   std::uint64_t const id;
   bool const timing;
+  int const device;  ///< the device current when it was created
 
  private:
   mutable std::mutex mutex;

@@ -188,6 +188,7 @@ typename basic_transfer_pipeline<Runtime>::event_type basic_transfer_pipeline<Ru
     }
   }
   event_type e{};
+  device_guard<Runtime> guard{runtime_, options_.device};  // recorded on this device's streams
   GPUKIT_CUDA_TRY(runtime_.event_create(e, false));
   return e;
 }
@@ -239,6 +240,7 @@ typename basic_transfer_pipeline<Runtime>::slot* basic_transfer_pipeline<Runtime
   auto fresh = std::make_unique<slot>();
   try {
     fresh->buf = pool_.allocate(options_.chunk_bytes);
+    device_guard<Runtime> guard{runtime_, options_.device};  // recorded on the copy streams
     GPUKIT_CUDA_TRY(runtime_.event_create(fresh->ev, false));
   } catch (...) {
     if (fresh->buf != nullptr) { pool_.deallocate(fresh->buf); }
@@ -368,7 +370,13 @@ void basic_transfer_pipeline<Runtime>::finish_chunk(job& j, std::exception_ptr e
 template <class Runtime>
 void basic_transfer_pipeline<Runtime>::worker_loop()
 {
+  // A staging thread works for the pipeline's device only: make it current once, for good.
+  cudaError_t const set = runtime_.set_device(options_.device);
   std::unique_lock<std::mutex> lock{jobs_mutex_};
+  if (set != cudaSuccess) {  // no chunk is claimed here: the calling threads copy them all
+    jobs_cv_.wait(lock, [this] { return stopping_; });
+    return;
+  }
   for (;;) {
     jobs_cv_.wait(lock, [this] { return stopping_ || !jobs_.empty(); });
     if (stopping_) { return; }
@@ -433,6 +441,15 @@ void basic_transfer_pipeline<Runtime>::transfer(int dir, char* device, char* hos
                  std::string{call} + "source and destination overlap (device " + hex(device) +
                    ", host " + hex(host) + ", " + std::to_string(bytes) + " bytes)");
 
+  // The pipeline's device for every call below (the null stream is that device's, and the events
+  // are created there), whatever device the calling thread has current.
+  device_guard<Runtime> guard{runtime_, options_.device};
+  int stream_device = options_.device;
+  GPUKIT_CUDA_TRY(runtime_.stream_get_device(stream, stream_device));
+  GPUKIT_EXPECTS(stream_device == options_.device,
+                 std::string{call} + "the stream belongs to device " +
+                   std::to_string(stream_device) + ", this pipeline to device " +
+                   std::to_string(options_.device) + " (use one pipeline per device)");
   bool const pinned =
     kind == host_memory::pinned || (kind == host_memory::detect && pool_.owns(host, bytes));
   if (pinned) {

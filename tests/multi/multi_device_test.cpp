@@ -1,0 +1,297 @@
+// Several GPUs on the simulated GPU (sim_config::with_devices): every component acts on the device
+// it was built for, whatever device the calling thread has current; pinned memory serves every
+// device; peer copies move bytes between devices.
+#include "transfer/transfer_conformance.hpp"
+
+#include <gpukit/host/pinned_pool.hpp>
+#include <gpukit/memory/caching_allocator.hpp>
+#include <gpukit/runtime/sim_runtime.hpp>
+#include <gpukit/transfer/transfer_pipeline.hpp>
+
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+using gpukit::sim_op;
+using gpukit::sim_runtime;
+using sim_allocator = gpukit::basic_caching_allocator<sim_runtime>;
+using sim_pool      = gpukit::basic_pinned_pool<sim_runtime>;
+using sim_pipeline  = gpukit::basic_transfer_pipeline<sim_runtime>;
+using stream_t      = sim_runtime::stream_type;
+using gpukit::test::fill_pattern;
+using gpukit::test::first_mismatch;
+using gpukit::test::kib;
+using gpukit::test::mib;
+
+namespace {
+
+constexpr std::size_t gib = std::size_t{1} << 30;
+
+gpukit::sim_config devices(int n) { return gpukit::sim_config{}.with_devices(n, 4 * gib); }
+
+int current(sim_runtime& sim)
+{
+  int d = -1;
+  REQUIRE(sim.get_device(d) == cudaSuccess);
+  return d;
+}
+
+stream_t stream_on(sim_runtime& sim, int device)
+{
+  gpukit::device_guard<sim_runtime> guard{sim, device};
+  stream_t s{};
+  REQUIRE(sim.stream_create(s) == cudaSuccess);
+  return s;
+}
+
+std::size_t used_elsewhere(sim_runtime const& sim, int n, int device)
+{
+  std::size_t sum = 0;
+  for (int d = 0; d < n; ++d) { sum += d == device ? 0 : sim.used_bytes(d); }
+  return sum;
+}
+
+gpukit::caching_allocator_options source(gpukit::segment_source s)
+{
+  gpukit::caching_allocator_options o;
+  o.source = s;
+  return o;
+}
+
+char const* name_of(gpukit::segment_source s)
+{
+  switch (s) {
+    case gpukit::segment_source::stream_ordered: return "stream_ordered";
+    case gpukit::segment_source::synchronous: return "synchronous";
+    case gpukit::segment_source::growable: return "growable";
+    default: return "automatic";
+  }
+}
+
+}  // namespace
+
+TEST_SUITE("multi")
+{
+  TEST_CASE("multi: the simulated GPU ties events to devices as CUDA does")
+  {
+    sim_runtime sim{devices(2)};
+    stream_t s1 = stream_on(sim, 1);
+    int d       = -1;
+    CHECK(sim.stream_get_device(s1, d) == cudaSuccess);
+    CHECK(d == 1);
+    CHECK(sim.stream_get_device(stream_t{}, d) == cudaSuccess);
+    CHECK(d == 0);  // the null stream: the current device's
+    gpukit::sim_runtime::event_type e0{};
+    REQUIRE(sim.event_create(e0) == cudaSuccess);  // device 0 is current
+    CHECK(sim.event_record(e0, s1) == cudaErrorInvalidResourceHandle);
+    CHECK(sim.last_misuse().find("belongs to device 0 and the stream to device 1") !=
+          std::string::npos);
+    CHECK(sim.event_record(e0, stream_t{}) == cudaSuccess);
+    CHECK(sim.stream_wait_event(s1, e0) == cudaSuccess);  // waiting across devices is fine
+    CHECK(sim.event_synchronize(e0) == cudaSuccess);
+    CHECK(sim.event_destroy(e0) == cudaSuccess);
+    CHECK(sim.stream_destroy(s1) == cudaSuccess);
+  }
+
+  TEST_CASE("multi: allocations land on the allocator's device while another device is current")
+  {
+    for (auto const src : {gpukit::segment_source::stream_ordered,
+                           gpukit::segment_source::synchronous, gpukit::segment_source::growable}) {
+      CAPTURE(name_of(src));
+      constexpr int n = 4;
+      sim_runtime sim{devices(n)};
+      REQUIRE(sim.set_device(3) == cudaSuccess);
+      sim_allocator alloc{sim, 2, source(src)};
+      stream_t s2 = stream_on(sim, 2);
+      CHECK(current(sim) == 3);
+
+      // The null stream means the allocator's device's, not the current device's.
+      void* a = alloc.allocate_async(3 * mib, stream_t{});
+      void* b = alloc.allocate_async(64 * kib, s2);
+      void* c = alloc.allocate_async(40 * mib, s2);
+      CHECK(current(sim) == 3);
+      CHECK(sim.used_bytes(2) >= 43 * mib);
+      CHECK(used_elsewhere(sim, n, 2) == 0);
+      // The memory works on device 2: memset and read it back through device 2's stream.
+      REQUIRE(sim.memset_async(c, 0x5a, 40 * mib, s2) == cudaSuccess);
+      std::vector<unsigned char> back(40 * mib);
+      REQUIRE(sim.memcpy_async(back.data(), c, back.size(), gpukit::memcpy_kind::device_to_host,
+                               s2) == cudaSuccess);
+      REQUIRE(sim.stream_synchronize(s2) == cudaSuccess);
+      CHECK(back.front() == 0x5a);
+      CHECK(back.back() == 0x5a);
+
+      // Cross-stream reuse records events: they must be device 2's to record on s2.
+      alloc.deallocate_async(c, 40 * mib, s2);
+      void* d = alloc.allocate_async(40 * mib, stream_t{});
+      alloc.record_stream(d, s2);
+      alloc.deallocate_async(d, 40 * mib, stream_t{});
+      alloc.deallocate_async(a, 3 * mib, stream_t{});
+      alloc.deallocate_async(b, 64 * kib, s2);
+      CHECK(current(sim) == 3);
+
+      // Giving memory back also acts on device 2 (free_async on its streams, vm_unmap, ...).
+      alloc.forget_stream(s2);
+      alloc.release();
+      CHECK(current(sim) == 3);
+      REQUIRE(sim.stream_synchronize(s2) == cudaSuccess);
+      {
+        gpukit::device_guard<sim_runtime> guard{sim, 2};
+        REQUIRE(sim.device_synchronize() == cudaSuccess);
+      }
+      CHECK(sim.used_bytes(2) == 0);
+      CHECK(used_elsewhere(sim, n, 2) == 0);
+      CHECK(alloc.check_invariants().empty());
+      CHECK(sim.stream_destroy(s2) == cudaSuccess);
+    }
+  }
+
+  TEST_CASE("multi: one allocator per device from threads with any device current")
+  {
+    constexpr int n = 4;
+    sim_runtime sim{devices(n)};
+    std::vector<std::unique_ptr<sim_allocator>> allocs;
+    for (int d = 0; d < n; ++d) {
+      allocs.push_back(std::make_unique<sim_allocator>(
+        sim, d,
+        source(d % 2 == 0 ? gpukit::segment_source::growable
+                          : gpukit::segment_source::stream_ordered)));
+    }
+    std::vector<std::thread> threads;
+    std::vector<int> bad(n, 0);
+    for (int t = 0; t < n; ++t) {
+      threads.emplace_back([&, t] {
+        (void)sim.set_device((t + 1) % n);  // never the device it allocates on
+        for (int i = 0; i < 50; ++i) {
+          std::size_t const bytes = (std::size_t{1} + static_cast<std::size_t>(i % 7)) * mib;
+          void* p                 = allocs[t]->allocate_async(bytes, stream_t{});
+          std::memset(p, t + 1, bytes);  // simulated device memory is host memory
+          if (static_cast<unsigned char const*>(p)[bytes - 1] != t + 1) { ++bad[t]; }
+          allocs[t]->deallocate_async(p, bytes, stream_t{});
+        }
+        int d = -1;
+        (void)sim.get_device(d);
+        if (d != (t + 1) % n) { ++bad[t]; }
+      });
+    }
+    for (auto& th : threads) { th.join(); }
+    for (int d = 0; d < n; ++d) {
+      CAPTURE(d);
+      CHECK(bad[d] == 0);
+      CHECK(sim.used_bytes(d) == allocs[d]->stats().reserved_bytes.current);
+      CHECK(sim.used_bytes(d) > 0);
+    }
+  }
+
+  TEST_CASE("multi: default_caching_allocator routes by device")
+  {
+    // sim_runtime::instance() is built from the environment on first use (in this process only:
+    // CTest runs each case in a process of its own).
+    ::setenv("GPUKIT_SIM_DEVICES", "4", 1);
+    ::setenv("GPUKIT_SIM_CAPACITY", "2G", 1);
+    auto& sim = sim_runtime::instance();
+    int count = 0;
+    REQUIRE(sim.device_count(count) == cudaSuccess);
+    REQUIRE(count == 4);
+    REQUIRE(sim.set_device(0) == cudaSuccess);
+    auto& a1 = gpukit::default_caching_allocator<sim_runtime>(1);
+    auto& a3 = gpukit::default_caching_allocator<sim_runtime>(3);
+    CHECK(a1.device() == 1);
+    CHECK(a3.device() == 3);
+    CHECK(&gpukit::default_caching_allocator<sim_runtime>(1) == &a1);
+    CHECK(&a1 != &a3);
+    void* p1 = a1.allocate(5 * mib);
+    void* p3 = a3.allocate(7 * mib);
+    CHECK(sim.used_bytes(0) == 0);
+    CHECK(sim.used_bytes(1) >= 5 * mib);
+    CHECK(sim.used_bytes(2) == 0);
+    CHECK(sim.used_bytes(3) >= 7 * mib);
+    CHECK(current(sim) == 0);
+    // No device given: the calling thread's current device.
+    REQUIRE(sim.set_device(3) == cudaSuccess);
+    CHECK(&gpukit::default_caching_allocator<sim_runtime>() == &a3);
+    REQUIRE(sim.set_device(2) == cudaSuccess);
+    auto& a2 = gpukit::default_caching_allocator<sim_runtime>();
+    CHECK(a2.device() == 2);
+    CHECK_THROWS_WITH_AS(gpukit::default_caching_allocator<sim_runtime>(4),
+                         doctest::Contains("device 4 does not exist"), gpukit::logic_error);
+    a1.deallocate(p1, 5 * mib);
+    a3.deallocate(p3, 7 * mib);
+  }
+
+  TEST_CASE("multi: the pinned pool records each event on its stream's device")
+  {
+    sim_runtime sim{devices(2)};
+    sim_pool pool{sim};
+    stream_t s0 = stream_on(sim, 0);
+    stream_t s1 = stream_on(sim, 1);
+    REQUIRE(sim.set_device(0) == cudaSuccess);
+    void* p = pool.allocate(64 * kib);
+    pool.record_stream(p, s1);
+    REQUIRE(sim.stall(s1) == cudaSuccess);
+    pool.deallocate_async(p, s0);  // an event on s0 (device 0) and one on s1 (device 1)
+    CHECK(pool.stats().num_events_recorded == 2);
+    void* q = pool.allocate(64 * kib);  // s1 has not run: p is not reused
+    CHECK(q != p);
+    REQUIRE(sim.release(s1) == cudaSuccess);
+    REQUIRE(sim.stream_synchronize(s1) == cudaSuccess);
+    REQUIRE(sim.stream_synchronize(s0) == cudaSuccess);
+    pool.deallocate(q);
+    void* r = pool.allocate(64 * kib);
+    void* t = pool.allocate(64 * kib);
+    CHECK((r == p || t == p));
+    // With device 1 current, the events of device 1 are reused for s1, device 0's for s0.
+    REQUIRE(sim.set_device(1) == cudaSuccess);
+    pool.deallocate_async(r, s0);
+    pool.deallocate_async(t, s1);
+    CHECK(pool.stats().num_events_recorded == 4);
+    CHECK(sim.calls(sim_op::event_create) == 2);
+    CHECK(sim.stream_destroy(s0) == cudaSuccess);
+    CHECK(sim.stream_destroy(s1) == cudaSuccess);
+  }
+
+  TEST_CASE("multi: a transfer pipeline acts on its device whatever device is current")
+  {
+    sim_runtime sim{devices(2)};
+    sim_pool pool{sim};
+    gpukit::transfer_options o;
+    o.chunk_bytes     = 64 * kib;
+    o.staging_threads = 3;
+    o.device          = 1;
+    sim_pipeline pipe{sim, pool, o};
+    stream_t s1 = stream_on(sim, 1);
+    REQUIRE(sim.set_device(0) == cudaSuccess);
+    void* dev = nullptr;
+    {
+      gpukit::device_guard<sim_runtime> guard{sim, 1};
+      REQUIRE(sim.malloc(&dev, 3 * mib) == cudaSuccess);
+    }
+    std::vector<char> src(3 * mib), back(3 * mib);
+    fill_pattern(src.data(), src.size(), 7);
+    pipe.copy_to_device_async(dev, src.data(), src.size(), gpukit::host_memory::pageable, s1);
+    pipe.copy_to_host_async(back.data(), dev, back.size(), gpukit::host_memory::pageable, s1);
+    CHECK(first_mismatch(back.data(), back.size(), 7) == back.size());
+    CHECK(current(sim) == 0);
+    CHECK(pipe.stats().staged_bytes == 6 * mib);
+    // The null stream is the pipeline's device's.
+    fill_pattern(src.data(), src.size(), 8);
+    pipe.copy_to_device_async(dev, src.data(), src.size(), gpukit::host_memory::pageable,
+                              stream_t{});
+    pipe.copy_to_host_async(back.data(), dev, back.size(), gpukit::host_memory::pageable,
+                            stream_t{});
+    CHECK(first_mismatch(back.data(), back.size(), 8) == back.size());
+    // A stream of another device is refused, naming both devices.
+    stream_t s0 = stream_on(sim, 0);
+    CHECK_THROWS_WITH_AS(pipe.copy_to_device_async(dev, src.data(), src.size(), s0),
+                         doctest::Contains("belongs to device 0, this pipeline to device 1"),
+                         gpukit::logic_error);
+    REQUIRE(sim.stream_synchronize(s1) == cudaSuccess);
+    CHECK(sim.free(dev) == cudaSuccess);
+    CHECK(sim.stream_destroy(s0) == cudaSuccess);
+    CHECK(sim.stream_destroy(s1) == cudaSuccess);
+  }
+}
