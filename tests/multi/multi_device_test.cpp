@@ -294,4 +294,93 @@ TEST_SUITE("multi")
     CHECK(sim.stream_destroy(s0) == cudaSuccess);
     CHECK(sim.stream_destroy(s1) == cudaSuccess);
   }
+
+  TEST_CASE("multi: one pinned buffer feeds two devices")
+  {
+    for (auto const growth :
+         {gpukit::pinned_growth::map_and_register, gpukit::pinned_growth::host_alloc}) {
+      CAPTURE(static_cast<int>(growth));
+      sim_runtime sim{devices(2)};
+      gpukit::pinned_pool_options po;
+      po.growth      = growth;
+      po.pin_threads = 2;
+      sim_pool pool{sim, po};
+      REQUIRE(sim.set_device(0) == cudaSuccess);  // pinned with device 0 current ...
+      constexpr std::size_t bytes = 2 * mib + 123;
+      auto buf                    = pool.acquire(bytes);
+      CHECK(sim.host_pinned_for(buf.data(), bytes, 0));
+      CHECK(sim.host_pinned_for(buf.data(), bytes, 1));  // ... and pinned for device 1 too
+      fill_pattern(buf.data(), bytes, 11);
+
+      // The same buffer, copied to both devices on streams of each, and through a pipeline per
+      // device sharing the pool (pool memory: copied directly, no staging).
+      gpukit::transfer_options o;
+      o.staging_threads = 1;
+      std::vector<std::unique_ptr<sim_pipeline>> pipes;
+      void* dev[2]{};
+      void* dev2[2]{};
+      stream_t s[2]{};
+      for (int d = 0; d < 2; ++d) {
+        o.device = d;
+        pipes.push_back(std::make_unique<sim_pipeline>(sim, pool, o));
+        s[d] = stream_on(sim, d);
+        gpukit::device_guard<sim_runtime> guard{sim, d};
+        REQUIRE(sim.malloc(&dev[d], bytes) == cudaSuccess);
+        REQUIRE(sim.malloc(&dev2[d], bytes) == cudaSuccess);
+      }
+      for (int d = 0; d < 2; ++d) {
+        REQUIRE(sim.memcpy_async(dev[d], buf.data(), bytes, gpukit::memcpy_kind::host_to_device,
+                                 s[d]) == cudaSuccess);
+        pipes[d]->copy_to_device_async(dev2[d], buf.data(), bytes, s[d]);
+        buf.record_stream(s[d]);
+      }
+      for (int d = 0; d < 2; ++d) {
+        CAPTURE(d);
+        REQUIRE(sim.stream_synchronize(s[d]) == cudaSuccess);
+        CHECK(pipes[d]->stats().direct_bytes == bytes);
+        CHECK(pipes[d]->stats().staged_bytes == 0);
+        for (void* p : {dev[d], dev2[d]}) {
+          std::vector<char> back(bytes);
+          pipes[d]->copy_to_host_async(back.data(), p, bytes, s[d]);  // pageable: complete
+          CHECK(first_mismatch(back.data(), bytes, 11) == bytes);
+        }
+      }
+      buf.reset();
+      for (int d = 0; d < 2; ++d) {
+        CHECK(sim.free(dev[d]) == cudaSuccess);
+        CHECK(sim.free(dev2[d]) == cudaSuccess);
+      }
+      pipes.clear();
+      for (auto st : s) { CHECK(sim.stream_destroy(st) == cudaSuccess); }
+    }
+  }
+
+  TEST_CASE("multi: without the portable flags pinned memory serves only the current device")
+  {
+    sim_runtime sim{devices(2)};
+    for (auto const growth :
+         {gpukit::pinned_growth::map_and_register, gpukit::pinned_growth::host_alloc}) {
+      gpukit::pinned_pool_options po;
+      po.growth         = growth;
+      po.pin_threads    = 1;
+      po.alloc_flags    = gpukit::host_alloc_flags::none;
+      po.register_flags = gpukit::host_register_flags::none;
+      sim_pool pool{sim, po};
+      REQUIRE(sim.set_device(1) == cudaSuccess);
+      void* p = pool.allocate(64 * kib);
+      CHECK(sim.host_pinned_for(p, 64 * kib, 1));
+      CHECK_FALSE(sim.host_pinned_for(p, 64 * kib, 0));
+      pool.deallocate(p);
+      REQUIRE(sim.set_device(0) == cudaSuccess);
+    }
+    // And the default options pin for every device.
+    sim_pool pool{sim};
+    void* p = pool.allocate(64 * kib);
+    CHECK(sim.host_pinned_for(p, 64 * kib, 0));
+    CHECK(sim.host_pinned_for(p, 64 * kib, 1));
+    CHECK_FALSE(sim.host_pinned_for(p, 64 * kib, 2));  // no such device
+    std::vector<char> pageable(64 * kib);
+    CHECK_FALSE(sim.host_pinned_for(pageable.data(), pageable.size(), 0));
+    pool.deallocate(p);
+  }
 }

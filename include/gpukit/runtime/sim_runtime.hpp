@@ -367,6 +367,11 @@ class sim_runtime final {
   /// Bytes in use on `device`: live allocations (including free_async not yet reached) and live
   /// physical handles (0 for a bad ordinal).
   [[nodiscard]] std::size_t used_bytes(int device) const noexcept;
+  /// True when [p, p + bytes) lies inside one range from host_alloc or host_register that is
+  /// pinned for `device`: allocated or registered with the portable flag, or while `device` was
+  /// current (CUDA pins memory without the portable flag for that device's context only; other
+  /// devices copy it as pageable memory). Copies themselves work either way here.
+  [[nodiscard]] bool host_pinned_for(void const* p, std::size_t bytes, int device) const;
 
   /// Fails the `nth` call (1-based, counted from now) of `op` with `error`, before the call has any
   /// effect (outputs untouched). Several injections may be pending, for the same op too; when more
@@ -482,6 +487,7 @@ class sim_runtime final {
   std::map<std::uintptr_t, detail::sim_allocation> allocations_;
   std::map<std::uintptr_t, std::size_t> host_allocs_;      ///< base -> mapped bytes
   std::map<std::uintptr_t, std::size_t> host_registered_;  ///< base -> bytes
+  std::map<std::uintptr_t, std::uint64_t> pinned_for_;     ///< host_alloc/register base -> devices
   std::map<std::uintptr_t, detail::sim_reservation> reservations_;
   std::map<std::uintptr_t, detail::sim_mapping> mappings_;
   std::unordered_map<std::uint64_t, detail::sim_physical> physicals_;

@@ -701,8 +701,12 @@ inline cudaError_t sim_runtime::host_alloc(void** p, std::size_t bytes, unsigned
   void* m = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (m == MAP_FAILED) { return cudaErrorMemoryAllocation; }
   {
+    std::uint64_t const devices = (flags & host_alloc_flags::portable) != 0
+                                    ? ~std::uint64_t{0}
+                                    : std::uint64_t{1} << current_device();
     std::lock_guard<std::mutex> lock{mem_mutex_};
     host_allocs_[reinterpret_cast<std::uintptr_t>(m)] = mapped;
+    pinned_for_[reinterpret_cast<std::uintptr_t>(m)]  = devices;
   }
   *p = m;
   return cudaSuccess;
@@ -728,6 +732,7 @@ inline cudaError_t sim_runtime::host_free(void* p)
     }
     mapped = it->second;
     host_allocs_.erase(it);
+    pinned_for_.erase(base);
     recently_freed_.push_back(base);
     if (recently_freed_.size() > 4096) { recently_freed_.pop_front(); }
   }
@@ -765,6 +770,9 @@ inline cudaError_t sim_runtime::host_register(void* p, std::size_t bytes, unsign
                   args + ": the range overlaps memory already registered or from host_alloc");
   }
   host_registered_[a] = bytes;
+  pinned_for_[a]      = (flags & host_register_flags::portable) != 0
+                          ? ~std::uint64_t{0}
+                          : std::uint64_t{1} << current_device();
   return cudaSuccess;
 }
 
@@ -777,6 +785,7 @@ inline cudaError_t sim_runtime::host_unregister(void* p)
                   "host_unregister(" + detail::sim_hex(p) +
                     "): no range registered with host_register starts there");
   }
+  pinned_for_.erase(reinterpret_cast<std::uintptr_t>(p));
   return cudaSuccess;
 }
 
@@ -1446,6 +1455,23 @@ inline std::size_t sim_runtime::used_bytes(int device) const noexcept
 {
   if (!valid_device(device)) { return 0; }
   return devices_[static_cast<std::size_t>(device)]->used.load(std::memory_order_relaxed);
+}
+
+inline bool sim_runtime::host_pinned_for(void const* p, std::size_t bytes, int device) const
+{
+  if (p == nullptr || !valid_device(device)) { return false; }
+  auto const a = reinterpret_cast<std::uintptr_t>(p);
+  if (bytes > std::numeric_limits<std::uintptr_t>::max() - a) { return false; }
+  std::lock_guard<std::mutex> lock{mem_mutex_};
+  for (auto const* ranges : {&host_allocs_, &host_registered_}) {
+    auto it = ranges->upper_bound(a);
+    if (it == ranges->begin()) { continue; }
+    --it;
+    if (a + bytes > it->first + it->second) { continue; }
+    auto const pin = pinned_for_.find(it->first);
+    return pin != pinned_for_.end() && ((pin->second >> device) & 1) != 0;
+  }
+  return false;
 }
 
 inline void sim_runtime::inject_fault(sim_op op, std::uint64_t nth, cudaError_t error)
