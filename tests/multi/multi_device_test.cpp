@@ -383,4 +383,101 @@ TEST_SUITE("multi")
     CHECK_FALSE(sim.host_pinned_for(pageable.data(), pageable.size(), 0));
     pool.deallocate(p);
   }
+
+  TEST_CASE("multi: peer access on the simulated GPU")
+  {
+    sim_runtime sim{devices(3)};
+    int can = -1;
+    CHECK(sim.device_can_access_peer(can, 0, 2) == cudaSuccess);
+    CHECK(can == 1);
+    CHECK(sim.device_can_access_peer(can, 1, 1) == cudaSuccess);
+    CHECK(can == 0);
+    CHECK(sim.device_can_access_peer(can, 0, 3) == cudaErrorInvalidDevice);
+    REQUIRE(sim.set_device(2) == cudaSuccess);
+    CHECK(sim.device_enable_peer_access(0) == cudaSuccess);
+    CHECK(sim.device_enable_peer_access(0) == cudaErrorPeerAccessAlreadyEnabled);
+    CHECK(sim.device_enable_peer_access(2) == cudaErrorInvalidDevice);
+    CHECK(sim.peer_access_enabled(2, 0));
+    CHECK_FALSE(sim.peer_access_enabled(0, 2));  // one direction only, as on CUDA
+
+    sim_runtime isolated{devices(2).with_peer_access(false)};
+    CHECK(isolated.device_can_access_peer(can, 0, 1) == cudaSuccess);
+    CHECK(can == 0);
+    CHECK(isolated.device_enable_peer_access(1) == cudaErrorPeerAccessUnsupported);
+  }
+
+  TEST_CASE("multi: peer copies through the transfer pipeline move the bytes")
+  {
+    for (bool const peer : {true, false}) {
+      CAPTURE(peer);
+      sim_runtime sim{devices(2).with_peer_access(peer)};
+      sim_pool pool{sim};
+      gpukit::transfer_options o;
+      o.staging_threads = 2;
+      o.chunk_bytes     = 256 * kib;
+      std::vector<std::unique_ptr<sim_pipeline>> pipes;
+      stream_t s[2]{};
+      void* buf[2]{};
+      constexpr std::size_t bytes = 5 * mib + 17;
+      for (int d = 0; d < 2; ++d) {
+        o.device = d;
+        pipes.push_back(std::make_unique<sim_pipeline>(sim, pool, o));
+        s[d] = stream_on(sim, d);
+        gpukit::device_guard<sim_runtime> guard{sim, d};
+        REQUIRE(sim.malloc(&buf[d], bytes) == cudaSuccess);
+      }
+      REQUIRE(sim.set_device(1) == cudaSuccess);  // not the device of pipes[0], which copies first
+      std::vector<char> host(bytes), back(bytes);
+      fill_pattern(host.data(), bytes, 21);
+      pipes[0]->copy_to_device_async(buf[0], host.data(), bytes, s[0]);
+      // Device 0 pushes to device 1, in s[0]'s order (after the upload above).
+      pipes[0]->copy_peer_async(buf[1], 1, buf[0], 0, bytes, s[0]);
+      REQUIRE(sim.stream_synchronize(s[0]) == cudaSuccess);
+      pipes[1]->copy_to_host_async(back.data(), buf[1], bytes, s[1]);
+      CHECK(first_mismatch(back.data(), bytes, 21) == bytes);
+      CHECK(pipes[0]->stats().peer_bytes == bytes);
+      CHECK(pipes[0]->stats().peer_copies == 1);
+      CHECK(sim.peer_access_enabled(0, 1) == peer);
+      CHECK(sim.staged_peer_copies() == (peer ? 0u : 1u));
+
+      // Device 1 pulls a slice back from device 0 into the middle of its buffer, in s[1]'s order.
+      fill_pattern(host.data(), bytes, 22);
+      pipes[0]->copy_to_device_async(buf[0], host.data(), bytes, s[0]);
+      REQUIRE(sim.stream_synchronize(s[0]) == cudaSuccess);
+      pipes[1]->copy_peer_async(static_cast<char*>(buf[1]) + 4096, 1,
+                                static_cast<char*>(buf[0]) + 4096, 0, mib, s[1]);
+      pipes[1]->copy_to_host_async(back.data(), buf[1], bytes, s[1]);
+      std::vector<char> want(bytes);
+      fill_pattern(want.data(), bytes, 21);
+      std::memcpy(want.data() + 4096, host.data() + 4096, mib);
+      CHECK(std::memcmp(back.data(), want.data(), bytes) == 0);
+      CHECK(sim.peer_access_enabled(1, 0) == peer);
+
+      // Bad input: clear errors, nothing copied.
+      CHECK_THROWS_WITH_AS(
+        pipes[0]->copy_peer_async(buf[1], 1, buf[0], 0, bytes, s[1]),
+        doctest::Contains("stream belongs to device 1, this pipeline to device 0"),
+        gpukit::logic_error);
+      CHECK_THROWS_WITH_AS(pipes[0]->copy_peer_async(buf[1], 1, buf[0], 2, bytes, s[0]),
+                           doctest::Contains("device 2 does not exist"), gpukit::logic_error);
+      CHECK_THROWS_WITH_AS(pipes[0]->copy_peer_async(buf[1], 1, buf[1], 1, 8, s[0]),
+                           doctest::Contains("neither the source's (1) nor the destination's (1)"),
+                           gpukit::logic_error);
+      CHECK_THROWS_WITH_AS(pipes[0]->copy_peer_async(buf[0], 0, buf[0], 0, bytes, s[0]),
+                           doctest::Contains("overlap"), gpukit::logic_error);
+      CHECK_THROWS_WITH_AS(pipes[0]->copy_peer_async(buf[1], 1, buf[0], 0, 0, s[0]),
+                           doctest::Contains("0 bytes"), gpukit::logic_error);
+      // A pointer that is not memory of the device named for it: the runtime refuses the copy.
+      CHECK_THROWS_AS(pipes[0]->copy_peer_async(buf[0], 1, buf[1], 0, bytes, s[0]),
+                      gpukit::cuda_error);
+      CHECK(pipes[0]->stats().peer_copies == 1);
+
+      for (int d = 0; d < 2; ++d) {
+        REQUIRE(sim.stream_synchronize(s[d]) == cudaSuccess);
+        CHECK(sim.free(buf[d]) == cudaSuccess);
+      }
+      pipes.clear();
+      for (auto st : s) { CHECK(sim.stream_destroy(st) == cudaSuccess); }
+    }
+  }
 }

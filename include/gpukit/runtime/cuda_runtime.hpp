@@ -102,6 +102,16 @@ class cuda_runtime final {
   /// @return cudaSuccess, or an error of earlier asynchronous work.
   [[nodiscard]] cudaError_t device_synchronize();
 
+  /// Whether `device` can access the memory of `peer` (cudaDeviceCanAccessPeer). @param can set to
+  /// 1 or 0 (0 for device == peer). Does not block.
+  [[nodiscard]] cudaError_t device_can_access_peer(int& can, int device, int peer);
+
+  /// Lets the current device access `peer`'s memory (cudaDeviceEnablePeerAccess, flags 0): copies
+  /// and kernels then reach it over NVLink or PCIe directly. @return cudaSuccess;
+  /// cudaErrorPeerAccessAlreadyEnabled when already enabled (cleared from the error slot);
+  /// cudaErrorPeerAccessUnsupported / cudaErrorInvalidDevice otherwise. May block briefly.
+  [[nodiscard]] cudaError_t device_enable_peer_access(int peer);
+
   // --- Device memory ---------------------------------------------------------------------------
 
   /// Allocates `bytes` on the current device (cudaMalloc). @param p set to the memory.

@@ -56,6 +56,13 @@
 //                                                    without a driver, driver_version succeeds
 //                                                    with 0 (as CUDA does): every other call fails
 //   device_synchronize()                            blocks until the current device is idle
+//   device_can_access_peer(int& can, int device, int peer)   1 when `device` can map `peer`'s
+//                                                    memory (0 for device == peer)
+//   device_enable_peer_access(int peer)             the current device may access `peer`'s
+//                                                    memory (cudaMalloc memory; virtual memory
+//                                                    needs vm_set_access for that device);
+//                                                    cudaErrorPeerAccessAlreadyEnabled when it
+//                                                    already may (not an error to callers)
 // Device memory (current device)
 //   malloc(void** p, std::size_t bytes)             synchronous allocation (cudaMalloc)
 //   free(void* p)                                   may synchronize the device (cudaFree)
@@ -198,6 +205,8 @@ struct is_runtime_impl<R, std::void_t<
   decltype(std::declval<R&>().driver_version(std::declval<int&>())),
   decltype(std::declval<R&>().runtime_version(std::declval<int&>())),
   decltype(std::declval<R&>().device_synchronize()),
+  decltype(std::declval<R&>().device_can_access_peer(std::declval<int&>(), 0, 0)),
+  decltype(std::declval<R&>().device_enable_peer_access(0)),
   decltype(std::declval<R&>().malloc(std::declval<void**>(), std::size_t{})),
   decltype(std::declval<R&>().free(std::declval<void*>())),
   decltype(std::declval<R&>().malloc_async(std::declval<void**>(), std::size_t{}, std::declval<typename R::stream_type>())),

@@ -122,6 +122,8 @@ enum class sim_op : int {
   stream_is_capturing,
   exchange_capture_mode,
   stream_get_device,
+  device_can_access_peer,
+  device_enable_peer_access,
   count_  ///< number of ops; not an op
 };
 
@@ -144,6 +146,9 @@ struct sim_config {
   bool log_misuse{false};
   /// device_properties::ecc_enabled of every device (data-center GPUs ship with ECC on).
   bool ecc_enabled{true};
+  /// Whether every device can access every other device's memory (device_can_access_peer), as
+  /// GPUs joined by NVLink can; false: none can, and peer copies are staged through the host.
+  bool peer_access{true};
 
   /// `count` devices of `capacity_bytes` each (replaces device_capacities).
   /// Throws gpukit::logic_error when count < 1 or count > 64. Returns *this.
@@ -161,6 +166,9 @@ struct sim_config {
   /// Sets ecc_enabled. Returns *this.
   sim_config& with_ecc(bool on) &;
   sim_config&& with_ecc(bool on) &&;
+  /// Sets peer_access. Returns *this.
+  sim_config& with_peer_access(bool on) &;
+  sim_config&& with_peer_access(bool on) &&;
 
   /// The configuration of sim_runtime::instance(): GPUKIT_SIM_DEVICES devices (default 1) of
   /// GPUKIT_SIM_CAPACITY bytes each (default 80 GiB; a K, M, G or T suffix multiplies by 2^10,
@@ -227,6 +235,13 @@ class sim_runtime final {
   /// Blocks until every stream of the current device (destroyed ones still draining, and the null
   /// stream) has run the work submitted before the call. Counts as a synchronization.
   cudaError_t device_synchronize();
+  /// can = 1 when sim_config::peer_access and device != peer, else 0. cudaErrorInvalidDevice for
+  /// a bad ordinal.
+  cudaError_t device_can_access_peer(int& can, int device, int peer);
+  /// Records that the current device may access `peer`'s memory. cudaErrorInvalidDevice for a bad
+  /// ordinal or the current device itself; cudaErrorPeerAccessUnsupported without
+  /// sim_config::peer_access; cudaErrorPeerAccessAlreadyEnabled when already enabled.
+  cudaError_t device_enable_peer_access(int peer);
 
   // ---- Device memory ----------------------------------------------------------------------------
 
@@ -342,7 +357,9 @@ class sim_runtime final {
   cudaError_t memcpy_async(void* dst, void const* src, std::size_t bytes, memcpy_kind kind,
                            stream_type s);
   /// Copies between device memory of `src_device` and of `dst_device` (each side checked to be on
-  /// that device). cudaErrorInvalidDevice for a bad ordinal; otherwise as memcpy_async.
+  /// that device). cudaErrorInvalidDevice for a bad ordinal; otherwise as memcpy_async. A copy
+  /// between two devices neither of which has peer access to the other is counted in
+  /// staged_peer_copies() (CUDA stages it through host memory).
   cudaError_t memcpy_peer_async(void* dst, int dst_device, void const* src, int src_device,
                                 std::size_t bytes, stream_type s);
   /// Sets `bytes` of device memory at dst to (unsigned char)value on `s`. Checks as memcpy_async.
@@ -372,6 +389,10 @@ class sim_runtime final {
   /// current (CUDA pins memory without the portable flag for that device's context only; other
   /// devices copy it as pageable memory). Copies themselves work either way here.
   [[nodiscard]] bool host_pinned_for(void const* p, std::size_t bytes, int device) const;
+  /// True when device_enable_peer_access(peer) succeeded with `device` current.
+  [[nodiscard]] bool peer_access_enabled(int device, int peer) const noexcept;
+  /// memcpy_peer_async calls between two devices without peer access either way.
+  [[nodiscard]] std::uint64_t staged_peer_copies() const noexcept;
 
   /// Fails the `nth` call (1-based, counted from now) of `op` with `error`, before the call has any
   /// effect (outputs untouched). Several injections may be pending, for the same op too; when more
@@ -462,6 +483,8 @@ class sim_runtime final {
 
   std::array<std::atomic<std::uint64_t>, static_cast<std::size_t>(sim_op::count_)> calls_{};
   std::atomic<std::uint64_t> synchronizations_{0};
+  std::array<std::atomic<std::uint64_t>, 64> peer_enabled_{};  ///< per device: peers it may access
+  std::atomic<std::uint64_t> staged_peer_copies_{0};
 
   mutable std::mutex faults_mutex_;
   std::vector<pending_fault> faults_;  // guarded by faults_mutex_, in injection order

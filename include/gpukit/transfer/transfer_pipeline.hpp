@@ -35,6 +35,9 @@
 //   events and staging threads belong to that device, and every call acts on it whatever device
 //   the calling thread has current (the null stream is that device's). Use one pipeline per
 //   device; they may share one pinned pool (its memory is pinned for every device).
+// - Between devices, `copy_peer_async` copies device memory of one GPU to another in `stream`
+//   order (cudaMemcpyPeerAsync), after enabling peer access from the pipeline's device once
+//   (over NVLink or PCIe, no host staging) where the devices allow it.
 //
 // Every member is thread-safe; transfers from several threads share the staging threads.
 #pragma once
@@ -104,6 +107,8 @@ struct transfer_stats {
   std::uint64_t chunks{0};          ///< staging chunks (pieces) copied
   std::uint64_t chunk_waits{0};     ///< chunk refills that found the previous copy still pending
   std::uint64_t staging_chunks{0};  ///< staging chunks held from the pinned pool (both rings)
+  std::uint64_t peer_bytes{0};      ///< bytes copied between two devices (copy_peer_async)
+  std::uint64_t peer_copies{0};     ///< copy_peer_async calls between two devices
 };
 
 /// A transfer pipeline over a Runtime (see the top of this header). Not copyable or movable.
@@ -164,6 +169,20 @@ class basic_transfer_pipeline final {
     copy_to_host_async(dst, src, bytes, host_memory::detect, stream);
   }
 
+  /// Copies `bytes` of device memory from `src` on `src_device` to `dst` on `dst_device`, in
+  /// `stream` order (one cudaMemcpyPeerAsync on `stream`; returns at once). The pipeline's device
+  /// must be one of the two, and `stream` must belong to it. The first copy to or from each other
+  /// device enables peer access from the pipeline's device to it (device_enable_peer_access) when
+  /// device_can_access_peer says it can; otherwise CUDA stages the copy through host memory.
+  /// src_device == dst_device: an ordinary device-to-device copy.
+  /// @throws gpukit::logic_error for null pointers, zero bytes, a device that does not exist,
+  ///         neither device being the pipeline's, overlapping ranges on one device, or a stream of
+  ///         another device (nothing is copied)
+  /// @throws gpukit::cuda_error when the copy cannot be enqueued (e.g. a pointer that is not
+  ///         memory of the device given for it)
+  void copy_peer_async(void* dst, int dst_device, void const* src, int src_device,
+                       std::size_t bytes, stream_type stream);
+
   /// Pins every staging chunk of both rings now (pool.prewarm): the first transfers then pin
   /// nothing. Blocks while pages are pinned. Throws as basic_pinned_pool::prewarm.
   void prewarm();
@@ -213,9 +232,11 @@ class basic_transfer_pipeline final {
 
   std::mutex events_mutex_;
   std::vector<event_type> spare_events_;
+  std::uint64_t peers_enabled_{0};  ///< devices whose memory the pipeline's device may access;
+                                    ///< guarded by events_mutex_
 
   std::atomic<std::uint64_t> transfers_{0}, h2d_bytes_{0}, d2h_bytes_{0}, staged_bytes_{0},
-    direct_bytes_{0}, chunks_{0}, chunk_waits_{0};
+    direct_bytes_{0}, chunks_{0}, chunk_waits_{0}, peer_bytes_{0}, peer_copies_{0};
 };
 
 /// The transfer pipeline over the CUDA runtime.

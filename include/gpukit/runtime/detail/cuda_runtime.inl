@@ -148,6 +148,17 @@ inline cudaError_t cuda_runtime::device_synchronize()
   return detail::cuda_result(::cudaDeviceSynchronize());
 }
 
+inline cudaError_t cuda_runtime::device_can_access_peer(int& can, int device, int peer)
+{
+  can = 0;
+  return detail::cuda_result(::cudaDeviceCanAccessPeer(&can, device, peer));
+}
+
+inline cudaError_t cuda_runtime::device_enable_peer_access(int peer)
+{
+  return detail::cuda_result(::cudaDeviceEnablePeerAccess(peer, 0));
+}
+
 // --- Device memory -------------------------------------------------------------------------------
 
 inline cudaError_t cuda_runtime::malloc(void** p, std::size_t bytes)

@@ -75,6 +75,8 @@ inline char const* to_string(sim_op op) noexcept
     case sim_op::stream_is_capturing: return "stream_is_capturing";
     case sim_op::exchange_capture_mode: return "exchange_capture_mode";
     case sim_op::stream_get_device: return "stream_get_device";
+    case sim_op::device_can_access_peer: return "device_can_access_peer";
+    case sim_op::device_enable_peer_access: return "device_enable_peer_access";
     case sim_op::count_: break;
   }
   return "unknown";
@@ -128,6 +130,15 @@ inline sim_config& sim_config::with_ecc(bool on) &
   return *this;
 }
 inline sim_config&& sim_config::with_ecc(bool on) && { return std::move(with_ecc(on)); }
+inline sim_config& sim_config::with_peer_access(bool on) &
+{
+  peer_access = on;
+  return *this;
+}
+inline sim_config&& sim_config::with_peer_access(bool on) &&
+{
+  return std::move(with_peer_access(on));
+}
 
 namespace detail {
 
@@ -210,6 +221,7 @@ inline sim_runtime::sim_runtime(sim_config config)
     devices_.push_back(std::make_unique<detail::sim_device>(cap));
   }
   for (auto& c : calls_) { c.store(0, std::memory_order_relaxed); }
+  for (auto& p : peer_enabled_) { p.store(0, std::memory_order_relaxed); }
 }
 
 inline sim_runtime::~sim_runtime()
@@ -519,6 +531,35 @@ inline cudaError_t sim_runtime::device_synchronize()
   if (auto e = enter(sim_op::device_synchronize); e != cudaSuccess) { return e; }
   wait_device(current_device());
   return cudaSuccess;
+}
+
+inline cudaError_t sim_runtime::device_can_access_peer(int& can, int device, int peer)
+{
+  if (auto e = enter(sim_op::device_can_access_peer); e != cudaSuccess) { return e; }
+  if (!valid_device(device)) { return bad_device("device_can_access_peer", device); }
+  if (!valid_device(peer)) { return bad_device("device_can_access_peer", peer); }
+  can = config_.peer_access && device != peer ? 1 : 0;
+  return cudaSuccess;
+}
+
+inline cudaError_t sim_runtime::device_enable_peer_access(int peer)
+{
+  if (auto e = enter(sim_op::device_enable_peer_access); e != cudaSuccess) { return e; }
+  int const d = current_device();
+  if (!valid_device(peer)) { return bad_device("device_enable_peer_access", peer); }
+  if (peer == d) {
+    return misuse(cudaErrorInvalidDevice, "device_enable_peer_access(" + std::to_string(peer) +
+                                            "): a device cannot be its own peer");
+  }
+  if (!config_.peer_access) {
+    return misuse(cudaErrorPeerAccessUnsupported,
+                  "device_enable_peer_access(" + std::to_string(peer) + ") with device " +
+                    std::to_string(d) +
+                    " current: this simulated GPU has no peer access (sim_config::peer_access)");
+  }
+  auto const bit  = std::uint64_t{1} << peer;
+  auto const prev = peer_enabled_[static_cast<std::size_t>(d)].fetch_or(bit);
+  return (prev & bit) != 0 ? cudaErrorPeerAccessAlreadyEnabled : cudaSuccess;
 }
 
 // ---- device memory ------------------------------------------------------------------------------
@@ -1402,6 +1443,10 @@ inline cudaError_t sim_runtime::memcpy_peer_async(void* dst, int dst_device, voi
       e != cudaSuccess) {
     return e;
   }
+  if (src_device != dst_device && !peer_access_enabled(src_device, dst_device) &&
+      !peer_access_enabled(dst_device, src_device)) {
+    staged_peer_copies_.fetch_add(1, std::memory_order_relaxed);
+  }
   return enqueue(
     *stream, [dst, src, bytes] { std::memmove(dst, src, bytes); }, "memcpy_peer_async");
 }
@@ -1472,6 +1517,17 @@ inline bool sim_runtime::host_pinned_for(void const* p, std::size_t bytes, int d
     return pin != pinned_for_.end() && ((pin->second >> device) & 1) != 0;
   }
   return false;
+}
+
+inline bool sim_runtime::peer_access_enabled(int device, int peer) const noexcept
+{
+  if (!valid_device(device) || !valid_device(peer)) { return false; }
+  return ((peer_enabled_[static_cast<std::size_t>(device)].load() >> peer) & 1) != 0;
+}
+
+inline std::uint64_t sim_runtime::staged_peer_copies() const noexcept
+{
+  return staged_peer_copies_.load(std::memory_order_relaxed);
 }
 
 inline void sim_runtime::inject_fault(sim_op op, std::uint64_t nth, cudaError_t error)

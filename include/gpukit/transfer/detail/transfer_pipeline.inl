@@ -513,6 +513,63 @@ void basic_transfer_pipeline<Runtime>::copy_to_host_async(void* dst, void const*
 }
 
 template <class Runtime>
+void basic_transfer_pipeline<Runtime>::copy_peer_async(void* dst, int dst_device, void const* src,
+                                                       int src_device, std::size_t bytes,
+                                                       stream_type stream)
+{
+  std::string const call = "transfer_pipeline::copy_peer_async: ";
+  auto hex               = [](void const* p) { return detail::pinned_hex(p); };
+  GPUKIT_EXPECTS(bytes != 0, call + "0 bytes requested");
+  GPUKIT_EXPECTS(dst != nullptr && src != nullptr, call + "null pointer (dst " + hex(dst) +
+                                                     ", src " + hex(src) + ", " +
+                                                     std::to_string(bytes) + " bytes)");
+  int count = 0;
+  GPUKIT_CUDA_TRY(runtime_.device_count(count));
+  for (int d : {dst_device, src_device}) {
+    GPUKIT_EXPECTS(d >= 0 && d < count, call + "device " + std::to_string(d) + " does not exist (" +
+                                          std::to_string(count) + " devices)");
+  }
+  int const self  = options_.device;
+  int const other = dst_device == self ? src_device : dst_device;
+  GPUKIT_EXPECTS(dst_device == self || src_device == self,
+                 call + "this pipeline belongs to device " + std::to_string(self) +
+                   ", neither the source's (" + std::to_string(src_device) +
+                   ") nor the destination's (" + std::to_string(dst_device) + ")");
+  auto const d = reinterpret_cast<std::uintptr_t>(dst);
+  auto const s = reinterpret_cast<std::uintptr_t>(src);
+  GPUKIT_EXPECTS(d + bytes > d && s + bytes > s,
+                 call + std::to_string(bytes) + " bytes wrap around the address space");
+  GPUKIT_EXPECTS(dst_device != src_device || d + bytes <= s || s + bytes <= d,
+                 call + "source and destination overlap (dst " + hex(dst) + ", src " + hex(src) +
+                   ", " + std::to_string(bytes) + " bytes)");
+  device_guard<Runtime> guard{runtime_, self};
+  int stream_device = self;
+  GPUKIT_CUDA_TRY(runtime_.stream_get_device(stream, stream_device));
+  GPUKIT_EXPECTS(stream_device == self, call + "the stream belongs to device " +
+                                          std::to_string(stream_device) +
+                                          ", this pipeline to device " + std::to_string(self));
+  if (other != self) {
+    std::lock_guard<std::mutex> lock{events_mutex_};
+    std::uint64_t const bit = std::uint64_t{1} << (other & 63);
+    if ((peers_enabled_ & bit) == 0) {
+      int can = 0;
+      GPUKIT_CUDA_TRY(runtime_.device_can_access_peer(can, self, other));
+      if (can != 0) {
+        cudaError_t const e = runtime_.device_enable_peer_access(other);
+        if (e != cudaErrorPeerAccessAlreadyEnabled) { GPUKIT_CUDA_TRY(e); }
+      }
+      peers_enabled_ |= bit;  // asked once: staged copies when the devices cannot peer
+    }
+  }
+  GPUKIT_CUDA_TRY(runtime_.memcpy_peer_async(dst, dst_device, src, src_device, bytes, stream));
+  if (other != self) {
+    peer_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+    peer_copies_.fetch_add(1, std::memory_order_relaxed);
+  }
+  transfers_.fetch_add(1, std::memory_order_relaxed);
+}
+
+template <class Runtime>
 void basic_transfer_pipeline<Runtime>::prewarm()
 {
   std::size_t missing = 0;
@@ -547,6 +604,8 @@ transfer_stats basic_transfer_pipeline<Runtime>::stats() const
   s.direct_bytes = ld(direct_bytes_);
   s.chunks       = ld(chunks_);
   s.chunk_waits  = ld(chunk_waits_);
+  s.peer_bytes   = ld(peer_bytes_);
+  s.peer_copies  = ld(peer_copies_);
   for (auto const& r : rings_) {
     std::lock_guard<std::mutex> lock{r->mutex};
     s.staging_chunks += r->slots.size();
