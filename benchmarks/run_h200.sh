@@ -31,7 +31,13 @@ if [[ ${REPLAY:-1} == 1 ]]; then
     for a in gpukit cuda_malloc_async cub cuda_malloc; do
       timeout 120 "$B/benchmarks/replay_trace" --trace "$t" --runtime cuda --allocator "$a" | tail -1
     done
+    # Growable segments (virtual memory), at each page size of the large pool (VMM_PAGES).
+    for p in ${VMM_PAGES:-8388608}; do
+      timeout 120 "$B/benchmarks/replay_trace" --trace "$t" --runtime cuda --allocator gpukit_vmm \
+        --page-bytes "$p" | tail -1 | sed "s/}\$/, \"page_bytes\": $p}/"
+    done
     "$B/benchmarks/replay_trace" --trace "$t" --runtime sim | tail -1
+    "$B/benchmarks/replay_trace" --trace "$t" --runtime sim --allocator gpukit_vmm | tail -1
   done | tee "$OUT/replay.jsonl"
 fi
 

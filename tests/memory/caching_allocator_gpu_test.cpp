@@ -32,6 +32,51 @@ TEST_SUITE("gpu")
   {
     gpukit::test::check_stress(gpukit::cuda_runtime::instance(), 8, 2000, std::size_t{64} << 20);
   }
+  TEST_CASE("growable segments on CUDA: conformance cases and stress")
+  {
+    gpukit::caching_allocator_options o;
+    o.source = gpukit::segment_source::growable;
+    auto& rt = gpukit::cuda_runtime::instance();
+    gpukit::test::check_alloc_roundtrip(rt, o);
+    gpukit::test::check_same_stream_reuse(rt, o);
+    gpukit::test::check_bad_input(rt, o);
+    gpukit::test::check_limit_and_oom_report(rt, o);
+    gpukit::test::check_stress(rt, 8, 2000, std::size_t{64} << 20, o);
+  }
+  TEST_CASE("growable segments on CUDA: pages of a hole are mapped again where the pool grows")
+  {
+    constexpr std::size_t MiB = std::size_t{1} << 20;
+    gpukit::caching_allocator_options o;
+    o.source              = gpukit::segment_source::growable;
+    o.growable_page_bytes = 2 * MiB;  // the counts below assume 2 MiB pages
+    auto& rt              = gpukit::cuda_runtime::instance();
+    gpukit::basic_caching_allocator<gpukit::cuda_runtime> alloc{rt, 0, o};
+    cudaStream_t s{};
+    GPUKIT_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    void* a = alloc.allocate_async(40 * MiB, s);
+    void* b = alloc.allocate_async(8 * MiB, s);
+    gpukit::test::fill(rt, a, 40 * MiB, 0x11, s);
+    gpukit::test::fill(rt, b, 8 * MiB, 0x22, s);
+    alloc.deallocate_async(a, 40 * MiB, s);
+    GPUKIT_CUDA_TRY(cudaStreamSynchronize(s));
+    void* c = alloc.allocate_async(60 * MiB, s);  // a's pages move after b
+    gpukit::test::fill(rt, c, 60 * MiB, 0x33, s);
+    CHECK(gpukit::test::holds(rt, c, 60 * MiB, 0x33, s));
+    CHECK(gpukit::test::holds(rt, b, 8 * MiB, 0x22, s));
+    auto const st = alloc.stats();
+    CHECK(st.num_pages_reused == 20);
+    CHECK(st.reserved_bytes.peak == static_cast<std::int64_t>(68 * MiB));
+    CHECK(alloc.check_invariants() == "");
+    std::size_t free0 = 0, total = 0, free1 = 0;
+    GPUKIT_CUDA_TRY(cudaMemGetInfo(&free0, &total));
+    alloc.deallocate_async(b, 8 * MiB, s);
+    alloc.deallocate_async(c, 60 * MiB, s);
+    CHECK(alloc.release() == 68 * MiB);
+    GPUKIT_CUDA_TRY(cudaMemGetInfo(&free1, &total));
+    CHECK(free1 >= free0 + 60 * MiB);  // the device really has the memory back
+    alloc.forget_stream(s);
+    GPUKIT_CUDA_TRY(cudaStreamDestroy(s));
+  }
   TEST_CASE(
     "caching_allocator on CUDA: a graph captured in global mode allocates from a private pool")
   {

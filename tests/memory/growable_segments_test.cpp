@@ -28,7 +28,17 @@ gpukit::sim_config one_device(std::size_t capacity = 16 * GiB)
   return gpukit::sim_config{}.with_devices(1, capacity);
 }
 
-gpukit::caching_allocator_options growable()
+// Growable segments with 2 MiB pages in both pools (the counts below assume it); the conformance
+// and stress cases also run with the default page size.
+gpukit::caching_allocator_options growable(std::size_t page = std::size_t{2} << 20)
+{
+  gpukit::caching_allocator_options o;
+  o.source              = gpukit::segment_source::growable;
+  o.growable_page_bytes = page;
+  return o;
+}
+
+gpukit::caching_allocator_options growable_default_pages()
 {
   gpukit::caching_allocator_options o;
   o.source = gpukit::segment_source::growable;
@@ -122,6 +132,9 @@ TEST_SUITE("growable_segments")
   {
     sim_runtime sim{one_device(64 * GiB)};
     gpukit::test::check_stress(sim, 4, 300, 48 * MiB, growable());
+    gpukit::test::check_stress(sim, 4, 300, 48 * MiB, growable_default_pages());
+    gpukit::test::check_alloc_roundtrip(sim, growable_default_pages());
+    gpukit::test::check_limit_and_oom_report(sim, growable_default_pages());
     CHECK(sim.misuse_count() == 0);
   }
 
@@ -262,7 +275,8 @@ TEST_SUITE("growable_segments")
     CHECK(sim.used_bytes(0) == 0);
   }
 
-  TEST_CASE("every failing map and unmap and create and set-access call leaves the allocator as it was")
+  TEST_CASE(
+    "every failing map and unmap and create and set-access call leaves the allocator as it was")
   {
     // A workload that grows, reuses pages of holes, and releases; each virtual-memory call in turn
     // fails (out of memory for create, invalid value otherwise). After each failure the allocator
@@ -349,7 +363,8 @@ TEST_SUITE("growable_segments")
     void* p = alloc.allocate_async(200 * MiB, a);
     alloc.deallocate_async(p, 200 * MiB, a);
     GPUKIT_CUDA_TRY(sim.stall(a));  // a still busy: no page of a's may be taken without a wait
-    auto pending = std::async(std::launch::async, [&] { return alloc.allocate_async(150 * MiB, b); });
+    auto pending =
+      std::async(std::launch::async, [&] { return alloc.allocate_async(150 * MiB, b); });
     CHECK(pending.wait_for(std::chrono::milliseconds(200)) == std::future_status::timeout);
     GPUKIT_CUDA_TRY(sim.release(a));
     void* q       = pending.get();
@@ -372,8 +387,8 @@ TEST_SUITE("growable_segments")
     sim_runtime sim{one_device(64 * GiB)};
     double const grow = varying_shapes_ratio(sim, growable());
     gpukit::caching_allocator_options classic;
-    classic.source       = gpukit::segment_source::stream_ordered;
-    double const fixed   = varying_shapes_ratio(sim, classic);
+    classic.source     = gpukit::segment_source::stream_ordered;
+    double const fixed = varying_shapes_ratio(sim, classic);
     MESSAGE("peak reserved / peak live: growable " << grow << ", fixed segments " << fixed);
     CHECK(grow <= 1.01);
     CHECK(grow < fixed);

@@ -346,7 +346,7 @@ basic_caching_allocator<Runtime>::basic_caching_allocator(Runtime& runtime, int 
   device_total_   = props.total_memory;
   stream_ordered_ = options_.source == segment_source::stream_ordered ||
                     (options_.source == segment_source::automatic && props.memory_pools);
-  growable_       = options_.source == segment_source::growable;
+  growable_ = options_.source == segment_source::growable;
   if (growable_) {
     GPUKIT_EXPECTS(props.virtual_memory_management,
                    "caching_allocator: segment_source::growable needs virtual memory management, "

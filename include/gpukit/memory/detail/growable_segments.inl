@@ -63,8 +63,8 @@ basic_caching_allocator<Runtime>::split_off_locked(block* b, std::size_t offset)
 template <class Runtime>
 void basic_caching_allocator<Runtime>::insert_unmapped_locked(block* b)
 {
-  auto& list   = unmapped_[b->kind];
-  auto unlist  = [&](block* x) {
+  auto& list  = unmapped_[b->kind];
+  auto unlist = [&](block* x) {
     auto it = std::find(list.begin(), list.end(), x);
     if (it != list.end()) {
       *it = list.back();
@@ -203,7 +203,9 @@ bool basic_caching_allocator<Runtime>::map_pages_locked(segment& seg, std::size_
 {
   std::size_t const page = seg.page;
   int const kind         = spare_kind(seg.kind);
-  auto va = [&](std::size_t i) { return static_cast<void*>(static_cast<char*>(seg.ptr) + i * page); };
+  auto va                = [&](std::size_t i) {
+    return static_cast<void*>(static_cast<char*>(seg.ptr) + i * page);
+  };
   struct mapped_page {
     std::size_t index;
     physical_handle handle;
@@ -340,13 +342,12 @@ basic_caching_allocator<Runtime>::reserve_growable_locked(std::size_t size, int 
 // No free block fits `size`: map pages where the fewest are needed (see the top of this file).
 // Returns a free block of at least `size` bytes usable on `stream`, or nullptr with `oom` set.
 template <class Runtime>
-typename basic_caching_allocator<Runtime>::block*
-basic_caching_allocator<Runtime>::grow_locked(std::size_t size, int kind, stream_type stream,
-                                              bool& oom)
+typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtime>::grow_locked(
+  std::size_t size, int kind, stream_type stream, bool& oom)
 {
   std::size_t const page = page_bytes_[kind];
   std::size_t const most = (size + page - 1) / page;
-  auto usable_before = [&](block const* u) -> std::size_t {
+  auto usable_before     = [&](block const* u) -> std::size_t {
     block const* p = u->prev;
     if (p == nullptr || p->state.load(std::memory_order_relaxed) != detail::block_state::free ||
         p->capture_pool != 0 || !(p->global || p->stream == stream)) {
@@ -418,7 +419,8 @@ std::size_t basic_caching_allocator<Runtime>::release_growable_locked(
   for (segment* seg : growable_segments_) {
     for (block* u : unmapped_[seg->kind]) {
       if (u->segment != seg) { continue; }
-      std::size_t const p0 = (u->address() - reinterpret_cast<std::uintptr_t>(seg->ptr)) / seg->page;
+      std::size_t const p0 =
+        (u->address() - reinterpret_cast<std::uintptr_t>(seg->ptr)) / seg->page;
       for (std::size_t i = p0; i < p0 + u->size / seg->page; ++i) {
         if (seg->mapped[i] == 0) { continue; }
         GPUKIT_CUDA_TRY(runtime_.vm_unmap(static_cast<char*>(seg->ptr) + i * seg->page, seg->page));
