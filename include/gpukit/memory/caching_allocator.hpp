@@ -147,6 +147,10 @@ struct caching_allocator_options {
   /// fixed segments were: 2 MiB 1.002-1.009 at 2-10x the time; 8 MiB (the default) 1.003-1.008 at
   /// 1.1-2.8x; 20 MiB (PyTorch's expandable segments' page) 1.006-1.012 at 0.7-2.0x.
   std::size_t growable_page_bytes{std::size_t{8} << 20};
+  /// Growable segments: create each page exportable as a POSIX file descriptor
+  /// (CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR), so that blocks can be shared with other processes
+  /// (gpukit/memory/ipc.hpp). Off by default, as in CUDA.
+  bool growable_shareable{false};
   /// Bytes one thread may keep cached per allocator before it returns blocks to the pool.
   std::size_t thread_cache_bytes{std::size_t{64} << 20};
   /// Blocks one thread keeps per size class and stream.
@@ -379,6 +383,25 @@ class basic_caching_allocator final {
   /// Checks the pool's invariants (blocks tile each segment, indices agree with states, counters
   /// agree with blocks). For tests; takes the pool lock. Returns an empty string when they hold.
   [[nodiscard]] std::string check_invariants() const;
+
+  /// Where a block handed out by this allocator lives: what gpukit/memory/ipc.hpp needs to export
+  /// it to another process.
+  struct block_extent {
+    void* segment_base{nullptr};   ///< the segment (growable: its reserved range)
+    std::size_t segment_bytes{0};  ///< the segment's size
+    std::size_t offset{0};         ///< the block's start from segment_base
+    std::size_t bytes{0};          ///< the block's size (a multiple of 256, at least requested)
+    bool stream_ordered{false};    ///< from malloc_async (not exportable with CUDA IPC handles)
+    bool growable{false};          ///< a growable segment: the pages below hold the block
+    std::size_t page_bytes{0};     ///< growable: the segment's page
+    std::size_t first_page{0};     ///< growable: the page holding the block's first byte
+    std::vector<physical_handle> pages;  ///< growable: the physical pages holding the block
+  };
+  /// The extent of `ptr`, a block this allocator has handed out and not taken back (its start).
+  /// Takes the pool lock; does not call the runtime. The pages stay the allocator's: they hold the
+  /// block only while it stays allocated.
+  /// @throws gpukit::logic_error for any other pointer
+  [[nodiscard]] block_extent extent(void const* ptr) const;
 
   /// Two allocators are equal when they are the same object (memory from one cannot be freed
   /// through another).

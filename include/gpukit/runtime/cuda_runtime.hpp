@@ -171,8 +171,21 @@ class cuda_runtime final {
   [[nodiscard]] cudaError_t vm_free(void* va, std::size_t bytes);
 
   /// Creates `bytes` of physical memory on `device`, a multiple of the granularity (cuMemCreate).
+  /// @param shareable request CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, so that
+  ///        vm_export_shareable can export it to another process
   /// @return cudaSuccess, or cudaErrorMemoryAllocation when the device is full. Does not block.
-  [[nodiscard]] cudaError_t vm_create(physical_handle& h, std::size_t bytes, int device);
+  [[nodiscard]] cudaError_t vm_create(physical_handle& h, std::size_t bytes, int device,
+                                      bool shareable = false);
+
+  /// A new POSIX file descriptor naming the memory of `h`, which must have been created shareable
+  /// (cuMemExportToShareableHandle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR). The caller owns
+  /// and closes it; another process receives it over a unix socket (SCM_RIGHTS). Does not block.
+  [[nodiscard]] cudaError_t vm_export_shareable(int& fd, physical_handle h);
+
+  /// A handle to the memory that `fd` (from vm_export_shareable, maybe of another process) names
+  /// (cuMemImportFromShareableHandle); map it with vm_map, release it with vm_release. `fd` stays
+  /// the caller's to close. Does not block.
+  [[nodiscard]] cudaError_t vm_import_shareable(physical_handle& h, int fd);
 
   /// Releases a handle (cuMemRelease); its memory is freed once it is also unmapped.
   [[nodiscard]] cudaError_t vm_release(physical_handle h);
@@ -188,6 +201,21 @@ class cuda_runtime final {
   /// Grants `device` read-write access to the fully mapped range [va, va + bytes)
   /// (cuMemSetAccess, CU_MEM_ACCESS_FLAGS_PROT_READWRITE). May synchronize the device.
   [[nodiscard]] cudaError_t vm_set_access(void* va, std::size_t bytes, int device);
+
+  // --- Interprocess memory (CUDA IPC) ---------------------------------------------------------
+
+  /// A handle naming the cudaMalloc allocation that holds `p`, for another process
+  /// (cudaIpcGetMemHandle). cudaMallocAsync memory of the default pool cannot be exported this
+  /// way (cudaErrorInvalidValue). Does not block.
+  [[nodiscard]] cudaError_t ipc_get_mem_handle(ipc_mem_handle& h, void* p);
+
+  /// Maps the allocation `h` names, exported by another process, for the current device
+  /// (cudaIpcOpenMemHandle, cudaIpcMemLazyEnablePeerAccess): *p = its base. Opening the same
+  /// handle again in this context returns the same pointer (reference counted). May block.
+  [[nodiscard]] cudaError_t ipc_open_mem_handle(void** p, ipc_mem_handle h);
+
+  /// Unmaps memory from ipc_open_mem_handle (cudaIpcCloseMemHandle). May block.
+  [[nodiscard]] cudaError_t ipc_close_mem_handle(void* p);
 
   // --- Streams ---------------------------------------------------------------------------------
 

@@ -78,8 +78,10 @@
 //   vm_reserve(void** va, std::size_t bytes, std::size_t alignment)  address range, no memory;
 //                                                    alignment 0: the granularity
 //   vm_free(void* va, std::size_t bytes)             the whole range reserved by vm_reserve
-//   vm_create(physical_handle& h, std::size_t bytes, int device)    physical memory, a multiple
-//                                                    of the granularity
+//   vm_create(physical_handle& h, std::size_t bytes, int device, bool shareable = false)
+//                                                    physical memory, a multiple of the
+//                                                    granularity; shareable: exportable as a POSIX
+//                                                    file descriptor (vm_export_shareable)
 //   vm_release(physical_handle h)                    memory is freed once also unmapped
 //   vm_map(void* va, std::size_t bytes, physical_handle h)          the whole handle, at va
 //   vm_unmap(void* va, std::size_t bytes)            whole mappings only; unmapping what is not
@@ -88,6 +90,19 @@
 //   vm_set_access(void* va, std::size_t bytes, int device)          read-write for `device`;
 //                                                    mapped memory is inaccessible until then; the
 //                                                    range may span adjacent whole mappings
+//   vm_export_shareable(int& fd, physical_handle h)  a new POSIX file descriptor for h (created
+//                                                    shareable); the caller closes it. Another
+//                                                    process receives it over a unix socket
+//                                                    (SCM_RIGHTS) and imports it
+//   vm_import_shareable(physical_handle& h, int fd)  a handle to the memory `fd` names; fd stays
+//                                                    the caller's to close
+// Interprocess memory (CUDA IPC)
+//   ipc_get_mem_handle(ipc_mem_handle& h, void* p)   a handle naming the malloc allocation that
+//                                                    holds p (not malloc_async memory: CUDA cannot
+//                                                    export the default pool's memory this way)
+//   ipc_open_mem_handle(void** p, ipc_mem_handle h)  in another process: *p = the allocation's
+//                                                    base, mapped for the current device
+//   ipc_close_mem_handle(void* p)                    unmaps what ipc_open_mem_handle returned
 // Streams (non-blocking with respect to the null stream)
 //   stream_create(stream_type& s)                    on the current device
 //   stream_destroy(stream_type s)                    returns at once; queued work still runs
@@ -164,6 +179,9 @@ struct host_register_flags {
   static constexpr unsigned read_only = cudaHostRegisterReadOnly;
 };
 
+/// An interprocess memory handle (cudaIpcMemHandle_t: 64 opaque bytes, copied as they are).
+using ipc_mem_handle = cudaIpcMemHandle_t;
+
 /// A host function enqueued on a stream (same signature as `cudaHostFn_t`).
 using host_fn = void (*)(void*);
 
@@ -223,6 +241,12 @@ struct is_runtime_impl<R, std::void_t<
   decltype(std::declval<R&>().vm_map(std::declval<void*>(), std::size_t{}, std::declval<typename R::physical_handle>())),
   decltype(std::declval<R&>().vm_unmap(std::declval<void*>(), std::size_t{})),
   decltype(std::declval<R&>().vm_set_access(std::declval<void*>(), std::size_t{}, 0)),
+  decltype(std::declval<R&>().vm_create(std::declval<typename R::physical_handle&>(), std::size_t{}, 0, true)),
+  decltype(std::declval<R&>().vm_export_shareable(std::declval<int&>(), std::declval<typename R::physical_handle>())),
+  decltype(std::declval<R&>().vm_import_shareable(std::declval<typename R::physical_handle&>(), 0)),
+  decltype(std::declval<R&>().ipc_get_mem_handle(std::declval<ipc_mem_handle&>(), std::declval<void*>())),
+  decltype(std::declval<R&>().ipc_open_mem_handle(std::declval<void**>(), std::declval<ipc_mem_handle>())),
+  decltype(std::declval<R&>().ipc_close_mem_handle(std::declval<void*>())),
   decltype(std::declval<R&>().stream_create(std::declval<typename R::stream_type&>())),
   decltype(std::declval<R&>().stream_destroy(std::declval<typename R::stream_type>())),
   decltype(std::declval<R&>().stream_synchronize(std::declval<typename R::stream_type>())),

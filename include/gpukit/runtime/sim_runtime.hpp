@@ -124,6 +124,11 @@ enum class sim_op : int {
   stream_get_device,
   device_can_access_peer,
   device_enable_peer_access,
+  vm_export_shareable,
+  vm_import_shareable,
+  ipc_get_mem_handle,
+  ipc_open_mem_handle,
+  ipc_close_mem_handle,
   count_  ///< number of ops; not an op
 };
 
@@ -291,8 +296,19 @@ class sim_runtime final {
   cudaError_t vm_free(void* va, std::size_t bytes);
   /// Creates `bytes` of physical memory on `device` (a non-zero multiple of the granularity, else
   /// cudaErrorInvalidValue), counted against its capacity: cudaErrorMemoryAllocation when it does
-  /// not fit. cudaErrorInvalidDevice for a bad device.
-  cudaError_t vm_create(physical_handle& h, std::size_t bytes, int device);
+  /// not fit. cudaErrorInvalidDevice for a bad device. The memory is a memfd; `shareable` allows
+  /// vm_export_shareable (as CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR does on CUDA).
+  cudaError_t vm_create(physical_handle& h, std::size_t bytes, int device, bool shareable = false);
+  /// fd = a new descriptor of `h`'s memfd (close-on-exec; the caller closes it). It can cross to
+  /// another process (SCM_RIGHTS, or fork) whose simulated GPU imports it: both then share the
+  /// bytes. cudaErrorInvalidValue for an unknown handle or one not created shareable.
+  cudaError_t vm_export_shareable(int& fd, physical_handle h);
+  /// h = a new handle to the memory `fd` names (a descriptor from vm_export_shareable of any
+  /// simulated GPU, in any process): same size and device, not counted against capacity (the
+  /// exporter's device holds it). `fd` stays the caller's. cudaErrorInvalidValue for a descriptor
+  /// that is not simulated device memory; cudaErrorInvalidDevice when its device does not exist
+  /// here.
+  cudaError_t vm_import_shareable(physical_handle& h, int fd);
   /// Releases `h`: its memory returns to capacity once it is also unmapped everywhere. Unknown or
   /// already released handle: cudaErrorInvalidValue.
   cudaError_t vm_release(physical_handle h);
@@ -306,6 +322,27 @@ class sim_runtime final {
   /// Makes [va, va+bytes) (whole adjacent mappings, else cudaErrorInvalidValue) readable and
   /// writable, by host code and by copies; `device` is recorded as having access.
   cudaError_t vm_set_access(void* va, std::size_t bytes, int device);
+
+  // ---- Interprocess memory ---------------------------------------------------------------------
+
+  /// h = a handle naming the allocation (from malloc) that holds `p`. The first export of an
+  /// allocation moves its bytes into a memfd mapped at the same address (waiting first for the
+  /// work queued on every device: do not let work on it run meanwhile). The handle holds this
+  /// process's id and the memfd's number. cudaErrorInvalidValue for memory from malloc_async
+  /// (as CUDA refuses the default pool's memory), memory opened from a handle, a pointer in no
+  /// allocation, or one freed with free_async.
+  cudaError_t ipc_get_mem_handle(ipc_mem_handle& h, void* p);
+  /// In another process (a fork, or any process of the same user): *p = the base of a mapping of
+  /// the allocation `h` names (through /proc/<pid>/fd/<fd>), device memory of the handle's device
+  /// for copies, not counted against capacity. Opening the same handle again returns the same
+  /// pointer (reference counted, as CUDA does). cudaErrorInvalidValue for a handle that is not a
+  /// simulated one or whose memory cannot be opened (the exporter exited or freed it);
+  /// cudaErrorInvalidResourceHandle in the exporting process itself (CUDA opens handles only in
+  /// other processes); cudaErrorInvalidDevice when its device does not exist here.
+  cudaError_t ipc_open_mem_handle(void** p, ipc_mem_handle h);
+  /// Drops one open of `p` (from ipc_open_mem_handle); the last one waits for the work queued on
+  /// its device, then unmaps it. cudaErrorInvalidValue for any other pointer.
+  cudaError_t ipc_close_mem_handle(void* p);
 
   // ---- Streams ----------------------------------------------------------------------------------
 
@@ -467,7 +504,7 @@ class sim_runtime final {
   void reap_streams();
   void wait_device(int device);
   void wait_all_devices();
-  cudaError_t allocate(void** p, std::size_t bytes, int device);
+  cudaError_t allocate(void** p, std::size_t bytes, int device, bool async);
   std::string describe_unknown(std::uintptr_t a) const;     // mem_mutex_ held
   placement place(void const* p, std::size_t bytes) const;  // mem_mutex_ held
   cudaError_t check_side(char const* call, std::string const& args, char const* side, void const* p,

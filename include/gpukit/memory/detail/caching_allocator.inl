@@ -1650,6 +1650,37 @@ void* basic_caching_allocator<Runtime>::allocate_captured_locked(std::size_t byt
 }
 
 // ---------------------------------------------------------------------------------------------
+// Extent of a block (interprocess export, gpukit/memory/ipc.hpp)
+
+template <class Runtime>
+typename basic_caching_allocator<Runtime>::block_extent basic_caching_allocator<Runtime>::extent(
+  void const* ptr) const
+{
+  std::lock_guard<std::mutex> lock{mutex_};
+  block const* b = blocks_.find(reinterpret_cast<std::uintptr_t>(ptr));
+  GPUKIT_EXPECTS(
+    b != nullptr && b->state.load(std::memory_order_relaxed) == detail::block_state::allocated,
+    "caching_allocator::extent: " + detail::hex(ptr) +
+      " is not a block this allocator has handed out (device " + std::to_string(device_) + ")");
+  auto const* seg = static_cast<segment const*>(b->segment);
+  block_extent x;
+  x.segment_base   = seg->ptr;
+  x.segment_bytes  = seg->size;
+  x.offset         = b->address() - reinterpret_cast<std::uintptr_t>(seg->ptr);
+  x.bytes          = b->size;
+  x.stream_ordered = seg->stream_ordered && !seg->growable;
+  x.growable       = seg->growable;
+  if (seg->growable) {
+    x.page_bytes           = seg->page;
+    x.first_page           = x.offset / seg->page;
+    std::size_t const last = (x.offset + b->size - 1) / seg->page;
+    x.pages.assign(seg->handles.begin() + static_cast<std::ptrdiff_t>(x.first_page),
+                   seg->handles.begin() + static_cast<std::ptrdiff_t>(last + 1));
+  }
+  return x;
+}
+
+// ---------------------------------------------------------------------------------------------
 // Invariants (tests)
 
 template <class Runtime>

@@ -250,7 +250,8 @@ bool basic_caching_allocator<Runtime>::map_pages_locked(segment& seg, std::size_
       ++reused;
     } else {
       if (limit != 0 && reserved_ + page > limit) { return fail(cudaErrorMemoryAllocation); }
-      cudaError_t const e = runtime_.vm_create(m.handle, page, device_);
+      cudaError_t const e =
+        runtime_.vm_create(m.handle, page, device_, options_.growable_shareable);
       if (e != cudaSuccess) { return fail(e); }
       m.fresh = true;
       reserved_ += page;

@@ -52,13 +52,14 @@ inline CUdeviceptr to_device_ptr(void* p) noexcept
   return static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(p));
 }
 
-inline CUmemAllocationProp pinned_device_allocation(int device) noexcept
+inline CUmemAllocationProp pinned_device_allocation(int device, bool shareable = false) noexcept
 {
   CUmemAllocationProp prop{};
-  prop.type                 = CU_MEM_ALLOCATION_TYPE_PINNED;
-  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
-  prop.location.type        = CU_MEM_LOCATION_TYPE_DEVICE;
-  prop.location.id          = device;
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.requestedHandleTypes =
+    shareable ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : CU_MEM_HANDLE_TYPE_NONE;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id   = device;
   return prop;
 }
 
@@ -249,14 +250,34 @@ inline cudaError_t cuda_runtime::vm_free(void* va, std::size_t bytes)
   return detail::to_cuda_error(call.api.mem_address_free(detail::to_device_ptr(va), bytes));
 }
 
-inline cudaError_t cuda_runtime::vm_create(physical_handle& h, std::size_t bytes, int device)
+inline cudaError_t cuda_runtime::vm_create(physical_handle& h, std::size_t bytes, int device,
+                                           bool shareable)
 {
   h               = physical_handle{};
   auto const call = detail::begin_vm_call();
   if (call.status != cudaSuccess) { return call.status; }
   if (auto const e = detail::check_vm_device(device); e != cudaSuccess) { return e; }
-  CUmemAllocationProp const prop = detail::pinned_device_allocation(device);
+  CUmemAllocationProp const prop = detail::pinned_device_allocation(device, shareable);
   return detail::to_cuda_error(call.api.mem_create(&h, bytes, &prop, 0));
+}
+
+inline cudaError_t cuda_runtime::vm_export_shareable(int& fd, physical_handle h)
+{
+  fd              = -1;
+  auto const call = detail::begin_vm_call();
+  if (call.status != cudaSuccess) { return call.status; }
+  return detail::to_cuda_error(
+    call.api.mem_export_to_shareable_handle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+}
+
+inline cudaError_t cuda_runtime::vm_import_shareable(physical_handle& h, int fd)
+{
+  h               = physical_handle{};
+  auto const call = detail::begin_vm_call();
+  if (call.status != cudaSuccess) { return call.status; }
+  return detail::to_cuda_error(call.api.mem_import_from_shareable_handle(
+    &h, reinterpret_cast<void*>(static_cast<std::uintptr_t>(fd)),
+    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
 }
 
 inline cudaError_t cuda_runtime::vm_release(physical_handle h)
@@ -290,6 +311,23 @@ inline cudaError_t cuda_runtime::vm_set_access(void* va, std::size_t bytes, int 
   desc.location.id   = device;
   desc.flags         = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
   return detail::to_cuda_error(call.api.mem_set_access(detail::to_device_ptr(va), bytes, &desc, 1));
+}
+
+// --- Interprocess memory ------------------------------------------------------------------------
+
+inline cudaError_t cuda_runtime::ipc_get_mem_handle(ipc_mem_handle& h, void* p)
+{
+  return detail::cuda_result(::cudaIpcGetMemHandle(&h, p));
+}
+
+inline cudaError_t cuda_runtime::ipc_open_mem_handle(void** p, ipc_mem_handle h)
+{
+  return detail::cuda_result(::cudaIpcOpenMemHandle(p, h, cudaIpcMemLazyEnablePeerAccess));
+}
+
+inline cudaError_t cuda_runtime::ipc_close_mem_handle(void* p)
+{
+  return detail::cuda_result(::cudaIpcCloseMemHandle(p));
 }
 
 // --- Streams -------------------------------------------------------------------------------------

@@ -35,6 +35,8 @@ struct driver_entry_points {
   PFN_cuMemMap_v10020 mem_map{nullptr};
   PFN_cuMemUnmap_v10020 mem_unmap{nullptr};
   PFN_cuMemSetAccess_v10020 mem_set_access{nullptr};
+  PFN_cuMemExportToShareableHandle_v10020 mem_export_to_shareable_handle{nullptr};
+  PFN_cuMemImportFromShareableHandle_v10020 mem_import_from_shareable_handle{nullptr};
 };
 
 /// Looks up one driver symbol into `fn`; returns false (and sets `out.status`/`out.missing`
@@ -78,7 +80,9 @@ inline driver_entry_points load_driver_entry_points() noexcept
     resolve_driver_symbol(d, "cuMemRelease", d.mem_release) &&
     resolve_driver_symbol(d, "cuMemMap", d.mem_map) &&
     resolve_driver_symbol(d, "cuMemUnmap", d.mem_unmap) &&
-    resolve_driver_symbol(d, "cuMemSetAccess", d.mem_set_access);
+    resolve_driver_symbol(d, "cuMemSetAccess", d.mem_set_access) &&
+    resolve_driver_symbol(d, "cuMemExportToShareableHandle", d.mem_export_to_shareable_handle) &&
+    resolve_driver_symbol(d, "cuMemImportFromShareableHandle", d.mem_import_from_shareable_handle);
   if (!ok) { return driver_entry_points{d.status, d.missing}; }  // all or nothing
   d.status = cudaSuccess;
   return d;

@@ -292,6 +292,11 @@ struct sim_allocation {
   std::size_t mapped_bytes{0};  ///< rounded up to the page size: what mmap reserved
   int device{0};
   bool pending_free{false};  ///< free_async enqueued; no longer usable
+  bool async{false};         ///< from malloc_async: not exportable with ipc_get_mem_handle
+  int ipc_fd{-1};            ///< after ipc_get_mem_handle: the memfd now backing the memory
+  bool imported{false};      ///< mapped by ipc_open_mem_handle (not counted against capacity)
+  std::size_t ipc_refs{0};   ///< imported: opens not yet closed
+  std::string ipc_key;       ///< imported: "<pid>:<fd>" of the exporter's memfd
 };
 
 /// A virtual address range from vm_reserve, keyed by its base.
@@ -314,6 +319,25 @@ struct sim_physical {
   int device{0};
   bool released{false};  ///< vm_release called; freed when map_count drops to 0
   std::size_t map_count{0};
+  bool shareable{false};  ///< created shareable (vm_export_shareable allowed) or imported
+  bool imported{false};   ///< from vm_import_shareable: another handle's memory, not charged
 };
+
+/// The memfd names that carry a simulated device's memory across processes.
+inline constexpr char const* sim_physical_name = "gpukit-sim-physical-d";
+inline constexpr char const* sim_ipc_name      = "gpukit-sim-ipc-d";
+/// The first bytes of a simulated ipc_mem_handle.
+inline constexpr char sim_ipc_magic[8] = {'g', 'k', 's', 'i', 'm', 'i', 'p', 'c'};
+
+/// What a simulated ipc_mem_handle holds (in its 64 bytes).
+struct sim_ipc_payload {
+  char magic[8];
+  std::int64_t pid;            ///< the exporting process
+  std::int64_t fd;             ///< the memfd in the exporting process
+  std::uint64_t bytes;         ///< the allocation's size
+  std::uint64_t mapped_bytes;  ///< its mapping's size
+  std::int64_t device;
+};
+static_assert(sizeof(sim_ipc_payload) <= 64, "a simulated IPC handle fits cudaIpcMemHandle_t");
 
 }  // namespace gpukit::detail

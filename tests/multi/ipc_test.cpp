@@ -1,0 +1,305 @@
+// gpukit/memory/ipc.hpp on the simulated GPU: a block exported by one process and opened by a
+// fork()ed child, which reads and writes its bytes. The simulated GPU's exported memory is memfd
+// memory (malloc allocations move into a memfd on their first export; virtual-memory pages are
+// memfds from the start), so the two processes really share it, as two processes share a GPU.
+#include "transfer/transfer_conformance.hpp"
+
+#include <gpukit/memory/caching_allocator.hpp>
+#include <gpukit/memory/ipc.hpp>
+#include <gpukit/runtime/sim_runtime.hpp>
+
+#include <doctest/doctest.h>
+
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+using gpukit::sim_runtime;
+using sim_allocator = gpukit::basic_caching_allocator<sim_runtime>;
+using stream_t      = sim_runtime::stream_type;
+using gpukit::test::fill_pattern;
+using gpukit::test::first_mismatch;
+using gpukit::test::kib;
+using gpukit::test::mib;
+
+namespace {
+
+gpukit::sim_config two_gpus(std::size_t granularity = 2 * mib)
+{
+  return gpukit::sim_config{}
+    .with_devices(2, std::size_t{4} << 30)
+    .with_vm_granularity(granularity);
+}
+
+/// A socket pair, closed on scope exit.
+struct socket_pair {
+  int fd[2]{-1, -1};
+  socket_pair() { REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM, 0, fd) == 0); }
+  ~socket_pair()
+  {
+    for (int f : fd) {
+      if (f >= 0) { ::close(f); }
+    }
+  }
+};
+
+/// Copies `bytes` of device memory of `device` to host through a stream of that device.
+std::vector<char> read_device(sim_runtime& sim, int device, void const* p, std::size_t bytes)
+{
+  gpukit::device_guard<sim_runtime> guard{sim, device};
+  std::vector<char> out(bytes);
+  if (sim.memcpy_async(out.data(), p, bytes, gpukit::memcpy_kind::device_to_host, stream_t{}) !=
+        cudaSuccess ||
+      sim.stream_synchronize(stream_t{}) != cudaSuccess) {
+    out.clear();
+  }
+  return out;
+}
+
+bool write_device(sim_runtime& sim, int device, void* p, void const* src, std::size_t bytes)
+{
+  gpukit::device_guard<sim_runtime> guard{sim, device};
+  return sim.memcpy_async(p, src, bytes, gpukit::memcpy_kind::host_to_device, stream_t{}) ==
+           cudaSuccess &&
+         sim.stream_synchronize(stream_t{}) == cudaSuccess;
+}
+
+/// The child's side: receives a handle, opens it on a simulated GPU of its own (device 1, with
+/// device 0 current), checks that it holds pattern `seen`, writes pattern `written`, closes it,
+/// and answers one byte. Returns the exit code (0: all held).
+int child_reads_and_writes(int sock, std::uint32_t seen, std::uint32_t written)
+{
+  try {
+    sim_runtime sim{two_gpus()};
+    gpukit::ipc_block_handle h = gpukit::receive_block_handle(sock);
+    gpukit::imported_block<sim_runtime> block{sim, h, 1};
+    h.close_fds();
+    if (block.device() != 1 || block.size() != h.bytes) { return 2; }
+    std::vector<char> got = read_device(sim, 1, block.data(), block.size());
+    if (got.size() != block.size() || first_mismatch(got.data(), got.size(), seen) != got.size()) {
+      std::fprintf(stderr, "child: the block does not hold the exporter's bytes\n");
+      return 3;
+    }
+    std::vector<char> mine(block.size());
+    fill_pattern(mine.data(), mine.size(), written);
+    if (!write_device(sim, 1, block.data(), mine.data(), mine.size())) { return 4; }
+    if (h.type == gpukit::ipc_block_handle::kind::cuda_ipc) {
+      // Opened again in the same process: the same mapping (reference counted, as on CUDA).
+      void* again = nullptr;
+      if (sim.ipc_open_mem_handle(&again, h.memory) != cudaSuccess ||
+          static_cast<char*>(again) + h.offset != block.data() ||
+          sim.ipc_close_mem_handle(again) != cudaSuccess) {
+        return 5;
+      }
+    }
+    block.close();
+    char const ack = 'k';
+    if (::write(sock, &ack, 1) != 1) { return 6; }
+    return 0;
+  } catch (std::exception const& e) {
+    std::fprintf(stderr, "child: %s\n", e.what());
+    return 7;
+  }
+}
+
+/// Sends `h` to a fork()ed child that runs child_reads_and_writes; returns its exit code.
+int share_with_child(gpukit::ipc_block_handle& h, std::uint32_t seen, std::uint32_t written)
+{
+  socket_pair sp;
+  pid_t const pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::close(sp.fd[0]);
+    ::_exit(child_reads_and_writes(sp.fd[1], seen, written));
+  }
+  ::close(sp.fd[1]);
+  sp.fd[1] = -1;
+  gpukit::send_block_handle(sp.fd[0], h);
+  h.close_fds();  // the child has its own copies now
+  char ack        = 0;
+  ssize_t const n = ::read(sp.fd[0], &ack, 1);
+  int status      = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  REQUIRE(WIFEXITED(status));
+  CHECK(n == 1);
+  return WEXITSTATUS(status);
+}
+
+}  // namespace
+
+TEST_SUITE("ipc")
+{
+  TEST_CASE("ipc: a block of a growable segment is read and written by another process")
+  {
+    sim_runtime sim{two_gpus()};
+    gpukit::caching_allocator_options o;
+    o.source              = gpukit::segment_source::growable;
+    o.growable_shareable  = true;
+    o.growable_page_bytes = 2 * mib;
+    sim_allocator alloc{sim, 1, o};
+    REQUIRE(sim.set_device(0) == cudaSuccess);  // not the allocator's device
+    void* first                 = alloc.allocate(3 * mib);
+    constexpr std::size_t bytes = 5 * mib + 4096;
+    void* b                     = alloc.allocate(bytes);  // starts inside a page, spans 3 or 4
+    std::vector<char> mine(bytes);
+    fill_pattern(mine.data(), bytes, 31);
+    REQUIRE(write_device(sim, 1, b, mine.data(), bytes));
+
+    gpukit::ipc_block_handle h = gpukit::export_block(alloc, b);
+    CHECK(h.type == gpukit::ipc_block_handle::kind::shareable_pages);
+    CHECK(h.device == 1);
+    CHECK(h.bytes >= bytes);
+    CHECK(h.page_bytes == 2 * mib);
+    CHECK(h.offset == 3 * mib - 2 * mib);  // the block starts 1 MiB into its first page
+    CHECK(h.fds.size() == (h.offset + h.bytes + 2 * mib - 1) / (2 * mib));
+
+    CHECK(share_with_child(h, 31, 32) == 0);
+    std::vector<char> now = read_device(sim, 1, b, bytes);  // the child's bytes
+    CHECK(first_mismatch(now.data(), bytes, 32) == bytes);
+
+    alloc.deallocate(b, bytes);
+    alloc.deallocate(first, 3 * mib);
+    CHECK(alloc.check_invariants().empty());
+    alloc.release();
+    CHECK(sim.used_bytes(1) == 0);
+    CHECK(sim.used_bytes(0) == 0);
+  }
+
+  TEST_CASE("ipc: a block of a cudaMalloc segment travels as a CUDA IPC handle")
+  {
+    sim_runtime sim{two_gpus()};
+    sim_allocator alloc{sim, 1, [] {
+                          gpukit::caching_allocator_options o;
+                          o.source = gpukit::segment_source::synchronous;
+                          return o;
+                        }()};
+    void* first                 = alloc.allocate(100 * kib);
+    constexpr std::size_t bytes = 300 * kib + 256;  // a multiple of 256: the block is all of it
+    void* b                     = alloc.allocate(bytes);  // same small segment, at an offset
+    std::vector<char> mine(bytes);
+    fill_pattern(mine.data(), bytes, 41);
+    REQUIRE(write_device(sim, 1, b, mine.data(), bytes));
+
+    gpukit::ipc_block_handle h = gpukit::export_block(alloc, b);
+    CHECK(h.type == gpukit::ipc_block_handle::kind::cuda_ipc);
+    CHECK(h.offset == static_cast<char*>(b) - static_cast<char*>(first));
+    CHECK(h.fds.empty());
+    // The handle cannot be opened by the process that made it (as on CUDA).
+    void* self = nullptr;
+    CHECK(sim.ipc_open_mem_handle(&self, h.memory) == cudaErrorInvalidResourceHandle);
+
+    CHECK(share_with_child(h, 41, 42) == 0);
+    std::vector<char> now = read_device(sim, 1, b, bytes);
+    CHECK(first_mismatch(now.data(), bytes, 42) == bytes);
+    // The neighbour the export moved into the memfd too kept its memory.
+    std::vector<char> head(100 * kib, 7);
+    REQUIRE(write_device(sim, 1, first, head.data(), head.size()));
+    CHECK(read_device(sim, 1, first, head.size()) == head);
+
+    alloc.deallocate(b, bytes);
+    alloc.deallocate(first, 100 * kib);
+    alloc.release();
+    CHECK(sim.used_bytes(1) == 0);
+  }
+
+  TEST_CASE("ipc: many pages travel in several descriptor messages")
+  {
+    // 64 KiB pages: a 10 MiB block is 160+ descriptors (sent 64 a message).
+    sim_runtime a{two_gpus(64 * kib)};
+    gpukit::caching_allocator_options o;
+    o.source              = gpukit::segment_source::growable;
+    o.growable_shareable  = true;
+    o.growable_page_bytes = 64 * kib;
+    sim_allocator alloc{a, 0, o};
+    constexpr std::size_t bytes = 10 * mib + 300;
+    void* p                     = alloc.allocate(bytes);
+    std::vector<char> mine(bytes);
+    fill_pattern(mine.data(), bytes, 51);
+    REQUIRE(write_device(a, 0, p, mine.data(), bytes));
+    gpukit::ipc_block_handle h = gpukit::export_block(alloc, p);
+    CHECK(h.fds.size() >= 161);
+
+    socket_pair sp;
+    gpukit::send_block_handle(sp.fd[0], h);
+    gpukit::ipc_block_handle got = gpukit::receive_block_handle(sp.fd[1]);
+    CHECK(got.fds.size() == h.fds.size());
+    CHECK(got.offset == h.offset);
+    CHECK(got.bytes == h.bytes);
+    h.close_fds();
+    // Imported by a second simulated GPU of this process: the same bytes.
+    sim_runtime b{two_gpus(64 * kib)};
+    {
+      gpukit::imported_block<sim_runtime> block{b, got, 0};
+      got.close_fds();
+      std::vector<char> seen = read_device(b, 0, block.data(), bytes);
+      CHECK(first_mismatch(seen.data(), bytes, 51) == bytes);
+      CHECK(b.used_bytes(0) == 0);  // imported memory is the exporter's device's
+    }
+    alloc.deallocate(p, bytes);
+  }
+
+  TEST_CASE("ipc: what cannot be exported or imported is refused clearly")
+  {
+    sim_runtime sim{two_gpus()};
+    {
+      sim_allocator pooled{sim, 0, [] {
+                             gpukit::caching_allocator_options o;
+                             o.source = gpukit::segment_source::stream_ordered;
+                             return o;
+                           }()};
+      void* p = pooled.allocate(mib);
+      CHECK_THROWS_WITH_AS((void)gpukit::export_block(pooled, p),
+                           doctest::Contains("cudaMallocAsync"), gpukit::logic_error);
+      CHECK_THROWS_WITH_AS((void)gpukit::export_block(pooled, static_cast<char*>(p) + 256),
+                           doctest::Contains("is not a block this allocator has handed out"),
+                           gpukit::logic_error);
+      pooled.deallocate(p, mib);
+      CHECK_THROWS_AS((void)gpukit::export_block(pooled, p), gpukit::logic_error);  // freed
+      // The runtime refuses cudaMallocAsync memory too.
+      void* q = nullptr;
+      REQUIRE(sim.malloc_async(&q, mib, stream_t{}) == cudaSuccess);
+      gpukit::ipc_mem_handle mh{};
+      CHECK(sim.ipc_get_mem_handle(mh, q) == cudaErrorInvalidValue);
+      CHECK(sim.last_misuse().find("malloc_async") != std::string::npos);
+      CHECK(sim.free_async(q, stream_t{}) == cudaSuccess);
+    }
+    {
+      gpukit::caching_allocator_options o;
+      o.source = gpukit::segment_source::growable;  // growable_shareable left off
+      sim_allocator growable{sim, 0, o};
+      void* p = growable.allocate(mib);
+      CHECK_THROWS_WITH_AS((void)gpukit::export_block(growable, p),
+                           doctest::Contains("growable_shareable"), gpukit::logic_error);
+      growable.deallocate(p, mib);
+    }
+    // Physical memory not created shareable cannot be exported; a descriptor that is not
+    // simulated device memory cannot be imported.
+    sim_runtime::physical_handle ph{};
+    REQUIRE(sim.vm_create(ph, 2 * mib, 0) == cudaSuccess);
+    int fd = -1;
+    CHECK(sim.vm_export_shareable(fd, ph) == cudaErrorInvalidValue);
+    CHECK(sim.vm_release(ph) == cudaSuccess);
+    int pipe_fds[2];
+    REQUIRE(::pipe(pipe_fds) == 0);
+    CHECK(sim.vm_import_shareable(ph, pipe_fds[0]) == cudaErrorInvalidValue);
+    ::close(pipe_fds[0]);
+    ::close(pipe_fds[1]);
+    gpukit::ipc_mem_handle junk{};
+    void* out = nullptr;
+    CHECK(sim.ipc_open_mem_handle(&out, junk) == cudaErrorInvalidValue);
+    CHECK(sim.ipc_close_mem_handle(&junk) == cudaErrorInvalidValue);
+    // Something else on the socket is not taken for a handle.
+    socket_pair sp;
+    std::vector<char> garbage(200, 'x');
+    REQUIRE(::write(sp.fd[0], garbage.data(), garbage.size()) ==
+            static_cast<ssize_t>(garbage.size()));
+    CHECK_THROWS_WITH_AS((void)gpukit::receive_block_handle(sp.fd[1]),
+                         doctest::Contains("not a gpukit block handle"), gpukit::logic_error);
+  }
+}
