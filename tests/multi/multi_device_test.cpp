@@ -150,6 +150,37 @@ TEST_SUITE("multi")
     }
   }
 
+  TEST_CASE("multi: a stream of another device is refused by the allocator and nothing changes")
+  {
+    sim_runtime sim{devices(2)};
+    REQUIRE(sim.set_device(0) == cudaSuccess);
+    stream_t s0{};
+    REQUIRE(sim.stream_create(s0) == cudaSuccess);  // a stream of device 0
+    REQUIRE(sim.set_device(1) == cudaSuccess);
+    stream_t s1{};
+    REQUIRE(sim.stream_create(s1) == cudaSuccess);
+    for (auto source : {gpukit::segment_source::stream_ordered, gpukit::segment_source::growable}) {
+      gpukit::caching_allocator_options o;
+      o.source = source;
+      sim_allocator alloc{sim, 1, o};
+      void* p = alloc.allocate_async(4 * mib, s1);
+      CHECK_THROWS_WITH_AS(
+        (void)alloc.allocate_async(4 * mib, s0),
+        doctest::Contains("belongs to device 0 but this allocator serves device 1"),
+        gpukit::logic_error);
+      CHECK_THROWS_WITH_AS(alloc.record_stream(p, s0), doctest::Contains("belongs to device 0"),
+                           gpukit::logic_error);
+      CHECK(sim.used_bytes(0) == 0);  // nothing was taken from device 0
+      CHECK(alloc.stats().allocation_count.current == 1);
+      CHECK(alloc.check_invariants() == "");
+      alloc.deallocate_async(p, 4 * mib, s1);
+      alloc.forget_stream(s1);
+    }
+    REQUIRE(sim.stream_destroy(s0) == cudaSuccess);
+    REQUIRE(sim.stream_destroy(s1) == cudaSuccess);
+    CHECK(sim.misuse_count() == 0);
+  }
+
   TEST_CASE("multi: one allocator per device from threads with any device current")
   {
     constexpr int n = 4;

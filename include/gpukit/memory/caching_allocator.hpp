@@ -444,6 +444,7 @@ class basic_caching_allocator final {
   block* insert_free_locked(block* b);
   void unindex_locked(block* b);
   stream_pool& stream_pool_locked(stream_type stream);
+  void check_stream_locked(stream_type stream, char const* what);
   std::size_t poll_pending_locked(bool wait = false);
   std::size_t migrate_locked(stream_type requester, bool wait);
   block* recover_locked(std::unique_lock<std::mutex>& lock, std::size_t size, int kind,
@@ -517,6 +518,7 @@ class basic_caching_allocator final {
   std::vector<std::unique_ptr<stream_pool>> stream_pools_;
   detail::tlsf_index<block> global_[2];  // free blocks usable on any stream
   std::vector<pending_free> pending_;
+  std::vector<stream_type> checked_streams_;     // streams known to belong to device_
   std::vector<block*> unmapped_[2];              // growable: unmapped ranges, per pool kind
   std::vector<physical_handle> spare_pages_[2];  // growable: unmapped physical pages, held
   std::vector<segment*> growable_segments_;

@@ -511,6 +511,7 @@ void* basic_caching_allocator<Runtime>::allocate_slow(std::size_t bytes, std::si
                                                       stream_type stream, thread_cache& tc)
 {
   std::unique_lock<std::mutex> lock{mutex_};
+  check_stream_locked(stream, "allocate_async");
   int const kind     = kind_for(size);
   bool const capture = captures_underway_.load(std::memory_order_relaxed) != 0;
   if (capture) {
@@ -686,6 +687,26 @@ memory_snapshot basic_caching_allocator<Runtime>::snapshot() const
   std::stable_sort(s.events.begin(), s.events.end(),
                    [](auto const& a, auto const& b) { return a.time_ns < b.time_ns; });
   return s;
+}
+
+// A stream's first use: it must belong to this allocator's device (on CUDA, cudaMallocAsync on
+// another device's stream takes that device's memory, and events of this device cannot be
+// recorded on it). The null stream stands for this device's.
+template <class Runtime>
+void basic_caching_allocator<Runtime>::check_stream_locked(stream_type stream, char const* what)
+{
+  if (stream == stream_type{} || std::find(checked_streams_.begin(), checked_streams_.end(),
+                                           stream) != checked_streams_.end()) {
+    return;
+  }
+  int d = -1;
+  GPUKIT_CUDA_TRY(runtime_.stream_get_device(stream, d));
+  GPUKIT_EXPECTS(d == device_, std::string{what} + ": the stream belongs to device " +
+                                 std::to_string(d) + " but this allocator serves device " +
+                                 std::to_string(device_) +
+                                 "; use that device's allocator (default_caching_allocator(" +
+                                 std::to_string(d) + "))");
+  checked_streams_.push_back(stream);
 }
 
 template <class Runtime>
@@ -1143,6 +1164,7 @@ void basic_caching_allocator<Runtime>::record_stream(void* ptr, stream_type stre
 {
   auto const key = reinterpret_cast<std::uintptr_t>(ptr);
   std::lock_guard<std::mutex> lock{mutex_};
+  check_stream_locked(stream, "record_stream");
   block* b = blocks_.find(key);
   GPUKIT_EXPECTS(
     b != nullptr && b->state.load(std::memory_order_relaxed) == detail::block_state::allocated,
@@ -1235,6 +1257,9 @@ void basic_caching_allocator<Runtime>::forget_stream(stream_type stream)
   thread_cache& tc = local_cache();
   std::lock_guard<std::mutex> lock{mutex_};
   flush_cache_locked(tc);
+  // CUDA may hand the handle of a destroyed stream to a new one: check it again then.
+  checked_streams_.erase(std::remove(checked_streams_.begin(), checked_streams_.end(), stream),
+                         checked_streams_.end());
   auto it = std::find_if(stream_pools_.begin(), stream_pools_.end(),
                          [&](auto const& sp) { return sp->stream == stream; });
   if (it == stream_pools_.end()) { return; }
