@@ -313,6 +313,24 @@ TEST_SUITE("caching_allocator")
     CHECK(alloc.release() == 2 * MiB);
   }
 
+  TEST_CASE("peaks stay true when blocks are freed by other threads")
+  {
+    // PyTorch frees on its autograd threads: the allocating thread's own count then only grows.
+    // The peak must be the most ever allocated at once (1 MiB here), not that count's peak.
+    sim_runtime sim{one_device()};
+    sim_allocator alloc{sim, 0};
+    streams2 s{sim};
+    for (int i = 0; i < 50; ++i) {
+      void* p = alloc.allocate_async(MiB, s.a);
+      std::thread{[&] { alloc.deallocate_async(p, MiB, s.a); }}.join();
+    }
+    auto const st = alloc.stats();
+    CHECK(st.allocated_bytes.current == 0);
+    CHECK(st.allocated_bytes.peak == static_cast<std::int64_t>(MiB));
+    CHECK(st.allocation_count.peak == 1);
+    alloc.forget_stream(s.a);
+  }
+
   TEST_CASE("a block freed by another thread than the one that allocated it")
   {
     sim_runtime sim{one_device()};

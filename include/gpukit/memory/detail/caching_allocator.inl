@@ -551,7 +551,9 @@ void* basic_caching_allocator<Runtime>::allocate_slow(std::size_t bytes, std::si
       if (b == nullptr) { throw_oom_locked(bytes, size); }
     }
   }
-  return hand_out(tc, take_locked(b, size, bytes, stream), bytes, stream);
+  void* p = hand_out(tc, take_locked(b, size, bytes, stream), bytes, stream);
+  if (freed_across_threads_) { update_peaks_locked(); }  // the sums are the only true peaks then
+  return p;
 }
 
 // Every path that gives a block to a user ends here: the thread's map and counters, then the
@@ -1096,6 +1098,7 @@ void basic_caching_allocator<Runtime>::deallocate_impl(void* ptr, std::size_t by
     // Not handed out by this thread (or an error): look it up in the pool.
     std::lock_guard<std::mutex> lock{mutex_};
     b = blocks_.find(key);
+    if (b != nullptr) { freed_across_threads_ = true; }  // per-thread peaks no longer bound it
     if (b == nullptr) {
       GPUKIT_EXPECTS(false, "deallocate: pointer " + detail::hex(ptr) +
                               " was not allocated by this allocator (device " +
@@ -1433,9 +1436,12 @@ template <class Runtime>
 void basic_caching_allocator<Runtime>::update_peaks_locked() const
 {
   // Current values are the sums over threads. A peak is the highest of: the sums seen here (when
-  // statistics are read, at out-of-memory and reset_peak) and each thread's own peak (exact when
-  // a single thread allocates; a lower bound otherwise). Reserved and segment peaks are exact:
-  // they are raised where segments are taken.
+  // statistics are read, on every allocation that takes the pool lock, at out-of-memory and
+  // reset_peak) and, while every block has been freed by the thread that allocated it, each
+  // thread's own peak (exact when a single thread allocates, a lower bound otherwise). Once a
+  // block is freed by another thread (as PyTorch's autograd threads do), a thread's own count can
+  // exceed the total, so its peak is no longer used. Reserved and segment peaks are exact: they
+  // are raised where segments are taken.
   std::int64_t allocated = 0, requested = 0, count = 0;
   std::int64_t allocated_peak = 0, requested_peak = 0, count_peak = 0;
   for (auto const& c : caches_) {
@@ -1450,6 +1456,7 @@ void basic_caching_allocator<Runtime>::update_peaks_locked() const
     s.current = v;
     s.peak    = std::max({s.peak, v, thread_peak});
   };
+  if (freed_across_threads_) { allocated_peak = requested_peak = count_peak = 0; }
   bump(pool_stats_.allocated_bytes, allocated, allocated_peak);
   bump(pool_stats_.requested_bytes, requested, requested_peak);
   bump(pool_stats_.allocation_count, count, count_peak);
