@@ -1094,6 +1094,7 @@ void basic_caching_allocator<Runtime>::deallocate_impl(void* ptr, std::size_t by
     tc.handed_out.erase(key);  // stale: freed by another thread since
     b = nullptr;
   }
+  bool const foreign = b == nullptr;  // allocated by another thread
   if (b == nullptr) {
     // Not handed out by this thread (or an error): look it up in the pool.
     std::lock_guard<std::mutex> lock{mutex_};
@@ -1153,7 +1154,9 @@ void basic_caching_allocator<Runtime>::deallocate_impl(void* ptr, std::size_t by
     record(tc, memory_event::action::free, b, stream);
   }
   b->state.store(detail::block_state::cached, std::memory_order_relaxed);
-  if (b->size <= options_.thread_cache_max_block_bytes && b->capture_pool == 0 &&
+  // A block another thread allocated goes back to the pool, not to this thread's cache: a thread
+  // that frees what others allocate (PyTorch's autograd threads) would otherwise strand it.
+  if (!foreign && b->size <= options_.thread_cache_max_block_bytes && b->capture_pool == 0 &&
       captures_underway_.load(std::memory_order_relaxed) == 0 &&
       tc.push(stream, b, options_.thread_cache_blocks_per_class, options_.thread_cache_bytes)) {
     return;
