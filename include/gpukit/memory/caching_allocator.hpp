@@ -439,6 +439,7 @@ class basic_caching_allocator final {
   block* new_segment_locked(std::size_t size, int kind, stream_type stream, bool& oom);
   block* take_locked(block* b, std::size_t size, std::size_t bytes, stream_type stream);
   void* hand_out(thread_cache& tc, block* b, std::size_t bytes, stream_type stream);
+  void purge_handed_out(thread_cache& tc);
   void adopt_segment_locked(block* b, std::unique_ptr<segment> seg, void* p, std::size_t seg_size,
                             int kind, stream_type stream, bool stream_ordered, capture_id pool);
   block* insert_free_locked(block* b);

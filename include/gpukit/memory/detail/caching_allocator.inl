@@ -220,6 +220,9 @@ struct caching_thread_cache {
   slot* mru{nullptr};
   std::uint64_t tick{0};
   address_map<block> handed_out;  // blocks this thread allocated and has not freed
+  // Blocks other threads freed stay in handed_out until their address comes back: when it holds
+  // more than this, those entries are dropped (amortized: the bound doubles with what stays).
+  std::size_t purge_at{4096};
   std::atomic<bool> flush_requested{false};
   bool orphaned{false};  // guarded by the allocator's mutex
 
@@ -556,6 +559,19 @@ void* basic_caching_allocator<Runtime>::allocate_slow(std::size_t bytes, std::si
   return p;
 }
 
+// Drops the entries of blocks other threads have freed since (their descriptor now describes
+// another block, or none). Descriptors are never deallocated while the allocator lives, so reading
+// one that another thread reuses is safe; its state and address are atomics.
+template <class Runtime>
+void basic_caching_allocator<Runtime>::purge_handed_out(thread_cache& tc)
+{
+  tc.handed_out.erase_if([](std::uintptr_t key, block* b) {
+    return b->address() != key ||
+           b->state.load(std::memory_order_relaxed) != detail::block_state::allocated;
+  });
+  tc.purge_at = std::max<std::size_t>(4096, 2 * tc.handed_out.size());
+}
+
 // Every path that gives a block to a user ends here: the thread's map and counters, then the
 // optional recording and annotation.
 template <class Runtime>
@@ -563,6 +579,7 @@ __attribute__((always_inline)) inline void* basic_caching_allocator<Runtime>::ha
   thread_cache& tc, block* b, std::size_t bytes, stream_type stream)
 {
   tc.handed_out.insert(b->address(), b);
+  if (tc.handed_out.size() > tc.purge_at) { purge_handed_out(tc); }
   tc.allocated_bytes.add(static_cast<std::int64_t>(b->size));
   tc.requested_bytes.add(static_cast<std::int64_t>(bytes));
   tc.allocation_count.add(1);
