@@ -313,6 +313,49 @@ TEST_SUITE("caching_allocator")
     CHECK(alloc.release() == 2 * MiB);
   }
 
+  TEST_CASE("a stream forgotten and destroyed is never used again")
+  {
+    // What the prefetcher does each run (seen crashing on the H200 in libcuda): a batch
+    // allocated on the prefetcher's stream, used by the consumer (record_stream), freed on the
+    // prefetcher's stream while the consumer's work is pending; then the prefetcher forgets and
+    // destroys its stream. When the pending free completes, its block must not go to a pool of
+    // the dead stream (a later cross-stream event or segment free there would fail or crash).
+    sim_runtime sim{one_device()};
+    {
+      sim_allocator alloc{sim, 0};
+      stream_t loader{}, consumer{}, other{};
+      GPUKIT_CUDA_TRY(sim.stream_create(loader));
+      GPUKIT_CUDA_TRY(sim.stream_create(consumer));
+      GPUKIT_CUDA_TRY(sim.stream_create(other));
+      for (int round = 0; round < 3; ++round) {
+        void* p = alloc.allocate_async(64 * MiB, loader);
+        GPUKIT_CUDA_TRY(sim.stall(consumer));
+        GPUKIT_CUDA_TRY(sim.memset_async(p, 1, 64 * MiB, consumer));
+        alloc.record_stream(p, consumer);
+        alloc.deallocate_async(p, 64 * MiB, loader);  // pending on consumer's work
+        alloc.forget_stream(loader);
+        GPUKIT_CUDA_TRY(sim.stream_destroy(loader));
+        GPUKIT_CUDA_TRY(sim.release(consumer));
+        GPUKIT_CUDA_TRY(sim.stream_synchronize(consumer));
+        // Another stream's allocation collects the completed free and looks at other pools.
+        void* q = alloc.allocate_async(64 * MiB, other);
+        CHECK(q == p);  // the freed block, usable by any stream now
+        alloc.deallocate_async(q, 64 * MiB, other);
+        CHECK(alloc.check_invariants() == "");
+        GPUKIT_CUDA_TRY(sim.stream_create(loader));  // a new stream (a new handle here)
+      }
+      alloc.forget_stream(other);
+      alloc.forget_stream(consumer);
+      alloc.forget_stream(loader);
+      alloc.release();
+      GPUKIT_CUDA_TRY(sim.stream_destroy(loader));
+      GPUKIT_CUDA_TRY(sim.stream_destroy(consumer));
+      GPUKIT_CUDA_TRY(sim.stream_destroy(other));
+    }
+    CHECK(sim.misuse_count() == 0);  // no call on a destroyed stream, ever
+    CHECK(sim.last_misuse() == "");
+  }
+
   TEST_CASE("peaks stay true when blocks are freed by other threads")
   {
     // PyTorch frees on its autograd threads: the allocating thread's own count then only grows.

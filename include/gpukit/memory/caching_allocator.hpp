@@ -520,6 +520,7 @@ class basic_caching_allocator final {
   detail::tlsf_index<block> global_[2];  // free blocks usable on any stream
   std::vector<pending_free> pending_;
   std::vector<stream_type> checked_streams_;     // streams known to belong to device_
+  std::vector<stream_type> forgotten_streams_;   // forget_stream'ed (most recent 256)
   bool freed_across_threads_{false};             // a block was freed by another thread
   std::vector<block*> unmapped_[2];              // growable: unmapped ranges, per pool kind
   std::vector<physical_handle> spare_pages_[2];  // growable: unmapped physical pages, held

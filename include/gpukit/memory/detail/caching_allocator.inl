@@ -315,6 +315,7 @@ struct basic_caching_allocator<Runtime>::pending_free {
   block* b{nullptr};
   stream_type stream{};
   std::vector<event_type> events;
+  bool to_global{false};  // its stream was forgotten: usable by every stream once done
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -396,11 +397,10 @@ basic_caching_allocator<Runtime>::~basic_caching_allocator()
     if (sp->migrating) { (void)runtime_.event_destroy(sp->migration_event); }
   }
   for (event_type e : spare_events_) { (void)runtime_.event_destroy(e); }
-  if (!growable_segments_.empty()) {
-    // Unmapping is immediate: the work queued on the streams this allocator served goes first.
-    for (auto& sp : stream_pools_) { (void)runtime_.stream_synchronize(sp->stream); }
-    (void)runtime_.stream_synchronize(stream_type{});
-  }
+  // The streams blocks were last used on may be gone by now (a stream destroyed after
+  // forget_stream, or never forgotten): wait for the device once, then free everything in the
+  // order of the device's null stream, which always exists.
+  if (segments_ != 0) { (void)runtime_.device_synchronize(); }
   for (auto& spares : spare_pages_) {
     for (physical_handle h : spares) { (void)runtime_.vm_release(h); }
   }
@@ -415,7 +415,7 @@ basic_caching_allocator<Runtime>::~basic_caching_allocator()
         }
         (void)runtime_.vm_free(seg->ptr, seg->size);
       } else if (seg->stream_ordered) {
-        (void)runtime_.free_async(seg->ptr, b->global ? stream_type{} : b->stream);
+        (void)runtime_.free_async(seg->ptr, stream_type{});
       } else {
         (void)runtime_.free(seg->ptr);
       }
@@ -726,6 +726,9 @@ void basic_caching_allocator<Runtime>::check_stream_locked(stream_type stream, c
                                  "; use that device's allocator (default_caching_allocator(" +
                                  std::to_string(d) + "))");
   checked_streams_.push_back(stream);
+  forgotten_streams_.erase(
+    std::remove(forgotten_streams_.begin(), forgotten_streams_.end(), stream),
+    forgotten_streams_.end());  // a new stream with a reused handle
 }
 
 template <class Runtime>
@@ -961,6 +964,16 @@ void basic_caching_allocator<Runtime>::free_to_pool_locked(block* b, stream_type
     insert_free_locked(b);
     return;
   }
+  if (!forgotten_streams_.empty() && std::find(forgotten_streams_.begin(), forgotten_streams_.end(),
+                                               stream) != forgotten_streams_.end()) {
+    // Freed on a stream forget_stream has synchronized (a pending free completing, another
+    // thread's cache flushing): its work is done, and the stream may be gone: any stream's now.
+    b->stream = stream_type{};
+    b->global = true;
+    insert_free_locked(b);
+    if (oom_waiters_ != 0) { frees_cv_.notify_all(); }
+    return;
+  }
   b->stream   = stream;
   b->global   = false;
   b->free_seq = ++stream_pool_locked(stream).free_seq;
@@ -1179,6 +1192,11 @@ void basic_caching_allocator<Runtime>::deallocate_impl(void* ptr, std::size_t by
     return;
   }
   std::lock_guard<std::mutex> lock{mutex_};
+  if (!forgotten_streams_.empty()) {  // a user's free on it: a live stream (a reused handle)
+    forgotten_streams_.erase(
+      std::remove(forgotten_streams_.begin(), forgotten_streams_.end(), stream),
+      forgotten_streams_.end());
+  }
   free_to_pool_locked(b, stream);
 }
 
@@ -1221,7 +1239,13 @@ std::size_t basic_caching_allocator<Runtime>::poll_pending_locked(bool wait)
     }
     for (event_type e : pf.events) { spare_events_.push_back(e); }
     moved += pf.b->size;
-    free_to_pool_locked(pf.b, pf.stream);
+    if (pf.to_global) {
+      pf.b->stream = stream_type{};
+      pf.b->global = true;
+      insert_free_locked(pf.b);
+    } else {
+      free_to_pool_locked(pf.b, pf.stream);
+    }
     pending_[i] = std::move(pending_.back());
     pending_.pop_back();
   }
@@ -1283,33 +1307,49 @@ void basic_caching_allocator<Runtime>::forget_stream(stream_type stream)
   // CUDA may hand the handle of a destroyed stream to a new one: check it again then.
   checked_streams_.erase(std::remove(checked_streams_.begin(), checked_streams_.end(), stream),
                          checked_streams_.end());
-  auto it = std::find_if(stream_pools_.begin(), stream_pools_.end(),
-                         [&](auto const& sp) { return sp->stream == stream; });
-  if (it == stream_pools_.end()) { return; }
-  stream_pool& sp = **it;
+  auto remember = [&] {
+    // Blocks that still come back on it (other threads' cached blocks) go to every stream, never
+    // to a pool of this stream, which may be destroyed by then.
+    if (stream == stream_type{} || std::find(forgotten_streams_.begin(), forgotten_streams_.end(),
+                                             stream) != forgotten_streams_.end()) {
+      return;
+    }
+    if (forgotten_streams_.size() >= 256) { forgotten_streams_.erase(forgotten_streams_.begin()); }
+    forgotten_streams_.push_back(stream);
+  };
+  auto it                 = std::find_if(stream_pools_.begin(), stream_pools_.end(),
+                                         [&](auto const& sp) { return sp->stream == stream; });
+  bool const pending_here = std::any_of(
+    pending_.begin(), pending_.end(), [&](pending_free const& pf) { return pf.stream == stream; });
+  if (it == stream_pools_.end() && !pending_here) {
+    remember();
+    return;
+  }
   device_guard<Runtime> guard{runtime_, device_};
-  if (!sp.migrating) {
-    event_type e        = take_event_locked();
-    cudaError_t const r = runtime_.event_record(e, stream);
-    if (r != cudaSuccess) { spare_events_.push_back(e); }
-    GPUKIT_CUDA_TRY(r);
-    sp.migration_event = e;
-    sp.migrating       = true;
+  GPUKIT_CUDA_TRY(runtime_.stream_synchronize(stream));  // the work queued on it so far
+  // Frees on it still waiting for other streams' events: every stream's once those complete.
+  for (auto& pf : pending_) {
+    if (pf.stream == stream) {
+      pf.stream    = stream_type{};
+      pf.to_global = true;
+    }
   }
-  GPUKIT_CUDA_TRY(runtime_.event_synchronize(sp.migration_event));
-  spare_events_.push_back(sp.migration_event);
-  sp.migrating = false;
-  std::vector<block*> movers;
-  for (auto& idx : sp.index) {
-    idx.for_each([&](block* b) { movers.push_back(b); });
+  if (it != stream_pools_.end()) {
+    stream_pool& sp = **it;
+    if (sp.migrating) { spare_events_.push_back(sp.migration_event); }  // complete now
+    std::vector<block*> movers;
+    for (auto& idx : sp.index) {
+      idx.for_each([&](block* b) { movers.push_back(b); });
+    }
+    for (block* b : movers) {
+      sp.index[b->kind].remove(b);
+      b->global = true;
+      b->state.store(detail::block_state::pending, std::memory_order_relaxed);
+    }
+    for (block* b : movers) { insert_free_locked(b); }
+    stream_pools_.erase(it);
   }
-  for (block* b : movers) {
-    sp.index[b->kind].remove(b);
-    b->global = true;
-    b->state.store(detail::block_state::pending, std::memory_order_relaxed);
-  }
-  for (block* b : movers) { insert_free_locked(b); }
-  stream_pools_.erase(it);
+  remember();
 }
 
 template <class Runtime>
