@@ -87,9 +87,9 @@ int train(Runtime& rt, std::size_t steps, std::size_t batch_bytes)
   std::printf("pipeline: %llu chunks staged by %d threads, %llu waits for a chunk's copy\n",
               static_cast<unsigned long long>(ts.chunks), pipeline.options().staging_threads,
               static_cast<unsigned long long>(ts.chunk_waits));
-  std::printf("pinned pool: %.0f MiB pinned in %llu host_alloc call(s), %llu cache hits\n",
+  std::printf("pinned pool: %.0f MiB pinned in %llu growth(s), %llu cache hits\n",
               static_cast<double>(ps.reserved_bytes.peak) / mib,
-              static_cast<unsigned long long>(ps.num_host_allocs),
+              static_cast<unsigned long long>(ps.num_growths),
               static_cast<unsigned long long>(ps.num_cache_hits));
   if (Runtime::is_simulated) {
     std::printf("  (simulated GPU: host memcpy into lazily backed memory; not a GPU's speed)\n");
