@@ -166,32 +166,6 @@ gpukit::segment_source source_for_new_allocator(state& g)
   return s;
 }
 
-// Sets `device` as the calling thread's current device for the scope (PyTorch passes the device
-// explicitly and may call from any thread; segment allocation and release act on the current
-// device), restoring the previous one. One get_device on the common path, where they agree.
-class current_device_guard {
- public:
-  current_device_guard(runtime& rt, int device) : rt_{rt}
-  {
-    int current = -1;
-    GPUKIT_CUDA_TRY(rt_.get_device(current));
-    if (current != device) {
-      GPUKIT_CUDA_TRY(rt_.set_device(device));
-      previous_ = current;
-    }
-  }
-  ~current_device_guard()
-  {
-    if (previous_ >= 0) { (void)rt_.set_device(previous_); }
-  }
-  current_device_guard(current_device_guard const&)            = delete;
-  current_device_guard& operator=(current_device_guard const&) = delete;
-
- private:
-  runtime& rt_;
-  int previous_{-1};
-};
-
 // The device's allocator, or null before its first use.
 allocator* existing(int device) noexcept
 {
@@ -210,17 +184,11 @@ allocator& allocator_for(int device)
   std::lock_guard<std::mutex> lock{g.create_mutex};
   auto& slot = g.allocators[static_cast<std::size_t>(device)];
   if (auto* a = slot.load(std::memory_order_relaxed)) { return *a; }
-  runtime& rt = runtime::instance();
-  int count   = 0;
-  GPUKIT_CUDA_TRY(rt.device_count(count));
-  if (device >= count) {
-    throw gpukit::logic_error{"gpukit_torch: device " + std::to_string(device) +
-                              " does not exist (" + std::to_string(count) + " devices)"};
-  }
+  // The allocator acts on its own device whatever device is current (and refuses one that does
+  // not exist), so no call here switches devices.
   gpukit::caching_allocator_options options;
   options.source = source_for_new_allocator(g);
-  current_device_guard guard{rt, device};
-  auto* a = new allocator{rt, device, options};
+  auto* a        = new allocator{runtime::instance(), device, options};
   slot.store(a, std::memory_order_release);
   return *a;
 }
@@ -324,9 +292,7 @@ std::string stats_json(int device)
 {
   gpukit_torch_stats s{};
   fill_stats(device, s);
-  allocator* a = existing(device);
-  auto const source =
-    a != nullptr ? a->options().source : static_cast<gpukit::segment_source>(s.segment_source);
+  auto const source = static_cast<gpukit::segment_source>(s.segment_source);
   std::string o =
     "{\"device\": " + std::to_string(device) + ", \"segments\": \"" + source_name(source) + "\"";
   auto field = [&o](char const* name, std::int64_t v) {
@@ -381,9 +347,7 @@ std::string format_for(std::string const& path, char const* format)
 
 void* malloc_impl(std::size_t size, int device, cudaStream_t stream)
 {
-  allocator& a = allocator_for(device);
-  current_device_guard guard{a.runtime(), device};
-  return a.allocate_async(size, to_stream(stream));
+  return allocator_for(device).allocate_async(size, to_stream(stream));
 }
 
 }  // namespace
@@ -437,7 +401,6 @@ void gpukit_torch_free(void* ptr, size_t size, int device, cudaStream_t stream)
                           "pointer");
       return;
     }
-    current_device_guard guard{a->runtime(), device};
     if (size == 0) {
       a->deallocate_async(ptr, to_stream(stream));
     } else {
@@ -526,10 +489,7 @@ long long gpukit_torch_empty_cache(int device)
     }
     long long released = 0;
     for (int d = first; d <= last; ++d) {
-      if (allocator* a = existing(d)) {
-        current_device_guard guard{a->runtime(), d};
-        released += static_cast<long long>(a->release());
-      }
+      if (allocator* a = existing(d)) { released += static_cast<long long>(a->release()); }
     }
     return released;
   } catch (std::exception const& e) {

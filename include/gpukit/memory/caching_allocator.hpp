@@ -489,6 +489,7 @@ class basic_caching_allocator final {
   block* reserve_growable_locked(std::size_t size, int kind, stream_type stream, bool& oom);
   bool map_pages_locked(segment& seg, std::size_t first, std::size_t count, bool& oom);
   std::size_t harvest_pages_locked(int kind, std::size_t wanted, block const* keep);
+  cudaError_t unmap_page_locked(segment& seg, std::size_t i);
   std::size_t unmap_free_pages_locked(block* b, std::size_t wanted, cudaError_t& error);
   void insert_unmapped_locked(block* b);
   block* split_off_locked(block* b, std::size_t offset);

@@ -232,6 +232,7 @@ class basic_transfer_pipeline final {
 
   std::mutex events_mutex_;
   std::vector<event_type> spare_events_;
+  int device_count_{0};  ///< devices on the machine (read once, for copy_peer_async's checks)
   std::uint64_t peers_enabled_{0};  ///< devices whose memory the pipeline's device may access;
                                     ///< guarded by events_mutex_
 

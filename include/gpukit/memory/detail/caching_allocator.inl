@@ -845,22 +845,8 @@ typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtim
                  std::memory_order_relaxed);  // before the tail merges
   if (b->size - size >= alignment) {
     // Split: the tail stays free, with b's owner.
-    block* rest = new_block_locked();
-    rest->ptr.store(b->address() + size, std::memory_order_relaxed);
-    rest->size         = b->size - size;
-    rest->kind         = b->kind;
-    rest->stream       = b->stream;
-    rest->global       = b->global;
-    rest->segment      = b->segment;
-    rest->free_seq     = b->free_seq;
-    rest->capture_pool = b->capture_pool;
-    rest->prev         = b;
-    rest->next         = b->next;
-    if (b->next != nullptr) { b->next->prev = rest; }
-    b->next = rest;
-    b->size = size;
+    block* rest = split_off_locked(b, size);
     rest->state.store(detail::block_state::free, std::memory_order_relaxed);
-    blocks_.insert(rest->address(), rest);
     insert_free_locked(rest);
   }
   b->state.store(detail::block_state::allocated, std::memory_order_relaxed);

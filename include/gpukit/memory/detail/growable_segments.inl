@@ -101,6 +101,21 @@ void basic_caching_allocator<Runtime>::insert_unmapped_locked(block* b)
   if (std::find(list.begin(), list.end(), b) == list.end()) { list.push_back(b); }
 }
 
+// Unmaps page i of seg and keeps its physical memory as a spare page. Returns the runtime's
+// error (the page then stays mapped).
+template <class Runtime>
+cudaError_t basic_caching_allocator<Runtime>::unmap_page_locked(segment& seg, std::size_t i)
+{
+  cudaError_t const e = runtime_.vm_unmap(static_cast<char*>(seg.ptr) + i * seg.page, seg.page);
+  if (e != cudaSuccess) { return e; }
+  spare_pages_[spare_kind(seg.kind)].push_back(seg.handles[i]);
+  seg.handles[i] = physical_handle{};
+  seg.mapped[i]  = 0;
+  --seg.mapped_pages;
+  ++pool_stats_.num_device_frees;
+  return cudaSuccess;
+}
+
 // Unmaps up to `wanted` fully free pages at the top of free block b (whose work has completed:
 // the caller makes sure) and keeps their physical memory as spare pages. The unmapped pages
 // become an unmapped block; what remains of b stays free. Stops at the first unmap that fails
@@ -121,16 +136,10 @@ std::size_t basic_caching_allocator<Runtime>::unmap_free_pages_locked(block* b, 
   std::size_t const lo = pe - std::min(pe - ps, wanted);
   std::size_t done     = 0;
   for (std::size_t i = pe; i-- > lo;) {
-    cudaError_t const e = runtime_.vm_unmap(reinterpret_cast<void*>(va0 + i * page), page);
-    if (e != cudaSuccess) {
+    if (cudaError_t const e = unmap_page_locked(*seg, i); e != cudaSuccess) {
       error = e;
       break;
     }
-    spare_pages_[spare_kind(b->kind)].push_back(seg->handles[i]);
-    seg->handles[i] = physical_handle{};
-    seg->mapped[i]  = 0;
-    --seg->mapped_pages;
-    ++pool_stats_.num_device_frees;
     ++done;
   }
   if (done == 0) { return 0; }
@@ -214,6 +223,16 @@ bool basic_caching_allocator<Runtime>::map_pages_locked(segment& seg, std::size_
   std::vector<mapped_page> now;
   now.reserve(count);
   device_guard<Runtime> guard{runtime_, device_};
+  // An unmapped page's memory: released if this call created it, else (or if that fails) held
+  // as a spare page, released by release().
+  auto give_back = [&](mapped_page const& m) {
+    if (m.fresh && runtime_.vm_release(m.handle) == cudaSuccess) {
+      reserved_ -= page;
+      ++pool_stats_.num_pages_released;
+    } else {
+      spare_pages_[kind].push_back(m.handle);
+    }
+  };
   auto undo = [&] {
     for (auto it = now.rbegin(); it != now.rend(); ++it) {
       if (runtime_.vm_unmap(va(it->index), page) != cudaSuccess) {
@@ -222,12 +241,7 @@ bool basic_caching_allocator<Runtime>::map_pages_locked(segment& seg, std::size_
         ++seg.mapped_pages;
         continue;
       }
-      if (it->fresh && runtime_.vm_release(it->handle) == cudaSuccess) {
-        reserved_ -= page;
-        ++pool_stats_.num_pages_released;
-      } else {
-        spare_pages_[kind].push_back(it->handle);  // held: released by release()
-      }
+      give_back(*it);
     }
   };
   auto fail = [&](cudaError_t e) {
@@ -240,14 +254,12 @@ bool basic_caching_allocator<Runtime>::map_pages_locked(segment& seg, std::size_
     return false;
   };
   std::size_t const limit = limit_.load(std::memory_order_relaxed);
-  std::size_t reused      = 0;
   for (std::size_t i = first; i < first + count; ++i) {
     if (seg.mapped[i] != 0) { continue; }  // left mapped by an undo that failed: access only
     mapped_page m{i, physical_handle{}, false};
     if (!spare_pages_[kind].empty()) {
       m.handle = spare_pages_[kind].back();
       spare_pages_[kind].pop_back();
-      ++reused;
     } else {
       if (limit != 0 && reserved_ + page > limit) { return fail(cudaErrorMemoryAllocation); }
       cudaError_t const e =
@@ -258,13 +270,7 @@ bool basic_caching_allocator<Runtime>::map_pages_locked(segment& seg, std::size_
       ++pool_stats_.num_pages_created;
     }
     if (cudaError_t const e = runtime_.vm_map(va(i), page, m.handle); e != cudaSuccess) {
-      if (m.fresh && runtime_.vm_release(m.handle) == cudaSuccess) {
-        reserved_ -= page;
-        ++pool_stats_.num_pages_released;
-      } else {
-        spare_pages_[kind].push_back(m.handle);
-      }
-      if (!m.fresh) { --reused; }
+      give_back(m);
       return fail(e);
     }
     now.push_back(m);
@@ -278,9 +284,9 @@ bool basic_caching_allocator<Runtime>::map_pages_locked(segment& seg, std::size_
     seg.handles[m.index] = m.handle;
     seg.mapped[m.index]  = 1;
     ++seg.mapped_pages;
+    pool_stats_.num_pages_reused += m.fresh ? 0 : 1;
   }
   pool_stats_.num_device_allocs += now.size();
-  pool_stats_.num_pages_reused += reused;
   raise_reserved_peak_locked();
   record_pool_locked(memory_event::action::segment_alloc,
                      reinterpret_cast<std::uintptr_t>(va(first)), count * page, stream_type{});
@@ -423,13 +429,7 @@ std::size_t basic_caching_allocator<Runtime>::release_growable_locked(
       std::size_t const p0 =
         (u->address() - reinterpret_cast<std::uintptr_t>(seg->ptr)) / seg->page;
       for (std::size_t i = p0; i < p0 + u->size / seg->page; ++i) {
-        if (seg->mapped[i] == 0) { continue; }
-        GPUKIT_CUDA_TRY(runtime_.vm_unmap(static_cast<char*>(seg->ptr) + i * seg->page, seg->page));
-        spare_pages_[spare_kind(seg->kind)].push_back(seg->handles[i]);
-        seg->handles[i] = physical_handle{};
-        seg->mapped[i]  = 0;
-        --seg->mapped_pages;
-        ++pool_stats_.num_device_frees;
+        if (seg->mapped[i] != 0) { GPUKIT_CUDA_TRY(unmap_page_locked(*seg, i)); }
       }
     }
   }

@@ -111,10 +111,9 @@ basic_transfer_pipeline<Runtime>::basic_transfer_pipeline(Runtime& runtime,
     "transfer_pipeline: unknown staging_copy " + std::to_string(static_cast<int>(options_.copy)));
   options_.chunk_bytes = (options_.chunk_bytes + 4095) & ~std::size_t{4095};
   options_.min_piece_bytes =
-    options_.min_piece_bytes == 0 || options_.min_piece_bytes >= options_.chunk_bytes
+    options_.min_piece_bytes == 0
       ? options_.chunk_bytes
-      : (options_.min_piece_bytes + 65535) & ~std::size_t{65535};
-  options_.min_piece_bytes = std::min(options_.min_piece_bytes, options_.chunk_bytes);
+      : std::min((options_.min_piece_bytes + 65535) & ~std::size_t{65535}, options_.chunk_bytes);
   if (options_.ring_chunks == 0) {
     options_.ring_chunks = static_cast<std::size_t>(options_.staging_threads) + 2;
   }
@@ -122,6 +121,7 @@ basic_transfer_pipeline<Runtime>::basic_transfer_pipeline(Runtime& runtime,
     r           = std::make_unique<ring>();
     r->capacity = options_.ring_chunks;
   }
+  GPUKIT_CUDA_TRY(runtime_.device_count(device_count_));
   {
     device_guard<Runtime> guard{runtime_, options_.device};
     GPUKIT_CUDA_TRY(runtime_.stream_create(streams_[0]));
@@ -187,8 +187,7 @@ typename basic_transfer_pipeline<Runtime>::event_type basic_transfer_pipeline<Ru
       return e;
     }
   }
-  event_type e{};
-  device_guard<Runtime> guard{runtime_, options_.device};  // recorded on this device's streams
+  event_type e{};  // on the pipeline's device: transfer(), the only caller, made it current
   GPUKIT_CUDA_TRY(runtime_.event_create(e, false));
   return e;
 }
@@ -523,8 +522,7 @@ void basic_transfer_pipeline<Runtime>::copy_peer_async(void* dst, int dst_device
   GPUKIT_EXPECTS(dst != nullptr && src != nullptr, call + "null pointer (dst " + hex(dst) +
                                                      ", src " + hex(src) + ", " +
                                                      std::to_string(bytes) + " bytes)");
-  int count = 0;
-  GPUKIT_CUDA_TRY(runtime_.device_count(count));
+  int const count = device_count_;
   for (int d : {dst_device, src_device}) {
     GPUKIT_EXPECTS(d >= 0 && d < count, call + "device " + std::to_string(d) + " does not exist (" +
                                           std::to_string(count) + " devices)");
