@@ -343,7 +343,13 @@ class basic_pinned_pool final {
   void poll_pending_locked(std::size_t cls, bool all);
   block& find_live_locked(void* ptr, char const* call);
   void check_limit_locked(std::size_t more, std::size_t request, char const* call);
-  void return_locked(block& b, stream_type const* stream);
+  struct used_stream {  ///< a stream that used a buffer, and its device (asked off the lock)
+    stream_type stream{};
+    int device{0};
+    bool operator==(used_stream const& o) const { return stream == o.stream; }
+  };
+  used_stream used_by(stream_type stream);
+  void return_locked(block& b, used_stream const* stream);
   struct device_event {  ///< an event and the device it belongs to (events record on its streams)
     int device{0};
     event_type event{};

@@ -47,7 +47,7 @@ struct basic_pinned_pool<Runtime>::block {
   std::size_t requested{0};
   segment* seg{nullptr};
   state st{state::ready};
-  std::vector<stream_type> streams;  ///< record_stream, cleared when handed out
+  std::vector<used_stream> streams;  ///< record_stream, cleared when handed out
 };
 
 // A returned buffer and the events (one per stream that used it) it waits on.
@@ -364,12 +364,21 @@ typename basic_pinned_pool<Runtime>::device_event basic_pinned_pool<Runtime>::ta
 }
 
 template <class Runtime>
-void basic_pinned_pool<Runtime>::return_locked(block& b, stream_type const* stream)
+typename basic_pinned_pool<Runtime>::used_stream basic_pinned_pool<Runtime>::used_by(
+  stream_type stream)
 {
-  std::vector<stream_type>& streams = b.streams;
-  if (stream != nullptr && std::find(streams.begin(), streams.end(), *stream) == streams.end()) {
-    streams.push_back(*stream);
-  }
+  used_stream u{stream, 0};
+  GPUKIT_CUDA_TRY(runtime_.stream_get_device(stream, u.device));
+  return u;
+}
+
+template <class Runtime>
+void basic_pinned_pool<Runtime>::return_locked(block& b, used_stream const* stream)
+{
+  std::vector<used_stream>& streams = b.streams;
+  bool const added =
+    stream != nullptr && std::find(streams.begin(), streams.end(), *stream) == streams.end();
+  if (added) { streams.push_back(*stream); }
   auto const cls = static_cast<std::int64_t>(b.cls);
   if (streams.empty()) {
     b.st = block::state::ready;
@@ -381,24 +390,20 @@ void basic_pinned_pool<Runtime>::return_locked(block& b, stream_type const* stre
     std::size_t taken = 0;
     try {
       for (std::size_t i = 0; i < streams.size(); ++i) {
-        int device = 0;
-        GPUKIT_CUDA_TRY(runtime_.stream_get_device(streams[i], device));
-        device_event const e = take_event_locked(device);
+        device_event const e = take_event_locked(streams[i].device);
         ++taken;
         if (i == 0) {
           p.first = e;
         } else {
           p.more.push_back(e);
         }
-        GPUKIT_CUDA_TRY(runtime_.event_record(e.event, streams[i]));
+        GPUKIT_CUDA_TRY(runtime_.event_record(e.event, streams[i].stream));
         ++stats_.num_events_recorded;
       }
     } catch (...) {  // the buffer stays handed out; the events go back to the spares
       if (taken > 0) { spare_events_.push_back(p.first); }
       spare_events_.insert(spare_events_.end(), p.more.begin(), p.more.end());
-      if (stream != nullptr && !streams.empty() && streams.back() == *stream) {
-        streams.pop_back();
-      }
+      if (added) { streams.pop_back(); }
       throw;
     }
     b.st = block::state::pending;
@@ -423,17 +428,20 @@ void basic_pinned_pool<Runtime>::deallocate(void* ptr)
 template <class Runtime>
 void basic_pinned_pool<Runtime>::deallocate_async(void* ptr, stream_type stream)
 {
+  // The stream's device is asked before the lock: the runtime call stays off the pool's mutex.
+  used_stream const used = used_by(stream);
   std::lock_guard<std::mutex> lock{mutex_};
-  return_locked(find_live_locked(ptr, "deallocate_async"), &stream);
+  return_locked(find_live_locked(ptr, "deallocate_async"), &used);
 }
 
 template <class Runtime>
 void basic_pinned_pool<Runtime>::record_stream(void* ptr, stream_type stream)
 {
+  used_stream const used = used_by(stream);
   std::lock_guard<std::mutex> lock{mutex_};
   block& b = find_live_locked(ptr, "record_stream");
-  if (std::find(b.streams.begin(), b.streams.end(), stream) == b.streams.end()) {
-    b.streams.push_back(stream);
+  if (std::find(b.streams.begin(), b.streams.end(), used) == b.streams.end()) {
+    b.streams.push_back(used);
   }
 }
 
