@@ -110,7 +110,7 @@ struct pinned_pool_options {
   /// that tools (compute-sanitizer `--nvtx yes`) see an access past a buffer inside its range.
   /// On by default when an NVTX tool is configured (NVTX_INJECTION64_PATH is set), as for the
   /// caching allocator. Compiled out with GPUKIT_DISABLE_NVTX.
-  bool nvtx_annotate{std::getenv("NVTX_INJECTION64_PATH") != nullptr};
+  bool nvtx_annotate{nvtx_tool_configured()};
 };
 
 /// Statistics of a pinned pool (PyTorch's `torch.cuda.host_memory_stats` vocabulary).

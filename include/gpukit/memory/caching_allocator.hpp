@@ -131,7 +131,7 @@ struct caching_allocator_options {
   /// compute-sanitizer accepts heaps only over plain device allocations: pair this with
   /// `source = segment_source::synchronous` when checking with it (seen on the H200: over
   /// cudaMallocAsync memory it rejects nvtxMemHeapRegister as invalid).
-  bool nvtx_annotate{std::getenv("NVTX_INJECTION64_PATH") != nullptr};
+  bool nvtx_annotate{nvtx_tool_configured()};
   /// Out-of-memory recovery's last step: wait up to this long for blocks other threads are
   /// returning to the pool (their cached blocks come back at their next call). 0: do not wait.
   int oom_wait_for_frees_ms{0};

@@ -36,8 +36,16 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 
 namespace gpukit {
+
+/// Whether an NVTX tool is configured for this process (NVTX_INJECTION64_PATH is set, as
+/// compute-sanitizer and Nsight Systems do): the default of the pools' `nvtx_annotate` option.
+[[nodiscard]] inline bool nvtx_tool_configured() noexcept
+{
+  return std::getenv("NVTX_INJECTION64_PATH") != nullptr;
+}
 
 /// A heap registered with NVTX (a tool's handle; the "no tool" handle when none is attached).
 using memory_heap = nvtxMemHeapHandle_t;

@@ -203,6 +203,9 @@ class basic_transfer_pipeline final {
   struct ring;
   struct job;
 
+  void check_copy(std::string const& call, char const* dst_name, void const* dst,
+                  char const* src_name, void const* src, std::size_t bytes, bool may_overlap) const;
+  void check_stream(std::string const& call, stream_type stream);
   void transfer(int dir, char* device, char* host, std::size_t bytes, host_memory kind,
                 stream_type stream);
   void run_job(job& j);
@@ -233,8 +236,9 @@ class basic_transfer_pipeline final {
   std::mutex events_mutex_;
   std::vector<event_type> spare_events_;
   int device_count_{0};  ///< devices on the machine (read once, for copy_peer_async's checks)
-  std::uint64_t peers_enabled_{0};  ///< devices whose memory the pipeline's device may access;
-                                    ///< guarded by events_mutex_
+  /// Per device: whether peer access from the pipeline's device was asked for (and enabled where
+  /// the devices can peer); guarded by events_mutex_.
+  std::vector<char> peer_asked_;
 
   std::atomic<std::uint64_t> transfers_{0}, h2d_bytes_{0}, d2h_bytes_{0}, staged_bytes_{0},
     direct_bytes_{0}, chunks_{0}, chunk_waits_{0}, peer_bytes_{0}, peer_copies_{0};

@@ -122,6 +122,7 @@ basic_transfer_pipeline<Runtime>::basic_transfer_pipeline(Runtime& runtime,
     r->capacity = options_.ring_chunks;
   }
   GPUKIT_CUDA_TRY(runtime_.device_count(device_count_));
+  peer_asked_.assign(static_cast<std::size_t>(device_count_), 0);
   {
     device_guard<Runtime> guard{runtime_, options_.device};
     GPUKIT_CUDA_TRY(runtime_.stream_create(streams_[0]));
@@ -420,35 +421,51 @@ void basic_transfer_pipeline<Runtime>::run_job(job& j)
 }
 
 template <class Runtime>
+void basic_transfer_pipeline<Runtime>::check_copy(std::string const& call, char const* dst_name,
+                                                  void const* dst, char const* src_name,
+                                                  void const* src, std::size_t bytes,
+                                                  bool may_overlap) const
+{
+  auto hex              = [](void const* p) { return detail::pinned_hex(p); };
+  std::string const arg = std::string{" ("} + dst_name + " " + hex(dst) + ", " + src_name + " " +
+                          hex(src) + ", " + std::to_string(bytes) + " bytes)";
+  GPUKIT_EXPECTS(bytes != 0, call + "0 bytes requested" + arg);
+  GPUKIT_EXPECTS(dst != nullptr && src != nullptr, call + "null pointer" + arg);
+  auto const d = reinterpret_cast<std::uintptr_t>(dst);
+  auto const s = reinterpret_cast<std::uintptr_t>(src);
+  GPUKIT_EXPECTS(d + bytes > d && s + bytes > s,
+                 call + std::to_string(bytes) + " bytes wrap around the address space" + arg);
+  GPUKIT_EXPECTS(may_overlap || d + bytes <= s || s + bytes <= d,
+                 call + "source and destination overlap" + arg);
+}
+
+template <class Runtime>
+void basic_transfer_pipeline<Runtime>::check_stream(std::string const& call, stream_type stream)
+{
+  int stream_device = options_.device;
+  GPUKIT_CUDA_TRY(runtime_.stream_get_device(stream, stream_device));
+  GPUKIT_EXPECTS(stream_device == options_.device,
+                 call + "the stream belongs to device " + std::to_string(stream_device) +
+                   ", this pipeline to device " + std::to_string(options_.device) +
+                   " (use one pipeline per device)");
+}
+
+template <class Runtime>
 void basic_transfer_pipeline<Runtime>::transfer(int dir, char* device, char* host,
                                                 std::size_t bytes, host_memory kind,
                                                 stream_type stream)
 {
-  char const* call = dir == 0 ? "transfer_pipeline::copy_to_device_async: "
-                              : "transfer_pipeline::copy_to_host_async: ";
-  auto hex         = [](void const* p) { return detail::pinned_hex(p); };
-  GPUKIT_EXPECTS(bytes != 0, std::string{call} + "0 bytes requested");
-  GPUKIT_EXPECTS(device != nullptr && host != nullptr, std::string{call} + "null pointer (device " +
-                                                         hex(device) + ", host " + hex(host) +
-                                                         ", " + std::to_string(bytes) + " bytes)");
-  auto const d = reinterpret_cast<std::uintptr_t>(device);
-  auto const h = reinterpret_cast<std::uintptr_t>(host);
-  GPUKIT_EXPECTS(d + bytes > d && h + bytes > h, std::string{call} + std::to_string(bytes) +
-                                                   " bytes from " + hex(dir == 0 ? host : device) +
-                                                   " wrap around the address space");
-  GPUKIT_EXPECTS(d + bytes <= h || h + bytes <= d,
-                 std::string{call} + "source and destination overlap (device " + hex(device) +
-                   ", host " + hex(host) + ", " + std::to_string(bytes) + " bytes)");
-
+  std::string const call = dir == 0 ? "transfer_pipeline::copy_to_device_async: "
+                                    : "transfer_pipeline::copy_to_host_async: ";
+  if (dir == 0) {
+    check_copy(call, "device", device, "host", host, bytes, false);
+  } else {
+    check_copy(call, "host", host, "device", device, bytes, false);
+  }
   // The pipeline's device for every call below (the null stream is that device's, and the events
   // are created there), whatever device the calling thread has current.
   device_guard<Runtime> guard{runtime_, options_.device};
-  int stream_device = options_.device;
-  GPUKIT_CUDA_TRY(runtime_.stream_get_device(stream, stream_device));
-  GPUKIT_EXPECTS(stream_device == options_.device,
-                 std::string{call} + "the stream belongs to device " +
-                   std::to_string(stream_device) + ", this pipeline to device " +
-                   std::to_string(options_.device) + " (use one pipeline per device)");
+  check_stream(call, stream);
   bool const pinned =
     kind == host_memory::pinned || (kind == host_memory::detect && pool_.owns(host, bytes));
   if (pinned) {
@@ -517,12 +534,7 @@ void basic_transfer_pipeline<Runtime>::copy_peer_async(void* dst, int dst_device
                                                        stream_type stream)
 {
   std::string const call = "transfer_pipeline::copy_peer_async: ";
-  auto hex               = [](void const* p) { return detail::pinned_hex(p); };
-  GPUKIT_EXPECTS(bytes != 0, call + "0 bytes requested");
-  GPUKIT_EXPECTS(dst != nullptr && src != nullptr, call + "null pointer (dst " + hex(dst) +
-                                                     ", src " + hex(src) + ", " +
-                                                     std::to_string(bytes) + " bytes)");
-  int const count = device_count_;
+  int const count        = device_count_;
   for (int d : {dst_device, src_device}) {
     GPUKIT_EXPECTS(d >= 0 && d < count, call + "device " + std::to_string(d) + " does not exist (" +
                                           std::to_string(count) + " devices)");
@@ -533,30 +545,21 @@ void basic_transfer_pipeline<Runtime>::copy_peer_async(void* dst, int dst_device
                  call + "this pipeline belongs to device " + std::to_string(self) +
                    ", neither the source's (" + std::to_string(src_device) +
                    ") nor the destination's (" + std::to_string(dst_device) + ")");
-  auto const d = reinterpret_cast<std::uintptr_t>(dst);
-  auto const s = reinterpret_cast<std::uintptr_t>(src);
-  GPUKIT_EXPECTS(d + bytes > d && s + bytes > s,
-                 call + std::to_string(bytes) + " bytes wrap around the address space");
-  GPUKIT_EXPECTS(dst_device != src_device || d + bytes <= s || s + bytes <= d,
-                 call + "source and destination overlap (dst " + hex(dst) + ", src " + hex(src) +
-                   ", " + std::to_string(bytes) + " bytes)");
+  // Two devices' memory never overlaps: a device's allocations have their own addresses.
+  check_copy(call, "dst", dst, "src", src, bytes, dst_device != src_device);
   device_guard<Runtime> guard{runtime_, self};
-  int stream_device = self;
-  GPUKIT_CUDA_TRY(runtime_.stream_get_device(stream, stream_device));
-  GPUKIT_EXPECTS(stream_device == self, call + "the stream belongs to device " +
-                                          std::to_string(stream_device) +
-                                          ", this pipeline to device " + std::to_string(self));
+  check_stream(call, stream);
   if (other != self) {
     std::lock_guard<std::mutex> lock{events_mutex_};
-    std::uint64_t const bit = std::uint64_t{1} << (other & 63);
-    if ((peers_enabled_ & bit) == 0) {
+    char& asked = peer_asked_[static_cast<std::size_t>(other)];
+    if (asked == 0) {
       int can = 0;
       GPUKIT_CUDA_TRY(runtime_.device_can_access_peer(can, self, other));
       if (can != 0) {
         cudaError_t const e = runtime_.device_enable_peer_access(other);
         if (e != cudaErrorPeerAccessAlreadyEnabled) { GPUKIT_CUDA_TRY(e); }
       }
-      peers_enabled_ |= bit;  // asked once: staged copies when the devices cannot peer
+      asked = 1;  // asked once: staged copies when the devices cannot peer
     }
   }
   GPUKIT_CUDA_TRY(runtime_.memcpy_peer_async(dst, dst_device, src, src_device, bytes, stream));
