@@ -203,9 +203,9 @@ class basic_transfer_pipeline final {
   struct ring;
   struct job;
 
-  void check_copy(std::string const& call, char const* dst_name, void const* dst,
-                  char const* src_name, void const* src, std::size_t bytes, bool may_overlap) const;
-  void check_stream(std::string const& call, stream_type stream);
+  void check_copy(char const* call, char const* dst_name, void const* dst, char const* src_name,
+                  void const* src, std::size_t bytes, bool may_overlap) const;
+  void check_stream(char const* call, stream_type stream);
   void transfer(int dir, char* device, char* host, std::size_t bytes, host_memory kind,
                 stream_type stream);
   void run_job(job& j);

@@ -421,33 +421,35 @@ void basic_transfer_pipeline<Runtime>::run_job(job& j)
 }
 
 template <class Runtime>
-void basic_transfer_pipeline<Runtime>::check_copy(std::string const& call, char const* dst_name,
+void basic_transfer_pipeline<Runtime>::check_copy(char const* call, char const* dst_name,
                                                   void const* dst, char const* src_name,
                                                   void const* src, std::size_t bytes,
                                                   bool may_overlap) const
 {
-  auto hex              = [](void const* p) { return detail::pinned_hex(p); };
-  std::string const arg = std::string{" ("} + dst_name + " " + hex(dst) + ", " + src_name + " " +
-                          hex(src) + ", " + std::to_string(bytes) + " bytes)";
-  GPUKIT_EXPECTS(bytes != 0, call + "0 bytes requested" + arg);
-  GPUKIT_EXPECTS(dst != nullptr && src != nullptr, call + "null pointer" + arg);
+  // Messages are built only when a check fails: nothing here allocates on the good path.
+  auto arg = [&] {
+    return std::string{" ("} + dst_name + " " + detail::pinned_hex(dst) + ", " + src_name + " " +
+           detail::pinned_hex(src) + ", " + std::to_string(bytes) + " bytes)";
+  };
+  GPUKIT_EXPECTS(bytes != 0, call + std::string{"0 bytes requested"} + arg());
+  GPUKIT_EXPECTS(dst != nullptr && src != nullptr, call + std::string{"null pointer"} + arg());
   auto const d = reinterpret_cast<std::uintptr_t>(dst);
   auto const s = reinterpret_cast<std::uintptr_t>(src);
   GPUKIT_EXPECTS(d + bytes > d && s + bytes > s,
-                 call + std::to_string(bytes) + " bytes wrap around the address space" + arg);
+                 call + std::to_string(bytes) + " bytes wrap around the address space" + arg());
   GPUKIT_EXPECTS(may_overlap || d + bytes <= s || s + bytes <= d,
-                 call + "source and destination overlap" + arg);
+                 call + std::string{"source and destination overlap"} + arg());
 }
 
 template <class Runtime>
-void basic_transfer_pipeline<Runtime>::check_stream(std::string const& call, stream_type stream)
+void basic_transfer_pipeline<Runtime>::check_stream(char const* call, stream_type stream)
 {
   int stream_device = options_.device;
   GPUKIT_CUDA_TRY(runtime_.stream_get_device(stream, stream_device));
   GPUKIT_EXPECTS(stream_device == options_.device,
-                 call + "the stream belongs to device " + std::to_string(stream_device) +
-                   ", this pipeline to device " + std::to_string(options_.device) +
-                   " (use one pipeline per device)");
+                 call + std::string{"the stream belongs to device "} +
+                   std::to_string(stream_device) + ", this pipeline to device " +
+                   std::to_string(options_.device) + " (use one pipeline per device)");
 }
 
 template <class Runtime>
@@ -455,8 +457,8 @@ void basic_transfer_pipeline<Runtime>::transfer(int dir, char* device, char* hos
                                                 std::size_t bytes, host_memory kind,
                                                 stream_type stream)
 {
-  std::string const call = dir == 0 ? "transfer_pipeline::copy_to_device_async: "
-                                    : "transfer_pipeline::copy_to_host_async: ";
+  char const* call = dir == 0 ? "transfer_pipeline::copy_to_device_async: "
+                              : "transfer_pipeline::copy_to_host_async: ";
   if (dir == 0) {
     check_copy(call, "device", device, "host", host, bytes, false);
   } else {
@@ -533,16 +535,17 @@ void basic_transfer_pipeline<Runtime>::copy_peer_async(void* dst, int dst_device
                                                        int src_device, std::size_t bytes,
                                                        stream_type stream)
 {
-  std::string const call = "transfer_pipeline::copy_peer_async: ";
-  int const count        = device_count_;
+  char const* call = "transfer_pipeline::copy_peer_async: ";
+  int const count  = device_count_;
   for (int d : {dst_device, src_device}) {
-    GPUKIT_EXPECTS(d >= 0 && d < count, call + "device " + std::to_string(d) + " does not exist (" +
-                                          std::to_string(count) + " devices)");
+    GPUKIT_EXPECTS(d >= 0 && d < count, std::string{call} + "device " + std::to_string(d) +
+                                          " does not exist (" + std::to_string(count) +
+                                          " devices)");
   }
   int const self  = options_.device;
   int const other = dst_device == self ? src_device : dst_device;
   GPUKIT_EXPECTS(dst_device == self || src_device == self,
-                 call + "this pipeline belongs to device " + std::to_string(self) +
+                 std::string{call} + "this pipeline belongs to device " + std::to_string(self) +
                    ", neither the source's (" + std::to_string(src_device) +
                    ") nor the destination's (" + std::to_string(dst_device) + ")");
   // Two devices' memory never overlaps: a device's allocations have their own addresses.
