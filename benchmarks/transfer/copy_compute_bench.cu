@@ -3,7 +3,7 @@
 // compute time)? (issue 6's target). Plain main printing a table; run on the GPU machine:
 //
 //   copy_compute_bench [--batches=32] [--batch_mib=64] [--reps=5] [--source=pageable|pinned]
-//                      [--threads=0] [--chunk_kib=16384] [--depth=2]
+//                      [--threads=0] [--chunk_kib=4096] [--depth=2]
 //
 // For each case (copy-bound: compute = 0.5 x copy, balanced: compute = copy, compute-bound:
 // compute = 2 x copy) it measures, median of --reps runs:
@@ -58,7 +58,7 @@ struct config {
   int reps{5};
   bool pinned_source{false};
   int threads{0};
-  std::size_t chunk_kib{16384};
+  std::size_t chunk_kib{4096};
   std::size_t depth{2};
 };
 

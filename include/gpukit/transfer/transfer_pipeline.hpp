@@ -6,7 +6,7 @@
 //   #include <gpukit/transfer/transfer_pipeline.hpp>
 //
 //   gpukit::pinned_pool pool{gpukit::cuda_runtime::instance()};
-//   gpukit::transfer_pipeline pipe{gpukit::cuda_runtime::instance(), pool};  // 16 MiB chunks
+//   gpukit::transfer_pipeline pipe{gpukit::cuda_runtime::instance(), pool};  // 4 MiB chunks
 //   pipe.prewarm();                                  // pin the staging rings now, not mid-loop
 //
 //   std::vector<float> batch = load();               // ordinary (pageable) memory
@@ -75,11 +75,13 @@ enum class staging_copy {
 };
 
 /// Settings of a transfer pipeline. The defaults follow the H200 host: host memcpy peaks at about
-/// 12 threads (47.8 GB/s of 16 vCPUs), and 16 MiB chunks keep per-chunk overhead below 1%.
+/// 12 threads of 16 vCPUs, and the staging sweep there (2026-12-02, 512 MiB pageable host to
+/// device, benchmarks/results/2026-12-02-h200-session3/transfer/sweep_summary.txt) put 4 MiB fixed
+/// chunks first: 48.3-49.3 GB/s at 8-12 threads, against 36-41 GB/s with 16 MiB chunks.
 /// benchmarks/transfer/transfer_bench takes every knob on its command line (--help).
 struct transfer_options {
   /// Bytes of one staging chunk (rounded up to 4 KiB): the most one thread copies at once.
-  std::size_t chunk_bytes{std::size_t{16} << 20};
+  std::size_t chunk_bytes{std::size_t{4} << 20};
   /// Host threads copying to and from staging chunks, the calling thread included (the pipeline
   /// starts staging_threads - 1 of its own). 0: min(12, hardware threads).
   int staging_threads{0};
@@ -87,10 +89,10 @@ struct transfer_options {
   std::size_t ring_chunks{0};
   /// Guided scheduling: a thread claims min(chunk_bytes, what is left / staging_threads), but at
   /// least this much (rounded up to 64 KiB), so that pieces shrink as a transfer ends and the
-  /// threads finish together (with fixed 16 MiB chunks the last one alone takes about 4 ms of
-  /// one thread on the H200 host, 15% of a 1 GiB transfer). 0, or chunk_bytes or more: fixed
-  /// chunks.
-  std::size_t min_piece_bytes{std::size_t{1} << 20};
+  /// threads finish together; it pays with large chunks (a last 16 MiB chunk alone takes about
+  /// 4 ms of one thread on the H200 host). 0 (the default: with 4 MiB chunks the tail is short
+  /// and fixed chunks measured 1-2% faster), or chunk_bytes or more: fixed chunks.
+  std::size_t min_piece_bytes{0};
   /// How staging threads copy (see staging_copy).
   staging_copy copy{staging_copy::memcpy};
   /// The device whose copy streams the pipeline creates.
