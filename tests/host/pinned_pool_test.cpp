@@ -138,6 +138,25 @@ TEST_SUITE("pinned_pool")
     CHECK(pool.stats().num_growths == 6);
   }
 
+  TEST_CASE("pinned_pool: record_stream refuses a destroyed stream when it is named")
+  {
+    sim_runtime sim{small_gpu()};
+    sim_pool pool{sim};
+    sim_runtime::stream_type dead{};
+    GPUKIT_CUDA_TRY(sim.stream_create(dead));
+    GPUKIT_CUDA_TRY(sim.stream_destroy(dead));
+    void* p = pool.allocate(64 * kib);
+    CHECK_THROWS_AS(pool.record_stream(p, dead), gpukit::cuda_error);
+    CHECK_THROWS_AS(pool.deallocate_async(p, dead), gpukit::cuda_error);
+    CHECK(pool.stats().allocation_count.current == 1);  // still handed out, nothing recorded
+    sim.reset_counters();
+    pool.deallocate(p);  // no stream was kept: ready at once, no event
+    CHECK(sim.calls(sim_op::event_record) == 0);
+    void* again = pool.allocate(64 * kib);
+    CHECK(again == p);
+    pool.deallocate(again);
+  }
+
   TEST_CASE("pinned_pool: record_stream makes a return wait on every stream that used the buffer")
   {
     sim_runtime sim{small_gpu()};

@@ -6,6 +6,9 @@
 
 #include <doctest/doctest.h>
 
+#include <cstdlib>
+#include <string>
+
 #include <cstdint>
 #include <string>
 #include <thread>
@@ -29,6 +32,21 @@ struct fake_stats {
 
 TEST_SUITE("profile")
 {
+  TEST_CASE("nvtx_tool_configured follows NVTX_INJECTION64_PATH")
+  {
+    char const* was         = std::getenv("NVTX_INJECTION64_PATH");
+    std::string const saved = was != nullptr ? was : "";
+    ::unsetenv("NVTX_INJECTION64_PATH");
+    CHECK_FALSE(gpukit::nvtx_tool_configured());
+    ::setenv("NVTX_INJECTION64_PATH", "/nonexistent/libtool.so", 1);
+    CHECK(gpukit::nvtx_tool_configured());
+    if (was != nullptr) {
+      ::setenv("NVTX_INJECTION64_PATH", saved.c_str(), 1);
+    } else {
+      ::unsetenv("NVTX_INJECTION64_PATH");
+    }
+  }
+
   TEST_CASE("a segment is a sub-allocator heap and its blocks are regions")
   {
     REQUIRE(tool_attached);

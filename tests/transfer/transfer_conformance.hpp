@@ -313,6 +313,13 @@ void check_pipeline_bad_input(Runtime& rt)
                        doctest::Contains("null pointer"), gpukit::logic_error);
   CHECK_THROWS_WITH_AS(pipe.copy_to_host_async(nullptr, dev.p, 16, s.s),
                        doctest::Contains("null pointer"), gpukit::logic_error);
+  // Every refusal names both pointers, by role, and the size.
+  CHECK_THROWS_WITH_AS(pipe.copy_to_host_async(nullptr, dev.p, 16, s.s),
+                       doctest::Contains("(host "), gpukit::logic_error);
+  CHECK_THROWS_WITH_AS(pipe.copy_to_host_async(nullptr, dev.p, 16, s.s),
+                       doctest::Contains(", device "), gpukit::logic_error);
+  CHECK_THROWS_WITH_AS(pipe.copy_to_device_async(dev.p, host.data(), 0, s.s),
+                       doctest::Contains(", 0 bytes)"), gpukit::logic_error);
   CHECK_THROWS_WITH_AS(
     pipe.copy_to_device_async(host.data() + 100, host.data(), 1000, host_memory::pageable, s.s),
     doctest::Contains("overlap"), gpukit::logic_error);

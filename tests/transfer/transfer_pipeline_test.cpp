@@ -61,6 +61,16 @@ TEST_SUITE("transfer")
     sim_runtime sim{small_gpu()};
     gpukit::test::check_pipeline_roundtrip(sim, 1);
   }
+  TEST_CASE("transfer: the defaults are the H200 sweep's: 4 MiB fixed chunks")
+  {
+    gpukit::transfer_options const o;
+    CHECK(o.chunk_bytes == 4 * mib);
+    CHECK(o.min_piece_bytes == 0);
+    sim_runtime sim{small_gpu()};
+    gpukit::basic_pinned_pool<sim_runtime> pool{sim};
+    gpukit::basic_transfer_pipeline<sim_runtime> pipe{sim, pool, o};
+    CHECK(pipe.options().min_piece_bytes == pipe.options().chunk_bytes);  // fixed chunks
+  }
   TEST_CASE("transfer: conformance: bad input is refused before anything is copied")
   {
     sim_runtime sim{small_gpu()};
