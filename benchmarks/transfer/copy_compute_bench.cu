@@ -3,7 +3,8 @@
 // compute time)? (issue 6's target). Plain main printing a table; run on the GPU machine:
 //
 //   copy_compute_bench [--batches=32] [--batch_mib=64] [--reps=5] [--source=pageable|pinned]
-//                      [--threads=0] [--chunk_kib=4096] [--depth=2]
+//                      [--threads=0] [--chunk_kib=4096] [--min_piece_kib=0] [--depth=2]
+//                      [--timeline]
 //
 // For each case (copy-bound: compute = 0.5 x copy, balanced: compute = copy, compute-bound:
 // compute = 2 x copy) it measures, median of --reps runs:
@@ -15,6 +16,10 @@
 // cycles after reading its batch, so its duration is set, not guessed. The fill and drain of the
 // pipeline (one batch's copy before the first kernel, one kernel after the last copy) cost
 // 1/batches of the balanced case: 32 batches leave 1.9% of the 5% for everything else.
+// --timeline adds, per case, where the time of one copy-only and one overlapped run went (CUDA
+// events on an observer stream that waits on each batch's ready event, and on the compute stream
+// around each kernel): the first batch's arrival, the interval between arrivals, the time the
+// compute stream waited for a batch, and what came after the last arrival.
 // Without a GPU it says so and exits 0.
 #include <gpukit/host/pinned_pool.hpp>
 #include <gpukit/memory/caching_allocator.hpp>
@@ -31,6 +36,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -59,7 +65,9 @@ struct config {
   bool pinned_source{false};
   int threads{0};
   std::size_t chunk_kib{4096};
+  std::size_t min_piece_kib{0};  ///< transfer_options::min_piece_bytes / 1024 (0: the default)
   std::size_t depth{2};
+  bool timeline{false};
 };
 
 [[noreturn]] void usage(std::string const& why)
@@ -67,7 +75,8 @@ struct config {
   std::fprintf(stderr,
                "copy_compute_bench: %s\n"
                "usage: copy_compute_bench [--batches=N] [--batch_mib=N] [--reps=N] "
-               "[--source=pageable|pinned] [--threads=N] [--chunk_kib=N] [--depth=N]\n",
+               "[--source=pageable|pinned] [--threads=N] [--chunk_kib=N] [--min_piece_kib=N] "
+               "[--depth=N] [--timeline]\n",
                why.c_str());
   std::exit(2);
 }
@@ -100,8 +109,12 @@ config parse(int argc, char** argv)
       c.threads = static_cast<int>(number(f, v, 0));
     } else if (f == "--chunk_kib") {
       c.chunk_kib = static_cast<std::size_t>(number(f, v, 4));
+    } else if (f == "--min_piece_kib") {
+      c.min_piece_kib = static_cast<std::size_t>(number(f, v, 0));
     } else if (f == "--depth") {
       c.depth = static_cast<std::size_t>(number(f, v, 1));
+    } else if (f == "--timeline" && eq == std::string::npos) {
+      c.timeline = true;
     } else if (f == "--source" && (v == "pageable" || v == "pinned")) {
       c.pinned_source = v == "pinned";
     } else {
@@ -111,6 +124,19 @@ config parse(int argc, char** argv)
   if (c.batches * c.batch_mib > 16384) { usage("batches x batch_mib is over 16 GiB"); }
   return c;
 }
+
+/// Where one loop's time went (--timeline), in milliseconds.
+struct trace {
+  double handed{0};            ///< loop start to next() handing out the first batch (host clock)
+  double first{0};             ///< loop start to the first batch's arrival on the device
+  double interval{0};          ///< mean time between arrivals
+  double starved{0};           ///< the compute stream waiting for a batch after its previous kernel
+  double kernel{0};            ///< mean kernel time
+  double tail{0};              ///< last arrival to the end of the device's work
+  double device{0};            ///< loop start to the end of the device's work
+  double host{0};              ///< the loop as the host timed it
+  long long device_allocs{0};  ///< the caching allocator's device allocations in the loop
+};
 
 double median(std::vector<double> v)
 {
@@ -132,6 +158,10 @@ struct bench {
   float* sink{nullptr};
   float* resident{nullptr};  ///< a batch already on the device, for the compute-only runs
   int blocks{0};
+  // --timeline: an observer stream that waits on each batch's ready event, and timing events.
+  cudaStream_t observer{};
+  cudaEvent_t started{};
+  std::vector<cudaEvent_t> arrived, kernel_begin, kernel_end;
 
   explicit bench(config c) : cfg{c}, batch_bytes{c.batch_mib << 20}
   {
@@ -148,6 +178,7 @@ struct bench {
     gpukit::transfer_options o;
     o.staging_threads = cfg.threads;
     o.chunk_bytes     = cfg.chunk_kib << 10;
+    o.min_piece_bytes = cfg.min_piece_kib << 10;
     pipe              = std::make_unique<gpukit::transfer_pipeline>(rt, pool, o);
     pipe->prewarm();
     GPUKIT_CUDA_TRY(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
@@ -157,10 +188,26 @@ struct bench {
     GPUKIT_CUDA_TRY(cudaMalloc(&sink, sizeof(float) * blocks));
     GPUKIT_CUDA_TRY(cudaMalloc(&resident, batch_bytes));
     GPUKIT_CUDA_TRY(cudaMemset(resident, 0, batch_bytes));
+    if (cfg.timeline) {
+      GPUKIT_CUDA_TRY(cudaStreamCreateWithFlags(&observer, cudaStreamNonBlocking));
+      GPUKIT_CUDA_TRY(cudaEventCreate(&started));
+      for (auto* v : {&arrived, &kernel_begin, &kernel_end}) {
+        v->resize(cfg.batches);
+        for (auto& e : *v) { GPUKIT_CUDA_TRY(cudaEventCreate(&e)); }
+      }
+    }
   }
   ~bench()
   {
     GPUKIT_CUDA_TRY(cudaStreamSynchronize(compute));
+    if (cfg.timeline) {
+      (void)cudaStreamSynchronize(observer);
+      for (auto* v : {&arrived, &kernel_begin, &kernel_end}) {
+        for (auto e : *v) { (void)cudaEventDestroy(e); }
+      }
+      (void)cudaEventDestroy(started);
+      (void)cudaStreamDestroy(observer);
+    }
     alloc.forget_stream(compute);
     (void)cudaFree(sink);
     (void)cudaFree(resident);
@@ -194,13 +241,17 @@ struct bench {
   }
 
   /// Milliseconds of the whole loop through a fresh prefetcher: from its start until the compute
-  /// stream has run everything. cycles < 0: no kernel (the copies alone).
-  double loop(long long cycles)
+  /// stream has run everything. cycles < 0: no kernel (the copies alone). With `traced` (needs
+  /// --timeline), `*traced` gets where the time went.
+  double loop(long long cycles, trace* traced = nullptr)
   {
     GPUKIT_CUDA_TRY(cudaStreamSynchronize(compute));
     gpukit::prefetcher_options po;
-    po.depth      = cfg.depth;
-    auto const t0 = clock_type::now();
+    po.depth                 = cfg.depth;
+    auto const allocs_before = alloc.stats().num_device_allocs;
+    auto const t0            = clock_type::now();
+    double handed_ms         = 0;
+    if (traced != nullptr) { GPUKIT_CUDA_TRY(cudaEventRecord(started, observer)); }
     {
       gpukit::prefetcher loader{*pipe, alloc,
                                 [&](std::size_t i) {
@@ -209,12 +260,54 @@ struct bench {
                                 },
                                 po};
       while (auto batch = loader.next(compute)) {
+        std::size_t const i = batch->index;
+        if (i == 0) {
+          handed_ms = std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
+        }
+        if (traced != nullptr) {
+          GPUKIT_CUDA_TRY(cudaStreamWaitEvent(observer, batch->ready, 0));
+          GPUKIT_CUDA_TRY(cudaEventRecord(arrived[i], observer));
+          GPUKIT_CUDA_TRY(cudaEventRecord(kernel_begin[i], compute));
+        }
         if (cycles >= 0) { launch(static_cast<float const*>(batch->data), cycles, compute); }
+        if (traced != nullptr) { GPUKIT_CUDA_TRY(cudaEventRecord(kernel_end[i], compute)); }
         loader.release(*batch, compute);
       }
       GPUKIT_CUDA_TRY(cudaStreamSynchronize(compute));
     }
-    return std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
+    double const host_ms =
+      std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
+    if (traced != nullptr) {
+      *traced        = summarize(host_ms);
+      traced->handed = handed_ms;
+      traced->device_allocs =
+        static_cast<long long>(alloc.stats().num_device_allocs - allocs_before);
+    }
+    return host_ms;
+  }
+
+  /// The trace of the loop that just ran (its events have completed).
+  trace summarize(double host_ms) const
+  {
+    GPUKIT_CUDA_TRY(cudaStreamSynchronize(observer));
+    auto const ms = [](cudaEvent_t a, cudaEvent_t b) {
+      float f = 0;
+      GPUKIT_CUDA_TRY(cudaEventElapsedTime(&f, a, b));
+      return static_cast<double>(f);
+    };
+    std::size_t const n = cfg.batches;
+    trace t;
+    t.first    = ms(started, arrived[0]);
+    t.interval = ms(arrived[0], arrived[n - 1]) / static_cast<double>(n - 1);
+    for (std::size_t i = 0; i < n; ++i) {
+      t.kernel += ms(kernel_begin[i], kernel_end[i]) / static_cast<double>(n);
+      if (i > 0) { t.starved += std::max(0.0, ms(kernel_end[i - 1], kernel_begin[i])); }
+    }
+    double const end = std::max(ms(started, kernel_end[n - 1]), ms(started, arrived[n - 1]));
+    t.tail           = end - ms(started, arrived[n - 1]);
+    t.device         = end;
+    t.host           = host_ms;
+    return t;
   }
 };
 
@@ -266,15 +359,23 @@ int main(int argc, char** argv)
     double factor;
   };
   bool all_ok = true;
+  std::vector<std::pair<std::string, trace>> traces;
   for (named const c :
        {named{"copy-bound", 0.5}, named{"balanced", 1.0}, named{"compute-bound", 2.0}}) {
     double const per_kernel = copy_ms / static_cast<double>(cfg.batches) * c.factor;
     auto const cycles = static_cast<long long>(std::max(0.0, per_kernel - base_ms) * cycles_per_ms);
     std::vector<double> cc, cp, ov;
+    trace copy_trace, overlap_trace;
+    bool const last_traced = cfg.timeline;
     for (int r = 0; r < cfg.reps; ++r) {
-      cp.push_back(b.loop(-1));
+      bool const t = last_traced && r + 1 == cfg.reps;
+      cp.push_back(b.loop(-1, t ? &copy_trace : nullptr));
       cc.push_back(b.compute_only(cycles));
-      ov.push_back(b.loop(cycles));
+      ov.push_back(b.loop(cycles, t ? &overlap_trace : nullptr));
+    }
+    if (cfg.timeline) {
+      traces.emplace_back(std::string{c.name} + " copy", copy_trace);
+      traces.emplace_back(std::string{c.name} + " overlap", overlap_trace);
     }
     double const copy = median(cp), comp = median(cc), over = median(ov);
     double const mx    = std::max(copy, comp);
@@ -282,6 +383,16 @@ int main(int argc, char** argv)
     all_ok             = all_ok && ratio <= 1.05;
     std::printf("%-14s %10.2f %10.2f %12.2f %10.2f %8.3f %8s\n", c.name, copy, comp, over, mx,
                 ratio, ratio <= 1.05 ? "<=1.05" : "MISSED");
+  }
+  if (cfg.timeline) {
+    std::printf("\ntimeline of each case's last repetition (ms; interval and kernel are means):\n");
+    std::printf("%-22s %7s %7s %9s %8s %8s %7s %8s %8s %7s\n", "run", "handed", "first", "interval",
+                "kernel", "starved", "tail", "device", "host", "mallocs");
+    for (auto const& [name, t] : traces) {
+      std::printf("%-22s %7.3f %7.3f %9.4f %8.4f %8.3f %7.3f %8.2f %8.2f %7lld\n", name.c_str(),
+                  t.handed, t.first, t.interval, t.kernel, t.starved, t.tail, t.device, t.host,
+                  t.device_allocs);
+    }
   }
   std::printf("\n%s\n", all_ok ? "all cases within 1.05 x max(copy, compute)"
                                : "some case above 1.05 x max(copy, compute)");

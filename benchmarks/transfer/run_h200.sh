@@ -7,7 +7,7 @@
 # out/): device.txt, transfer_gpu_test.log, transfer_bench.{txt,json} (with pool growth rates),
 # summary.txt, torch_pin_anchor.txt (PyTorch's pin_memory + non_blocking copy, when PyTorch
 # imports), sweep.{txt,json} + sweep_summary.txt (the staging knobs over a grid, SWEEP=1),
-# copy_compute.txt (copy-plus-compute overlap) and prefetch_training_loop.txt.
+# copy_compute_{32,128}.txt (copy-plus-compute overlap) and prefetch_training_loop.txt.
 # BENCH_ARGS passes staging knobs to transfer_bench (e.g. "--chunk_kib=8192 --copy=nt"; see the
 # top of benchmarks/transfer/transfer_bench.cpp); SWEEP_ARGS narrows the sweep's grid.
 # Parts, each on unless set to 0: TESTS (GPU tests and the example), BENCH (transfer_bench and its
@@ -94,11 +94,15 @@ fi
 
 if [[ ${COPY_COMPUTE:-1} == 1 ]]; then
   step copy_compute
-  # A loop of 32 batches of 64 MiB through the prefetcher, each followed by a kernel on another
-  # stream: total vs max(copy alone, compute alone), target <= 1.05.
-  timeout 240 "$B/benchmarks/copy_compute_bench" --batches=32 --batch_mib=64 --reps=5 2>&1 |
-    tee "$OUT/copy_compute.txt"
-  echo "copy_compute_bench exit ${PIPESTATUS[0]}"
+  # Loops of 64 MiB batches through the prefetcher, each followed by a kernel on another stream:
+  # total vs max(copy alone, compute alone), target <= 1.05. 32 batches (the fill, one batch's copy
+  # before the first kernel, is 1/32 of the balanced case) and 128 (an epoch's worth: the fill
+  # amortized), each with --timeline (where each case's time went).
+  for n in 32 128; do
+    timeout 240 "$B/benchmarks/copy_compute_bench" --batches=$n --batch_mib=64 --reps=5 \
+      --timeline 2>&1 | tee "$OUT/copy_compute_$n.txt"
+    echo "copy_compute_bench --batches=$n exit ${PIPESTATUS[0]}"
+  done
 fi
 
 [[ ${BENCH:-1} == 1 ]] && step summary

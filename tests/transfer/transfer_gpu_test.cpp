@@ -42,6 +42,10 @@ TEST_SUITE("gpu")
   {
     gpukit::test::check_pipeline_bad_input(cuda_runtime::instance());
   }
+  TEST_CASE("transfer on CUDA: submitted transfers complete with their bytes")
+  {
+    gpukit::test::check_submitted_transfers(cuda_runtime::instance());
+  }
   TEST_CASE("transfer on CUDA: 256 MiB and 1 byte with default options")
   {
     auto& rt = cuda_runtime::instance();

@@ -8,8 +8,10 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <mutex>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -329,6 +331,167 @@ TEST_SUITE("sim_concurrency")
     CHECK(bad.load() == 0);
     CHECK(pool.stats().allocation_count.current == 0);
   }
+  TEST_CASE("transfer: conformance: submitted transfers complete with their bytes")
+  {
+    sim_runtime sim{small_gpu()};
+    gpukit::test::check_submitted_transfers(sim);
+  }
+  TEST_CASE("transfer: a submitted transfer returns at once and completes when its copies can run")
+  {
+    sim_runtime sim{small_gpu()};
+    sim_pool pool{sim};
+    sim_pipeline pipe{sim, pool, small_chunks(3, 2)};
+    gpukit::test::stream_holder<sim_runtime> s{sim};
+    std::size_t const bytes = 5 * 64 * kib + 99;
+    gpukit::test::device_buffer<sim_runtime> dev{sim, bytes};
+    std::vector<unsigned char> src(bytes);
+    fill_pattern(src.data(), bytes, 21);
+    GPUKIT_CUDA_TRY(sim.stall(pipe.h2d_stream()));
+    gpukit::test::completions c;
+    pipe.submit_to_device(dev.p, src.data(), bytes, gpukit::host_memory::detect, s.s, c.one());
+    CHECK(eventually([&] { return pipe.stats().chunks == 2; }));
+    std::this_thread::sleep_for(std::chrono::milliseconds{30});
+    CHECK(c.done() == 0);  // two chunks' copies pending, a ring of two: staging waits
+    CHECK(pipe.stats().chunks == 2);
+    CHECK(pipe.stats().transfers == 0);
+    GPUKIT_CUDA_TRY(sim.release(pipe.h2d_stream()));
+    REQUIRE(c.wait_for(1));
+    CHECK_FALSE(c.first_error);
+    CHECK((c.last_thread != std::this_thread::get_id()));  // a staging thread ended it
+    CHECK(pipe.stats().transfers == 1);
+    std::vector<unsigned char> back(bytes);  // s waits for the copy: no other synchronization
+    GPUKIT_CUDA_TRY(
+      sim.memcpy_async(back.data(), dev.p, bytes, gpukit::memcpy_kind::device_to_host, s.s));
+    GPUKIT_CUDA_TRY(sim.stream_synchronize(s.s));
+    CHECK(first_mismatch(back.data(), bytes, 21) == bytes);
+    CHECK(sim.calls(sim_op::device_synchronize) == 0);
+  }
+  TEST_CASE("transfer: the staging threads finish the oldest submitted transfer's chunks first")
+  {
+    sim_runtime sim{small_gpu()};
+    sim_pool pool{sim};
+    sim_pipeline pipe{sim, pool, small_chunks(2)};  // one staging thread of its own
+    gpukit::test::stream_holder<sim_runtime> s{sim};
+    std::size_t const big = 8 * 64 * kib, small = 2 * 64 * kib;
+    gpukit::test::device_buffer<sim_runtime> a{sim, big}, b{sim, small};
+    std::vector<unsigned char> src(big, 1);
+    std::mutex m;
+    std::vector<char> order;
+    auto note = [&](char who) {
+      return [&, who](std::exception_ptr) {
+        std::lock_guard<std::mutex> lock{m};
+        order.push_back(who);
+      };
+    };
+    pipe.submit_to_device(a.p, src.data(), big, gpukit::host_memory::detect, s.s, note('a'));
+    pipe.submit_to_device(b.p, src.data(), small, gpukit::host_memory::detect, s.s, note('b'));
+    // Taking turns between the two would end the short one first; oldest first ends a first.
+    REQUIRE(eventually([&] {
+      std::lock_guard<std::mutex> lock{m};
+      return order.size() == 2;
+    }));
+    CHECK(order == std::vector<char>{'a', 'b'});
+    GPUKIT_CUDA_TRY(sim.stream_synchronize(s.s));
+  }
+  TEST_CASE("transfer: a failing copy in a submitted transfer reaches its completion once")
+  {
+    sim_runtime sim{small_gpu()};
+    std::size_t const bytes = 6 * 64 * kib + 1;
+    sim_pool pool{sim};
+    {
+      sim_pipeline pipe{sim, pool, small_chunks(3, 3)};
+      gpukit::test::stream_holder<sim_runtime> s{sim};
+      gpukit::test::device_buffer<sim_runtime> dev{sim, bytes};
+      std::vector<unsigned char> src(bytes), dst(bytes);
+      fill_pattern(src.data(), bytes, 13);
+      sim.inject_fault(sim_op::memcpy_async, 3, cudaErrorLaunchFailure);
+      gpukit::test::completions c;
+      pipe.submit_to_device(dev.p, src.data(), bytes, gpukit::host_memory::detect, s.s, c.one());
+      REQUIRE(c.wait_for(1));
+      REQUIRE(c.first_error);
+      CHECK_THROWS_WITH_AS(std::rethrow_exception(c.first_error), doctest::Contains("memcpy_async"),
+                           gpukit::cuda_error);
+      std::this_thread::sleep_for(std::chrono::milliseconds{20});
+      CHECK(c.done() == 1);
+      CHECK(pipe.stats().transfers == 0);
+      // The pipeline still works.
+      gpukit::test::completions again;
+      pipe.submit_to_device(dev.p, src.data(), bytes, gpukit::host_memory::detect, s.s,
+                            again.one());
+      REQUIRE(again.wait_for(1));
+      CHECK_FALSE(again.first_error);
+      pipe.copy_to_host_async(dst.data(), dev.p, bytes, s.s);
+      CHECK(first_mismatch(dst.data(), bytes, 13) == bytes);
+      GPUKIT_CUDA_TRY(sim.stream_synchronize(s.s));
+      CHECK(pool.stats().allocation_count.current ==
+            static_cast<std::int64_t>(pipe.stats().staging_chunks));
+    }
+    CHECK(pool.stats().allocation_count.current == 0);
+  }
+  TEST_CASE("transfer: bad input to submit is refused at once and never completes")
+  {
+    sim_runtime sim{small_gpu()};
+    sim_pool pool{sim};
+    sim_pipeline pipe{sim, pool, small_chunks(2)};
+    gpukit::test::stream_holder<sim_runtime> s{sim};
+    gpukit::test::device_buffer<sim_runtime> dev{sim, mib};
+    std::vector<unsigned char> host(mib);
+    gpukit::test::completions c;
+    auto const detect = gpukit::host_memory::detect;
+    CHECK_THROWS_WITH_AS(pipe.submit_to_device(dev.p, host.data(), 0, detect, s.s, c.one()),
+                         doctest::Contains("submit_to_device: 0 bytes"), gpukit::logic_error);
+    CHECK_THROWS_WITH_AS(pipe.submit_to_host(nullptr, dev.p, 16, detect, s.s, c.one()),
+                         doctest::Contains("submit_to_host: null pointer"), gpukit::logic_error);
+    CHECK_THROWS_WITH_AS(pipe.submit_to_device(dev.p, host.data(), 16, detect, s.s, {}),
+                         doctest::Contains("the completion is empty"), gpukit::logic_error);
+    std::this_thread::sleep_for(std::chrono::milliseconds{20});
+    CHECK(c.done() == 0);
+    CHECK(pipe.stats().chunks == 0);
+  }
+  TEST_CASE("transfer: the destructor waits for submitted transfers")
+  {
+    sim_runtime sim{small_gpu()};
+    sim_pool pool{sim};
+    gpukit::test::stream_holder<sim_runtime> s{sim};
+    std::size_t const bytes = 6 * 64 * kib;
+    gpukit::test::device_buffer<sim_runtime> dev{sim, bytes};
+    std::vector<unsigned char> src(bytes, 3);
+    gpukit::test::completions c;
+    std::thread releaser;
+    {
+      sim_pipeline pipe{sim, pool, small_chunks(3, 2)};
+      GPUKIT_CUDA_TRY(sim.stall(pipe.h2d_stream()));
+      pipe.submit_to_device(dev.p, src.data(), bytes, gpukit::host_memory::detect, s.s, c.one());
+      releaser = std::thread{[&sim, cs = pipe.h2d_stream()] {
+        std::this_thread::sleep_for(std::chrono::milliseconds{50});
+        (void)sim.release(cs);
+      }};
+    }  // blocks until the copy stream moves and the completion has run
+    CHECK(c.done() == 1);
+    releaser.join();
+    GPUKIT_CUDA_TRY(sim.stream_synchronize(s.s));
+    CHECK(pool.stats().allocation_count.current == 0);
+  }
+  TEST_CASE("transfer: without staging threads of its own, submit completes before it returns")
+  {
+    sim_runtime sim{small_gpu()};
+    sim_pool pool{sim};
+    sim_pipeline pipe{sim, pool, small_chunks(1)};
+    gpukit::test::stream_holder<sim_runtime> s{sim};
+    std::size_t const bytes = 3 * 64 * kib + 7;
+    gpukit::test::device_buffer<sim_runtime> dev{sim, bytes};
+    std::vector<unsigned char> src(bytes), dst(bytes);
+    fill_pattern(src.data(), bytes, 17);
+    gpukit::test::completions c;
+    pipe.submit_to_device(dev.p, src.data(), bytes, gpukit::host_memory::detect, s.s, c.one());
+    CHECK(c.done() == 1);
+    CHECK((c.last_thread == std::this_thread::get_id()));
+    pipe.submit_to_host(dst.data(), dev.p, bytes, gpukit::host_memory::detect, s.s, c.one());
+    CHECK(c.done() == 2);
+    CHECK_FALSE(c.first_error);
+    CHECK(first_mismatch(dst.data(), bytes, 17) == bytes);
+    GPUKIT_CUDA_TRY(sim.stream_synchronize(s.s));
+  }
   TEST_CASE("prefetcher: batches arrive in order with their bytes")
   {
     sim_runtime sim{small_gpu()};
@@ -363,6 +526,86 @@ TEST_SUITE("sim_concurrency")
       GPUKIT_CUDA_TRY(sim.stream_synchronize(compute.s));
     }
     alloc.forget_stream(compute.s);
+  }
+  TEST_CASE("prefetcher: the next batch is asked for while the current one is still staging")
+  {
+    sim_runtime sim{small_gpu()};
+    sim_pool pool{sim};
+    sim_pipeline pipe{sim, pool, small_chunks(3, 2)};
+    gpukit::basic_caching_allocator<sim_runtime> alloc{sim, 0};
+    std::size_t const steps = 6;
+    std::vector<std::vector<unsigned char>> data(steps);
+    for (std::size_t i = 0; i < steps; ++i) {
+      data[i].resize(5 * 64 * kib + i * 313);
+      fill_pattern(data[i].data(), data[i].size(), static_cast<std::uint32_t>(70 + i));
+    }
+    std::atomic<std::size_t> asked{0};
+    gpukit::test::stream_holder<sim_runtime> compute{sim};
+    GPUKIT_CUDA_TRY(sim.stall(pipe.h2d_stream()));  // batch 0 cannot finish staging
+    {
+      gpukit::prefetcher_options po;
+      po.depth = 2;
+      gpukit::basic_prefetcher<sim_runtime> loader{
+        pipe, alloc,
+        [&](std::size_t i) {
+          asked = i + 1;
+          if (i == steps) { return gpukit::host_batch{}; }
+          return gpukit::host_batch{data[i].data(), data[i].size()};
+        },
+        po};
+      CHECK(eventually([&] { return asked.load() == 2; }));  // batch 1 queued behind batch 0
+      std::this_thread::sleep_for(std::chrono::milliseconds{20});
+      CHECK(asked.load() == 2);  // and no further: depth 2
+      CHECK(pipe.stats().transfers == 0);
+      GPUKIT_CUDA_TRY(sim.release(pipe.h2d_stream()));
+      std::size_t expect = 0;
+      while (auto b = loader.next(compute.s)) {
+        CHECK(b->index == expect);
+        std::vector<unsigned char> back(b->bytes);
+        pipe.copy_to_host_async(back.data(), b->data, b->bytes, compute.s);
+        CHECK(first_mismatch(back.data(), back.size(), static_cast<std::uint32_t>(70 + expect)) ==
+              back.size());
+        loader.release(*b, compute.s);
+        ++expect;
+      }
+      CHECK(expect == steps);
+      GPUKIT_CUDA_TRY(sim.stream_synchronize(compute.s));
+    }
+    alloc.forget_stream(compute.s);
+    CHECK(alloc.stats().allocation_count.current == 0);
+  }
+  TEST_CASE("prefetcher: a failing copy reaches the consumer after the batches before it")
+  {
+    sim_runtime sim{small_gpu()};
+    sim_pool pool{sim};
+    sim_pipeline pipe{sim, pool, small_chunks(3)};
+    gpukit::basic_caching_allocator<sim_runtime> alloc{sim, 0};
+    std::vector<unsigned char> data(4 * 64 * kib, 4);
+    gpukit::test::stream_holder<sim_runtime> compute{sim};
+    // Each batch is 4 chunks: the 10th staging copy belongs to batch 2.
+    sim.inject_fault(sim_op::memcpy_async, 10, cudaErrorLaunchFailure);
+    {
+      gpukit::prefetcher_options po;
+      po.depth = 2;
+      gpukit::basic_prefetcher<sim_runtime> loader{
+        pipe, alloc,
+        [&](std::size_t) {
+          return gpukit::host_batch{data.data(), data.size()};
+        },
+        po};
+      for (std::size_t i = 0; i < 2; ++i) {
+        auto b = loader.next(compute.s);
+        REQUIRE(b.has_value());
+        CHECK(b->index == i);
+        loader.release(*b, compute.s);
+      }
+      CHECK_THROWS_WITH_AS((void)loader.next(), doctest::Contains("memcpy_async"),
+                           gpukit::cuda_error);
+      CHECK_FALSE(loader.next().has_value());
+      GPUKIT_CUDA_TRY(sim.stream_synchronize(compute.s));
+    }
+    alloc.forget_stream(compute.s);
+    CHECK(alloc.stats().allocation_count.current == 0);
   }
   TEST_CASE("prefetcher: an error of the source reaches the consumer after the batches before it")
   {

@@ -19,10 +19,13 @@
 //   }
 //
 // A loader thread owned by the prefetcher asks the source for batch i, takes a device buffer of
-// its size from the caching allocator on the prefetcher's own stream, copies it with the transfer
-// pipeline (staging pageable data with the pipeline's threads) and records a ready event; `next`
-// hands batches out in order. `depth` batches are loaded ahead of the ones the consumer holds.
-// Nothing here synchronizes the device: the consumer's stream waits on the batch's event.
+// its size from the caching allocator on the prefetcher's own stream and submits the copy to the
+// transfer pipeline (submit_to_device: the pipeline's threads stage pageable data), then goes on
+// to batch i + 1 while `depth` allows; the staging thread that finishes batch i records its ready
+// event. So batch i + 1 is staging while batch i's last chunks are copied: no staging thread waits
+// at a batch's end. `next` hands batches out in order. Up to `depth` batches are loading or loaded
+// ahead of the ones the consumer holds. Nothing here synchronizes the device: the consumer's
+// stream waits on the batch's event.
 #pragma once
 
 #include <gpukit/error.hpp>
@@ -95,7 +98,8 @@ class basic_prefetcher final {
   /// staged; not until it is on the device); std::nullopt after the last one. The batch is ready
   /// for work that waits on `ready`.
   /// @throws what the source threw, or the error of loading the batch (gpukit::cuda_error,
-  ///         gpukit::out_of_memory, ...), once the batches loaded before it have been handed out
+  ///         gpukit::out_of_memory, ...), once the batches loaded before it have been handed out;
+  ///         later calls return std::nullopt (the batches after it are dropped)
   [[nodiscard]] std::optional<batch_type> next();
   /// next(), then makes `consumer` wait for the batch (stream_wait_event; no host wait).
   [[nodiscard]] std::optional<batch_type> next(stream_type consumer);
@@ -112,7 +116,16 @@ class basic_prefetcher final {
   [[nodiscard]] std::size_t handed_out() const;
 
  private:
+  /// A batch being loaded or loaded, not handed out yet.
+  struct entry {
+    batch_type batch;
+    bool loaded{false};        ///< its completion ran (or it failed before being submitted)
+    std::exception_ptr error;  ///< why it failed
+  };
+
   void load_loop();
+  /// The pipeline's completion of batch `index` (a staging thread, or the loader).
+  void on_loaded(std::size_t index, std::exception_ptr error) noexcept;
 
   basic_transfer_pipeline<Runtime>& pipeline_;
   basic_caching_allocator<Runtime>& allocator_;
@@ -123,10 +136,12 @@ class basic_prefetcher final {
 
   mutable std::mutex mutex_;
   std::condition_variable cv_;
-  std::deque<batch_type> loaded_;  ///< loaded, not handed out
-  std::vector<batch_type> out_;    ///< handed out, not released
+  std::deque<entry> loading_;    ///< loading or loaded, not handed out; in order
+  std::size_t submitted_{0};     ///< batches whose completion has not run
+  std::vector<batch_type> out_;  ///< handed out, not released
   std::vector<event_type> spare_events_;
-  std::exception_ptr error_;
+  bool failed_{false};    ///< a batch failed: nothing more is loaded
+  bool broken_{false};    ///< next() has thrown that failure: nothing more is handed out
   bool finished_{false};  ///< the loader is done (end, error or stop)
   bool stopping_{false};
   std::size_t handed_out_{0};

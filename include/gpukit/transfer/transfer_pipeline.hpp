@@ -14,6 +14,9 @@
 //   kernel<<<grid, block, 0, stream>>>(dev);         // ordered after the copy by an event
 //   pipe.copy_to_host_async(out.data(), dev, bytes, stream);       // out is complete on return
 //
+//   pipe.submit_to_device(dev, next.data(), bytes, host_memory::detect, stream,
+//                         [](std::exception_ptr e) { /* staged: next may be reused */ });
+//
 // ## Why, and how
 //
 // `cudaMemcpyAsync` from pageable memory runs at 7.8 GB/s on the H200 host where the link does
@@ -39,6 +42,13 @@
 //   order (cudaMemcpyPeerAsync), after enabling peer access from the pipeline's device once
 //   (over NVLink or PCIe, no host staging) where the devices allow it.
 //
+// - submit_to_device / submit_to_host return before staging: the staging threads stage the data,
+//   and the thread that finishes the transfer hands it to `stream` and calls a completion. So one
+//   thread can keep several transfers queued (the prefetcher keeps the next batch staging while
+//   the current one's last chunks are copied), and no staging thread idles at a transfer's end.
+//   The staging threads claim chunks of the oldest transfer of each direction first, alternating
+//   between the directions: transfers of one direction complete in the order they were started.
+//
 // Every member is thread-safe; transfers from several threads share the staging threads.
 #pragma once
 
@@ -53,6 +63,7 @@
 #include <cstdint>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -101,7 +112,7 @@ struct transfer_options {
 
 /// Counters of a transfer pipeline (relaxed: exact once transfers have returned).
 struct transfer_stats {
-  std::uint64_t transfers{0};       ///< copy_* calls that succeeded
+  std::uint64_t transfers{0};       ///< copy_* calls and submit_* transfers that succeeded
   std::uint64_t h2d_bytes{0};       ///< bytes copied host to device
   std::uint64_t d2h_bytes{0};       ///< bytes copied device to host
   std::uint64_t staged_bytes{0};    ///< bytes that went through staging chunks
@@ -171,6 +182,27 @@ class basic_transfer_pipeline final {
     copy_to_host_async(dst, src, bytes, host_memory::detect, stream);
   }
 
+  /// What a submitted transfer calls once it is over: with nullptr when `stream` has been made to
+  /// wait for the copy (host to device: the source may be reused; device to host: the
+  /// destination is complete), else with the error (what was enqueued before it still precedes
+  /// `stream`'s later work). Runs on a staging thread, or on the calling thread (see
+  /// submit_to_device); must not throw or destroy the pipeline.
+  using completion = std::function<void(std::exception_ptr)>;
+
+  /// copy_to_device_async without waiting for the staging: returns once the transfer is queued,
+  /// and `done` runs exactly once, when it is over (see completion). The source must stay valid
+  /// and unchanged until then. Pinned `src` (one memcpy_async on `stream`), or a pipeline without
+  /// staging threads of its own (staging_threads 1), copies before returning and calls `done` on
+  /// the calling thread. The destructor waits for submitted transfers.
+  /// @throws as copy_to_device_async for bad input, a stream of another device, or when the copy
+  ///         cannot be started; then `done` is not called. Failures while staging go to `done`.
+  void submit_to_device(void* dst, void const* src, std::size_t bytes, host_memory src_kind,
+                        stream_type stream, completion done);
+  /// copy_to_host_async without waiting: as submit_to_device; `dst` is complete when `done` runs
+  /// with nullptr (pinned `dst`: when `stream` reaches the copy).
+  void submit_to_host(void* dst, void const* src, std::size_t bytes, host_memory dst_kind,
+                      stream_type stream, completion done);
+
   /// Copies `bytes` of device memory from `src` on `src_device` to `dst` on `dst_device`, in
   /// `stream` order (one cudaMemcpyPeerAsync on `stream`; returns at once). The pipeline's device
   /// must be one of the two, and `stream` must belong to it. The first copy to or from each other
@@ -208,12 +240,17 @@ class basic_transfer_pipeline final {
   void check_copy(char const* call, char const* dst_name, void const* dst, char const* src_name,
                   void const* src, std::size_t bytes, bool may_overlap) const;
   void check_stream(char const* call, stream_type stream);
+  /// done == nullptr: copy_to_*_async; else submit_to_* with *done.
   void transfer(int dir, char* device, char* host, std::size_t bytes, host_memory kind,
-                stream_type stream);
+                stream_type stream, completion* done);
   void run_job(job& j);
   void worker_loop();
+  job* pick_job_locked();
   bool claim(job& j, std::size_t& offset, std::size_t& bytes);
-  void finish_chunk(job& j, std::exception_ptr error);
+  /// True when it completed a submitted job: the caller then calls complete_submitted, unlocked.
+  bool finish_chunk(job& j, std::exception_ptr error);
+  void complete_submitted(job* j) noexcept;
+  void hand_off(int dir, stream_type stream);
   void do_chunk(job& j, std::size_t offset, std::size_t bytes);
   void copy_host(void* dst, void const* src, std::size_t bytes) const noexcept;
   slot* acquire_slot(ring& r);
@@ -229,9 +266,11 @@ class basic_transfer_pipeline final {
 
   std::mutex jobs_mutex_;
   std::condition_variable jobs_cv_;  ///< workers wait here for chunks to claim
-  std::condition_variable done_cv_;  ///< callers wait here for their jobs
-  std::vector<job*> jobs_;           ///< jobs with chunks left to claim
-  std::size_t next_job_{0};          ///< round robin over jobs_ (both directions progress)
+  std::condition_variable done_cv_;  ///< callers wait here for their jobs, the destructor for
+                                     ///< submitted ones
+  std::vector<job*> jobs_;           ///< jobs with chunks left to claim, oldest first
+  std::size_t next_job_{0};          ///< alternates the direction served first
+  std::size_t submitted_{0};         ///< submitted jobs whose completion has not returned
   bool stopping_{false};
   std::vector<std::thread> workers_;
 

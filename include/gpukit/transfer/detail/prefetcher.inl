@@ -39,10 +39,16 @@ basic_prefetcher<Runtime>::~basic_prefetcher()
   }
   cv_.notify_all();
   loader_.join();
+  {
+    std::unique_lock<std::mutex> lock{mutex_};  // the pipeline's completions touch this object
+    cv_.wait(lock, [this] { return submitted_ == 0; });
+  }
   try {
-    for (auto const& b : loaded_) {
-      allocator_.deallocate_async(b.data, b.bytes, stream_);
-      spare_events_.push_back(b.ready);
+    for (auto const& e : loading_) {
+      if (e.batch.data != nullptr) {
+        allocator_.deallocate_async(e.batch.data, e.batch.bytes, stream_);
+      }
+      if (e.batch.ready != event_type{}) { spare_events_.push_back(e.batch.ready); }
     }
     for (auto const& b : out_) {  // not released: freed after the prefetcher's own work
       allocator_.deallocate_async(b.data, b.bytes, stream_);
@@ -59,53 +65,58 @@ basic_prefetcher<Runtime>::~basic_prefetcher()
 template <class Runtime>
 void basic_prefetcher<Runtime>::load_loop()
 {
+  // Every failure ends loading: it becomes the failed batch's entry, which next() throws.
+  auto fail = [this](batch_type const& b, std::exception_ptr error) {
+    std::lock_guard<std::mutex> lock{mutex_};
+    loading_.push_back(entry{b, true, std::move(error)});
+    failed_ = true;
+  };
+  bool go = true;
   try {
     GPUKIT_CUDA_TRY(runtime_.set_device(allocator_.device()));  // the loader's own thread
-    for (std::size_t index = 0;; ++index) {
-      event_type ev{};
-      {
-        std::unique_lock<std::mutex> lock{mutex_};
-        cv_.wait(lock, [&] { return stopping_ || loaded_.size() < options_.depth; });
-        if (stopping_) { break; }
-        if (!spare_events_.empty()) {
-          ev = spare_events_.back();
-          spare_events_.pop_back();
-        }
-      }
-      if (ev == event_type{}) { GPUKIT_CUDA_TRY(runtime_.event_create(ev, false)); }
-      batch_type b;
-      b.index = index;
-      b.ready = ev;
-      try {
-        host_batch const h = source_(index);
-        if (h.data == nullptr && h.bytes == 0) {
-          std::lock_guard<std::mutex> lock{mutex_};
-          spare_events_.push_back(ev);
-          break;
-        }
-        b.bytes = h.bytes;
-        b.data  = allocator_.allocate_async(h.bytes, stream_);
-        try {
-          pipeline_.copy_to_device_async(b.data, h.data, h.bytes, stream_);
-          GPUKIT_CUDA_TRY(runtime_.event_record(ev, stream_));
-        } catch (...) {
-          allocator_.deallocate_async(b.data, b.bytes, stream_);
-          throw;
-        }
-      } catch (...) {
-        std::lock_guard<std::mutex> lock{mutex_};
-        spare_events_.push_back(ev);
-        throw;
-      }
-      {
-        std::lock_guard<std::mutex> lock{mutex_};
-        loaded_.push_back(b);
-      }
-      cv_.notify_all();
-    }
   } catch (...) {
-    std::lock_guard<std::mutex> lock{mutex_};
-    error_ = std::current_exception();
+    fail(batch_type{}, std::current_exception());
+    go = false;
+  }
+  for (std::size_t index = 0; go; ++index) {
+    batch_type b;
+    b.index = index;
+    {
+      std::unique_lock<std::mutex> lock{mutex_};
+      cv_.wait(lock, [&] { return stopping_ || failed_ || loading_.size() < options_.depth; });
+      if (stopping_ || failed_) { break; }
+      if (!spare_events_.empty()) {
+        b.ready = spare_events_.back();
+        spare_events_.pop_back();
+      }
+    }
+    host_batch h;
+    try {
+      if (b.ready == event_type{}) { GPUKIT_CUDA_TRY(runtime_.event_create(b.ready, false)); }
+      h = source_(index);
+      if (h.data == nullptr && h.bytes == 0) {
+        std::lock_guard<std::mutex> lock{mutex_};
+        spare_events_.push_back(b.ready);
+        break;
+      }
+      b.bytes = h.bytes;
+      b.data  = allocator_.allocate_async(h.bytes, stream_);
+    } catch (...) {  // nothing was allocated: the allocation is the last call that throws
+      fail(b, std::current_exception());
+      break;
+    }
+    {
+      std::lock_guard<std::mutex> lock{mutex_};
+      loading_.push_back(entry{b, false, nullptr});
+      ++submitted_;
+    }
+    try {
+      pipeline_.submit_to_device(b.data, h.data, h.bytes, host_memory::detect, stream_,
+                                 [this, index](std::exception_ptr e) { on_loaded(index, e); });
+    } catch (...) {  // not submitted: no completion will come
+      on_loaded(index, std::current_exception());
+      break;
+    }
   }
   {
     std::lock_guard<std::mutex> lock{mutex_};
@@ -115,25 +126,65 @@ void basic_prefetcher<Runtime>::load_loop()
 }
 
 template <class Runtime>
+void basic_prefetcher<Runtime>::on_loaded(std::size_t index, std::exception_ptr error) noexcept
+{
+  event_type ready{};
+  {
+    std::lock_guard<std::mutex> lock{mutex_};
+    for (auto const& e : loading_) {
+      if (e.batch.index == index) { ready = e.batch.ready; }
+    }
+  }
+  if (!error) {  // the prefetcher's stream waits for the copy now: mark the batch there
+    try {
+      GPUKIT_CUDA_TRY(runtime_.event_record(ready, stream_));
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock{mutex_};
+    for (auto& e : loading_) {
+      if (e.batch.index == index) {
+        e.loaded = true;
+        e.error  = error;
+      }
+    }
+    if (error) { failed_ = true; }
+    --submitted_;
+  }
+  cv_.notify_all();
+}
+
+template <class Runtime>
 std::optional<typename basic_prefetcher<Runtime>::batch_type> basic_prefetcher<Runtime>::next()
 {
   std::unique_lock<std::mutex> lock{mutex_};
-  cv_.wait(lock, [&] { return !loaded_.empty() || finished_; });
-  if (loaded_.empty()) {
-    if (error_) {
-      auto e = error_;
-      error_ = nullptr;
-      std::rethrow_exception(e);
+  cv_.wait(lock, [&] {
+    return broken_ || (!loading_.empty() && loading_.front().loaded) ||
+           (loading_.empty() && finished_);
+  });
+  if (broken_ || loading_.empty()) { return std::nullopt; }
+  entry e = loading_.front();
+  loading_.pop_front();
+  if (e.error) {
+    broken_ = true;
+    lock.unlock();
+    cv_.notify_all();
+    if (e.batch.data != nullptr) {  // its copy's work is ordered before this on the stream
+      allocator_.deallocate_async(e.batch.data, e.batch.bytes, stream_);
     }
-    return std::nullopt;
+    if (e.batch.ready != event_type{}) {
+      std::lock_guard<std::mutex> relock{mutex_};
+      spare_events_.push_back(e.batch.ready);
+    }
+    std::rethrow_exception(e.error);
   }
-  batch_type b = loaded_.front();
-  out_.push_back(b);
-  loaded_.pop_front();
+  out_.push_back(e.batch);
   ++handed_out_;
   lock.unlock();
   cv_.notify_all();  // the loader may start the next batch
-  return b;
+  return e.batch;
 }
 
 template <class Runtime>

@@ -11,7 +11,9 @@
 //                   record the slot's event, put the slot back;
 //   device to host: memcpy_async into it, record its event, wait for it, memcpy out, put it back.
 // The caller waits until every claimed chunk is done, then hands the copy stream's progress to the
-// consumer stream with an event.
+// consumer stream with an event. A submitted job (submit_to_*) lives on the heap and the caller
+// does not wait or claim: the staging thread whose chunk completes it hands it off and calls its
+// completion.
 #pragma once
 
 #include <gpukit/transfer/transfer_pipeline.hpp>
@@ -91,6 +93,9 @@ struct basic_transfer_pipeline<Runtime>::job {
   std::size_t inflight{0};
   bool failed{false};
   std::exception_ptr error;
+  // submitted jobs only
+  stream_type stream{};
+  completion done;
 };
 
 template <class Runtime>
@@ -153,7 +158,8 @@ template <class Runtime>
 basic_transfer_pipeline<Runtime>::~basic_transfer_pipeline()
 {
   {
-    std::lock_guard<std::mutex> lock{jobs_mutex_};
+    std::unique_lock<std::mutex> lock{jobs_mutex_};
+    done_cv_.wait(lock, [this] { return submitted_ == 0; });  // their completions have returned
     stopping_ = true;
   }
   jobs_cv_.notify_all();
@@ -330,6 +336,18 @@ void basic_transfer_pipeline<Runtime>::do_chunk(job& j, std::size_t off, std::si
 }
 
 template <class Runtime>
+typename basic_transfer_pipeline<Runtime>::job* basic_transfer_pipeline<Runtime>::pick_job_locked()
+{
+  // jobs_mutex_ held, jobs_ not empty. The oldest job of one direction, the directions taking
+  // turns: a transfer's chunks go before a later one's, and both directions progress.
+  int const dir = static_cast<int>(next_job_++ & 1);
+  for (job* j : jobs_) {
+    if (j->dir == dir) { return j; }
+  }
+  return jobs_.front();
+}
+
+template <class Runtime>
 bool basic_transfer_pipeline<Runtime>::claim(job& j, std::size_t& offset, std::size_t& bytes)
 {
   // jobs_mutex_ held
@@ -354,7 +372,7 @@ bool basic_transfer_pipeline<Runtime>::claim(job& j, std::size_t& offset, std::s
 }
 
 template <class Runtime>
-void basic_transfer_pipeline<Runtime>::finish_chunk(job& j, std::exception_ptr error)
+bool basic_transfer_pipeline<Runtime>::finish_chunk(job& j, std::exception_ptr error)
 {
   // jobs_mutex_ held
   --j.inflight;
@@ -364,7 +382,49 @@ void basic_transfer_pipeline<Runtime>::finish_chunk(job& j, std::exception_ptr e
     auto it  = std::find(jobs_.begin(), jobs_.end(), &j);
     if (it != jobs_.end()) { jobs_.erase(it); }
   }
-  if (j.inflight == 0 && (j.failed || j.next == j.bytes)) { done_cv_.notify_all(); }
+  // Nothing is claimed once every byte is or the job failed: this is the job's last chunk.
+  if (j.inflight != 0 || !(j.failed || j.next == j.bytes)) { return false; }
+  if (j.done) { return true; }
+  done_cv_.notify_all();
+  return false;
+}
+
+template <class Runtime>
+void basic_transfer_pipeline<Runtime>::hand_off(int dir, stream_type stream)
+{
+  event_type done = take_event();
+  cudaError_t e   = runtime_.event_record(done, streams_[dir]);
+  if (e == cudaSuccess) { e = runtime_.stream_wait_event(stream, done); }
+  give_event(done);
+  GPUKIT_CUDA_TRY(e);
+}
+
+template <class Runtime>
+void basic_transfer_pipeline<Runtime>::complete_submitted(job* jp) noexcept
+{
+  std::unique_ptr<job> j{jp};
+  std::exception_ptr error = j->error;
+  try {  // also after a failure: what was enqueued must precede the stream's later work
+    hand_off(j->dir, j->stream);
+  } catch (...) {
+    if (!error) { error = std::current_exception(); }
+  }
+  if (!error) {
+    (j->dir == 0 ? h2d_bytes_ : d2h_bytes_).fetch_add(j->bytes, std::memory_order_relaxed);
+    transfers_.fetch_add(1, std::memory_order_relaxed);
+  }
+  completion done = std::move(j->done);
+  j.reset();
+  try {
+    done(error);
+  } catch (...) {
+    assert(false && "transfer_pipeline: a completion threw");
+  }
+  {
+    std::lock_guard<std::mutex> lock{jobs_mutex_};
+    --submitted_;
+  }
+  done_cv_.notify_all();
 }
 
 template <class Runtime>
@@ -380,7 +440,7 @@ void basic_transfer_pipeline<Runtime>::worker_loop()
   for (;;) {
     jobs_cv_.wait(lock, [this] { return stopping_ || !jobs_.empty(); });
     if (stopping_) { return; }
-    job& j          = *jobs_[next_job_++ % jobs_.size()];
+    job& j          = *pick_job_locked();
     std::size_t off = 0, n = 0;
     if (!claim(j, off, n)) { continue; }
     lock.unlock();
@@ -391,7 +451,11 @@ void basic_transfer_pipeline<Runtime>::worker_loop()
       error = std::current_exception();
     }
     lock.lock();
-    finish_chunk(j, error);
+    if (finish_chunk(j, error)) {
+      lock.unlock();
+      complete_submitted(&j);
+      lock.lock();
+    }
   }
 }
 
@@ -413,7 +477,7 @@ void basic_transfer_pipeline<Runtime>::run_job(job& j)
       error = std::current_exception();
     }
     lock.lock();
-    finish_chunk(j, error);
+    (void)finish_chunk(j, error);  // j is the caller's: never a submitted job
   }
   done_cv_.wait(lock, [&] { return j.inflight == 0 && (j.failed || j.next == j.bytes); });
   auto it = std::find(jobs_.begin(), jobs_.end(), &j);
@@ -455,15 +519,19 @@ void basic_transfer_pipeline<Runtime>::check_stream(char const* call, stream_typ
 template <class Runtime>
 void basic_transfer_pipeline<Runtime>::transfer(int dir, char* device, char* host,
                                                 std::size_t bytes, host_memory kind,
-                                                stream_type stream)
+                                                stream_type stream, completion* done)
 {
-  char const* call = dir == 0 ? "transfer_pipeline::copy_to_device_async: "
-                              : "transfer_pipeline::copy_to_host_async: ";
+  char const* call = done == nullptr ? (dir == 0 ? "transfer_pipeline::copy_to_device_async: "
+                                                 : "transfer_pipeline::copy_to_host_async: ")
+                                     : (dir == 0 ? "transfer_pipeline::submit_to_device: "
+                                                 : "transfer_pipeline::submit_to_host: ");
   if (dir == 0) {
     check_copy(call, "device", device, "host", host, bytes, false);
   } else {
     check_copy(call, "host", host, "device", device, bytes, false);
   }
+  GPUKIT_EXPECTS(done == nullptr || static_cast<bool>(*done),
+                 call + std::string{"the completion is empty"});
   // The pipeline's device for every call below (the null stream is that device's, and the events
   // are created there), whatever device the calling thread has current.
   device_guard<Runtime> guard{runtime_, options_.device};
@@ -479,37 +547,59 @@ void basic_transfer_pipeline<Runtime>::transfer(int dir, char* device, char* hos
         runtime_.memcpy_async(host, device, bytes, memcpy_kind::device_to_host, stream));
     }
     direct_bytes_.fetch_add(bytes, std::memory_order_relaxed);
-  } else {
-    stream_type const cs = streams_[dir];
-    {
-      event_type start = take_event();
-      cudaError_t e    = runtime_.event_record(start, stream);
-      if (e == cudaSuccess) { e = runtime_.stream_wait_event(cs, start); }
-      give_event(start);
-      GPUKIT_CUDA_TRY(e);
-    }
-    job j;
-    j.dir    = dir;
-    j.device = device;
-    j.host   = host;
-    j.bytes  = bytes;
-    run_job(j);
-    // The hand-off, also after a failure: what was enqueued must precede `stream`'s later work.
-    std::exception_ptr handoff_error;
-    try {
-      event_type done = take_event();
-      cudaError_t e   = runtime_.event_record(done, cs);
-      if (e == cudaSuccess) { e = runtime_.stream_wait_event(stream, done); }
-      give_event(done);
-      GPUKIT_CUDA_TRY(e);
-    } catch (...) {
-      handoff_error = std::current_exception();
-    }
-    if (j.error) { std::rethrow_exception(j.error); }
-    if (handoff_error) { std::rethrow_exception(handoff_error); }
+    (dir == 0 ? h2d_bytes_ : d2h_bytes_).fetch_add(bytes, std::memory_order_relaxed);
+    transfers_.fetch_add(1, std::memory_order_relaxed);
+    if (done != nullptr) { (*done)(nullptr); }
+    return;
   }
-  (dir == 0 ? h2d_bytes_ : d2h_bytes_).fetch_add(bytes, std::memory_order_relaxed);
-  transfers_.fetch_add(1, std::memory_order_relaxed);
+  stream_type const cs = streams_[dir];
+  {
+    event_type start = take_event();
+    cudaError_t e    = runtime_.event_record(start, stream);
+    if (e == cudaSuccess) { e = runtime_.stream_wait_event(cs, start); }
+    give_event(start);
+    GPUKIT_CUDA_TRY(e);
+  }
+  if (done != nullptr &&
+      !workers_.empty()) {  // the staging threads do it all; the last one ends it
+    auto j    = std::make_unique<job>();
+    j->dir    = dir;
+    j->device = device;
+    j->host   = host;
+    j->bytes  = bytes;
+    j->stream = stream;
+    j->done   = std::move(*done);
+    {
+      std::lock_guard<std::mutex> lock{jobs_mutex_};
+      jobs_.push_back(j.get());
+      ++submitted_;
+    }
+    jobs_cv_.notify_all();
+    (void)j.release();  // complete_submitted deletes it
+    return;
+  }
+  job j;
+  j.dir    = dir;
+  j.device = device;
+  j.host   = host;
+  j.bytes  = bytes;
+  run_job(j);
+  // The hand-off, also after a failure: what was enqueued must precede `stream`'s later work.
+  std::exception_ptr error = j.error;
+  try {
+    hand_off(dir, stream);
+  } catch (...) {
+    if (!error) { error = std::current_exception(); }
+  }
+  if (!error) {
+    (dir == 0 ? h2d_bytes_ : d2h_bytes_).fetch_add(bytes, std::memory_order_relaxed);
+    transfers_.fetch_add(1, std::memory_order_relaxed);
+  }
+  if (done != nullptr) {
+    (*done)(error);  // no staging threads: the calling thread did it all
+  } else if (error) {
+    std::rethrow_exception(error);
+  }
 }
 
 template <class Runtime>
@@ -518,7 +608,7 @@ void basic_transfer_pipeline<Runtime>::copy_to_device_async(void* dst, void cons
                                                             stream_type stream)
 {
   transfer(0, static_cast<char*>(dst), static_cast<char*>(const_cast<void*>(src)), bytes, src_kind,
-           stream);
+           stream, nullptr);
 }
 
 template <class Runtime>
@@ -527,7 +617,25 @@ void basic_transfer_pipeline<Runtime>::copy_to_host_async(void* dst, void const*
                                                           stream_type stream)
 {
   transfer(1, static_cast<char*>(const_cast<void*>(src)), static_cast<char*>(dst), bytes, dst_kind,
-           stream);
+           stream, nullptr);
+}
+
+template <class Runtime>
+void basic_transfer_pipeline<Runtime>::submit_to_device(void* dst, void const* src,
+                                                        std::size_t bytes, host_memory src_kind,
+                                                        stream_type stream, completion done)
+{
+  transfer(0, static_cast<char*>(dst), static_cast<char*>(const_cast<void*>(src)), bytes, src_kind,
+           stream, &done);
+}
+
+template <class Runtime>
+void basic_transfer_pipeline<Runtime>::submit_to_host(void* dst, void const* src, std::size_t bytes,
+                                                      host_memory dst_kind, stream_type stream,
+                                                      completion done)
+{
+  transfer(1, static_cast<char*>(const_cast<void*>(src)), static_cast<char*>(dst), bytes, dst_kind,
+           stream, &done);
 }
 
 template <class Runtime>
