@@ -353,8 +353,8 @@ struct completions {
         ++count;
         if (e && !first_error) { first_error = e; }
         last_thread = std::this_thread::get_id();
+        cv.notify_all();  // under the lock: the waiter may destroy this once it is released
       }
-      cv.notify_all();
     };
   }
   /// Whether `n` completions have run within 10 s.

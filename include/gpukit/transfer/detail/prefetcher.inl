@@ -152,8 +152,9 @@ void basic_prefetcher<Runtime>::on_loaded(std::size_t index, std::exception_ptr 
     }
     if (error) { failed_ = true; }
     --submitted_;
+    // Under the lock: once it is released the destructor may run, and this touches nothing after.
+    cv_.notify_all();
   }
-  cv_.notify_all();
 }
 
 template <class Runtime>
