@@ -393,38 +393,6 @@ TEST_SUITE("sim_concurrency")
     CHECK(order == std::vector<char>{'a', 'b'});
     GPUKIT_CUDA_TRY(sim.stream_synchronize(s.s));
   }
-  TEST_CASE("transfer: fixed chunks cut a transfer into even rounds, one piece per thread")
-  {
-    sim_runtime sim{small_gpu()};
-    sim_pool pool{sim};
-    gpukit::transfer_options o;
-    o.chunk_bytes     = 4 * mib;
-    o.staging_threads = 4;
-    sim_pipeline pipe{sim, pool, o};
-    gpukit::test::stream_holder<sim_runtime> s{sim};
-    std::size_t const bytes = 10 * mib;  // 4 MiB chunks: 4 + 4 + 2; even: 4 pieces of 2.5 MiB
-    gpukit::test::device_buffer<sim_runtime> dev{sim, bytes};
-    std::vector<unsigned char> src(bytes), dst(bytes);
-    fill_pattern(src.data(), bytes, 31);
-    pipe.copy_to_device_async(dev.p, src.data(), bytes, s.s);
-    CHECK(pipe.stats().chunks == 4);
-    // Submitted: the 3 staging threads of its own, one round of 3.375 MiB pieces (64 KiB
-    // multiples). Back: 4 pieces again.
-    gpukit::test::completions c;
-    pipe.submit_to_device(dev.p, src.data(), bytes, gpukit::host_memory::detect, s.s, c.one());
-    REQUIRE(c.wait_for(1));
-    CHECK(pipe.stats().chunks == 4 + 3);
-    pipe.copy_to_host_async(dst.data(), dev.p, bytes, s.s);
-    CHECK(pipe.stats().chunks == 4 + 3 + 4);
-    CHECK(first_mismatch(dst.data(), bytes, 31) == bytes);
-    // Small transfers are not cut below 512 KiB: 1 MiB is two pieces, not four.
-    pipe.copy_to_device_async(dev.p, src.data(), mib + 1, s.s);  // one chunk: the caller alone
-    CHECK(pipe.stats().chunks == 4 + 3 + 4 + 1);
-    pipe.submit_to_device(dev.p, src.data(), mib, gpukit::host_memory::detect, s.s, c.one());
-    REQUIRE(c.wait_for(2));
-    CHECK(pipe.stats().chunks == 4 + 3 + 4 + 1 + 2);
-    GPUKIT_CUDA_TRY(sim.stream_synchronize(s.s));
-  }
   TEST_CASE("transfer: a failing copy in a submitted transfer reaches its completion once")
   {
     sim_runtime sim{small_gpu()};

@@ -91,9 +91,7 @@ enum class staging_copy {
 /// chunks first: 48.3-49.3 GB/s at 8-12 threads, against 36-41 GB/s with 16 MiB chunks.
 /// benchmarks/transfer/transfer_bench takes every knob on its command line (--help).
 struct transfer_options {
-  /// Bytes of one staging chunk (rounded up to 4 KiB): the most one thread copies at once. With
-  /// fixed chunks a transfer is cut into whole rounds of equal pieces, one per staging thread
-  /// per round, each at most this and at least 512 KiB, so the threads finish it together.
+  /// Bytes of one staging chunk (rounded up to 4 KiB): the most one thread copies at once.
   std::size_t chunk_bytes{std::size_t{4} << 20};
   /// Host threads copying to and from staging chunks, the calling thread included (the pipeline
   /// starts staging_threads - 1 of its own). 0: min(12, hardware threads).
@@ -248,10 +246,6 @@ class basic_transfer_pipeline final {
   void run_job(job& j);
   void worker_loop();
   job* pick_job_locked();
-  /// The piece of a transfer of `bytes` staged by `threads` threads with fixed chunks.
-  std::size_t even_piece(std::size_t bytes, std::size_t threads) const noexcept;
-  /// Even pieces are no smaller than this (a piece costs a few runtime calls).
-  static constexpr std::size_t min_even_piece = std::size_t{512} << 10;
   bool claim(job& j, std::size_t& offset, std::size_t& bytes);
   /// True when it completed a submitted job: the caller then calls complete_submitted, unlocked.
   bool finish_chunk(job& j, std::exception_ptr error);

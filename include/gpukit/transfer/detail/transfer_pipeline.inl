@@ -88,7 +88,6 @@ struct basic_transfer_pipeline<Runtime>::job {
   char* device{nullptr};
   char* host{nullptr};
   std::size_t bytes{0};
-  std::size_t piece{0};  ///< bytes a thread claims at once (fixed chunks: see even_piece)
   // guarded by jobs_mutex_
   std::size_t next{0};  ///< bytes claimed so far (the next chunk's offset)
   std::size_t inflight{0};
@@ -349,28 +348,13 @@ typename basic_transfer_pipeline<Runtime>::job* basic_transfer_pipeline<Runtime>
 }
 
 template <class Runtime>
-std::size_t basic_transfer_pipeline<Runtime>::even_piece(std::size_t bytes,
-                                                         std::size_t threads) const noexcept
-{
-  // Whole rounds of at most chunk_bytes per thread, the bytes split evenly over them: the threads
-  // finish a transfer together instead of a few copying its last full chunks while the rest wait
-  // (64 MiB in 4 MiB chunks over 11 threads: two rounds of 2.9 MiB, not 11 chunks then 5).
-  std::size_t const chunk = options_.chunk_bytes;
-  if (threads <= 1) { return chunk; }
-  std::size_t const round  = chunk * threads;
-  std::size_t const pieces = (bytes + round - 1) / round * threads;
-  std::size_t const piece  = ((bytes + pieces - 1) / pieces + 65535) & ~std::size_t{65535};
-  return std::min(chunk, std::max(piece, min_even_piece));
-}
-
-template <class Runtime>
 bool basic_transfer_pipeline<Runtime>::claim(job& j, std::size_t& offset, std::size_t& bytes)
 {
   // jobs_mutex_ held
   if (j.failed || j.next >= j.bytes) { return false; }
   std::size_t const left  = j.bytes - j.next;
   std::size_t const chunk = options_.chunk_bytes;
-  std::size_t n           = j.piece;
+  std::size_t n           = chunk;
   if (options_.min_piece_bytes < chunk) {  // guided: a thread's share of what is left
     std::size_t const share = left / static_cast<std::size_t>(options_.staging_threads);
     n = std::clamp((share + 65535) & ~std::size_t{65535}, options_.min_piece_bytes, chunk);
@@ -581,7 +565,6 @@ void basic_transfer_pipeline<Runtime>::transfer(int dir, char* device, char* hos
     j->device = device;
     j->host   = host;
     j->bytes  = bytes;
-    j->piece  = even_piece(bytes, workers_.size());
     j->stream = stream;
     j->done   = std::move(*done);
     {
@@ -598,8 +581,6 @@ void basic_transfer_pipeline<Runtime>::transfer(int dir, char* device, char* hos
   j.device = device;
   j.host   = host;
   j.bytes  = bytes;
-  // run_job publishes it to the staging threads when it is more than one chunk.
-  j.piece = even_piece(bytes, bytes > options_.chunk_bytes ? workers_.size() + 1 : 1);
   run_job(j);
   // The hand-off, also after a failure: what was enqueued must precede `stream`'s later work.
   std::exception_ptr error = j.error;
