@@ -4,7 +4,7 @@
 //
 //   copy_compute_bench [--batches=32] [--batch_mib=64] [--reps=5] [--source=pageable|pinned]
 //                      [--threads=0] [--chunk_kib=4096] [--min_piece_kib=0] [--depth=2]
-//                      [--timeline]
+//                      [--idle_ms=0] [--timeline]
 //
 // For each case (copy-bound: compute = 0.5 x copy, balanced: compute = copy, compute-bound:
 // compute = 2 x copy) it measures, median of --reps runs:
@@ -20,6 +20,9 @@
 // events on an observer stream that waits on each batch's ready event, and on the compute stream
 // around each kernel): the first batch's arrival, the interval between arrivals, the time the
 // compute stream waited for a batch, and what came after the last arrival.
+// --idle_ms=N sleeps N ms before every loop, copy-only and overlapped alike, so that both start
+// from the same idle host (by default a copy-only loop follows the previous loop at once, an
+// overlapped one follows the compute-only kernels, during which the staging threads sleep).
 // Without a GPU it says so and exits 0.
 #include <gpukit/host/pinned_pool.hpp>
 #include <gpukit/memory/caching_allocator.hpp>
@@ -36,6 +39,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -68,6 +72,7 @@ struct config {
   std::size_t min_piece_kib{0};  ///< transfer_options::min_piece_bytes / 1024 (0: the default)
   std::size_t depth{2};
   bool timeline{false};
+  int idle_ms{0};
 };
 
 [[noreturn]] void usage(std::string const& why)
@@ -76,7 +81,7 @@ struct config {
                "copy_compute_bench: %s\n"
                "usage: copy_compute_bench [--batches=N] [--batch_mib=N] [--reps=N] "
                "[--source=pageable|pinned] [--threads=N] [--chunk_kib=N] [--min_piece_kib=N] "
-               "[--depth=N] [--timeline]\n",
+               "[--depth=N] [--idle_ms=N] [--timeline]\n",
                why.c_str());
   std::exit(2);
 }
@@ -113,6 +118,8 @@ config parse(int argc, char** argv)
       c.min_piece_kib = static_cast<std::size_t>(number(f, v, 0));
     } else if (f == "--depth") {
       c.depth = static_cast<std::size_t>(number(f, v, 1));
+    } else if (f == "--idle_ms") {
+      c.idle_ms = static_cast<int>(number(f, v, 0));
     } else if (f == "--timeline" && eq == std::string::npos) {
       c.timeline = true;
     } else if (f == "--source" && (v == "pageable" || v == "pinned")) {
@@ -246,6 +253,7 @@ struct bench {
   double loop(long long cycles, trace* traced = nullptr)
   {
     GPUKIT_CUDA_TRY(cudaStreamSynchronize(compute));
+    if (cfg.idle_ms > 0) { std::this_thread::sleep_for(std::chrono::milliseconds{cfg.idle_ms}); }
     gpukit::prefetcher_options po;
     po.depth                 = cfg.depth;
     auto const allocs_before = alloc.stats().num_device_allocs;
@@ -327,9 +335,10 @@ int main(int argc, char** argv)
   auto const& po = b.pipe->options();
   std::printf(
     "device %s; %zu batches of %zu MiB, %s source; staging: %d threads, %zu KiB chunks, "
-    "%zu KiB min pieces; prefetch depth %zu; median of %d\n",
+    "%zu KiB min pieces; prefetch depth %zu; %d ms idle before each loop; median of %d\n",
     p.name, cfg.batches, cfg.batch_mib, cfg.pinned_source ? "pinned" : "pageable",
-    po.staging_threads, po.chunk_bytes >> 10, po.min_piece_bytes >> 10, cfg.depth, cfg.reps);
+    po.staging_threads, po.chunk_bytes >> 10, po.min_piece_bytes >> 10, cfg.depth, cfg.idle_ms,
+    cfg.reps);
 
   // Calibration: kernel time is t0 + cycles / rate (two points, medians of 5).
   (void)b.loop(-1);  // warm-up: pool, allocator, pipeline threads
