@@ -19,6 +19,7 @@
 #include <mutex>
 #include <set>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace gpukit::test {
@@ -351,7 +352,7 @@ struct completions {
       {
         std::lock_guard<std::mutex> lock{m};
         ++count;
-        if (e && !first_error) { first_error = e; }
+        if (e && !first_error) { first_error = std::move(e); }
         last_thread = std::this_thread::get_id();
         cv.notify_all();  // under the lock: the waiter may destroy this once it is released
       }

@@ -111,8 +111,9 @@ void basic_prefetcher<Runtime>::load_loop()
       ++submitted_;
     }
     try {
-      pipeline_.submit_to_device(b.data, h.data, h.bytes, host_memory::detect, stream_,
-                                 [this, index](std::exception_ptr e) { on_loaded(index, e); });
+      pipeline_.submit_to_device(
+        b.data, h.data, h.bytes, host_memory::detect, stream_,
+        [this, index](std::exception_ptr e) { on_loaded(index, std::move(e)); });
     } catch (...) {  // not submitted: no completion will come
       on_loaded(index, std::current_exception());
       break;
@@ -145,12 +146,14 @@ void basic_prefetcher<Runtime>::on_loaded(std::size_t index, std::exception_ptr 
   {
     std::lock_guard<std::mutex> lock{mutex_};
     for (auto& e : loading_) {
-      if (e.batch.index == index) {
-        e.loaded = true;
-        e.error  = error;
-      }
+      if (e.batch.index == index) { e.loaded = true; }
     }
     if (error) { failed_ = true; }
+    // Moved, not copied: this thread keeps no reference to the error once the lock is released
+    // (the consumer may rethrow and free it at once).
+    for (auto& e : loading_) {
+      if (e.batch.index == index) { e.error = std::move(error); }
+    }
     --submitted_;
     // Under the lock: once it is released the destructor may run, and this touches nothing after.
     cv_.notify_all();

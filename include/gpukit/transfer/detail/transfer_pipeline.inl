@@ -378,7 +378,7 @@ bool basic_transfer_pipeline<Runtime>::finish_chunk(job& j, std::exception_ptr e
   --j.inflight;
   if (error && !j.failed) {
     j.failed = true;
-    j.error  = error;
+    j.error  = std::move(error);  // moved: the staging thread keeps no reference to it
     auto it  = std::find(jobs_.begin(), jobs_.end(), &j);
     if (it != jobs_.end()) { jobs_.erase(it); }
   }
@@ -403,7 +403,7 @@ template <class Runtime>
 void basic_transfer_pipeline<Runtime>::complete_submitted(job* jp) noexcept
 {
   std::unique_ptr<job> j{jp};
-  std::exception_ptr error = j->error;
+  std::exception_ptr error = std::move(j->error);
   try {  // also after a failure: what was enqueued must precede the stream's later work
     hand_off(j->dir, j->stream);
   } catch (...) {
@@ -416,7 +416,7 @@ void basic_transfer_pipeline<Runtime>::complete_submitted(job* jp) noexcept
   completion done = std::move(j->done);
   j.reset();
   try {
-    done(error);
+    done(std::move(error));  // the completion owns the error: nothing here refers to it after
   } catch (...) {
     assert(false && "transfer_pipeline: a completion threw");
   }
@@ -449,7 +449,7 @@ void basic_transfer_pipeline<Runtime>::worker_loop()
       error = std::current_exception();
     }
     lock.lock();
-    if (finish_chunk(j, error)) {
+    if (finish_chunk(j, std::move(error))) {
       lock.unlock();
       complete_submitted(&j);
       lock.lock();
@@ -475,7 +475,7 @@ void basic_transfer_pipeline<Runtime>::run_job(job& j)
       error = std::current_exception();
     }
     lock.lock();
-    (void)finish_chunk(j, error);  // j is the caller's: never a submitted job
+    (void)finish_chunk(j, std::move(error));  // j is the caller's: never a submitted job
   }
   done_cv_.wait(lock, [&] { return j.inflight == 0 && (j.failed || j.next == j.bytes); });
   auto it = std::find(jobs_.begin(), jobs_.end(), &j);
