@@ -251,7 +251,12 @@ class basic_transfer_pipeline final {
   /// True when it completed a submitted job: the caller then calls complete_submitted, unlocked.
   bool finish_chunk(job& j, std::exception_ptr error);
   void complete_submitted(job* j) noexcept;
-  void hand_off(int dir, stream_type stream);
+  /// Makes `stream` wait for the copy stream of `dir` (also after `error`: what was enqueued
+  /// precedes the stream's later work) and counts the transfer if nothing failed. Returns
+  /// `error`, or the hand-off's own.
+  std::exception_ptr hand_off(int dir, stream_type stream, std::size_t bytes,
+                              std::exception_ptr error) noexcept;
+  void count_transfer(int dir, std::size_t bytes) noexcept;
   void do_chunk(job& j, std::size_t offset, std::size_t bytes);
   void copy_host(void* dst, void const* src, std::size_t bytes) const noexcept;
   slot* acquire_slot(ring& r);

@@ -129,31 +129,29 @@ void basic_prefetcher<Runtime>::load_loop()
 template <class Runtime>
 void basic_prefetcher<Runtime>::on_loaded(std::size_t index, std::exception_ptr error) noexcept
 {
-  event_type ready{};
+  // The batch's entry stays in loading_ until this marks it loaded (next() waits for that), and a
+  // deque keeps references to its elements across push_back: find it once.
+  entry* mine = nullptr;
   {
     std::lock_guard<std::mutex> lock{mutex_};
-    for (auto const& e : loading_) {
-      if (e.batch.index == index) { ready = e.batch.ready; }
+    for (auto& e : loading_) {
+      if (e.batch.index == index) { mine = &e; }
     }
   }
   if (!error) {  // the prefetcher's stream waits for the copy now: mark the batch there
     try {
-      GPUKIT_CUDA_TRY(runtime_.event_record(ready, stream_));
+      GPUKIT_CUDA_TRY(runtime_.event_record(mine->batch.ready, stream_));
     } catch (...) {
       error = std::current_exception();
     }
   }
   {
     std::lock_guard<std::mutex> lock{mutex_};
-    for (auto& e : loading_) {
-      if (e.batch.index == index) { e.loaded = true; }
-    }
+    mine->loaded = true;
     if (error) { failed_ = true; }
     // Moved, not copied: this thread keeps no reference to the error once the lock is released
     // (the consumer may rethrow and free it at once).
-    for (auto& e : loading_) {
-      if (e.batch.index == index) { e.error = std::move(error); }
-    }
+    mine->error = std::move(error);
     --submitted_;
     // Under the lock: once it is released the destructor may run, and this touches nothing after.
     cv_.notify_all();

@@ -390,30 +390,36 @@ bool basic_transfer_pipeline<Runtime>::finish_chunk(job& j, std::exception_ptr e
 }
 
 template <class Runtime>
-void basic_transfer_pipeline<Runtime>::hand_off(int dir, stream_type stream)
+std::exception_ptr basic_transfer_pipeline<Runtime>::hand_off(int dir, stream_type stream,
+                                                              std::size_t bytes,
+                                                              std::exception_ptr error) noexcept
 {
-  event_type done = take_event();
-  cudaError_t e   = runtime_.event_record(done, streams_[dir]);
-  if (e == cudaSuccess) { e = runtime_.stream_wait_event(stream, done); }
-  give_event(done);
-  GPUKIT_CUDA_TRY(e);
+  try {  // also after a failure: what was enqueued must precede the stream's later work
+    event_type done = take_event();
+    cudaError_t e   = runtime_.event_record(done, streams_[dir]);
+    if (e == cudaSuccess) { e = runtime_.stream_wait_event(stream, done); }
+    give_event(done);
+    GPUKIT_CUDA_TRY(e);
+  } catch (...) {
+    if (!error) { error = std::current_exception(); }
+  }
+  if (!error) { count_transfer(dir, bytes); }
+  return error;
+}
+
+template <class Runtime>
+void basic_transfer_pipeline<Runtime>::count_transfer(int dir, std::size_t bytes) noexcept
+{
+  (dir == 0 ? h2d_bytes_ : d2h_bytes_).fetch_add(bytes, std::memory_order_relaxed);
+  transfers_.fetch_add(1, std::memory_order_relaxed);
 }
 
 template <class Runtime>
 void basic_transfer_pipeline<Runtime>::complete_submitted(job* jp) noexcept
 {
   std::unique_ptr<job> j{jp};
-  std::exception_ptr error = std::move(j->error);
-  try {  // also after a failure: what was enqueued must precede the stream's later work
-    hand_off(j->dir, j->stream);
-  } catch (...) {
-    if (!error) { error = std::current_exception(); }
-  }
-  if (!error) {
-    (j->dir == 0 ? h2d_bytes_ : d2h_bytes_).fetch_add(j->bytes, std::memory_order_relaxed);
-    transfers_.fetch_add(1, std::memory_order_relaxed);
-  }
-  completion done = std::move(j->done);
+  std::exception_ptr error = hand_off(j->dir, j->stream, j->bytes, std::move(j->error));
+  completion done          = std::move(j->done);
   j.reset();
   try {
     done(std::move(error));  // the completion owns the error: nothing here refers to it after
@@ -545,8 +551,7 @@ void basic_transfer_pipeline<Runtime>::transfer(int dir, char* device, char* hos
         runtime_.memcpy_async(host, device, bytes, memcpy_kind::device_to_host, stream));
     }
     direct_bytes_.fetch_add(bytes, std::memory_order_relaxed);
-    (dir == 0 ? h2d_bytes_ : d2h_bytes_).fetch_add(bytes, std::memory_order_relaxed);
-    transfers_.fetch_add(1, std::memory_order_relaxed);
+    count_transfer(dir, bytes);
     if (done != nullptr) { (*done)(nullptr); }
     return;
   }
@@ -582,19 +587,9 @@ void basic_transfer_pipeline<Runtime>::transfer(int dir, char* device, char* hos
   j.host   = host;
   j.bytes  = bytes;
   run_job(j);
-  // The hand-off, also after a failure: what was enqueued must precede `stream`'s later work.
-  std::exception_ptr error = j.error;
-  try {
-    hand_off(dir, stream);
-  } catch (...) {
-    if (!error) { error = std::current_exception(); }
-  }
-  if (!error) {
-    (dir == 0 ? h2d_bytes_ : d2h_bytes_).fetch_add(bytes, std::memory_order_relaxed);
-    transfers_.fetch_add(1, std::memory_order_relaxed);
-  }
+  std::exception_ptr error = hand_off(dir, stream, bytes, std::move(j.error));
   if (done != nullptr) {
-    (*done)(error);  // no staging threads: the calling thread did it all
+    (*done)(std::move(error));  // no staging threads: the calling thread did it all
   } else if (error) {
     std::rethrow_exception(error);
   }
