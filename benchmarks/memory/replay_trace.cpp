@@ -16,6 +16,7 @@
 // With --runtime sim, gpukit runs on a simulated GPU large enough for the trace (lazily backed,
 // so a trace of tens of GB runs on a small machine). cub needs --runtime cuda.
 // A malformed trace gets an error naming the line; the exit code is 2 for bad usage or input.
+#include <gpukit/memory/allocation_trace.hpp>
 #include <gpukit/memory/caching_allocator.hpp>
 #include <gpukit/runtime/cuda_runtime.hpp>
 #include <gpukit/runtime/sim_runtime.hpp>
@@ -35,73 +36,33 @@
 
 namespace {
 
-struct event {
-  bool alloc;
-  std::size_t id;
-  std::size_t bytes;
-  int stream;
-};
-
-struct trace {
-  std::vector<event> events;
-  std::size_t peak_live{0};
-  int streams{0};
-  std::size_t zero_byte_allocs{0};
-};
-
 struct usage_error : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+using trace = gpukit::allocation_trace;
+
 trace load(std::string const& path)
 {
-  std::ifstream in{path};
+  std::ifstream in{path, std::ios::binary};
   if (!in) { throw usage_error{"cannot open trace '" + path + "'"}; }
-  trace t;
-  std::unordered_map<std::size_t, std::size_t> live;  // id -> bytes
-  std::size_t live_bytes = 0;
-  std::string line;
-  for (std::size_t no = 1; std::getline(in, line); ++no) {
-    auto const first = line.find_first_not_of(" \t\r");
-    if (first == std::string::npos || line[first] == '#') { continue; }
-    std::istringstream ls{line};
-    std::string op;
-    ls >> op;
-    auto bad = [&](std::string const& why) {
-      return usage_error{path + ":" + std::to_string(no) + ": " + why + ": '" + line + "'"};
-    };
-    event e{};
-    long long id = -1, bytes = -1, stream = -1;
-    if (op == "a") {
-      if (!(ls >> id >> bytes >> stream) || id < 0 || bytes < 0 || stream < 0) {
-        throw bad("expected 'a <id> <bytes> <stream>' with non-negative integers");
-      }
-      e = event{true, static_cast<std::size_t>(id), static_cast<std::size_t>(bytes),
-                static_cast<int>(stream)};
-      if (live.count(e.id) != 0) { throw bad("id " + std::to_string(id) + " is allocated twice"); }
-      live[e.id] = e.bytes;
-      live_bytes += e.bytes;
-      t.peak_live = std::max(t.peak_live, live_bytes);
-      t.streams   = std::max(t.streams, e.stream + 1);
-      if (e.bytes == 0) { ++t.zero_byte_allocs; }
-    } else if (op == "f") {
-      if (!(ls >> id) || id < 0) { throw bad("expected 'f <id>'"); }
-      e       = event{false, static_cast<std::size_t>(id), 0, 0};
-      auto it = live.find(e.id);
-      if (it == live.end()) {
-        throw bad("free of id " + std::to_string(id) + ", which is not live");
-      }
-      live_bytes -= it->second;
-      live.erase(it);
-    } else {
-      throw bad("unknown event '" + op + "' (expected 'a' or 'f')");
-    }
-    std::string extra;
-    if (ls >> extra) { throw bad("unexpected '" + extra + "' at the end of the line"); }
-    t.events.push_back(e);
+  try {
+    return gpukit::read_allocation_trace(in, path);
+  } catch (gpukit::trace_error const& e) {
+    throw usage_error{e.what()};
   }
-  if (t.events.empty()) { throw usage_error{path + ": no events"}; }
-  return t;
+}
+
+/// A command-line number: unsigned decimal digits only, within [low, high].
+std::uint64_t parse_number(std::string const& option, std::string const& text, std::uint64_t low,
+                           std::uint64_t high)
+{
+  std::uint64_t v = 0;
+  if (!gpukit::detail::parse_trace_number(text, v) || v < low || v > high) {
+    throw usage_error{option + " takes a whole number from " + std::to_string(low) + " to " +
+                      std::to_string(high) + ", not '" + text + "'"};
+  }
+  return v;
 }
 
 struct result {
@@ -121,11 +82,9 @@ double replay(trace const& t, int repeat, Alloc&& alloc, Dealloc&& dealloc)
   std::vector<void*> ptrs;
   std::vector<std::size_t> sizes;
   std::vector<int> streams;
-  std::size_t max_id = 0;
-  for (auto const& e : t.events) { max_id = std::max(max_id, e.id); }
-  ptrs.assign(max_id + 1, nullptr);
-  sizes.assign(max_id + 1, 0);
-  streams.assign(max_id + 1, 0);
+  ptrs.assign(t.ids, nullptr);
+  sizes.assign(t.ids, 0);
+  streams.assign(t.ids, 0);
   auto const t0 = clk::now();
   for (int r = 0; r < repeat; ++r) {
     for (auto const& e : t.events) {
@@ -139,7 +98,7 @@ double replay(trace const& t, int repeat, Alloc&& alloc, Dealloc&& dealloc)
       }
     }
     // Whatever the trace leaves live is freed between repetitions (not timed as events).
-    for (std::size_t i = 0; i <= max_id; ++i) {
+    for (std::size_t i = 0; i < t.ids; ++i) {
       if (ptrs[i] != nullptr) {
         dealloc(ptrs[i], sizes[i], streams[i]);
         ptrs[i] = nullptr;
@@ -154,8 +113,7 @@ template <class Runtime>
 result run_gpukit(Runtime& rt, trace const& t, int repeat,
                   gpukit::caching_allocator_options const& options)
 {
-  std::vector<typename Runtime::stream_type> streams(
-    static_cast<std::size_t>(std::max(t.streams, 1)));
+  std::vector<typename Runtime::stream_type> streams(std::max<std::size_t>(t.streams, 1));
   for (auto& s : streams) { GPUKIT_CUDA_TRY(rt.stream_create(s)); }
   result res;
   {
@@ -184,7 +142,7 @@ result run_gpukit(Runtime& rt, trace const& t, int repeat,
 // cudaMalloc / cudaMallocAsync / CUB through the CUDA runtime directly, as users call them.
 result run_cuda_anchor(std::string const& which, trace const& t, int repeat)
 {
-  std::vector<cudaStream_t> streams(static_cast<std::size_t>(std::max(t.streams, 1)));
+  std::vector<cudaStream_t> streams(std::max<std::size_t>(t.streams, 1));
   for (auto& s : streams) { GPUKIT_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); }
   result res;
   std::size_t free0 = 0, total = 0;
@@ -294,17 +252,17 @@ int main(int argc, char** argv)
       } else if (a == "--allocator") {
         allocator = value();
       } else if (a == "--thread-cache-bytes") {
-        options.thread_cache_bytes = std::strtoull(value().c_str(), nullptr, 10);
+        options.thread_cache_bytes = parse_number(a, value(), 0, std::size_t{1} << 48);
       } else if (a == "--thread-cache-max-block") {
-        options.thread_cache_max_block_bytes = std::strtoull(value().c_str(), nullptr, 10);
+        options.thread_cache_max_block_bytes = parse_number(a, value(), 0, std::size_t{1} << 48);
       } else if (a == "--medium-segment") {
-        options.medium_segment_bytes = std::strtoull(value().c_str(), nullptr, 10);
+        options.medium_segment_bytes = parse_number(a, value(), 0, std::size_t{1} << 48);
       } else if (a == "--page-bytes") {
-        options.growable_page_bytes = std::strtoull(value().c_str(), nullptr, 10);
+        options.growable_page_bytes = parse_number(a, value(), 0, std::size_t{1} << 48);
       } else if (a == "--no-release-before-grow") {
         options.release_before_grow = false;
       } else if (a == "--repeat") {
-        repeat = std::atoi(value().c_str());
+        repeat = static_cast<int>(parse_number(a, value(), 1, 1000000));
       } else if (a == "--help" || a == "-h") {
         std::printf(
           "usage: replay_trace --trace FILE [--runtime sim|cuda] "
@@ -334,12 +292,14 @@ int main(int argc, char** argv)
 
     trace const t = load(trace_path);
     std::printf(
-      "trace %s: %zu events, %d stream(s), peak live %.2f GiB, %zu zero-byte allocations skipped\n",
-      trace_path.c_str(), t.events.size(), t.streams, t.peak_live / 1073741824.0,
+      "trace %s: %zu events, %zu stream(s), peak live %.2f GiB, %zu zero-byte allocations "
+      "skipped\n",
+      trace_path.c_str(), t.events.size(), t.streams, t.peak_live_bytes / 1073741824.0,
       t.zero_byte_allocs);
     result r;
     if (runtime == "sim") {
-      std::size_t const capacity = std::max<std::size_t>(std::size_t{80} << 30, 4 * t.peak_live);
+      std::size_t const capacity =
+        std::max<std::size_t>(std::size_t{80} << 30, 4 * t.peak_live_bytes);
       gpukit::sim_runtime sim{gpukit::sim_config{}.with_devices(1, capacity)};
       r = run_gpukit(sim, t, repeat, options);
     } else if (is_gpukit) {
@@ -353,8 +313,8 @@ int main(int argc, char** argv)
       "%llu, "
       "\"device_frees\": %llu, \"ns_per_event\": %.1f, \"repeat\": %d}\n",
       base_name(trace_path).c_str(), runtime.c_str(), allocator.c_str(), t.events.size(),
-      t.peak_live, r.peak_reserved,
-      t.peak_live == 0 ? 0.0 : static_cast<double>(r.peak_reserved) / t.peak_live,
+      t.peak_live_bytes, r.peak_reserved,
+      t.peak_live_bytes == 0 ? 0.0 : static_cast<double>(r.peak_reserved) / t.peak_live_bytes,
       static_cast<unsigned long long>(r.device_allocs),
       static_cast<unsigned long long>(r.device_frees), r.ns_per_event, repeat);
     return 0;
