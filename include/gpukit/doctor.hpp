@@ -50,7 +50,7 @@
 // checks); it may throw std::bad_alloc.
 #pragma once
 
-#include <gpukit/profile/detail/json.hpp>
+#include <gpukit/detail/json.hpp>
 #include <gpukit/runtime/cuda_runtime.hpp>
 #include <gpukit/runtime/runtime.hpp>
 
