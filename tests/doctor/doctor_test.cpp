@@ -163,7 +163,7 @@ TEST_SUITE("doctor")
     CHECK(r.find("device.0") == nullptr);
   }
 
-  TEST_CASE("a driver too old for the runtime: insufficient driver, with the upgrade to make")
+  TEST_CASE("a driver too old for the runtime: insufficient driver and the upgrade to make")
   {
     auto const r = run_with_insufficient_driver(12040);
     CHECK(r.exit_code() == doctor_exit::driver_too_old);
@@ -236,7 +236,7 @@ TEST_SUITE("doctor")
     }
   }
 
-  TEST_CASE("kernels built for other architectures: fail, JIT warning, native")
+  TEST_CASE("kernel architectures: none that runs fails and PTX alone warns (JIT)")
   {
     sim_runtime sim{one_device()};  // compute capability 9.0
     fake_env env;
@@ -263,7 +263,7 @@ TEST_SUITE("doctor")
     CHECK(status(none, "arch.0") == check_status::skip);
   }
 
-  TEST_CASE("a device that cannot be used: memory info, pinned memory and copies")
+  TEST_CASE("a device that cannot be used: its memory info or pinned memory or copies fail")
   {
     fake_env env;
     {
@@ -346,7 +346,7 @@ TEST_SUITE("doctor")
       contains(gpukit::run_doctor(sim, attached.options()).find("nvtx")->detail, "tool attached"));
   }
 
-  TEST_CASE("device files: missing ones warn only when the device is unusable; denied ones fail")
+  TEST_CASE("device files: missing ones warn only when the device is unusable and denied ones fail")
   {
     sim_runtime sim{one_device()};
     driver_override<false> rt{sim, 13000};
@@ -390,7 +390,7 @@ TEST_SUITE("doctor")
     CHECK(p.ecc_enabled);
   }
 
-  TEST_CASE("PCIe link: at its maximum, narrower, slower, and unknown when sysfs cannot be read")
+  TEST_CASE("PCIe link: at its maximum or narrower or slower and unknown without sysfs")
   {
     sim_runtime sim{one_device()};
     driver_override<false> rt{sim, 13000};  // "real hardware": the link is read
