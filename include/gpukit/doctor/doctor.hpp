@@ -16,8 +16,8 @@
 //   sim.inject_fault(gpukit::sim_op::device_count, 1, cudaErrorNoDevice);
 //   auto verdict = gpukit::run_doctor(sim).exit_code();   // gpukit::doctor_exit::no_device
 //
-// The installed program gpukit-doctor (tools/gpukit-doctor: `gpukit-doctor [--json] [--sim]
-// [--arch LIST]`) prints this report.
+// gpukit's command-line tool `gpukit-doctor [--json] [--sim] [--arch LIST]`, installed with gpukit,
+// prints this report.
 //
 // Checks, in order (ids in brackets; <d> is a device ordinal). Each is one function in
 // gpukit/doctor/detail/ (driver_checks, device_checks, copy_checks, system_checks), and
