@@ -28,12 +28,12 @@ done > "$OUT/tests.log" 2>&1
 grep -E "^(---|exit)|test cases:|ERROR|FAILED" "$OUT/tests.log"
 
 step doctor
-timeout 30 "$B/examples/doctor" | tee "$OUT/doctor.txt"
+timeout 30 "$B/tools/gpukit-doctor" | tee "$OUT/doctor.txt"
 echo "doctor exit ${PIPESTATUS[0]}"
-timeout 30 "$B/examples/doctor" --json > "$OUT/doctor.json"
+timeout 30 "$B/tools/gpukit-doctor" --json > "$OUT/doctor.json"
 echo "doctor --json exit $?"
 # The driver-too-old and no-device diagnoses as a user would see them (real CUDA, hidden devices).
-CUDA_VISIBLE_DEVICES=none timeout 30 "$B/examples/doctor" | tee "$OUT/doctor_no_visible_device.txt"
+CUDA_VISIBLE_DEVICES=none timeout 30 "$B/tools/gpukit-doctor" | tee "$OUT/doctor_no_visible_device.txt"
 echo "doctor (CUDA_VISIBLE_DEVICES=none) exit ${PIPESTATUS[0]}"
 
 step nvtx_bench

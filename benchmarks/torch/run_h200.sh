@@ -2,7 +2,7 @@
 # benchmarks/torch/run_h200.sh: gpukit as PyTorch's and CuPy's allocator on the GPU machine, in
 # about 4 minutes, from the repo root (issue 9). Build here first with the h200 preset
 # (cmake --preset h200 && cmake --build --preset h200) and carry build/h200/bin: the libraries are
-# build/h200/bin/examples/libgpukit_torch.so and libgpukit_torch_trivial.so, the simulated-GPU test
+# build/h200/bin/bindings/libgpukit_torch.so and libgpukit_torch_trivial.so, the simulated-GPU test
 # build/h200/bin/tests/gpukit_torch_abi_test with libgpukit_torch_sim.so beside it. Needs PyTorch,
 # torchvision, transformers and CuPy on the machine; nothing is downloaded. Writes to $OUT
 # (default out/torch):
@@ -22,11 +22,11 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 OUT=${OUT:-out/torch}
 mkdir -p "$OUT"
 B=${B:-build/h200/bin}
-LIB="$B/examples/libgpukit_torch.so"
+LIB="$B/bindings/libgpukit_torch.so"
 unset NVTX_INJECTION64_PATH PYTORCH_CUDA_ALLOC_CONF GPUKIT_TORCH_SEGMENTS
 step() { echo; echo "=== $* ($(date -u +%H:%M:%S))"; }
 
-if [[ ! -f "$LIB" || ! -f "$B/examples/libgpukit_torch_trivial.so" ]]; then
+if [[ ! -f "$LIB" || ! -f "$B/bindings/libgpukit_torch_trivial.so" ]]; then
   echo "run_h200.sh: $LIB or libgpukit_torch_trivial.so missing: build with the h200 preset and carry $B" >&2
   exit 2
 fi
@@ -49,7 +49,7 @@ grep -E "test cases:|exit|^Ran|^OK|FAILED" "$OUT/abi_test.log"
 
 if [[ ${CHECKS:-1} == 1 ]]; then
   step check_torch: PyTorch and CuPy through gpukit
-  timeout 400 python3 examples/pytorch/check_torch.py --lib "$LIB" --out "$OUT" 2>&1 | tee "$OUT/check_torch.txt"
+  timeout 400 python3 bindings/torch/check_torch.py --lib "$LIB" --out "$OUT" 2>&1 | tee "$OUT/check_torch.txt"
   if [[ -f "$OUT/gpukit_torch_snapshot.pickle" ]]; then
     timeout 60 python3 -m torch.cuda._memory_viz trace_plot "$OUT/gpukit_torch_snapshot.pickle" \
       -o "$OUT/trace_plot.html" && echo "memory_viz trace_plot: $OUT/trace_plot.html"
@@ -59,7 +59,7 @@ fi
 if [[ ${TRAIN:-1} == 1 ]]; then
   step train_compare
   # shellcheck disable=SC2086
-  timeout 540 python3 examples/pytorch/train_compare.py --lib "$LIB" --json "$OUT/train_compare.json" \
+  timeout 540 python3 bindings/torch/train_compare.py --lib "$LIB" --json "$OUT/train_compare.json" \
     ${TRAIN_ARGS:-} 2>&1 | tee "$OUT/train_compare.txt"
 fi
 step done

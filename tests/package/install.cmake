@@ -1,5 +1,5 @@
 # cmake -DBUILD_DIR=<gpukit build> -DPREFIX=<dir> -DINCLUDEDIR=include -DCMAKEDIR=share/cmake/gpukit
-#       [-DCONFIG=<config>] -P install.cmake
+#       [-DCONFIG=<config>] [-DBINDIR=bin -DTOOLS=<tool>,<tool>...] -P install.cmake
 # Installs gpukit into a fresh PREFIX and checks the layout a find_package consumer relies on.
 file(REMOVE_RECURSE "${PREFIX}")
 set(config_args "")
@@ -22,6 +22,12 @@ foreach(file IN ITEMS
     ${CMAKEDIR}/gpukitTargets.cmake)
   if(NOT EXISTS "${PREFIX}/${file}")
     message(FATAL_ERROR "gpukit install: ${file} is missing under ${PREFIX}")
+  endif()
+endforeach()
+string(REPLACE "," ";" tools "${TOOLS}")
+foreach(tool IN LISTS tools)  # the command-line tools, when the build has them
+  if(NOT EXISTS "${PREFIX}/${BINDIR}/${tool}" OR IS_DIRECTORY "${PREFIX}/${BINDIR}/${tool}")
+    message(FATAL_ERROR "gpukit install: the tool ${BINDIR}/${tool} is missing under ${PREFIX}")
   endif()
 endforeach()
 file(GLOB_RECURSE installed_libraries "${PREFIX}/*.a" "${PREFIX}/*.so")

@@ -2,7 +2,7 @@
 // NVTX tool sees while CUDA runs, and the doctor's verdict on the machine.
 #include "nvtx_test_support.hpp"
 
-#include <gpukit/doctor.hpp>
+#include <gpukit/doctor/doctor.hpp>
 #include <gpukit/profile/memory_annotation.hpp>
 #include <gpukit/profile/range_timer.hpp>
 #include <gpukit/runtime/cuda_runtime.hpp>

@@ -1,7 +1,7 @@
 """gpukit_torch.py's ctypes layer over libgpukit_torch_sim.so (the simulated GPU): statistics
 through JSON and through the C struct (their layouts must agree), limits, history, snapshots,
 errors, and the CuPy allocator function driven through a stand-in for the part of CuPy's API it
-uses (CuPy itself is on the GPU machine: examples/pytorch/check_torch.py runs it there). No torch
+uses (CuPy itself is on the GPU machine: bindings/torch/check_torch.py runs it there). No torch
 needed. Usage: gpukit_torch_ctypes_test.py LIBRARY (CTest passes libgpukit_torch_sim.so and sets
 GPUKIT_SIM_DEVICES=2, GPUKIT_SIM_CAPACITY=1G)."""
 
@@ -14,7 +14,7 @@ import types
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "..", "examples", "pytorch"))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "bindings", "torch"))
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 import gpukit_torch  # noqa: E402
 

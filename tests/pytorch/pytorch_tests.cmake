@@ -1,21 +1,21 @@
-# libgpukit_torch (examples/pytorch) tested without a GPU, included from tests/CMakeLists.txt (one
+# libgpukit_torch (bindings/torch) tested without a GPU, included from tests/CMakeLists.txt (one
 # line there). libgpukit_torch_sim.so is the same source over the simulated GPU
 # (GPUKIT_TORCH_SIM=1); two tests load it as PyTorch and CuPy would:
 #   gpukit_torch_abi_test  doctest: dlopen + dlsym, every C function, OOM, bad frees, snapshots
 #   gpukit_torch.python    gpukit_torch.py's ctypes layer (stats, empty_cache, snapshot, the CuPy
 #                          allocator's malloc and free), when python3 is here; no torch needed
-include(${PROJECT_SOURCE_DIR}/examples/pytorch/torch_library.cmake)
+include(${PROJECT_SOURCE_DIR}/bindings/torch/torch_library.cmake)
 set(gpukit_torch_sim_dir "${CMAKE_CURRENT_BINARY_DIR}/pytorch")
 if(GPUKIT_OUTPUT_DIRECTORY)
   set(gpukit_torch_sim_dir "${GPUKIT_OUTPUT_DIRECTORY}/tests")  # next to the test binaries
 endif()
 gpukit_add_torch_library(gpukit_torch_sim SIM OUTPUT_DIRECTORY "${gpukit_torch_sim_dir}"
-  SOURCES ${PROJECT_SOURCE_DIR}/examples/pytorch/gpukit_torch.cpp)
+  SOURCES ${PROJECT_SOURCE_DIR}/bindings/torch/gpukit_torch.cpp)
 
 gpukit_add_test(gpukit_torch_abi_test SOURCES pytorch/gpukit_torch_abi_test.cpp)
 if(TARGET gpukit_torch_abi_test)
   target_link_libraries(gpukit_torch_abi_test PRIVATE ${CMAKE_DL_LIBS})
-  target_include_directories(gpukit_torch_abi_test PRIVATE "${PROJECT_SOURCE_DIR}/examples/pytorch")
+  target_include_directories(gpukit_torch_abi_test PRIVATE "${PROJECT_SOURCE_DIR}/bindings/torch")
   target_compile_definitions(gpukit_torch_abi_test PRIVATE
     GPUKIT_TORCH_SIM_LIB="$<TARGET_FILE:gpukit_torch_sim>")
   add_dependencies(gpukit_torch_abi_test gpukit_torch_sim)

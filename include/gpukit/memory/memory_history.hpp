@@ -14,10 +14,11 @@
 // Nothing here synchronizes or calls the runtime: a snapshot is host-side bookkeeping.
 #pragma once
 
+#include <gpukit/memory/detail/memory_history_html.hpp>
+
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <cstdio>
 #include <map>
 #include <string>
 #include <unordered_map>
@@ -75,24 +76,6 @@ struct memory_snapshot {
 };
 
 namespace detail {
-
-inline std::string json_escape(std::string const& s)
-{
-  std::string o;
-  for (char c : s) {
-    if (c == '"' || c == '\\') {
-      o += '\\';
-      o += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      o += buf;
-    } else {
-      o += c;
-    }
-  }
-  return o;
-}
 
 /// A minimal pickle (protocol 2) writer: dicts, lists, tuples, str, int, bool, None.
 class pickle_writer {
@@ -287,83 +270,9 @@ class pickle_writer {
 /// stream, and the segment map of the snapshot, drawn by inline JavaScript from inline data.
 [[nodiscard]] inline std::string to_html(memory_snapshot const& s)
 {
-  std::string o = R"(<!doctype html>
-<html><head><meta charset="utf-8"><title>gpukit memory report</title>
-<style>
-body { font: 14px sans-serif; margin: 20px; color: #222; }
-canvas { border: 1px solid #ccc; }
-.seg { margin: 2px 0; height: 14px; display: flex; border: 1px solid #999; }
-.blk { height: 100%; } .a { background: #d9534f; } .f { background: #cfe8cf; }
-</style></head><body>
-<h1>gpukit memory report</h1>
-<p id="summary"></p>
-<h2>Memory over time</h2>
-<canvas id="plot" width="1000" height="360"></canvas>
-<p><span style="color:#1f77b4">&#9632;</span> reserved (segments) &nbsp;
-<span style="color:#d62728">&#9632;</span> allocated (all streams) &nbsp; thin lines: allocated per stream;
-x: events in order</p>
-<h2>Segments at the peak of allocated memory</h2>
-<p id="peakinfo"></p>
-<div id="segments"></div>
-<script>
-(() => {
-const snapshot = )";
+  std::string o = detail::memory_report_head;
   o += to_json(s);
-  o += R"(;
-const ev = snapshot.events;
-const streams = [...new Set(ev.filter(e => e.action === 'alloc').map(e => e.stream))];
-let alloc = 0, reserved = 0; const per = {}; streams.forEach(s => per[s] = 0);
-const live = new Map(), segs = new Map(); const pts = [];
-let best = -1, atPeak = null;  // the segment map when allocated memory was highest
-ev.forEach((e, i) => {
-  if (e.action === 'alloc') { alloc += e.bytes; per[e.stream] += e.bytes; live.set(e.address, e); }
-  else if (e.action === 'free') { const a = live.get(e.address); if (a) { alloc -= a.bytes; per[a.stream] -= a.bytes; live.delete(e.address); } }
-  else if (e.action === 'segment_alloc') { reserved += e.bytes; segs.set(e.address, e); }
-  else if (e.action === 'segment_free') { reserved -= e.bytes; segs.delete(e.address); }
-  if (alloc > best) { best = alloc; atPeak = {i, segs: [...segs.values()], blocks: [...live.values()]}; }
-  pts.push({t: i, alloc, reserved, per: Object.assign({}, per)});
-});
-const peakA = Math.max(0, ...pts.map(p => p.alloc)), peakR = Math.max(0, ...pts.map(p => p.reserved));
-const GiB = b => (b / 1073741824).toFixed(3) + ' GiB';
-document.getElementById('summary').textContent =
-  `device ${snapshot.device}: ${ev.length} events, ${snapshot.segments.length} segments now, ` +
-  `peak allocated ${GiB(peakA)}, peak reserved ${GiB(peakR)}, ${snapshot.dropped_events} events dropped`;
-const c = document.getElementById('plot'), g = c.getContext('2d');
-const ymax = Math.max(1, peakA, peakR), t0 = pts.length ? pts[0].t : 0, t1 = pts.length ? pts[pts.length - 1].t : 1;
-const X = t => 40 + (c.width - 50) * (t1 > t0 ? (t - t0) / (t1 - t0) : 0), Y = v => c.height - 20 - (c.height - 30) * v / ymax;
-g.font = '11px sans-serif'; g.fillText(GiB(ymax), 2, 12); g.fillText('0', 2, c.height - 20);
-function line(get, color, width) { g.strokeStyle = color; g.lineWidth = width; g.beginPath();
-  pts.forEach((p, i) => { const x = X(p.t), y = Y(get(p)); i ? g.lineTo(x, y) : g.moveTo(x, y); }); g.stroke(); }
-line(p => p.reserved, '#1f77b4', 2); line(p => p.alloc, '#d62728', 2);
-const colors = ['#2ca02c', '#9467bd', '#8c564b', '#e377c2', '#7f7f7f', '#bcbd22', '#17becf'];
-streams.forEach((s, i) => line(p => p.per[s], colors[i % colors.length], 1));
-const host = document.getElementById('segments');
-let shown = snapshot.segments;
-if (atPeak && atPeak.segs.length) {
-  shown = atPeak.segs.map(sg => ({address: sg.address, size: sg.bytes, pool: sg.bytes <= 2097152 ? 'small' : 'large', stream: sg.stream,
-    blocks: atPeak.blocks.filter(b => b.address >= sg.address && b.address < sg.address + sg.bytes)
-      .sort((x, y) => x.address - y.address)}))
-    .map(sg => { const out = []; let at = sg.address;  // fill the gaps with free space
-      for (const b of sg.blocks) { if (b.address > at) out.push({state: 'free', size: b.address - at});
-        out.push({state: 'allocated', size: b.bytes}); at = b.address + b.bytes; }
-      if (at < sg.address + sg.size) out.push({state: 'free', size: sg.address + sg.size - at});
-      return Object.assign(sg, {blocks: out}); });
-  document.getElementById('peakinfo').textContent = `after event ${atPeak.i}: ${GiB(best)} allocated in ${shown.length} segments (red: allocated, green: free)`;
-} else {
-  document.getElementById('peakinfo').textContent = 'no segment events recorded: the segments now';
-}
-for (const seg of shown) {
-  const row = document.createElement('div'); row.className = 'seg';
-  row.title = `segment ${seg.address.toString(16)}: ${GiB(seg.size)} (${seg.pool}), stream ${seg.stream}`;
-  row.style.width = Math.max(2, 1000 * seg.size / Math.max(...shown.map(x => x.size))) + 'px';
-  for (const b of seg.blocks) { const d = document.createElement('div');
-    d.className = 'blk ' + (b.state === 'allocated' ? 'a' : 'f'); d.style.width = (100 * b.size / seg.size) + '%';
-    d.title = `${b.state} ${b.size} bytes` + (b.requested ? ` (asked ${b.requested})` : ''); row.appendChild(d); }
-  host.appendChild(row);
-}
-})();
-</script></body></html>
-)";
+  o += detail::memory_report_tail;
   return o;
 }
 

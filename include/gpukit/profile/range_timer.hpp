@@ -39,8 +39,8 @@
 // pointer, then by content: after the first use a name costs no allocation.
 #pragma once
 
+#include <gpukit/detail/json.hpp>
 #include <gpukit/error.hpp>
-#include <gpukit/profile/detail/json.hpp>
 #include <gpukit/profile/nvtx.hpp>
 #include <gpukit/runtime/cuda_runtime.hpp>
 #include <gpukit/runtime/runtime.hpp>

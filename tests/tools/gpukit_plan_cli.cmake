@@ -1,9 +1,12 @@
 # The gpukit-plan executable end to end: its output format (the schedule, then a JSON line with
 # time and peak), reading a file or standard input, the planners, revolve, and every error path
 # (exit status and a message naming the problem).
-#   cmake -DPLAN=<gpukit-plan> -DOUT=<scratch dir> -P gpukit_plan_cli.cmake
+#   cmake -DTOOL=<gpukit-plan> -DOUT=<scratch dir> -P gpukit_plan_cli.cmake
 cmake_minimum_required(VERSION 3.25)
 file(MAKE_DIRECTORY "${OUT}")
+set(CLI_STDIN "${OUT}/empty.chain")  # what a case reads unless it names a chain
+set(CLI_QUIET_FAILURES ON)           # errors go to standard error only
+include(${CMAKE_CURRENT_LIST_DIR}/cli_expect.cmake)
 
 # Chains. hand: the simulator's hand-worked chain (store-all: time 66, peak 66). uniform8: 8
 # stages (1 2 1 2), whose least persistent budget is 5 and whose optimal time at budget 15 is 28.
@@ -18,65 +21,6 @@ file(WRITE "${OUT}/word.chain" "# comment\n\n1 2 x 4\n")
 file(WRITE "${OUT}/negative.chain" "1 2 3 4\n1 2 -5 4\n")
 file(WRITE "${OUT}/extra.chain" "1 2 3 4 5\n")
 file(WRITE "${OUT}/empty.chain" "# nothing but a comment\n")
-
-set(failures 0)
-set(cases 0)
-
-# expect(<name> EXIT <code> [STDIN <file>] [STDOUT <regex>...] [LAST <regex>] [STDERR <regex>...]
-#        [LINES <n>] ARGS <args...>)
-function(expect name)
-  cmake_parse_arguments(arg "" "EXIT;STDIN;LAST;LINES" "STDOUT;STDERR;ARGS" ${ARGN})
-  math(EXPR n "${cases} + 1")
-  set(cases ${n} PARENT_SCOPE)
-  set(input "")
-  if(arg_STDIN)
-    set(input INPUT_FILE "${arg_STDIN}")
-  else()
-    set(input INPUT_FILE "${OUT}/empty.chain")
-  endif()
-  execute_process(COMMAND "${PLAN}" ${arg_ARGS} ${input}
-                  OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc TIMEOUT 60)
-  set(problems "")
-  if(NOT "${rc}" STREQUAL "${arg_EXIT}")
-    string(APPEND problems "\n  exit status ${rc}, expected ${arg_EXIT}")
-  endif()
-  foreach(re IN LISTS arg_STDOUT)
-    if(NOT out MATCHES "${re}")
-      string(APPEND problems "\n  standard output does not match '${re}'")
-    endif()
-  endforeach()
-  foreach(re IN LISTS arg_STDERR)
-    if(NOT err MATCHES "${re}")
-      string(APPEND problems "\n  standard error does not match '${re}'")
-    endif()
-  endforeach()
-  string(REGEX REPLACE "\n$" "" trimmed "${out}")
-  string(REPLACE "\n" ";" lines "${trimmed}")
-  list(LENGTH lines count)
-  if(arg_LAST)
-    set(last "")
-    if(count GREATER 0)
-      list(GET lines -1 last)
-    endif()
-    if(NOT last MATCHES "${arg_LAST}")
-      string(APPEND problems "\n  the last line '${last}' does not match '${arg_LAST}'")
-    endif()
-  endif()
-  if(arg_LINES AND NOT count EQUAL arg_LINES)
-    string(APPEND problems "\n  ${count} lines of output, expected ${arg_LINES}")
-  endif()
-  if(NOT "${arg_EXIT}" STREQUAL "0" AND NOT out STREQUAL "")
-    string(APPEND problems "\n  a failed run printed to standard output")
-  endif()
-  if(problems)
-    message(SEND_ERROR "FAILED ${name}: gpukit-plan ${arg_ARGS}${problems}\n"
-                       "  stdout: ${out}\n  stderr: ${err}")
-    math(EXPR f "${failures} + 1")
-    set(failures ${f} PARENT_SCOPE)
-  else()
-    message(STATUS "ok ${name}")
-  endif()
-endfunction()
 
 set(json_num "-?[0-9]+")
 
@@ -159,7 +103,4 @@ expect(revolve-zero-slots EXIT 2 STDERR "--slots 0 is below 1" ARGS revolve --st
 expect(revolve-foreign-option EXIT 2 STDERR "unknown option \"--budget\" for revolve"
   ARGS revolve --steps 4 --slots 2 --budget 3)
 
-if(failures GREATER 0)
-  message(FATAL_ERROR "${failures} of ${cases} gpukit-plan cases failed")
-endif()
-message(STATUS "all ${cases} gpukit-plan cases passed")
+expect_summary()

@@ -15,6 +15,8 @@
 //   int   gpukit_trivial_pool_stats(int device, unsigned long long out[4]);
 //         // reserved, reserved high, used, used high; 0 on success, else the cudaError_t
 //   int   gpukit_trivial_reset_peak(int device);
+#include <gpukit/error.hpp>  // gpukit::bad_alloc: a std::bad_alloc with a message
+
 #include <cuda_runtime_api.h>
 
 #include <atomic>
@@ -29,15 +31,6 @@ namespace {
 
 constexpr int max_devices = 64;
 std::atomic<bool> pool_configured[max_devices]{};
-
-class bad_alloc final : public std::bad_alloc {
- public:
-  explicit bad_alloc(std::string message) : message_{std::move(message)} {}
-  [[nodiscard]] char const* what() const noexcept override { return message_.c_str(); }
-
- private:
-  std::string message_;
-};
 
 // The calling thread's current device becomes `device` for the scope (cudaMallocAsync takes the
 // pool of the stream's device, but the pool attributes are set on the current device's).
@@ -92,9 +85,9 @@ GPUKIT_TRIVIAL_API void* gpukit_trivial_malloc(size_t size, int device, cudaStre
   if (e == cudaSuccess) { e = cudaMallocAsync(&p, size, stream); }
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
-    throw bad_alloc{"gpukit_trivial_malloc: cudaMallocAsync of " + std::to_string(size) +
-                    " bytes on device " + std::to_string(device) + " failed with " +
-                    cudaGetErrorName(e) + ": " + cudaGetErrorString(e)};
+    throw gpukit::bad_alloc{"gpukit_trivial_malloc: cudaMallocAsync of " + std::to_string(size) +
+                            " bytes on device " + std::to_string(device) + " failed with " +
+                            cudaGetErrorName(e) + ": " + cudaGetErrorString(e)};
   }
   return p;
 }

@@ -12,9 +12,9 @@
     import cupy
     gpukit_torch.install_cupy()     # cupy.cuda.set_allocator: CuPy arrays from gpukit as well
 
-The library is libgpukit_torch.so (examples/pytorch, built with gpukit's examples): found through
+The library is libgpukit_torch.so (bindings/torch, built with gpukit's bindings): found through
 `lib_path`, else $GPUKIT_TORCH_LIB, else next to this file, else in a build folder of the
-repository (build/*/bin/examples, build/*/examples/pytorch). Its C functions are in gpukit_torch.h.
+repository (build/*/bin/bindings, build/*/bindings/torch). Its C functions are in gpukit_torch.h.
 
 What PyTorch does and does not do with a pluggable allocator (torch.cuda.memory.
 CUDAPluggableAllocator, PyTorch 2.x): it calls malloc and free, keeping its own pointer map under a
@@ -61,9 +61,9 @@ def _candidates():
     yield os.path.join(here, _LIB_NAME)
     repo = os.path.dirname(os.path.dirname(here))
     # The h200 preset's folder first, then any other build folder, newest first.
-    found = glob.glob(os.path.join(repo, "build", "*", "bin", "examples", _LIB_NAME))
-    found += glob.glob(os.path.join(repo, "build", "*", "examples", "pytorch", _LIB_NAME))
-    found.sort(key=lambda p: ("/bin/examples/" not in p, -os.path.getmtime(p)))
+    found = glob.glob(os.path.join(repo, "build", "*", "bin", "bindings", _LIB_NAME))
+    found += glob.glob(os.path.join(repo, "build", "*", "bindings", "torch", _LIB_NAME))
+    found.sort(key=lambda p: ("/bin/bindings/" not in p, -os.path.getmtime(p)))
     yield from found
 
 
@@ -79,7 +79,7 @@ def library_path(lib_path=None):
             return os.path.realpath(path)
     raise FileNotFoundError(
         f"gpukit_torch: {_LIB_NAME} not found: pass lib_path=, set GPUKIT_TORCH_LIB, or build it "
-        "(cmake --preset h200 && cmake --build --preset h200 puts it in build/h200/bin/examples)")
+        "(cmake --preset h200 && cmake --build --preset h200 puts it in build/h200/bin/bindings)")
 
 
 def _declare(lib):

@@ -3,9 +3,9 @@
 CUDA allocators, one subprocess per (model, allocator), and prints the median step time and the
 peak reserved memory of each, as a table; writes the same as JSON.
 
-    python3 examples/pytorch/train_compare.py                       # every model and allocator
-    python3 examples/pytorch/train_compare.py --models gpt2_varlen --configs native,gpukit
-    python3 examples/pytorch/train_compare.py --json out/train_compare.json
+    python3 bindings/torch/train_compare.py                       # every model and allocator
+    python3 bindings/torch/train_compare.py --models gpt2_varlen --configs native,gpukit
+    python3 bindings/torch/train_compare.py --json out/train_compare.json
 
 Models (random initialisation, nothing downloaded):
     resnet50      torchvision.models.resnet50(weights=None), batch 64 of 224x224 images, SGD

@@ -1,9 +1,9 @@
-// gpukit/doctor.hpp: is this machine's driver, runtime and GPU right for CUDA work? Each check says
-// ok, warn or fail, and what to do about it.
+// gpukit/doctor/doctor.hpp: is this machine's driver, runtime and GPU right for CUDA work? Each
+// check says ok, warn or fail, and what to do about it.
 //
 // Quick start:
 //
-//   #include <gpukit/doctor.hpp>
+//   #include <gpukit/doctor/doctor.hpp>
 //
 //   gpukit::doctor_options o;
 //   o.built_architectures = "90";                     // CMAKE_CUDA_ARCHITECTURES of your kernels
@@ -16,9 +16,12 @@
 //   sim.inject_fault(gpukit::sim_op::device_count, 1, cudaErrorNoDevice);
 //   auto verdict = gpukit::run_doctor(sim).exit_code();   // gpukit::doctor_exit::no_device
 //
-// The program examples/doctor.cpp (`doctor [--json] [--sim]`) prints this report.
+// gpukit's command-line tool `gpukit-doctor [--json] [--sim] [--arch LIST]`, installed with gpukit,
+// prints this report.
 //
-// Checks, in order (ids in brackets; <d> is a device ordinal):
+// Checks, in order (ids in brackets; <d> is a device ordinal). Each is one function in
+// gpukit/doctor/detail/ (driver_checks, device_checks, copy_checks, system_checks), and
+// detail/run_doctor.inl runs them:
 //   [driver]           driver present, and its CUDA version against the runtime's: no driver at
 //                      all (the version reads 0) is told apart from a driver that is too old
 //   [devices]          device count, and each CUDA error that stops it (stub libcuda, kernel module
@@ -50,7 +53,6 @@
 // checks); it may throw std::bad_alloc.
 #pragma once
 
-#include <gpukit/profile/detail/json.hpp>
 #include <gpukit/runtime/cuda_runtime.hpp>
 #include <gpukit/runtime/runtime.hpp>
 
@@ -151,4 +153,5 @@ template <class Runtime>
 
 }  // namespace gpukit
 
-#include <gpukit/detail/doctor.inl>
+#include <gpukit/doctor/detail/report.inl>
+#include <gpukit/doctor/detail/run_doctor.inl>

@@ -1,4 +1,4 @@
-// gpukit/profile/detail/json.hpp: the small JSON writing helpers of gpukit's reports. Not public
+// gpukit/detail/json.hpp: the JSON writing helpers that every gpukit report shares. Not public
 // API.
 #pragma once
 

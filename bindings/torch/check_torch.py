@@ -2,7 +2,7 @@
 """libgpukit_torch under real PyTorch and CuPy, on a GPU: each check in a fresh process (an
 allocator is installed once per process), printing PASS or FAIL with what PyTorch reported.
 
-    python3 examples/pytorch/check_torch.py [--lib PATH] [--out DIR] [CHECK ...]
+    python3 bindings/torch/check_torch.py [--lib PATH] [--out DIR] [CHECK ...]
 
 Checks:
     tensors      tensors, a backward pass and a side stream through gpukit; gpukit's statistics

@@ -1,4 +1,4 @@
-// gpukit-plan: activation checkpointing plans from the command line (issue 8). No GPU needed.
+// gpukit-plan: activation checkpointing plans from the command line. No GPU needed.
 //
 //   gpukit-plan [--chain FILE] [--budget M] [--planner optimal|sqrt|sequential:K|store-all]
 //   gpukit-plan revolve --steps L --slots C
@@ -20,7 +20,7 @@
 // 2 for a bad command line (unknown option, missing or malformed value); 3 when no plan of the
 // chosen planner fits the budget (the message says the least budget it accepts).
 //
-//   printf '2 4 16 48\n2 4 16 48\n1 2 64 64\n' | build/dev/examples/gpukit-plan --budget 150
+//   printf '2 4 16 48\n2 4 16 48\n1 2 64 64\n' | build/dev/tools/gpukit-plan --budget 150
 #include <gpukit/checkpoint/planners.hpp>
 
 #include <cstdint>

@@ -1,0 +1,26 @@
+# The gpukit-doctor executable end to end, on the simulated GPU (a device of compute capability
+# 9.0): --help, the text and JSON reports, the architecture check that --arch sets, and the exit
+# codes of a failed check and of a bad command line.
+#   cmake -DTOOL=<gpukit-doctor> -P gpukit_doctor_cli.cmake
+cmake_minimum_required(VERSION 3.25)
+include(${CMAKE_CURRENT_LIST_DIR}/cli_expect.cmake)
+
+expect(help EXIT 0 STDOUT "^usage: gpukit-doctor " "--arch LIST" ARGS --help)
+expect(help-short EXIT 0 STDOUT "^usage: gpukit-doctor " ARGS -h)
+expect(sim EXIT 0 STDOUT "^gpukit doctor: SIMULATED GPU" "\n\\[ ok \\] copy " "\nverdict: ok"
+  ARGS --sim --arch 90)
+expect(sim-json EXIT 0 LINES 1
+  LAST "^{\"simulated\":true,.*\"exit_code\":0,\"checks\":\\[{\"id\":\"driver\",.*}\\]}$"
+  ARGS --sim --json --arch 90)
+expect(arch-native EXIT 0 STDOUT "\n\\[ ok \\] arch\\.0 +kernel architectures: built for \"90\": native code sm_90"
+  ARGS --sim --arch 90)
+expect(arch-jit EXIT 0 STDOUT "\n\\[warn\\] arch\\.0 .*JIT-compiles compute_80" ARGS --sim --arch=80)
+expect(arch-mismatch EXIT 14 STDOUT "\n\\[FAIL\\] arch\\.0 " "verdict: FAIL \\(exit 14\\)"
+  ARGS --sim --arch 100-real)
+expect(arch-none EXIT 0 STDOUT "\n\\[skip\\] arch\\.0 .*not told which architectures" ARGS --sim --arch=)
+expect(arch-no-value EXIT 2 STDERR "gpukit-doctor: error: --arch needs a value" "usage:"
+  ARGS --sim --arch)
+expect(unknown-option EXIT 2 STDERR "unknown option \"--bogus\"" "usage: gpukit-doctor"
+  ARGS --bogus)
+
+expect_summary()
