@@ -12,6 +12,8 @@ execute_process(
 
 foreach(file IN ITEMS
     ${INCLUDEDIR}/gpukit/error.hpp
+    ${INCLUDEDIR}/gpukit/version.hpp
+    ${INCLUDEDIR}/gpukit/detail/cccl_compat.hpp
     ${INCLUDEDIR}/gpukit/detail/error_macros.hpp
     ${INCLUDEDIR}/gpukit/runtime/runtime.hpp
     ${INCLUDEDIR}/gpukit/runtime/cuda_runtime.hpp
