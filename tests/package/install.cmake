@@ -1,5 +1,5 @@
 # cmake -DBUILD_DIR=<gpukit build> -DPREFIX=<dir> -DINCLUDEDIR=include -DCMAKEDIR=share/cmake/gpukit
-#       [-DCONFIG=<config>] -P install.cmake
+#       -DDOCDIR=share/doc/gpukit [-DCONFIG=<config>] -P install.cmake
 # Installs gpukit into a fresh PREFIX and checks the layout a find_package consumer relies on.
 file(REMOVE_RECURSE "${PREFIX}")
 set(config_args "")
@@ -21,7 +21,8 @@ foreach(file IN ITEMS
     ${INCLUDEDIR}/gpukit/runtime/detail/sim_runtime.inl
     ${CMAKEDIR}/gpukitConfig.cmake
     ${CMAKEDIR}/gpukitConfigVersion.cmake
-    ${CMAKEDIR}/gpukitTargets.cmake)
+    ${CMAKEDIR}/gpukitTargets.cmake
+    ${DOCDIR}/LICENSE)
   if(NOT EXISTS "${PREFIX}/${file}")
     message(FATAL_ERROR "gpukit install: ${file} is missing under ${PREFIX}")
   endif()
