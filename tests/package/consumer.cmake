@@ -15,3 +15,6 @@ endforeach()
 add_executable(consumer "${CMAKE_CURRENT_LIST_DIR}/consumer.cpp")
 target_link_libraries(consumer PRIVATE gpukit::gpukit)
 target_compile_options(consumer PRIVATE -Wall -Wextra -Werror)
+# The version gpukit's own build says it is: consumer.cpp checks gpukit/version.hpp against it.
+target_compile_definitions(consumer PRIVATE
+  "GPUKIT_EXPECTED_VERSION_STRING=\"${GPUKIT_EXPECTED_VERSION}\"")

@@ -1,9 +1,11 @@
 // The program every consumer project builds and runs: it includes gpukit's headers with the host
 // compiler only and uses them the way an application would.
 #include <gpukit/error.hpp>
+#include <gpukit/memory/caching_allocator.hpp>
 #include <gpukit/runtime/cuda_runtime.hpp>
 #include <gpukit/runtime/runtime.hpp>
 #include <gpukit/runtime/sim_runtime.hpp>
+#include <gpukit/version.hpp>
 
 #include <cstddef>
 #include <cstdio>
@@ -25,6 +27,18 @@ int main()
 {
   static_assert(gpukit::is_runtime_v<gpukit::cuda_runtime>);
   static_assert(gpukit::is_runtime_v<gpukit::sim_runtime>);
+#if GPUKIT_HAS_CCCL_MEMORY_RESOURCE
+  static_assert(gpukit::detail::is_device_async_resource_v<gpukit::caching_allocator>);
+#endif
+
+  // The headers say the version the package (or the source tree) says.
+  static_assert(GPUKIT_VERSION ==
+                GPUKIT_VERSION_MAJOR * 10000 + GPUKIT_VERSION_MINOR * 100 + GPUKIT_VERSION_PATCH);
+  if (std::strcmp(GPUKIT_VERSION_STRING, GPUKIT_EXPECTED_VERSION_STRING) != 0 ||
+      std::strcmp(gpukit::version_string, GPUKIT_EXPECTED_VERSION_STRING) != 0) {
+    return fail("gpukit/version.hpp does not say the version of the package");
+  }
+  std::printf("consumer: gpukit %s (%d)\n", GPUKIT_VERSION_STRING, GPUKIT_VERSION);
 
   // The error family: a failed CUDA call names itself (this also links cudart's error strings).
   try {

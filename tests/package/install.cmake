@@ -1,5 +1,6 @@
 # cmake -DBUILD_DIR=<gpukit build> -DPREFIX=<dir> -DINCLUDEDIR=include -DCMAKEDIR=share/cmake/gpukit
-#       [-DCONFIG=<config>] [-DBINDIR=bin -DTOOLS=<tool>,<tool>...] -P install.cmake
+#       -DDOCDIR=share/doc/gpukit [-DCONFIG=<config>] [-DBINDIR=bin -DTOOLS=<tool>,<tool>...]
+#       -P install.cmake
 # Installs gpukit into a fresh PREFIX and checks the layout a find_package consumer relies on.
 file(REMOVE_RECURSE "${PREFIX}")
 set(config_args "")
@@ -12,6 +13,8 @@ execute_process(
 
 foreach(file IN ITEMS
     ${INCLUDEDIR}/gpukit/error.hpp
+    ${INCLUDEDIR}/gpukit/version.hpp
+    ${INCLUDEDIR}/gpukit/detail/cccl_compat.hpp
     ${INCLUDEDIR}/gpukit/detail/error_macros.hpp
     ${INCLUDEDIR}/gpukit/runtime/runtime.hpp
     ${INCLUDEDIR}/gpukit/runtime/cuda_runtime.hpp
@@ -19,7 +22,8 @@ foreach(file IN ITEMS
     ${INCLUDEDIR}/gpukit/runtime/detail/sim_runtime.inl
     ${CMAKEDIR}/gpukitConfig.cmake
     ${CMAKEDIR}/gpukitConfigVersion.cmake
-    ${CMAKEDIR}/gpukitTargets.cmake)
+    ${CMAKEDIR}/gpukitTargets.cmake
+    ${DOCDIR}/LICENSE)
   if(NOT EXISTS "${PREFIX}/${file}")
     message(FATAL_ERROR "gpukit install: ${file} is missing under ${PREFIX}")
   endif()

@@ -52,17 +52,12 @@
 // - One mutex guards the pool; every member is thread-safe.
 #pragma once
 
+#include <gpukit/detail/cccl_compat.hpp>  // <cuda/memory_resource>, whichever CCCL
 #include <gpukit/error.hpp>
 #include <gpukit/profile/memory_annotation.hpp>
 #include <gpukit/runtime/cuda_runtime.hpp>
 #include <gpukit/runtime/runtime.hpp>
 #include <gpukit/stats.hpp>
-
-// CCCL's memory-resource concepts (CUDA 13.0 ships CCCL 3.0.1, where they are experimental).
-#ifndef LIBCUDACXX_ENABLE_EXPERIMENTAL_MEMORY_RESOURCE
-#define LIBCUDACXX_ENABLE_EXPERIMENTAL_MEMORY_RESOURCE
-#endif
-#include <cuda/memory_resource>
 
 #include <cstddef>
 #include <cstdint>
@@ -280,9 +275,11 @@ class basic_pinned_pool final {
   /// The size class (bytes actually reserved) of a request of `bytes`; 0 for 0.
   [[nodiscard]] static std::size_t class_size(std::size_t bytes) noexcept;
 
-  // The CCCL memory-resource interface (cuda::mr::resource_with<R, host_accessible,
-  // device_accessible>). `align` may be any power of two up to 4 KiB: every buffer is 4 KiB
-  // aligned.
+  // The CCCL memory-resource interface: a synchronous resource of host- and device-accessible
+  // memory (detail::is_host_device_sync_resource_v; cuda::mr::resource_with<R, host_accessible,
+  // device_accessible> in CCCL 3.0, synchronous_resource_with from CCCL 3.1 on, which names the
+  // members allocate_sync/deallocate_sync). `align` may be any power of two up to 4 KiB: every
+  // buffer is 4 KiB aligned.
 
   /// allocate(bytes) with an alignment check. @throws gpukit::logic_error for a bad alignment;
   /// otherwise as allocate(bytes)
@@ -297,9 +294,19 @@ class basic_pinned_pool final {
     check_alignment(align);
     deallocate(ptr);
   }
+  /// CCCL 3.1's names: allocate(bytes, align).
+  [[nodiscard]] void* allocate_sync(std::size_t bytes, std::size_t align)
+  {
+    return allocate(bytes, align);
+  }
+  /// CCCL 3.1's names: deallocate(ptr, bytes, align).
+  void deallocate_sync(void* ptr, std::size_t bytes, std::size_t align)
+  {
+    deallocate(ptr, bytes, align);
+  }
   /// Pinned memory is host accessible and device accessible (unified addressing).
-  friend void get_property(basic_pinned_pool const&, ::cuda::mr::host_accessible) noexcept {}
-  friend void get_property(basic_pinned_pool const&, ::cuda::mr::device_accessible) noexcept {}
+  friend void get_property(basic_pinned_pool const&, detail::cccl_host_accessible) noexcept {}
+  friend void get_property(basic_pinned_pool const&, detail::cccl_device_accessible) noexcept {}
   /// Two pools are equal when they are the same object.
   friend bool operator==(basic_pinned_pool const& a, basic_pinned_pool const& b) noexcept
   {
@@ -377,6 +384,7 @@ using pinned_pool = basic_pinned_pool<cuda_runtime>;
 
 #include <gpukit/host/detail/pinned_pool.inl>
 
-static_assert(::cuda::mr::resource_with<gpukit::pinned_pool, ::cuda::mr::host_accessible,
-                                        ::cuda::mr::device_accessible>,
+#if GPUKIT_HAS_CCCL_MEMORY_RESOURCE
+static_assert(gpukit::detail::is_host_device_sync_resource_v<gpukit::pinned_pool>,
               "gpukit::pinned_pool must be a CCCL memory resource");
+#endif

@@ -54,6 +54,7 @@
 // Thread-safe. One instance serves one device: the hot path never asks which device is current.
 #pragma once
 
+#include <gpukit/detail/cccl_compat.hpp>  // <cuda/memory_resource>, whichever CCCL
 #include <gpukit/error.hpp>
 #include <gpukit/memory/detail/address_map.hpp>
 #include <gpukit/memory/detail/tlsf_index.hpp>
@@ -62,12 +63,8 @@
 #include <gpukit/runtime/cuda_runtime.hpp>
 #include <gpukit/runtime/runtime.hpp>
 #include <gpukit/stats.hpp>
+#include <gpukit/version.hpp>
 
-// CCCL's memory-resource concepts (CUDA 13.0 ships CCCL 3.0.1, where they are experimental).
-#ifndef LIBCUDACXX_ENABLE_EXPERIMENTAL_MEMORY_RESOURCE
-#define LIBCUDACXX_ENABLE_EXPERIMENTAL_MEMORY_RESOURCE
-#endif
-#include <cuda/memory_resource>
 #include <cuda/stream_ref>
 
 #include <array>
@@ -316,8 +313,10 @@ class basic_caching_allocator final {
   /// first). Returns the bytes released.
   std::size_t trim(std::size_t target_reserved_bytes);
 
-  // The CCCL memory-resource interface (cuda::mr::async_resource_with<R, device_accessible>).
-  // `alignment` may be any power of two up to 256.
+  // The CCCL memory-resource interface: a stream-ordered, device-accessible resource
+  // (detail::is_device_async_resource_v; cuda::mr::async_resource_with<R, device_accessible> in
+  // CCCL 3.0, cuda::mr::resource_with<R, device_accessible> from CCCL 3.1 on, which names the
+  // members below differently). `alignment` may be any power of two up to 256.
 
   /// allocate(bytes) with an alignment check. @throws gpukit::logic_error for alignment > 256
   [[nodiscard]] void* allocate(std::size_t bytes, std::size_t align)
@@ -349,8 +348,36 @@ class basic_caching_allocator final {
     check_alignment(align);
     deallocate_async(ptr, bytes, stream.get());
   }
+  /// CCCL 3.1's names: allocate(bytes, align) (on the default stream, as above).
+  [[nodiscard]] void* allocate_sync(std::size_t bytes, std::size_t align)
+  {
+    return allocate(bytes, align);
+  }
+  /// CCCL 3.1's names: deallocate(ptr, bytes, align).
+  void deallocate_sync(void* ptr, std::size_t bytes, std::size_t align)
+  {
+    deallocate(ptr, bytes, align);
+  }
+  /// CCCL 3.1's names: allocate_async(bytes, align, stream), the stream first.
+  template <
+    class StreamRef,
+    std::enable_if_t<std::is_same_v<decltype(std::declval<StreamRef const&>().get()), stream_type>,
+                     int> = 0>
+  [[nodiscard]] void* allocate(StreamRef stream, std::size_t bytes, std::size_t align)
+  {
+    return allocate_async(bytes, align, stream);
+  }
+  /// CCCL 3.1's names: deallocate_async(ptr, bytes, align, stream), the stream first.
+  template <
+    class StreamRef,
+    std::enable_if_t<std::is_same_v<decltype(std::declval<StreamRef const&>().get()), stream_type>,
+                     int> = 0>
+  void deallocate(StreamRef stream, void* ptr, std::size_t bytes, std::size_t align)
+  {
+    deallocate_async(ptr, bytes, align, stream);
+  }
   /// The memory is device accessible (for CCCL's property queries).
-  friend void get_property(basic_caching_allocator const&, ::cuda::mr::device_accessible) noexcept
+  friend void get_property(basic_caching_allocator const&, detail::cccl_device_accessible) noexcept
   {}
 
   /// Starts recording allocator events (alloc, free, segment alloc and free, out-of-memory) into a
@@ -598,7 +625,7 @@ basic_caching_allocator<Runtime>& default_caching_allocator(int device = -1)
   GPUKIT_EXPECTS(device < max_devices, "default_caching_allocator: device " +
                                          std::to_string(device) + " is out of range");
   if (auto* a = cache[device].load(std::memory_order_acquire)) { return *a; }
-  std::string const key = std::string{"gpukit-0.1:"} + typeid(Runtime).name();
+  std::string const key = std::string{"gpukit-" GPUKIT_VERSION_STRING ":"} + typeid(Runtime).name();
   auto* a               = static_cast<basic_caching_allocator<Runtime>*>(
     detail::default_allocator_registry(key.c_str(), device, [](int d) -> void* {
       return new basic_caching_allocator<Runtime>{Runtime::instance(), d};
@@ -612,6 +639,7 @@ basic_caching_allocator<Runtime>& default_caching_allocator(int device = -1)
 #include <gpukit/memory/detail/caching_allocator.inl>
 #include <gpukit/memory/detail/growable_segments.inl>
 
-static_assert(
-  ::cuda::mr::async_resource_with<gpukit::caching_allocator, ::cuda::mr::device_accessible>,
-  "gpukit::caching_allocator must be a CCCL async memory resource");
+#if GPUKIT_HAS_CCCL_MEMORY_RESOURCE
+static_assert(gpukit::detail::is_device_async_resource_v<gpukit::caching_allocator>,
+              "gpukit::caching_allocator must be a CCCL stream-ordered memory resource");
+#endif
