@@ -39,6 +39,7 @@
 // Unless noted, a member acts on the calling thread's current device and does not block.
 #pragma once
 
+#include <gpukit/runtime/detail/cuda_errors.hpp>
 #include <gpukit/runtime/detail/driver_api.hpp>
 #include <gpukit/runtime/runtime.hpp>
 
@@ -49,12 +50,29 @@
 
 namespace gpukit {
 
+/// CUDA's interprocess memory handle (`cuda_runtime::ipc_mem_handle`, also the simulated GPU's).
+/// Prefer `Runtime::ipc_mem_handle` in code that is generic over runtimes.
+using ipc_mem_handle = cudaIpcMemHandle_t;
+
+// gpukit's own flag values are CUDA's, so cuda_runtime passes them through unchanged.
+static_assert(host_alloc_flags::portable == cudaHostAllocPortable &&
+              host_alloc_flags::mapped == cudaHostAllocMapped &&
+              host_alloc_flags::write_combined == cudaHostAllocWriteCombined &&
+              host_alloc_flags::none == cudaHostAllocDefault);
+static_assert(host_register_flags::portable == cudaHostRegisterPortable &&
+              host_register_flags::mapped == cudaHostRegisterMapped &&
+              host_register_flags::read_only == cudaHostRegisterReadOnly &&
+              host_register_flags::none == cudaHostRegisterDefault);
+
 /// The Runtime policy that drives a real GPU through CUDA. Stateless; use `instance()`.
-class cuda_runtime final {
+/// Its error vocabulary (error_type = cudaError_t, the named codes such as `out_of_memory`, the
+/// capture modes, error_name and error_string) comes from detail::cuda_error_vocabulary.
+class cuda_runtime final : public detail::cuda_error_vocabulary {
  public:
   using stream_type                  = cudaStream_t;  ///< nullptr: the legacy default stream
   using event_type                   = cudaEvent_t;
   using physical_handle              = CUmemGenericAllocationHandle;  ///< from cuMemCreate
+  using ipc_mem_handle               = cudaIpcMemHandle_t;            ///< 64 opaque bytes
   static constexpr bool is_simulated = false;
 
   cuda_runtime()                               = default;
@@ -285,17 +303,10 @@ class cuda_runtime final {
 
   /// Whether `s` is being captured into a CUDA graph (cudaStreamIsCapturing; legal during
   /// capture). Does not block.
-  cudaError_t stream_is_capturing(stream_type s, bool& capturing);
+  [[nodiscard]] cudaError_t stream_is_capturing(stream_type s, bool& capturing);
   /// Swaps the calling thread's stream capture mode (cudaThreadExchangeStreamCaptureMode), e.g. to
   /// cudaStreamCaptureModeRelaxed around a cudaMalloc that a capture in global mode would reject.
-  cudaError_t exchange_capture_mode(int& mode);
-
-  // --- Errors ----------------------------------------------------------------------------------
-
-  /// "cudaErrorMemoryAllocation" for cudaErrorMemoryAllocation (cudaGetErrorName).
-  [[nodiscard]] static char const* error_name(cudaError_t e) noexcept;
-  /// CUDA's description of `e` (cudaGetErrorString).
-  [[nodiscard]] static char const* error_string(cudaError_t e) noexcept;
+  [[nodiscard]] cudaError_t exchange_capture_mode(int& mode);
 };
 
 static_assert(is_runtime_v<cuda_runtime>, "cuda_runtime must satisfy the Runtime contract");
