@@ -221,45 +221,30 @@ class scoped_event final {
   event_type e_{};
 };
 
-/// Device memory from `malloc`, freed with `free`.
-template <class Runtime>
-class device_buffer final {
- public:
-  device_buffer(Runtime& rt, std::size_t bytes) : rt_{rt}, bytes_{bytes}
-  {
-    REQUIRE(rt_.malloc(&p_, bytes) == cudaSuccess);
-    REQUIRE(p_ != nullptr);
-  }
-  ~device_buffer() { (void)rt_.free(p_); }
-  device_buffer(device_buffer const&)            = delete;
-  device_buffer& operator=(device_buffer const&) = delete;
-  device_buffer(device_buffer&&)                 = delete;
-  device_buffer& operator=(device_buffer&&)      = delete;
-
-  [[nodiscard]] unsigned char* get() const { return static_cast<unsigned char*>(p_); }
-  [[nodiscard]] std::size_t size() const { return bytes_; }
-
- private:
-  Runtime& rt_;
-  std::size_t bytes_;
-  void* p_{nullptr};
+/// Where a runtime_buffer's memory comes from.
+enum class buffer_kind {
+  device,  ///< `malloc`, freed with `free`
+  pinned,  ///< `host_alloc`, freed with `host_free`
 };
 
-/// Pinned host memory from `host_alloc`, freed with `host_free`.
-template <class Runtime>
-class pinned_buffer final {
+/// Memory from one of the runtime's allocation calls, freed with the matching call.
+template <class Runtime, buffer_kind Kind>
+class runtime_buffer final {
  public:
-  pinned_buffer(Runtime& rt, std::size_t bytes, unsigned flags = host_alloc_flags::none)
+  /// @param flags host_alloc_flags (pinned buffers only)
+  runtime_buffer(Runtime& rt, std::size_t bytes, unsigned flags = host_alloc_flags::none)
       : rt_{rt}, bytes_{bytes}
   {
-    REQUIRE(rt_.host_alloc(&p_, bytes, flags) == cudaSuccess);
+    auto const e =
+      Kind == buffer_kind::device ? rt_.malloc(&p_, bytes) : rt_.host_alloc(&p_, bytes, flags);
+    REQUIRE(e == Runtime::success);
     REQUIRE(p_ != nullptr);
   }
-  ~pinned_buffer() { (void)rt_.host_free(p_); }
-  pinned_buffer(pinned_buffer const&)            = delete;
-  pinned_buffer& operator=(pinned_buffer const&) = delete;
-  pinned_buffer(pinned_buffer&&)                 = delete;
-  pinned_buffer& operator=(pinned_buffer&&)      = delete;
+  ~runtime_buffer() { (void)(Kind == buffer_kind::device ? rt_.free(p_) : rt_.host_free(p_)); }
+  runtime_buffer(runtime_buffer const&)            = delete;
+  runtime_buffer& operator=(runtime_buffer const&) = delete;
+  runtime_buffer(runtime_buffer&&)                 = delete;
+  runtime_buffer& operator=(runtime_buffer&&)      = delete;
 
   [[nodiscard]] unsigned char* get() const { return static_cast<unsigned char*>(p_); }
   [[nodiscard]] std::size_t size() const { return bytes_; }
@@ -269,6 +254,11 @@ class pinned_buffer final {
   std::size_t bytes_;
   void* p_{nullptr};
 };
+
+template <class Runtime>
+using device_buffer = runtime_buffer<Runtime, buffer_kind::device>;
+template <class Runtime>
+using pinned_buffer = runtime_buffer<Runtime, buffer_kind::pinned>;
 
 /// Page-aligned pageable host memory (what host_register wants), from the C library.
 class pageable_buffer final {

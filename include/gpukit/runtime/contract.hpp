@@ -176,6 +176,11 @@
 
 // clang-format on
 
+/// Declares one operation as a member of a runtime class, `[[nodiscard]]` and returning its
+/// `error_type`: `GPUKIT_RUNTIME_OPS(GPUKIT_RUNTIME_DECLARE_OPERATION)` inside the class declares
+/// the whole contract (a runtime offering fewer capabilities expands only their lists).
+#define GPUKIT_RUNTIME_DECLARE_OPERATION(name, params, doc) [[nodiscard]] error_type name params;
+
 namespace gpukit {
 
 namespace detail {
