@@ -245,12 +245,13 @@ namespace {
 template <class Fn>
 std::string message_of(Fn fn)
 {
+  std::string message = "no exception";
   try {
     fn();
   } catch (gpukit::cuda_error const& e) {
-    return e.what();
+    message = e.what();
   }
-  return "no exception";
+  return message;
 }
 
 bool contains(std::string const& s, std::string const& part)

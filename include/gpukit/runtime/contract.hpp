@@ -189,38 +189,22 @@ namespace detail {
 /// lacks fail quietly instead of failing to compile.
 struct runtime_absent_type {};
 
-template <class R, class = void>
-struct runtime_stream_of {
-  using type = runtime_absent_type;
-};
-template <class R>
-struct runtime_stream_of<R, std::void_t<typename R::stream_type>> {
-  using type = typename R::stream_type;
-};
-template <class R, class = void>
-struct runtime_event_of {
-  using type = runtime_absent_type;
-};
-template <class R>
-struct runtime_event_of<R, std::void_t<typename R::event_type>> {
-  using type = typename R::event_type;
-};
-template <class R, class = void>
-struct runtime_physical_of {
-  using type = runtime_absent_type;
-};
-template <class R>
-struct runtime_physical_of<R, std::void_t<typename R::physical_handle>> {
-  using type = typename R::physical_handle;
-};
-template <class R, class = void>
-struct runtime_ipc_handle_of {
-  using type = runtime_absent_type;
-};
-template <class R>
-struct runtime_ipc_handle_of<R, std::void_t<typename R::ipc_mem_handle>> {
-  using type = typename R::ipc_mem_handle;
-};
+/// The member types a runtime declares: X(name). `runtime_NAME_of<R>::type` is R::NAME, or
+/// runtime_absent_type when R lacks it.
+#define GPUKIT_DETAIL_RUNTIME_MEMBER_TYPES(X) \
+  X(stream_type) X(event_type) X(error_type) X(physical_handle) X(ipc_mem_handle)
+
+#define GPUKIT_DETAIL_RUNTIME_TYPE_OF(name)                      \
+  template <class R, class = void>                               \
+  struct runtime_##name##_of {                                   \
+    using type = runtime_absent_type;                            \
+  };                                                             \
+  template <class R>                                             \
+  struct runtime_##name##_of<R, std::void_t<typename R::name>> { \
+    using type = typename R::name;                               \
+  };
+GPUKIT_DETAIL_RUNTIME_MEMBER_TYPES(GPUKIT_DETAIL_RUNTIME_TYPE_OF)
+#undef GPUKIT_DETAIL_RUNTIME_TYPE_OF
 
 /// One undefined static member function per operation, declared with the contract's parameter
 /// list in terms of the runtime's handle types; `decltype(&signatures::name)` is `void (*)(A...)`.
@@ -232,19 +216,9 @@ struct runtime_signatures {
 };
 
 template <class R>
-using runtime_signatures_of =
-  runtime_signatures<typename runtime_stream_of<R>::type, typename runtime_event_of<R>::type,
-                     typename runtime_physical_of<R>::type,
-                     typename runtime_ipc_handle_of<R>::type>;
-
-template <class R, class = void>
-struct runtime_error_type_of {
-  using type = runtime_absent_type;
-};
-template <class R>
-struct runtime_error_type_of<R, std::void_t<typename R::error_type>> {
-  using type = typename R::error_type;
-};
+using runtime_signatures_of = runtime_signatures<
+  typename runtime_stream_type_of<R>::type, typename runtime_event_type_of<R>::type,
+  typename runtime_physical_handle_of<R>::type, typename runtime_ipc_mem_handle_of<R>::type>;
 
 // One detector per operation: `runtime_op_NAME<R, void (*)(A...)>` is true when
 // `r.NAME(A...)` compiles and returns R::error_type.
@@ -298,13 +272,14 @@ struct runtime_core_ops
     : std::bool_constant<true GPUKIT_RUNTIME_CORE_OPS(GPUKIT_DETAIL_RUNTIME_AND_OP)> {};
 template <class R>
 struct runtime_vm_ops
-    : std::bool_constant<!std::is_same_v<typename runtime_physical_of<R>::type, runtime_absent_type>
-                           GPUKIT_RUNTIME_VM_OPS(GPUKIT_DETAIL_RUNTIME_AND_OP)> {};
+    : std::bool_constant<
+        !std::is_same_v<typename runtime_physical_handle_of<R>::type, runtime_absent_type>
+          GPUKIT_RUNTIME_VM_OPS(GPUKIT_DETAIL_RUNTIME_AND_OP)> {};
 template <class R>
 struct runtime_ipc_ops
     : std::bool_constant<
-        !std::is_same_v<typename runtime_physical_of<R>::type, runtime_absent_type> &&
-        !std::is_same_v<typename runtime_ipc_handle_of<R>::type, runtime_absent_type>
+        !std::is_same_v<typename runtime_physical_handle_of<R>::type, runtime_absent_type> &&
+        !std::is_same_v<typename runtime_ipc_mem_handle_of<R>::type, runtime_absent_type>
           GPUKIT_RUNTIME_IPC_OPS(GPUKIT_DETAIL_RUNTIME_AND_OP)> {};
 template <class R>
 struct runtime_capture_ops

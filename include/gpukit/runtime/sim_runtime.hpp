@@ -17,7 +17,7 @@
 //   GPUKIT_CUDA_TRY(sim.stream_synchronize(s));      // blocks until the copy has run
 //
 //   // What a real GPU cannot do on demand:
-//   sim.inject_fault(gpukit::sim_op::malloc, 1, cudaErrorMemoryAllocation);  // next malloc fails
+//   sim.inject_fault(gpukit::sim_op::malloc, 1, sim.out_of_memory);  // the next malloc fails
 //   sim.set_capacity(0, std::size_t{1} << 30);       // shrink device 0 to 1 GiB
 //   sim.stall(s);                                     // s runs nothing (its events stay pending)
 //   sim.release(s);                                   // ... until released
@@ -50,9 +50,12 @@
 // - Virtual memory: `vm_reserve` is a PROT_NONE reservation, `vm_create` a memfd counted against
 //   capacity, `vm_map` maps it (inaccessible until `vm_set_access`, as in CUDA). `vm_set_access`
 //   and `vm_unmap` take ranges made of whole mappings.
-// - Errors are never sticky, and the CUDA runtime's last-error slot is never touched.
+// - Errors: the simulated GPU reports CUDA's codes (error_type is cudaError_t; the named codes,
+//   capture modes and error names are CUDA's, from detail::cuda_error_vocabulary). Errors are
+//   never sticky, and the CUDA runtime's last-error slot is never touched, by the simulated GPU
+//   nor by GPUKIT_CUDA_TRY when it throws for it.
 //
-// Every member may be called from any thread at once. Members return cudaError_t and throw only
+// Every member may be called from any thread at once. Members return error_type and throw only
 // std::bad_alloc / std::system_error when the host itself runs out of memory or threads, except
 // the configuration functions that document gpukit::logic_error.
 #pragma once
@@ -137,9 +140,9 @@ struct sim_config {
   [[nodiscard]] static sim_config from_env();
 };
 
-/// A simulated GPU: satisfies the Runtime contract of gpukit/runtime/runtime.hpp, plus controls
-/// for tests (capacity, fault injection, stalls) and observations (call counters, misuse messages).
-/// Non-copyable, non-movable. Thread-safe.
+/// A simulated GPU: satisfies the whole Runtime contract (gpukit/runtime/contract.hpp), plus
+/// controls for tests (capacity, fault injection, stalls) and observations (call counters, misuse
+/// messages). Non-copyable, non-movable. Thread-safe.
 class sim_runtime final : public detail::cuda_error_vocabulary {
  public:
   /// Opaque stream handle (an id, never dereferenced); value-initialized = the current device's
