@@ -205,6 +205,7 @@ struct runtime_absent_type {};
   };
 GPUKIT_DETAIL_RUNTIME_MEMBER_TYPES(GPUKIT_DETAIL_RUNTIME_TYPE_OF)
 #undef GPUKIT_DETAIL_RUNTIME_TYPE_OF
+#undef GPUKIT_DETAIL_RUNTIME_MEMBER_TYPES
 
 /// One undefined static member function per operation, declared with the contract's parameter
 /// list in terms of the runtime's handle types; `decltype(&signatures::name)` is `void (*)(A...)`.

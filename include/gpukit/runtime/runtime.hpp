@@ -58,11 +58,12 @@
 //   using ipc_mem_handle = ...;   // ipc: an interprocess handle, copied as bytes
 //   static constexpr bool is_simulated;
 //   static Runtime& instance();   // the process-wide runtime
-//   static constexpr error_type success, not_ready, out_of_memory, ...;  // GPUKIT_RUNTIME_ERRORS
-//   static constexpr int capture_mode_global, ...;                    //
-//   GPUKIT_RUNTIME_CAPTURE_MODES static char const* error_name(error_type) noexcept; static char
-//   const* error_string(error_type) noexcept;
-//   [[nodiscard]] error_type NAME(PARAMETERS);   // one per entry of the capabilities it offers
+//   static constexpr error_type success, not_ready, ...;  // each of GPUKIT_RUNTIME_ERRORS
+//   static constexpr int capture_mode_global, ...;        // each of GPUKIT_RUNTIME_CAPTURE_MODES
+//   static char const* error_name(error_type) noexcept;
+//   static char const* error_string(error_type) noexcept;
+//   GPUKIT_RUNTIME_OPS(GPUKIT_RUNTIME_DECLARE_OPERATION)  // every operation, declared from the
+//                                                       // list: [[nodiscard]] error_type NAME(...)
 //
 // maps gpukit's own vocabulary (<gpukit/runtime/runtime_types.hpp>: memcpy_kind, host_alloc_flags,
 // host_register_flags) to its platform's values, returns every error already cleared from any
