@@ -117,6 +117,15 @@ TEST_SUITE("runtime")
     CHECK(std::string{gpukit::to_string(sim_op::count_)} == "unknown");
   }
 
+  TEST_CASE("contract: both shipped runtimes name their errors as CUDA does")
+  {
+    for (auto const name : {sim_runtime::error_name, gpukit::cuda_runtime::error_name}) {
+      CHECK(std::string{name(sim_runtime::success)} == "cudaSuccess");
+      CHECK(std::string{name(sim_runtime::not_ready)} == "cudaErrorNotReady");
+      CHECK(std::string{name(sim_runtime::out_of_memory)} == "cudaErrorMemoryAllocation");
+    }
+  }
+
   TEST_CASE("contract: every operation can be made to fail by injection, counts and reports it")
   {
     sim_runtime rt{gpukit::sim_config{}.with_devices(1, std::size_t{1} << 30)};
