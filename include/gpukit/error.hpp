@@ -11,51 +11,71 @@
 //   } catch (gpukit::logic_error const& e) {     // a precondition did not hold (bad input)
 //   }
 //
-// `cuda_error` keeps the `cudaError_t` and names the call, file and line that failed.
+// `cuda_error` keeps the error's value and name (as the failing runtime names it) and the call,
+// file and line that failed.
 // `bad_alloc` derives from `std::bad_alloc`; `out_of_memory` derives from `bad_alloc` and carries
 // an `oom_report`. `logic_error` derives from `std::logic_error` and is thrown by precondition
 // checks (zero sizes, unknown pointers, double frees, ...). Nothing here synchronizes.
 #pragma once
-
-#include <cuda_runtime_api.h>
 
 #include <cstddef>
 #include <cstdint>
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 namespace gpukit {
 
-/// Thrown when a CUDA (or simulated CUDA) call returns an error.
+/// Names the error codes of a runtime family: specialized for each runtime's `error_type` next to
+/// the runtime (CUDA's in gpukit/runtime/detail/cuda_errors.hpp) with
+///
+///   static constexpr E success;
+///   static char const* name(E) noexcept;          // e.g. "cudaErrorMemoryAllocation"
+///   static char const* description(E) noexcept;   // e.g. "out of memory"
+///
+/// GPUKIT_CUDA_TRY and gpukit::cuda_error take names from here, never from a platform directly.
+template <class E>
+struct error_traits;
+
+/// Thrown when a runtime call (CUDA, the simulated GPU, or another runtime) returns an error.
 class cuda_error : public std::runtime_error {
  public:
-  /// @param code the error the call returned
-  /// @param call the text of the call (e.g. "cudaStreamCreate(&s)")
+  /// @param code the error the call returned, as an integer (a cudaError_t value for CUDA)
+  /// @param name the error's name (e.g. "cudaErrorMemoryAllocation"), from the runtime
+  /// @param description the runtime's description of the error
+  /// @param call what was called (e.g. "rt.stream_create(s)")
   /// @param file, line where the call was made
-  cuda_error(cudaError_t code, char const* call, char const* file, int line)
-      : std::runtime_error{format(code, call, file, line)}, code_{code}, call_{call}, file_{file},
+  cuda_error(int code, char const* name, char const* description, std::string call,
+             char const* file, int line)
+      : std::runtime_error{format(code, name, description, call, file, line)}, code_{code},
+        name_{name != nullptr ? name : "unknown error"}, call_{std::move(call)}, file_{file},
         line_{line}
   {}
 
-  [[nodiscard]] cudaError_t code() const noexcept { return code_; }
-  [[nodiscard]] char const* call() const noexcept { return call_; }
+  /// The error's value (for CUDA runtimes: compare with cudaError_t values or Runtime::*).
+  [[nodiscard]] int code() const noexcept { return code_; }
+  /// The error's name as the runtime spells it (e.g. "cudaErrorMemoryAllocation").
+  [[nodiscard]] char const* name() const noexcept { return name_.c_str(); }
+  /// What was called.
+  [[nodiscard]] char const* call() const noexcept { return call_.c_str(); }
   [[nodiscard]] char const* file() const noexcept { return file_; }
   [[nodiscard]] int line() const noexcept { return line_; }
 
  private:
-  static std::string format(cudaError_t code, char const* call, char const* file, int line)
+  static std::string format(int code, char const* name, char const* description,
+                            std::string const& call, char const* file, int line)
   {
     std::string s = "gpukit: ";
     s += call;
     s += " failed with ";
-    s += ::cudaGetErrorName(code);
+    s += name != nullptr ? name : "unknown error";
     s += " (";
-    s += std::to_string(static_cast<int>(code));
+    s += std::to_string(code);
     s += "): ";
-    s += ::cudaGetErrorString(code);
+    s += description != nullptr ? description : "no description";
     s += " at ";
     s += file;
     s += ':';
@@ -63,8 +83,9 @@ class cuda_error : public std::runtime_error {
     return s;
   }
 
-  cudaError_t code_;
-  char const* call_;
+  int code_;
+  std::string name_;
+  std::string call_;
   char const* file_;
   int line_;
 };

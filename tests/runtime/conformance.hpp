@@ -20,8 +20,6 @@
 
 #include <doctest/doctest.h>
 
-#include <cuda_runtime_api.h>
-
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -46,14 +44,15 @@ template <class Runtime>
 struct conformance_traits {
   /// An error still waiting in the runtime's last-error slot (CUDA: cudaPeekAtLastError).
   /// Every runtime call must clear its own non-sticky error, so after any call this is success.
-  static cudaError_t pending_error() { return cudaSuccess; }
+  static typename Runtime::error_type pending_error() { return Runtime::success; }
 };
 
 template <class Runtime>
 void check_no_pending_error()
 {
-  cudaError_t const e = conformance_traits<Runtime>::pending_error();
-  CHECK_MESSAGE(e == cudaSuccess, (std::string{"a failed call left "} + Runtime::error_name(e)));
+  auto const e = conformance_traits<Runtime>::pending_error();
+  CHECK_MESSAGE(e == Runtime::success,
+                (std::string{"a failed call left "} + Runtime::error_name(e)));
 }
 
 // --- Helpers -------------------------------------------------------------------------------------
@@ -181,7 +180,10 @@ template <class Runtime>
 class scoped_stream final {
  public:
   using stream_type = typename Runtime::stream_type;
-  explicit scoped_stream(Runtime& rt) : rt_{rt} { REQUIRE(rt_.stream_create(s_) == cudaSuccess); }
+  explicit scoped_stream(Runtime& rt) : rt_{rt}
+  {
+    REQUIRE(rt_.stream_create(s_) == Runtime::success);
+  }
   ~scoped_stream()
   {
     (void)rt_.stream_synchronize(s_);
@@ -206,7 +208,7 @@ class scoped_event final {
   using event_type = typename Runtime::event_type;
   explicit scoped_event(Runtime& rt, bool timing = false) : rt_{rt}
   {
-    REQUIRE(rt_.event_create(e_, timing) == cudaSuccess);
+    REQUIRE(rt_.event_create(e_, timing) == Runtime::success);
   }
   ~scoped_event() { (void)rt_.event_destroy(e_); }
   scoped_event(scoped_event const&)            = delete;
@@ -221,45 +223,30 @@ class scoped_event final {
   event_type e_{};
 };
 
-/// Device memory from `malloc`, freed with `free`.
-template <class Runtime>
-class device_buffer final {
- public:
-  device_buffer(Runtime& rt, std::size_t bytes) : rt_{rt}, bytes_{bytes}
-  {
-    REQUIRE(rt_.malloc(&p_, bytes) == cudaSuccess);
-    REQUIRE(p_ != nullptr);
-  }
-  ~device_buffer() { (void)rt_.free(p_); }
-  device_buffer(device_buffer const&)            = delete;
-  device_buffer& operator=(device_buffer const&) = delete;
-  device_buffer(device_buffer&&)                 = delete;
-  device_buffer& operator=(device_buffer&&)      = delete;
-
-  [[nodiscard]] unsigned char* get() const { return static_cast<unsigned char*>(p_); }
-  [[nodiscard]] std::size_t size() const { return bytes_; }
-
- private:
-  Runtime& rt_;
-  std::size_t bytes_;
-  void* p_{nullptr};
+/// Where a runtime_buffer's memory comes from.
+enum class buffer_kind {
+  device,  ///< `malloc`, freed with `free`
+  pinned,  ///< `host_alloc`, freed with `host_free`
 };
 
-/// Pinned host memory from `host_alloc`, freed with `host_free`.
-template <class Runtime>
-class pinned_buffer final {
+/// Memory from one of the runtime's allocation calls, freed with the matching call.
+template <class Runtime, buffer_kind Kind>
+class runtime_buffer final {
  public:
-  pinned_buffer(Runtime& rt, std::size_t bytes, unsigned flags = host_alloc_flags::none)
+  /// @param flags host_alloc_flags (pinned buffers only)
+  runtime_buffer(Runtime& rt, std::size_t bytes, unsigned flags = host_alloc_flags::none)
       : rt_{rt}, bytes_{bytes}
   {
-    REQUIRE(rt_.host_alloc(&p_, bytes, flags) == cudaSuccess);
+    auto const e =
+      Kind == buffer_kind::device ? rt_.malloc(&p_, bytes) : rt_.host_alloc(&p_, bytes, flags);
+    REQUIRE(e == Runtime::success);
     REQUIRE(p_ != nullptr);
   }
-  ~pinned_buffer() { (void)rt_.host_free(p_); }
-  pinned_buffer(pinned_buffer const&)            = delete;
-  pinned_buffer& operator=(pinned_buffer const&) = delete;
-  pinned_buffer(pinned_buffer&&)                 = delete;
-  pinned_buffer& operator=(pinned_buffer&&)      = delete;
+  ~runtime_buffer() { (void)(Kind == buffer_kind::device ? rt_.free(p_) : rt_.host_free(p_)); }
+  runtime_buffer(runtime_buffer const&)            = delete;
+  runtime_buffer& operator=(runtime_buffer const&) = delete;
+  runtime_buffer(runtime_buffer&&)                 = delete;
+  runtime_buffer& operator=(runtime_buffer&&)      = delete;
 
   [[nodiscard]] unsigned char* get() const { return static_cast<unsigned char*>(p_); }
   [[nodiscard]] std::size_t size() const { return bytes_; }
@@ -269,6 +256,11 @@ class pinned_buffer final {
   std::size_t bytes_;
   void* p_{nullptr};
 };
+
+template <class Runtime>
+using device_buffer = runtime_buffer<Runtime, buffer_kind::device>;
+template <class Runtime>
+using pinned_buffer = runtime_buffer<Runtime, buffer_kind::pinned>;
 
 /// Page-aligned pageable host memory (what host_register wants), from the C library.
 class pageable_buffer final {
@@ -296,7 +288,7 @@ class pageable_buffer final {
 template <class Runtime>
 void use_device_zero(Runtime& rt)
 {
-  REQUIRE(rt.set_device(0) == cudaSuccess);
+  REQUIRE(rt.set_device(0) == Runtime::success);
 }
 
 // --- Devices -------------------------------------------------------------------------------------
@@ -306,26 +298,26 @@ template <class Runtime>
 void check_devices(Runtime& rt)
 {
   int n = -1;
-  REQUIRE(rt.device_count(n) == cudaSuccess);
+  REQUIRE(rt.device_count(n) == Runtime::success);
   REQUIRE(n >= 1);
   use_device_zero(rt);
 
   int d = -1;
-  CHECK(rt.get_device(d) == cudaSuccess);
+  CHECK(rt.get_device(d) == Runtime::success);
   CHECK(d == 0);
-  CHECK(rt.set_device(n) == cudaErrorInvalidDevice);
-  CHECK(rt.set_device(-1) == cudaErrorInvalidDevice);
+  CHECK(rt.set_device(n) == Runtime::invalid_device);
+  CHECK(rt.set_device(-1) == Runtime::invalid_device);
   check_no_pending_error<Runtime>();
-  CHECK(rt.get_device(d) == cudaSuccess);
+  CHECK(rt.get_device(d) == Runtime::success);
   CHECK(d == 0);  // a refused set_device changes nothing
 
   // The current device is per thread, and a new thread starts on device 0.
   if (n >= 2) {
-    REQUIRE(rt.set_device(1) == cudaSuccess);
+    REQUIRE(rt.set_device(1) == Runtime::success);
     int seen = -1;
     std::thread{[&] { (void)rt.get_device(seen); }}.join();
     CHECK(seen == 0);
-    CHECK(rt.get_device(d) == cudaSuccess);
+    CHECK(rt.get_device(d) == Runtime::success);
     CHECK(d == 1);
     use_device_zero(rt);
   }
@@ -334,7 +326,7 @@ void check_devices(Runtime& rt)
     CAPTURE(i);
     device_properties p{};
     p.ordinal = -1;
-    REQUIRE(rt.get_device_properties(p, i) == cudaSuccess);
+    REQUIRE(rt.get_device_properties(p, i) == Runtime::success);
     CHECK(p.ordinal == i);
     CHECK(!p.name.empty());
     CHECK(p.major >= 1);
@@ -348,16 +340,16 @@ void check_devices(Runtime& rt)
     CHECK(p.simulated == Runtime::is_simulated);
   }
   device_properties p{};
-  CHECK(rt.get_device_properties(p, n) == cudaErrorInvalidDevice);
+  CHECK(rt.get_device_properties(p, n) == Runtime::invalid_device);
   check_no_pending_error<Runtime>();
 
   int v = -1;
-  CHECK(rt.driver_version(v) == cudaSuccess);
+  CHECK(rt.driver_version(v) == Runtime::success);
   CHECK(v >= 1000);
   v = -1;
-  CHECK(rt.runtime_version(v) == cudaSuccess);
+  CHECK(rt.runtime_version(v) == Runtime::success);
   CHECK(v >= 1000);
-  CHECK(rt.device_synchronize() == cudaSuccess);
+  CHECK(rt.device_synchronize() == Runtime::success);
 }
 
 /// mem_get_info is consistent, and malloc/free move the free figure by what they take.
@@ -366,11 +358,11 @@ void check_mem_get_info(Runtime& rt)
 {
   use_device_zero(rt);
   device_properties p{};
-  REQUIRE(rt.get_device_properties(p, 0) == cudaSuccess);
+  REQUIRE(rt.get_device_properties(p, 0) == Runtime::success);
 
   std::size_t free0 = 0;
   std::size_t total = 0;
-  REQUIRE(rt.mem_get_info(free0, total) == cudaSuccess);
+  REQUIRE(rt.mem_get_info(free0, total) == Runtime::success);
   CHECK(total > 0);
   CHECK(total <= p.total_memory);
   CHECK(total >= p.total_memory / 2);
@@ -385,14 +377,14 @@ void check_mem_get_info(Runtime& rt)
     device_buffer<Runtime> big{rt, bytes};
     std::size_t free1  = 0;
     std::size_t total1 = 0;
-    REQUIRE(rt.mem_get_info(free1, total1) == cudaSuccess);
+    REQUIRE(rt.mem_get_info(free1, total1) == Runtime::success);
     CHECK(total1 == total);
     taken = static_cast<long long>(free0) - static_cast<long long>(free1);
     CHECK(taken >= static_cast<long long>(bytes - tolerance));
     CHECK(taken <= static_cast<long long>(bytes + tolerance));
   }
   std::size_t free2 = 0;
-  REQUIRE(rt.mem_get_info(free2, total) == cudaSuccess);
+  REQUIRE(rt.mem_get_info(free2, total) == Runtime::success);
   long long const drift = static_cast<long long>(free0) - static_cast<long long>(free2);
   CHECK(drift <= static_cast<long long>(tolerance));
   CHECK(drift >= -static_cast<long long>(tolerance));
@@ -420,36 +412,36 @@ void check_stream_order(Runtime& rt)
   constexpr int extra = 64;
   recorder rec{8 + extra};
   auto step = [&](int i) {
-    REQUIRE(rt.launch_host_func(s, &recorder::record, rec.arg(i)) == cudaSuccess);
+    REQUIRE(rt.launch_host_func(s, &recorder::record, rec.arg(i)) == Runtime::success);
   };
   auto copy = [&](void* dst, void const* from, memcpy_kind k) {
-    REQUIRE(rt.memcpy_async(dst, from, n, k, s) == cudaSuccess);
+    REQUIRE(rt.memcpy_async(dst, from, n, k, s) == Runtime::success);
   };
   gate g;
   gate_guard<Runtime> guard{rt, g};
-  REQUIRE(rt.launch_host_func(s, &gate::wait, &g) == cudaSuccess);
+  REQUIRE(rt.launch_host_func(s, &gate::wait, &g) == Runtime::success);
 
   step(0);
   copy(a.get(), src.get(), memcpy_kind::host_to_device);
   step(1);
   copy(b.get(), a.get(), memcpy_kind::device_to_device);
   step(2);
-  REQUIRE(rt.memset_async(a.get(), 0x22, n, s) == cudaSuccess);
+  REQUIRE(rt.memset_async(a.get(), 0x22, n, s) == Runtime::success);
   step(3);
   copy(c.get(), a.get(), memcpy_kind::device_to_device);
   step(4);
-  REQUIRE(rt.memset_async(a.get(), 0x33, n, s) == cudaSuccess);
+  REQUIRE(rt.memset_async(a.get(), 0x33, n, s) == Runtime::success);
   step(5);
   for (int i = 0; i < extra; ++i) { step(6 + i); }
   copy(out.get(), b.get(), memcpy_kind::device_to_host);
   copy(out.get() + n, c.get(), memcpy_kind::device_to_host);
   copy(out.get() + 2 * n, a.get(), memcpy_kind::device_to_host);
-  CHECK(rt.stream_query(s) == cudaErrorNotReady);
+  CHECK(rt.stream_query(s) == Runtime::not_ready);
   CHECK(rec.order().empty());
 
   g.open.store(true);
-  REQUIRE(rt.stream_synchronize(s) == cudaSuccess);
-  CHECK(rt.stream_query(s) == cudaSuccess);
+  REQUIRE(rt.stream_synchronize(s) == Runtime::success);
+  CHECK(rt.stream_query(s) == Runtime::success);
   CHECK_FALSE(g.timed_out.load());
 
   std::vector<int> expected(6 + extra);
@@ -476,28 +468,29 @@ void check_stream_async(Runtime& rt)
   std::atomic<bool> done{false};
   gate_guard<Runtime> guard{rt, g};
 
-  CHECK(rt.stream_query(s) == cudaSuccess);  // a new stream is idle
-  REQUIRE(rt.launch_host_func(s, &gate::wait, &g) == cudaSuccess);
-  REQUIRE(rt.memset_async(d.get(), 0x5c, n, s) == cudaSuccess);
-  REQUIRE(rt.memcpy_async(out.get(), d.get(), n, memcpy_kind::device_to_host, s) == cudaSuccess);
-  REQUIRE(rt.event_record(e, s) == cudaSuccess);
-  REQUIRE(rt.launch_host_func(s, &set_flag, &done) == cudaSuccess);
+  CHECK(rt.stream_query(s) == Runtime::success);  // a new stream is idle
+  REQUIRE(rt.launch_host_func(s, &gate::wait, &g) == Runtime::success);
+  REQUIRE(rt.memset_async(d.get(), 0x5c, n, s) == Runtime::success);
+  REQUIRE(rt.memcpy_async(out.get(), d.get(), n, memcpy_kind::device_to_host, s) ==
+          Runtime::success);
+  REQUIRE(rt.event_record(e, s) == Runtime::success);
+  REQUIRE(rt.launch_host_func(s, &set_flag, &done) == Runtime::success);
 
-  CHECK(rt.stream_query(s) == cudaErrorNotReady);
-  CHECK(rt.event_query(e) == cudaErrorNotReady);
+  CHECK(rt.stream_query(s) == Runtime::not_ready);
+  CHECK(rt.event_query(e) == Runtime::not_ready);
   CHECK(wait_until([&] { return g.entered.load(); }));  // the gate really runs, on its own
   std::this_thread::sleep_for(std::chrono::milliseconds{20});
-  CHECK(rt.stream_query(s) == cudaErrorNotReady);  // and really holds the stream
+  CHECK(rt.stream_query(s) == Runtime::not_ready);  // and really holds the stream
   CHECK_FALSE(done.load());
   CHECK(value_mismatch(out.get(), n, 0) == n);  // the copy behind it has not run
   check_no_pending_error<Runtime>();            // NotReady is an answer, not an error
 
   g.open.store(true);
-  CHECK(rt.stream_synchronize(s) == cudaSuccess);
+  CHECK(rt.stream_synchronize(s) == Runtime::success);
   CHECK(done.load());  // stream_synchronize returned after the last host function
   CHECK_FALSE(g.timed_out.load());
-  CHECK(rt.stream_query(s) == cudaSuccess);
-  CHECK(rt.event_query(e) == cudaSuccess);
+  CHECK(rt.stream_query(s) == Runtime::success);
+  CHECK(rt.event_query(e) == Runtime::success);
   CHECK(value_mismatch(out.get(), n, 0x5c) == n);
 }
 
@@ -510,15 +503,15 @@ void check_stream_destroy_pending(Runtime& rt)
   std::atomic<bool> done{false};
   gate_guard<Runtime> guard{rt, g};
   typename Runtime::stream_type s{};
-  REQUIRE(rt.stream_create(s) == cudaSuccess);
-  REQUIRE(rt.launch_host_func(s, &gate::wait, &g) == cudaSuccess);
-  REQUIRE(rt.launch_host_func(s, &set_flag, &done) == cudaSuccess);
-  CHECK(rt.stream_destroy(s) == cudaSuccess);
+  REQUIRE(rt.stream_create(s) == Runtime::success);
+  REQUIRE(rt.launch_host_func(s, &gate::wait, &g) == Runtime::success);
+  REQUIRE(rt.launch_host_func(s, &set_flag, &done) == Runtime::success);
+  CHECK(rt.stream_destroy(s) == Runtime::success);
   CHECK_FALSE(done.load());
   CHECK_FALSE(g.timed_out.load());  // destroy did not wait for the gate
   g.open.store(true);
   CHECK(wait_until([&] { return done.load(); }));
-  CHECK(rt.device_synchronize() == cudaSuccess);
+  CHECK(rt.device_synchronize() == Runtime::success);
 }
 
 /// The default stream (a value-initialized stream_type) takes work like any other.
@@ -532,14 +525,15 @@ void check_default_stream(Runtime& rt)
   pinned_buffer<Runtime> out{rt, n};
   scoped_event<Runtime> e{rt};
   std::atomic<bool> done{false};
-  REQUIRE(rt.memset_async(d.get(), 0x6d, n, s) == cudaSuccess);
-  REQUIRE(rt.memcpy_async(out.get(), d.get(), n, memcpy_kind::device_to_host, s) == cudaSuccess);
-  REQUIRE(rt.launch_host_func(s, &set_flag, &done) == cudaSuccess);
-  REQUIRE(rt.event_record(e, s) == cudaSuccess);
-  CHECK(rt.stream_synchronize(s) == cudaSuccess);
+  REQUIRE(rt.memset_async(d.get(), 0x6d, n, s) == Runtime::success);
+  REQUIRE(rt.memcpy_async(out.get(), d.get(), n, memcpy_kind::device_to_host, s) ==
+          Runtime::success);
+  REQUIRE(rt.launch_host_func(s, &set_flag, &done) == Runtime::success);
+  REQUIRE(rt.event_record(e, s) == Runtime::success);
+  CHECK(rt.stream_synchronize(s) == Runtime::success);
   CHECK(done.load());
-  CHECK(rt.event_query(e) == cudaSuccess);
-  CHECK(rt.stream_query(s) == cudaSuccess);
+  CHECK(rt.event_query(e) == Runtime::success);
+  CHECK(rt.stream_query(s) == Runtime::success);
   CHECK(value_mismatch(out.get(), n, 0x6d) == n);
 }
 
@@ -557,31 +551,31 @@ void check_threads(Runtime& rt)
   for (int t = 0; t < threads; ++t) {
     pool.emplace_back([&, t] {
       int d = -1;
-      if (rt.get_device(d) != cudaSuccess || d != 0) { ++wrong_device; }
+      if (rt.get_device(d) != Runtime::success || d != 0) { ++wrong_device; }
       typename Runtime::stream_type s{};
-      if (rt.stream_create(s) != cudaSuccess) {
+      if (rt.stream_create(s) != Runtime::success) {
         ++failures;
         return;
       }
       void* host = nullptr;
-      if (rt.host_alloc(&host, n, host_alloc_flags::none) != cudaSuccess) { ++failures; }
+      if (rt.host_alloc(&host, n, host_alloc_flags::none) != Runtime::success) { ++failures; }
       for (int i = 0; i < iterations && host != nullptr; ++i) {
         void* a          = nullptr;
         void* b          = nullptr;
         auto const value = static_cast<unsigned char>(t * 31 + i);
-        bool ok          = rt.malloc(&a, n) == cudaSuccess;
-        ok               = ok && rt.malloc_async(&b, n, s) == cudaSuccess;
-        ok               = ok && rt.memset_async(a, value, n, s) == cudaSuccess;
-        ok = ok && rt.memcpy_async(b, a, n, memcpy_kind::device_to_device, s) == cudaSuccess;
-        ok = ok && rt.memcpy_async(host, b, n, memcpy_kind::device_to_host, s) == cudaSuccess;
-        ok = ok && rt.free_async(b, s) == cudaSuccess;
-        ok = ok && rt.stream_synchronize(s) == cudaSuccess;
-        ok = ok && rt.free(a) == cudaSuccess;
+        bool ok          = rt.malloc(&a, n) == Runtime::success;
+        ok               = ok && rt.malloc_async(&b, n, s) == Runtime::success;
+        ok               = ok && rt.memset_async(a, value, n, s) == Runtime::success;
+        ok = ok && rt.memcpy_async(b, a, n, memcpy_kind::device_to_device, s) == Runtime::success;
+        ok = ok && rt.memcpy_async(host, b, n, memcpy_kind::device_to_host, s) == Runtime::success;
+        ok = ok && rt.free_async(b, s) == Runtime::success;
+        ok = ok && rt.stream_synchronize(s) == Runtime::success;
+        ok = ok && rt.free(a) == Runtime::success;
         ok = ok && value_mismatch(host, n, value) == n;
         if (!ok) { ++failures; }
       }
-      if (host != nullptr && rt.host_free(host) != cudaSuccess) { ++failures; }
-      if (rt.stream_destroy(s) != cudaSuccess) { ++failures; }
+      if (host != nullptr && rt.host_free(host) != Runtime::success) { ++failures; }
+      if (rt.stream_destroy(s) != Runtime::success) { ++failures; }
     });
   }
   for (auto& th : pool) { th.join(); }
@@ -601,37 +595,37 @@ void check_events(Runtime& rt)
   device_buffer<Runtime> d{rt, mib};
   scoped_event<Runtime> e{rt};
 
-  CHECK(rt.event_query(e) == cudaSuccess);  // never recorded: nothing to wait for
-  CHECK(rt.event_synchronize(e) == cudaSuccess);
+  CHECK(rt.event_query(e) == Runtime::success);  // never recorded: nothing to wait for
+  CHECK(rt.event_synchronize(e) == Runtime::success);
 
-  REQUIRE(rt.memset_async(d.get(), 1, mib, s) == cudaSuccess);
-  REQUIRE(rt.event_record(e, s) == cudaSuccess);
-  CHECK(rt.event_synchronize(e) == cudaSuccess);
-  CHECK(rt.event_query(e) == cudaSuccess);
+  REQUIRE(rt.memset_async(d.get(), 1, mib, s) == Runtime::success);
+  REQUIRE(rt.event_record(e, s) == Runtime::success);
+  CHECK(rt.event_synchronize(e) == Runtime::success);
+  CHECK(rt.event_query(e) == Runtime::success);
 
   gate g;
   gate_guard<Runtime> guard{rt, g};
-  REQUIRE(rt.launch_host_func(s, &gate::wait, &g) == cudaSuccess);
-  REQUIRE(rt.event_record(e, s) == cudaSuccess);  // re-record: now it captures the gate
-  CHECK(rt.event_query(e) == cudaErrorNotReady);
+  REQUIRE(rt.launch_host_func(s, &gate::wait, &g) == Runtime::success);
+  REQUIRE(rt.event_record(e, s) == Runtime::success);  // re-record: now it captures the gate
+  CHECK(rt.event_query(e) == Runtime::not_ready);
 
   typename Runtime::event_type doomed{};
-  REQUIRE(rt.event_create(doomed, false) == cudaSuccess);
-  REQUIRE(rt.event_record(doomed, s) == cudaSuccess);
-  CHECK(rt.event_destroy(doomed) == cudaSuccess);  // returns at once while pending
+  REQUIRE(rt.event_create(doomed, false) == Runtime::success);
+  REQUIRE(rt.event_record(doomed, s) == Runtime::success);
+  CHECK(rt.event_destroy(doomed) == Runtime::success);  // returns at once while pending
   CHECK_FALSE(g.timed_out.load());
 
   // An event recorded on another, idle stream is complete at once even though e is not.
   scoped_stream<Runtime> idle{rt};
   scoped_event<Runtime> f{rt};
-  REQUIRE(rt.event_record(f, idle) == cudaSuccess);
-  CHECK(rt.event_synchronize(f) == cudaSuccess);
-  CHECK(rt.event_query(e) == cudaErrorNotReady);
+  REQUIRE(rt.event_record(f, idle) == Runtime::success);
+  CHECK(rt.event_synchronize(f) == Runtime::success);
+  CHECK(rt.event_query(e) == Runtime::not_ready);
   check_no_pending_error<Runtime>();
 
   g.open.store(true);
-  CHECK(rt.event_synchronize(e) == cudaSuccess);
-  CHECK(rt.event_query(e) == cudaSuccess);
+  CHECK(rt.event_synchronize(e) == Runtime::success);
+  CHECK(rt.event_query(e) == Runtime::success);
   CHECK_FALSE(g.timed_out.load());
 }
 
@@ -648,37 +642,37 @@ void check_stream_wait_event(Runtime& rt)
   gate g;
   gate_guard<Runtime> guard{rt, g};
 
-  REQUIRE(rt.launch_host_func(a, &gate::wait, &g) == cudaSuccess);
-  REQUIRE(rt.launch_host_func(a, &recorder::record, rec.arg(1)) == cudaSuccess);
-  REQUIRE(rt.event_record(on_a, a) == cudaSuccess);
+  REQUIRE(rt.launch_host_func(a, &gate::wait, &g) == Runtime::success);
+  REQUIRE(rt.launch_host_func(a, &recorder::record, rec.arg(1)) == Runtime::success);
+  REQUIRE(rt.event_record(on_a, a) == Runtime::success);
 
-  REQUIRE(rt.stream_wait_event(b, on_a) == cudaSuccess);
-  REQUIRE(rt.launch_host_func(b, &recorder::record, rec.arg(2)) == cudaSuccess);
-  REQUIRE(rt.event_record(on_b, b) == cudaSuccess);
+  REQUIRE(rt.stream_wait_event(b, on_a) == Runtime::success);
+  REQUIRE(rt.launch_host_func(b, &recorder::record, rec.arg(2)) == Runtime::success);
+  REQUIRE(rt.event_record(on_b, b) == Runtime::success);
 
   // Re-recording on_a afterwards must not change what b already waits for.
   scoped_stream<Runtime> idle{rt};
-  REQUIRE(rt.event_record(on_a, idle) == cudaSuccess);
+  REQUIRE(rt.event_record(on_a, idle) == Runtime::success);
 
-  CHECK(rt.event_query(on_b) == cudaErrorNotReady);
+  CHECK(rt.event_query(on_b) == Runtime::not_ready);
   std::this_thread::sleep_for(std::chrono::milliseconds{20});
-  CHECK(rt.event_query(on_b) == cudaErrorNotReady);
-  CHECK(rt.stream_query(b) == cudaErrorNotReady);
+  CHECK(rt.event_query(on_b) == Runtime::not_ready);
+  CHECK(rt.stream_query(b) == Runtime::not_ready);
   CHECK(rec.order().empty());
 
   g.open.store(true);
-  CHECK(rt.stream_synchronize(b) == cudaSuccess);
+  CHECK(rt.stream_synchronize(b) == Runtime::success);
   CHECK(rec.order() == std::vector<int>{1, 2});
-  CHECK(rt.event_query(on_b) == cudaSuccess);
-  CHECK(rt.stream_synchronize(a) == cudaSuccess);
+  CHECK(rt.event_query(on_b) == Runtime::success);
+  CHECK(rt.stream_synchronize(a) == Runtime::success);
   CHECK_FALSE(g.timed_out.load());
 
   // Waiting on an event that was never recorded waits for nothing.
   scoped_event<Runtime> never{rt};
   scoped_event<Runtime> after{rt};
-  REQUIRE(rt.stream_wait_event(b, never) == cudaSuccess);
-  REQUIRE(rt.event_record(after, b) == cudaSuccess);
-  CHECK(rt.event_synchronize(after) == cudaSuccess);
+  REQUIRE(rt.stream_wait_event(b, never) == Runtime::success);
+  REQUIRE(rt.event_record(after, b) == Runtime::success);
+  CHECK(rt.event_synchronize(after) == Runtime::success);
 }
 
 /// Elapsed time between timing events; an error for events created without timing.
@@ -692,23 +686,23 @@ void check_elapsed_time(Runtime& rt)
   scoped_event<Runtime> stop{rt, true};
   float ms = -1.0f;
 
-  CHECK(rt.event_elapsed_time(ms, start, stop) == cudaErrorInvalidResourceHandle);  // unrecorded
-  REQUIRE(rt.event_record(start, s) == cudaSuccess);
-  REQUIRE(rt.memset_async(d.get(), 3, d.size(), s) == cudaSuccess);
-  REQUIRE(rt.event_record(stop, s) == cudaSuccess);
-  REQUIRE(rt.event_synchronize(stop) == cudaSuccess);
+  CHECK(rt.event_elapsed_time(ms, start, stop) == Runtime::invalid_resource_handle);  // unrecorded
+  REQUIRE(rt.event_record(start, s) == Runtime::success);
+  REQUIRE(rt.memset_async(d.get(), 3, d.size(), s) == Runtime::success);
+  REQUIRE(rt.event_record(stop, s) == Runtime::success);
+  REQUIRE(rt.event_synchronize(stop) == Runtime::success);
   ms = -1.0f;
-  CHECK(rt.event_elapsed_time(ms, start, stop) == cudaSuccess);
+  CHECK(rt.event_elapsed_time(ms, start, stop) == Runtime::success);
   CHECK(ms >= 0.0f);
   CHECK(ms < 10000.0f);
 
   scoped_event<Runtime> plain_start{rt};
   scoped_event<Runtime> plain_stop{rt};
-  REQUIRE(rt.event_record(plain_start, s) == cudaSuccess);
-  REQUIRE(rt.event_record(plain_stop, s) == cudaSuccess);
-  REQUIRE(rt.stream_synchronize(s) == cudaSuccess);
-  CHECK(rt.event_elapsed_time(ms, plain_start, plain_stop) == cudaErrorInvalidResourceHandle);
-  CHECK(rt.event_elapsed_time(ms, start, plain_stop) == cudaErrorInvalidResourceHandle);
+  REQUIRE(rt.event_record(plain_start, s) == Runtime::success);
+  REQUIRE(rt.event_record(plain_stop, s) == Runtime::success);
+  REQUIRE(rt.stream_synchronize(s) == Runtime::success);
+  CHECK(rt.event_elapsed_time(ms, plain_start, plain_stop) == Runtime::invalid_resource_handle);
+  CHECK(rt.event_elapsed_time(ms, start, plain_stop) == Runtime::invalid_resource_handle);
   check_no_pending_error<Runtime>();
 }
 
@@ -728,13 +722,10 @@ void check_copies(Runtime& rt)
   std::vector<unsigned char> pageable_src(n);
   std::vector<unsigned char> pageable_dst(n);
   auto copy = [&](void* dst, void const* src, std::size_t bytes, memcpy_kind k) {
-    REQUIRE(rt.memcpy_async(dst, src, bytes, k, s) == cudaSuccess);
+    REQUIRE(rt.memcpy_async(dst, src, bytes, k, s) == Runtime::success);
   };
-  auto sync  = [&] { REQUIRE(rt.stream_synchronize(s) == cudaSuccess); };
-  auto clear = [&] {
-    std::memset(pinned_dst.get(), 0, n);
-    std::memset(pageable_dst.data(), 0, n);
-  };
+  auto sync  = [&] { REQUIRE(rt.stream_synchronize(s) == Runtime::success); };
+  auto clear = [&] { pageable_dst.assign(n, 0), (void)std::memset(pinned_dst.get(), 0, n); };
 
   SUBCASE("pinned H2D, D2D, D2H to pageable")
   {
@@ -796,8 +787,8 @@ void check_copies(Runtime& rt)
     clear();
     fill_pattern(pinned_src.get(), n, 16);
     copy(d1.get(), pinned_src.get(), n, memcpy_kind::host_to_device);
-    REQUIRE(rt.memset_async(d1.get() + 100, 0x5a, 1000, s) == cudaSuccess);
-    REQUIRE(rt.memset_async(d1.get() + n - 1, 0x1ff, 1, s) == cudaSuccess);  // value is a byte
+    REQUIRE(rt.memset_async(d1.get() + 100, 0x5a, 1000, s) == Runtime::success);
+    REQUIRE(rt.memset_async(d1.get() + n - 1, 0x1ff, 1, s) == Runtime::success);  // value is a byte
     copy(pinned_dst.get(), d1.get(), n, memcpy_kind::device_to_host);
     sync();
     CHECK(pattern_mismatch(pinned_dst.get(), 100, 16) == 100);
@@ -811,7 +802,7 @@ void check_copies(Runtime& rt)
     clear();
     fill_pattern(pinned_src.get(), n, 17);
     copy(d1.get(), pinned_src.get(), n, memcpy_kind::host_to_device);
-    REQUIRE(rt.memcpy_peer_async(d2.get(), 0, d1.get(), 0, n, s) == cudaSuccess);
+    REQUIRE(rt.memcpy_peer_async(d2.get(), 0, d1.get(), 0, n, s) == Runtime::success);
     copy(pinned_dst.get(), d2.get(), n, memcpy_kind::device_to_host);
     sync();
     CHECK(pattern_mismatch(pinned_dst.get(), n, 17) == n);
@@ -819,23 +810,22 @@ void check_copies(Runtime& rt)
   SUBCASE("peer copy between devices")
   {
     int count = 0;
-    REQUIRE(rt.device_count(count) == cudaSuccess);
-    if (count >= 2) {
-      clear();
-      REQUIRE(rt.set_device(1) == cudaSuccess);
-      void* remote            = nullptr;
-      cudaError_t const alloc = rt.malloc(&remote, n);
-      use_device_zero(rt);
-      REQUIRE(alloc == cudaSuccess);
-      fill_pattern(pinned_src.get(), n, 18);
-      copy(d1.get(), pinned_src.get(), n, memcpy_kind::host_to_device);
-      REQUIRE(rt.memcpy_peer_async(remote, 1, d1.get(), 0, n, s) == cudaSuccess);
-      REQUIRE(rt.memcpy_peer_async(d2.get(), 0, remote, 1, n, s) == cudaSuccess);
-      copy(pinned_dst.get(), d2.get(), n, memcpy_kind::device_to_host);
-      sync();
-      CHECK(pattern_mismatch(pinned_dst.get(), n, 18) == n);
-      CHECK(rt.free(remote) == cudaSuccess);
-    }
+    REQUIRE(rt.device_count(count) == Runtime::success);
+    if (count < 2) { return; }  // needs a second device
+    clear();
+    REQUIRE(rt.set_device(1) == Runtime::success);
+    void* remote     = nullptr;
+    auto const alloc = rt.malloc(&remote, n);
+    use_device_zero(rt);
+    REQUIRE(alloc == Runtime::success);
+    fill_pattern(pinned_src.get(), n, 18);
+    copy(d1.get(), pinned_src.get(), n, memcpy_kind::host_to_device);
+    REQUIRE(rt.memcpy_peer_async(remote, 1, d1.get(), 0, n, s) == Runtime::success);
+    REQUIRE(rt.memcpy_peer_async(d2.get(), 0, remote, 1, n, s) == Runtime::success);
+    copy(pinned_dst.get(), d2.get(), n, memcpy_kind::device_to_host);
+    sync();
+    CHECK(pattern_mismatch(pinned_dst.get(), n, 18) == n);
+    CHECK(rt.free(remote) == Runtime::success);
   }
 }
 
@@ -854,19 +844,19 @@ void check_malloc_async(Runtime& rt)
   for (int i = 0; i < blocks; ++i) {
     sizes[i] = (std::size_t{1} << (8 + i)) + static_cast<std::size_t>(i) * 3;  // 256 B .. 512 KiB
     total += sizes[i];
-    REQUIRE(rt.malloc_async(&ptrs[i], sizes[i], s) == cudaSuccess);
+    REQUIRE(rt.malloc_async(&ptrs[i], sizes[i], s) == Runtime::success);
     REQUIRE(ptrs[i] != nullptr);
-    REQUIRE(rt.memset_async(ptrs[i], 0x10 + i, sizes[i], s) == cudaSuccess);
+    REQUIRE(rt.memset_async(ptrs[i], 0x10 + i, sizes[i], s) == Runtime::success);
   }
   pinned_buffer<Runtime> out{rt, total};
   std::size_t offset = 0;
   for (int i = 0; i < blocks; ++i) {
     REQUIRE(rt.memcpy_async(out.get() + offset, ptrs[i], sizes[i], memcpy_kind::device_to_host,
-                            s) == cudaSuccess);
+                            s) == Runtime::success);
     offset += sizes[i];
   }
-  for (int i = 0; i < blocks; ++i) { REQUIRE(rt.free_async(ptrs[i], s) == cudaSuccess); }
-  REQUIRE(rt.stream_synchronize(s) == cudaSuccess);
+  for (int i = 0; i < blocks; ++i) { REQUIRE(rt.free_async(ptrs[i], s) == Runtime::success); }
+  REQUIRE(rt.stream_synchronize(s) == Runtime::success);
 
   offset = 0;
   for (int i = 0; i < blocks; ++i) {
@@ -898,38 +888,41 @@ void check_pinned_host(Runtime& rt)
         host_alloc_flags::write_combined, host_alloc_flags::portable | host_alloc_flags::mapped}) {
     CAPTURE(flags);
     void* p = nullptr;
-    REQUIRE(rt.host_alloc(&p, n, flags) == cudaSuccess);
+    REQUIRE(rt.host_alloc(&p, n, flags) == Runtime::success);
     REQUIRE(p != nullptr);
     fill_pattern(p, n, 21);  // host-writable (write-combined memory is too)
-    REQUIRE(rt.memcpy_async(d.get(), p, n, memcpy_kind::host_to_device, s) == cudaSuccess);
-    REQUIRE(rt.stream_synchronize(s) == cudaSuccess);
-    CHECK(rt.host_free(p) == cudaSuccess);
+    REQUIRE(rt.memcpy_async(d.get(), p, n, memcpy_kind::host_to_device, s) == Runtime::success);
+    REQUIRE(rt.stream_synchronize(s) == Runtime::success);
+    CHECK(rt.host_free(p) == Runtime::success);
   }
   pinned_buffer<Runtime> back{rt, n};
-  REQUIRE(rt.memcpy_async(back.get(), d.get(), n, memcpy_kind::device_to_host, s) == cudaSuccess);
-  REQUIRE(rt.stream_synchronize(s) == cudaSuccess);
+  REQUIRE(rt.memcpy_async(back.get(), d.get(), n, memcpy_kind::device_to_host, s) ==
+          Runtime::success);
+  REQUIRE(rt.stream_synchronize(s) == Runtime::success);
   CHECK(pattern_mismatch(back.get(), n, 21) == n);
 
   pageable_buffer host{n};
   fill_pattern(host.get(), n, 22);
-  REQUIRE(rt.host_register(host.get(), n, host_register_flags::none) == cudaSuccess);
+  REQUIRE(rt.host_register(host.get(), n, host_register_flags::none) == Runtime::success);
   CHECK(rt.host_register(host.get(), n, host_register_flags::none) ==
-        cudaErrorHostMemoryAlreadyRegistered);
+        Runtime::host_memory_already_registered);
   check_no_pending_error<Runtime>();
-  REQUIRE(rt.memcpy_async(d.get(), host.get(), n, memcpy_kind::host_to_device, s) == cudaSuccess);
+  REQUIRE(rt.memcpy_async(d.get(), host.get(), n, memcpy_kind::host_to_device, s) ==
+          Runtime::success);
   std::memset(back.get(), 0, n);
-  REQUIRE(rt.memcpy_async(back.get(), d.get(), n, memcpy_kind::device_to_host, s) == cudaSuccess);
-  REQUIRE(rt.stream_synchronize(s) == cudaSuccess);
+  REQUIRE(rt.memcpy_async(back.get(), d.get(), n, memcpy_kind::device_to_host, s) ==
+          Runtime::success);
+  REQUIRE(rt.stream_synchronize(s) == Runtime::success);
   CHECK(pattern_mismatch(back.get(), n, 22) == n);
-  CHECK(rt.host_unregister(host.get()) == cudaSuccess);
-  CHECK(rt.host_unregister(host.get()) == cudaErrorHostMemoryNotRegistered);
+  CHECK(rt.host_unregister(host.get()) == Runtime::success);
+  CHECK(rt.host_unregister(host.get()) == Runtime::host_memory_not_registered);
   check_no_pending_error<Runtime>();
 
   // Registered again after unregistering, with flags passed through.
   CHECK(
     rt.host_register(host.get(), n, host_register_flags::portable | host_register_flags::mapped) ==
-    cudaSuccess);
-  CHECK(rt.host_unregister(host.get()) == cudaSuccess);
+    Runtime::success);
+  CHECK(rt.host_unregister(host.get()) == Runtime::success);
 }
 
 /// Virtual memory: reserve four granules, back two with separate physical handles mapped side by
@@ -939,27 +932,27 @@ void check_virtual_memory(Runtime& rt)
 {
   use_device_zero(rt);
   std::size_t g = 0;
-  REQUIRE(rt.vm_granularity(g, 0) == cudaSuccess);
+  REQUIRE(rt.vm_granularity(g, 0) == Runtime::success);
   REQUIRE(g > 0);
   CHECK((g & (g - 1)) == 0);
 
   void* va = nullptr;
-  REQUIRE(rt.vm_reserve(&va, 4 * g, 0) == cudaSuccess);
+  REQUIRE(rt.vm_reserve(&va, 4 * g, 0) == Runtime::success);
   REQUIRE(va != nullptr);
   CHECK(reinterpret_cast<std::uintptr_t>(va) % g == 0);
   auto* const base = static_cast<unsigned char*>(va);
 
   typename Runtime::physical_handle h1{};
   typename Runtime::physical_handle h2{};
-  REQUIRE(rt.vm_create(h1, g, 0) == cudaSuccess);
-  REQUIRE(rt.vm_create(h2, g, 0) == cudaSuccess);
-  REQUIRE(rt.vm_map(base, g, h1) == cudaSuccess);
-  REQUIRE(rt.vm_map(base + g, g, h2) == cudaSuccess);
-  REQUIRE(rt.vm_set_access(base, 2 * g, 0) == cudaSuccess);  // one call over both mappings
-  CHECK(rt.vm_set_access(base + g, g, 0) == cudaSuccess);    // and again over one: idempotent
-  CHECK(rt.vm_release(h2) == cudaSuccess);  // still mapped: the memory stays until unmapped
+  REQUIRE(rt.vm_create(h1, g, 0) == Runtime::success);
+  REQUIRE(rt.vm_create(h2, g, 0) == Runtime::success);
+  REQUIRE(rt.vm_map(base, g, h1) == Runtime::success);
+  REQUIRE(rt.vm_map(base + g, g, h2) == Runtime::success);
+  REQUIRE(rt.vm_set_access(base, 2 * g, 0) == Runtime::success);  // one call over both mappings
+  CHECK(rt.vm_set_access(base + g, g, 0) == Runtime::success);    // and again over one: idempotent
+  CHECK(rt.vm_release(h2) == Runtime::success);  // still mapped: the memory stays until unmapped
 
-  CHECK(rt.vm_map(base, g, h1) != cudaSuccess);  // already mapped there
+  CHECK(rt.vm_map(base, g, h1) != Runtime::success);  // already mapped there
   check_no_pending_error<Runtime>();
 
   {
@@ -970,50 +963,52 @@ void check_virtual_memory(Runtime& rt)
     device_buffer<Runtime> plain{rt, g};
     fill_pattern(src.get(), n, 31);
     std::memset(dst.get(), 0, n);
-    REQUIRE(rt.memcpy_async(base, src.get(), n, memcpy_kind::host_to_device, s) == cudaSuccess);
-    REQUIRE(rt.memcpy_async(dst.get(), base, n, memcpy_kind::device_to_host, s) == cudaSuccess);
-    REQUIRE(rt.stream_synchronize(s) == cudaSuccess);
+    REQUIRE(rt.memcpy_async(base, src.get(), n, memcpy_kind::host_to_device, s) ==
+            Runtime::success);
+    REQUIRE(rt.memcpy_async(dst.get(), base, n, memcpy_kind::device_to_host, s) ==
+            Runtime::success);
+    REQUIRE(rt.stream_synchronize(s) == Runtime::success);
     CHECK(pattern_mismatch(dst.get(), n, 31) == n);
 
     // Device-to-device across the boundary, and a memset straddling it.
     REQUIRE(rt.memcpy_async(plain.get(), base + g / 2, g, memcpy_kind::device_to_device, s) ==
-            cudaSuccess);
-    REQUIRE(rt.memset_async(base + g - 8, 0x77, 16, s) == cudaSuccess);
+            Runtime::success);
+    REQUIRE(rt.memset_async(base + g - 8, 0x77, 16, s) == Runtime::success);
     REQUIRE(rt.memcpy_async(dst.get(), plain.get(), g, memcpy_kind::device_to_host, s) ==
-            cudaSuccess);
+            Runtime::success);
     REQUIRE(rt.memcpy_async(dst.get() + g, base + g - 8, 16, memcpy_kind::device_to_host, s) ==
-            cudaSuccess);
-    REQUIRE(rt.stream_synchronize(s) == cudaSuccess);
+            Runtime::success);
+    REQUIRE(rt.stream_synchronize(s) == Runtime::success);
     CHECK(std::memcmp(dst.get(), src.get() + g / 2, g) == 0);
     CHECK(value_mismatch(dst.get() + g, 16, 0x77) == 16);
   }
 
   // Unmapping what is not mapped: CUDA (driver 580 on the H200) returns success; the simulated
   // GPU reports it as misuse, which is stricter. Either way nothing changes.
-  cudaError_t const unmapped = rt.vm_unmap(base + 2 * g, g);  // reserved but never mapped
-  if (Runtime::is_simulated) { CHECK(unmapped != cudaSuccess); }
+  auto const unmapped = rt.vm_unmap(base + 2 * g, g);  // reserved but never mapped
+  if (Runtime::is_simulated) { CHECK(unmapped != Runtime::success); }
   check_no_pending_error<Runtime>();
-  CHECK(rt.vm_unmap(base, g) == cudaSuccess);
-  CHECK(rt.vm_unmap(base + g, g) == cudaSuccess);
-  cudaError_t const twice = rt.vm_unmap(base, g);  // twice
-  if (Runtime::is_simulated) { CHECK(twice != cudaSuccess); }
+  CHECK(rt.vm_unmap(base, g) == Runtime::success);
+  CHECK(rt.vm_unmap(base + g, g) == Runtime::success);
+  auto const twice = rt.vm_unmap(base, g);  // twice
+  if (Runtime::is_simulated) { CHECK(twice != Runtime::success); }
   check_no_pending_error<Runtime>();
 
   // The range is a plain reservation again: map h1 elsewhere in it, use it, undo.
-  REQUIRE(rt.vm_map(base + 3 * g, g, h1) == cudaSuccess);
-  REQUIRE(rt.vm_set_access(base + 3 * g, g, 0) == cudaSuccess);
+  REQUIRE(rt.vm_map(base + 3 * g, g, h1) == Runtime::success);
+  REQUIRE(rt.vm_set_access(base + 3 * g, g, 0) == Runtime::success);
   {
     scoped_stream<Runtime> s{rt};
     pinned_buffer<Runtime> out{rt, g};
-    REQUIRE(rt.memset_async(base + 3 * g, 0x42, g, s) == cudaSuccess);
+    REQUIRE(rt.memset_async(base + 3 * g, 0x42, g, s) == Runtime::success);
     REQUIRE(rt.memcpy_async(out.get(), base + 3 * g, g, memcpy_kind::device_to_host, s) ==
-            cudaSuccess);
-    REQUIRE(rt.stream_synchronize(s) == cudaSuccess);
+            Runtime::success);
+    REQUIRE(rt.stream_synchronize(s) == Runtime::success);
     CHECK(value_mismatch(out.get(), g, 0x42) == g);
   }
-  CHECK(rt.vm_unmap(base + 3 * g, g) == cudaSuccess);
-  CHECK(rt.vm_release(h1) == cudaSuccess);
-  CHECK(rt.vm_free(va, 4 * g) == cudaSuccess);
+  CHECK(rt.vm_unmap(base + 3 * g, g) == Runtime::success);
+  CHECK(rt.vm_release(h1) == Runtime::success);
+  CHECK(rt.vm_free(va, 4 * g) == Runtime::success);
 }
 
 // --- Errors --------------------------------------------------------------------------------------
@@ -1024,28 +1019,29 @@ void check_errors(Runtime& rt)
 {
   use_device_zero(rt);
   int on_stack = 0;
-  CHECK(rt.free(&on_stack) == cudaErrorInvalidValue);  // never returned by malloc
+  CHECK(rt.free(&on_stack) == Runtime::invalid_value);  // never returned by malloc
   check_no_pending_error<Runtime>();
-  CHECK(rt.free(nullptr) == cudaSuccess);  // as with cudaFree: nothing to do
-  CHECK(rt.host_unregister(&on_stack) == cudaErrorHostMemoryNotRegistered);
+  CHECK(rt.free(nullptr) == Runtime::success);  // as with cudaFree: nothing to do
+  CHECK(rt.host_unregister(&on_stack) == Runtime::host_memory_not_registered);
   check_no_pending_error<Runtime>();
 
   {
     device_buffer<Runtime> still_works{rt, 4 * kib};
     scoped_stream<Runtime> s{rt};
-    CHECK(rt.memset_async(still_works.get(), 0, 4 * kib, s) == cudaSuccess);
-    CHECK(rt.stream_synchronize(s) == cudaSuccess);
+    CHECK(rt.memset_async(still_works.get(), 0, 4 * kib, s) == Runtime::success);
+    CHECK(rt.stream_synchronize(s) == Runtime::success);
   }
 
-  CHECK(std::string{Runtime::error_name(cudaErrorMemoryAllocation)} == "cudaErrorMemoryAllocation");
-  CHECK(std::string{Runtime::error_name(cudaSuccess)} == "cudaSuccess");
-  CHECK(std::string{Runtime::error_name(cudaErrorNotReady)} == "cudaErrorNotReady");
-  CHECK_FALSE(std::string{Runtime::error_string(cudaErrorMemoryAllocation)}.empty());
-  CHECK(std::string{Runtime::error_string(cudaErrorMemoryAllocation)} !=
-        std::string{Runtime::error_string(cudaErrorInvalidValue)});
+  std::string const oom_name = Runtime::error_name(Runtime::out_of_memory);
+  CHECK_FALSE(oom_name.empty());
+  CHECK(oom_name != Runtime::error_name(Runtime::success));
+  CHECK(oom_name != Runtime::error_name(Runtime::not_ready));
+  CHECK_FALSE(std::string{Runtime::error_string(Runtime::out_of_memory)}.empty());
+  CHECK(std::string{Runtime::error_string(Runtime::out_of_memory)} !=
+        std::string{Runtime::error_string(Runtime::invalid_value)});
 }
 
-/// Asking for more than the device has fails with cudaErrorMemoryAllocation, and the next
+/// Asking for more than the device has fails with Runtime::out_of_memory, and the next
 /// allocation works (the error did not stick).
 template <class Runtime>
 void check_out_of_memory(Runtime& rt)
@@ -1053,33 +1049,33 @@ void check_out_of_memory(Runtime& rt)
   use_device_zero(rt);
   std::size_t free_bytes = 0;
   std::size_t total      = 0;
-  REQUIRE(rt.mem_get_info(free_bytes, total) == cudaSuccess);
+  REQUIRE(rt.mem_get_info(free_bytes, total) == Runtime::success);
   std::size_t const too_much = total + gib;
 
   void* p = nullptr;
-  CHECK(rt.malloc(&p, too_much) == cudaErrorMemoryAllocation);
+  CHECK(rt.malloc(&p, too_much) == Runtime::out_of_memory);
   check_no_pending_error<Runtime>();
   void* q = nullptr;
-  CHECK(rt.malloc(&q, mib) == cudaSuccess);
+  CHECK(rt.malloc(&q, mib) == Runtime::success);
   CHECK(q != nullptr);
-  CHECK(rt.free(q) == cudaSuccess);
+  CHECK(rt.free(q) == Runtime::success);
 
   scoped_stream<Runtime> s{rt};
-  CHECK(rt.malloc_async(&p, too_much, s) == cudaErrorMemoryAllocation);
+  CHECK(rt.malloc_async(&p, too_much, s) == Runtime::out_of_memory);
   check_no_pending_error<Runtime>();
   q = nullptr;
-  CHECK(rt.malloc_async(&q, mib, s) == cudaSuccess);
-  CHECK(rt.memset_async(q, 0, mib, s) == cudaSuccess);
-  CHECK(rt.free_async(q, s) == cudaSuccess);
-  CHECK(rt.stream_synchronize(s) == cudaSuccess);
+  CHECK(rt.malloc_async(&q, mib, s) == Runtime::success);
+  CHECK(rt.memset_async(q, 0, mib, s) == Runtime::success);
+  CHECK(rt.free_async(q, s) == Runtime::success);
+  CHECK(rt.stream_synchronize(s) == Runtime::success);
 
   std::size_t g = 0;
-  REQUIRE(rt.vm_granularity(g, 0) == cudaSuccess);
+  REQUIRE(rt.vm_granularity(g, 0) == Runtime::success);
   typename Runtime::physical_handle h{};
-  CHECK(rt.vm_create(h, (too_much + g - 1) / g * g, 0) == cudaErrorMemoryAllocation);
+  CHECK(rt.vm_create(h, (too_much + g - 1) / g * g, 0) == Runtime::out_of_memory);
   check_no_pending_error<Runtime>();
-  CHECK(rt.vm_create(h, g, 0) == cudaSuccess);
-  CHECK(rt.vm_release(h) == cudaSuccess);
+  CHECK(rt.vm_create(h, g, 0) == Runtime::success);
+  CHECK(rt.vm_release(h) == Runtime::success);
 }
 
 }  // namespace gpukit::test

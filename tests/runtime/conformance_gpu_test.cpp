@@ -3,6 +3,7 @@
 #include "runtime/conformance.hpp"
 
 #include <gpukit/runtime/cuda_runtime.hpp>
+#include <gpukit/runtime/sim_runtime.hpp>
 
 #include <doctest/doctest.h>
 
@@ -202,5 +203,17 @@ TEST_SUITE("gpu")
     CHECK(rt().vm_unmap(va, 2 * g) == cudaSuccess);
     CHECK(rt().vm_release(h) == cudaSuccess);
     CHECK(rt().vm_free(va, 2 * g) == cudaSuccess);
+  }
+
+  TEST_CASE("GPUKIT_CUDA_TRY on a simulated failure leaves CUDA's last-error slot alone")
+  {
+    (void)::cudaGetLastError();
+    REQUIRE(::cudaSetDevice(1 << 20) == cudaErrorInvalidDevice);  // a non-sticky error, left
+    REQUIRE(::cudaPeekAtLastError() == cudaErrorInvalidDevice);
+    gpukit::sim_runtime sim{gpukit::sim_config{}.with_devices(1, std::size_t{1} << 30)};
+    void* p = nullptr;
+    CHECK_THROWS_AS(GPUKIT_CUDA_TRY(sim.malloc(&p, std::size_t{2} << 30)), gpukit::cuda_error);
+    CHECK(::cudaPeekAtLastError() == cudaErrorInvalidDevice);  // still the real runtime's own
+    (void)::cudaGetLastError();
   }
 }

@@ -200,6 +200,33 @@ TEST_SUITE("runtime")
           "cudaErrorInsufficientDriver");
   }
 
+  TEST_CASE("cuda_runtime: gpukit's copy directions map to CUDA's")
+  {
+    using gpukit::memcpy_kind;
+    using gpukit::detail::to_cuda_memcpy_kind;
+    CHECK(to_cuda_memcpy_kind(memcpy_kind::host_to_host) == cudaMemcpyHostToHost);
+    CHECK(to_cuda_memcpy_kind(memcpy_kind::host_to_device) == cudaMemcpyHostToDevice);
+    CHECK(to_cuda_memcpy_kind(memcpy_kind::device_to_host) == cudaMemcpyDeviceToHost);
+    CHECK(to_cuda_memcpy_kind(memcpy_kind::device_to_device) == cudaMemcpyDeviceToDevice);
+    CHECK(to_cuda_memcpy_kind(memcpy_kind::infer) == cudaMemcpyDefault);
+    // An unknown direction stays unknown, so CUDA reports cudaErrorInvalidMemcpyDirection.
+    auto const bad = to_cuda_memcpy_kind(static_cast<memcpy_kind>(42));
+    CHECK(bad != cudaMemcpyHostToHost);
+    CHECK(bad != cudaMemcpyDefault);
+  }
+
+  TEST_CASE("cuda_runtime: its named error codes are CUDA's")
+  {
+    using rt = gpukit::cuda_runtime;
+    static_assert(rt::success == cudaSuccess && rt::not_ready == cudaErrorNotReady);
+    static_assert(rt::out_of_memory == cudaErrorMemoryAllocation);
+    static_assert(rt::invalid_resource_handle == cudaErrorInvalidResourceHandle);
+    static_assert(rt::capture_mode_relaxed == cudaStreamCaptureModeRelaxed);
+    CHECK(std::string{rt::error_name(rt::out_of_memory)} == "cudaErrorMemoryAllocation");
+    CHECK(std::string{gpukit::error_traits<cudaError_t>::name(rt::no_device)} ==
+          "cudaErrorNoDevice");
+  }
+
   TEST_CASE("cuda_runtime: driver errors map to their runtime names")
   {
     using gpukit::detail::to_cuda_error;

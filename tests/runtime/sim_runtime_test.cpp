@@ -39,6 +39,34 @@ constexpr std::size_t GiB = std::size_t{1} << 30;
 
 sim_config one_device(std::size_t capacity = GiB) { return sim_config{}.with_devices(1, capacity); }
 
+/// A simulated GPU of one device and a stream on it, destroyed (successfully) after the case.
+/// Neither copyable nor movable (sim_runtime is not).
+struct one_stream {
+  one_stream() { OK(rt.stream_create(s)); }
+  ~one_stream() { CHECK(rt.stream_destroy(s) == cudaSuccess); }
+
+  sim_runtime rt{one_device()};
+  stream_t s{};
+};
+
+/// A simulated GPU of one device and two streams on it, destroyed (successfully) after the case.
+struct two_streams {
+  two_streams()
+  {
+    OK(rt.stream_create(a));
+    OK(rt.stream_create(b));
+  }
+  ~two_streams()
+  {
+    CHECK(rt.stream_destroy(a) == cudaSuccess);
+    CHECK(rt.stream_destroy(b) == cudaSuccess);
+  }
+
+  sim_runtime rt{one_device()};
+  stream_t a{};
+  stream_t b{};
+};
+
 unsigned char pattern(std::size_t i, unsigned seed)
 {
   return static_cast<unsigned char>(i * 131 + seed * 7 + 3);
@@ -185,11 +213,8 @@ TEST_SUITE("sim_runtime")
     CHECK(p.name == "gpukit simulated GPU");
   }
 
-  TEST_CASE("streams run their tasks in FIFO order")
+  TEST_CASE_FIXTURE(one_stream, "streams run their tasks in FIFO order")
   {
-    sim_runtime rt{one_device()};
-    stream_t s{};
-    OK(rt.stream_create(s));
     void* d = nullptr;
     OK(rt.malloc(&d, 64));
     // Each step sets the device byte, then a host function records what it sees: any reordering
@@ -217,14 +242,11 @@ TEST_SUITE("sim_runtime")
     for (int i = 0; i < steps; ++i) { REQUIRE(seen[i] == i % 251); }
     OK(rt.stream_query(s));
     OK(rt.free(d));
-    OK(rt.stream_destroy(s));
   }
 
-  TEST_CASE("work is asynchronous: calls return before a stalled stream runs it")
+  TEST_CASE_FIXTURE(one_stream,
+                    "work is asynchronous: calls return before a stalled stream runs it")
   {
-    sim_runtime rt{one_device()};
-    stream_t s{};
-    OK(rt.stream_create(s));
     std::atomic<int> ran{0};
     OK(rt.stall(s));
     OK(rt.launch_host_func(s, set_flag, &ran));
@@ -234,7 +256,6 @@ TEST_SUITE("sim_runtime")
     OK(rt.stream_synchronize(s));
     CHECK(flag(ran) == 1);
     OK(rt.stream_query(s));
-    OK(rt.stream_destroy(s));
   }
 
   TEST_CASE("the null stream is per device and started lazily and stallable")
@@ -288,13 +309,9 @@ TEST_SUITE("sim_runtime")
     CHECK(flag(later) == 1);
   }
 
-  TEST_CASE("events: never recorded then pending then complete then re-recorded")
+  TEST_CASE_FIXTURE(two_streams,
+                    "events: never recorded then pending then complete then re-recorded")
   {
-    sim_runtime rt{one_device()};
-    stream_t a{};
-    stream_t b{};
-    OK(rt.stream_create(a));
-    OK(rt.stream_create(b));
     event_t e{};
     OK(rt.event_create(e));
     OK(rt.event_query(e));        // never recorded: complete
@@ -328,17 +345,10 @@ TEST_SUITE("sim_runtime")
     OK(rt.stream_synchronize(a));
 
     OK(rt.event_destroy(e));
-    OK(rt.stream_destroy(a));
-    OK(rt.stream_destroy(b));
   }
 
-  TEST_CASE("stream_wait_event orders work across streams")
+  TEST_CASE_FIXTURE(two_streams, "stream_wait_event orders work across streams")
   {
-    sim_runtime rt{one_device()};
-    stream_t a{};
-    stream_t b{};
-    OK(rt.stream_create(a));
-    OK(rt.stream_create(b));
     event_t e{};
     event_t before{};
     OK(rt.event_create(e));
@@ -385,15 +395,11 @@ TEST_SUITE("sim_runtime")
     CHECK(flag(after_destroy) == 1);
 
     OK(rt.event_destroy(before));
-    OK(rt.stream_destroy(a));
-    OK(rt.stream_destroy(b));
   }
 
-  TEST_CASE("event_elapsed_time: timing events only and monotone and not before completion")
+  TEST_CASE_FIXTURE(one_stream,
+                    "event_elapsed_time: timing events only and monotone and not before completion")
   {
-    sim_runtime rt{one_device()};
-    stream_t s{};
-    OK(rt.stream_create(s));
     event_t t0{};
     event_t t1{};
     event_t t2{};
@@ -430,7 +436,6 @@ TEST_SUITE("sim_runtime")
     CHECK(ms >= b);
 
     for (auto e : {t0, t1, t2, plain}) { OK(rt.event_destroy(e)); }
-    OK(rt.stream_destroy(s));
   }
 
   TEST_CASE("copies of every kind move the bytes")
@@ -708,11 +713,9 @@ TEST_SUITE("sim_runtime")
     OK(rt.stream_destroy(s));
   }
 
-  TEST_CASE("free and host_free wait for queued work as cudaFree and cudaFreeHost do")
+  TEST_CASE_FIXTURE(one_stream,
+                    "free and host_free wait for queued work as cudaFree and cudaFreeHost do")
   {
-    sim_runtime rt{one_device()};
-    stream_t s{};
-    OK(rt.stream_create(s));
     void* d = nullptr;
     void* h = nullptr;
     OK(rt.malloc(&d, MiB));
@@ -732,7 +735,6 @@ TEST_SUITE("sim_runtime")
     OK(rt.launch_host_func(s, set_flag, &ran2));
     OK(rt.host_free(h));
     CHECK(flag(ran2) == 1);
-    OK(rt.stream_destroy(s));
   }
 
   TEST_CASE("pinned host memory: allocation and registration and misuse")
@@ -1118,11 +1120,9 @@ TEST_SUITE("sim_runtime")
     }
   }
 
-  TEST_CASE("call counters: exact counts with failed calls included and synchronizations")
+  TEST_CASE_FIXTURE(one_stream,
+                    "call counters: exact counts with failed calls included and synchronizations")
   {
-    sim_runtime rt{one_device()};
-    stream_t s{};
-    OK(rt.stream_create(s));
     rt.reset_counters();
     CHECK(rt.total_calls() == 0);
     CHECK(rt.synchronizations() == 0);
@@ -1164,7 +1164,6 @@ TEST_SUITE("sim_runtime")
     (void)rt.capacity(0);
     CHECK(rt.total_calls() == 1);
     CHECK(rt.synchronizations() == 0);
-    OK(rt.stream_destroy(s));
   }
 }
 

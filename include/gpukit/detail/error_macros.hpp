@@ -1,38 +1,86 @@
 // gpukit/detail/error_macros.hpp: the macros behind gpukit's error family. Not public API.
 //
-//   GPUKIT_CUDA_TRY(call)          throws gpukit::cuda_error when `call` (a cudaError_t) fails,
-//                                  after clearing CUDA's last (non-sticky) error
+//   GPUKIT_CUDA_TRY(call)          throws gpukit::cuda_error naming `call` when `call` (a runtime
+//                                  call, or any expression of a type error_traits knows) fails
+//   GPUKIT_CUDA_TRY(status, what)  the same for a status obtained earlier: `what` (a string)
+//                                  names the call that returned it, e.g.
+//                                  GPUKIT_CUDA_TRY(e, "rt.stream_query(s)")
 //   GPUKIT_EXPECTS(cond, message)  throws gpukit::logic_error(message) when `cond` is false;
 //                                  `message` is any expression convertible to std::string
 //   GPUKIT_ASSERT_CUDA_SUCCESS(call)  for destructors, which never throw: asserts in debug builds
 //                                  and discards the result in release builds
+//
+// The error's name and description come from error_traits of the status's type, that is from the
+// runtime family that returned it; nothing here calls a platform. Runtime calls return errors
+// already cleared from any last-error slot the platform keeps, so these macros clear nothing.
 #pragma once
 
 #include <gpukit/error.hpp>
-
-#include <cuda_runtime_api.h>
+#include <gpukit/runtime/detail/cuda_errors.hpp>
 
 #include <cassert>
+#include <cstring>
 #include <string>
+#include <type_traits>
 
 namespace gpukit::detail {
 
-[[noreturn]] inline void throw_cuda_error(cudaError_t code, char const* call, char const* file,
-                                          int line);
-[[noreturn]] inline void throw_logic_error(std::string const& message, char const* file, int line);
+/// The call text a message names: `text` itself when it is a call, or, when it is only the name of
+/// a status variable (GPUKIT_CUDA_TRY(e)), words that say so.
+inline std::string describe_failed_call(char const* text)
+{
+  if (std::strchr(text, '(') != nullptr) { return text; }
+  return std::string{"the runtime call whose status is `"} + text + '`';
+}
+
+/// Throws gpukit::cuda_error for `code`, named by error_traits<E>.
+/// @param call what was called (copied: a temporary string is fine)
+template <class E>
+[[noreturn]] void throw_cuda_error(E code, std::string const& call, char const* file, int line)
+{
+  using traits = ::gpukit::error_traits<E>;
+  throw ::gpukit::cuda_error{
+    static_cast<int>(code), traits::name(code), traits::description(code), call, file, line};
+}
+
+/// Throws when `code` is not its family's success; `call_text` names what was called.
+template <class E>
+void try_status(E code, char const* call_text, char const* file, int line)
+{
+  if (code != ::gpukit::error_traits<E>::success) {
+    throw_cuda_error(code, describe_failed_call(call_text), file, line);
+  }
+}
+
+/// Throws when `code` is not its family's success; `what` names the call that returned it.
+template <class E>
+void try_named_status(E code, std::string const& what, char const* file, int line)
+{
+  if (code != ::gpukit::error_traits<E>::success) { throw_cuda_error(code, what, file, line); }
+}
+
+template <class E>
+[[nodiscard]] constexpr bool is_success(E code) noexcept
+{
+  return code == ::gpukit::error_traits<E>::success;
+}
+
+[[noreturn]] inline void throw_logic_error(std::string const& message, char const* file, int line)
+{
+  throw ::gpukit::logic_error{"gpukit: " + message + " (" + file + ":" + std::to_string(line) +
+                              ")"};
+}
 
 }  // namespace gpukit::detail
 
-#define GPUKIT_STRINGIFY_DETAIL(x) #x
-#define GPUKIT_STRINGIFY(x)        GPUKIT_STRINGIFY_DETAIL(x)
+#define GPUKIT_DETAIL_TRY_CALL(call) ::gpukit::detail::try_status((call), #call, __FILE__, __LINE__)
+#define GPUKIT_DETAIL_TRY_NAMED(status, what) \
+  ::gpukit::detail::try_named_status((status), (what), __FILE__, __LINE__)
+#define GPUKIT_DETAIL_TRY_SELECT(first, second, chosen, ...) chosen
 
-#define GPUKIT_CUDA_TRY(call)                                                        \
-  do {                                                                               \
-    cudaError_t const gpukit_status_ = (call);                                       \
-    if (gpukit_status_ != cudaSuccess) {                                             \
-      ::gpukit::detail::throw_cuda_error(gpukit_status_, #call, __FILE__, __LINE__); \
-    }                                                                                \
-  } while (0)
+#define GPUKIT_CUDA_TRY(...)                                                                   \
+  GPUKIT_DETAIL_TRY_SELECT(__VA_ARGS__, GPUKIT_DETAIL_TRY_NAMED, GPUKIT_DETAIL_TRY_CALL, none) \
+  (__VA_ARGS__)
 
 #define GPUKIT_EXPECTS(cond, message)                                                    \
   do {                                                                                   \
@@ -45,29 +93,10 @@ namespace gpukit::detail {
     (void)(call);                        \
   } while (0)
 #else
-#define GPUKIT_ASSERT_CUDA_SUCCESS(call)            \
-  do {                                              \
-    cudaError_t const gpukit_status_ = (call);      \
-    assert(gpukit_status_ == cudaSuccess && #call); \
-    (void)gpukit_status_;                           \
+#define GPUKIT_ASSERT_CUDA_SUCCESS(call)                          \
+  do {                                                            \
+    bool const gpukit_ok_ = ::gpukit::detail::is_success((call)); \
+    assert(gpukit_ok_&& #call);                                   \
+    (void)gpukit_ok_;                                             \
   } while (0)
 #endif
-
-namespace gpukit::detail {
-
-[[noreturn]] inline void throw_cuda_error(cudaError_t code, char const* call, char const* file,
-                                          int line)
-{
-  // A failed call leaves a non-sticky error behind in the CUDA runtime; clear it so the next
-  // unrelated call does not report it. (Sticky errors stay: the context is unusable.)
-  if (code != cudaErrorNotReady) { (void)::cudaGetLastError(); }
-  throw ::gpukit::cuda_error{code, call, file, line};
-}
-
-[[noreturn]] inline void throw_logic_error(std::string const& message, char const* file, int line)
-{
-  throw ::gpukit::logic_error{"gpukit: " + message + " (" + file + ":" + std::to_string(line) +
-                              ")"};
-}
-
-}  // namespace gpukit::detail

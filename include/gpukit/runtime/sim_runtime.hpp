@@ -17,7 +17,7 @@
 //   GPUKIT_CUDA_TRY(sim.stream_synchronize(s));      // blocks until the copy has run
 //
 //   // What a real GPU cannot do on demand:
-//   sim.inject_fault(gpukit::sim_op::malloc, 1, cudaErrorMemoryAllocation);  // next malloc fails
+//   sim.inject_fault(gpukit::sim_op::malloc, 1, sim.out_of_memory);  // the next malloc fails
 //   sim.set_capacity(0, std::size_t{1} << 30);       // shrink device 0 to 1 GiB
 //   sim.stall(s);                                     // s runs nothing (its events stay pending)
 //   sim.release(s);                                   // ... until released
@@ -50,14 +50,18 @@
 // - Virtual memory: `vm_reserve` is a PROT_NONE reservation, `vm_create` a memfd counted against
 //   capacity, `vm_map` maps it (inaccessible until `vm_set_access`, as in CUDA). `vm_set_access`
 //   and `vm_unmap` take ranges made of whole mappings.
-// - Errors are never sticky, and the CUDA runtime's last-error slot is never touched.
+// - Errors: the simulated GPU reports CUDA's codes (error_type is cudaError_t; the named codes,
+//   capture modes and error names are CUDA's, from detail::cuda_error_vocabulary). Errors are
+//   never sticky, and the CUDA runtime's last-error slot is never touched, by the simulated GPU
+//   nor by GPUKIT_CUDA_TRY when it throws for it.
 //
-// Every member may be called from any thread at once. Members return cudaError_t and throw only
+// Every member may be called from any thread at once. Members return error_type and throw only
 // std::bad_alloc / std::system_error when the host itself runs out of memory or threads, except
 // the configuration functions that document gpukit::logic_error.
 #pragma once
 
 #include <gpukit/error.hpp>
+#include <gpukit/runtime/detail/cuda_errors.hpp>
 #include <gpukit/runtime/detail/sim_runtime_types.hpp>
 #include <gpukit/runtime/runtime.hpp>
 
@@ -78,58 +82,13 @@
 
 namespace gpukit {
 
-/// The runtime calls of sim_runtime, for call counters and fault injection.
+/// The runtime calls of sim_runtime, for call counters and fault injection: one per operation of
+/// the Runtime contract (GPUKIT_RUNTIME_OPS), in the contract's order.
 enum class sim_op : int {
-  device_count,
-  get_device,
-  set_device,
-  get_device_properties,
-  mem_get_info,
-  driver_version,
-  runtime_version,
-  device_synchronize,
-  malloc,
-  free,
-  malloc_async,
-  free_async,
-  host_alloc,
-  host_free,
-  host_register,
-  host_unregister,
-  vm_granularity,
-  vm_reserve,
-  vm_free,
-  vm_create,
-  vm_release,
-  vm_map,
-  vm_unmap,
-  vm_set_access,
-  stream_create,
-  stream_destroy,
-  stream_synchronize,
-  stream_query,
-  stream_wait_event,
-  event_create,
-  event_destroy,
-  event_record,
-  event_query,
-  event_synchronize,
-  event_elapsed_time,
-  memcpy_async,
-  memcpy_peer_async,
-  memset_async,
-  launch_host_func,
-  stream_is_capturing,
-  exchange_capture_mode,
-  stream_get_device,
-  device_can_access_peer,
-  device_enable_peer_access,
-  vm_export_shareable,
-  vm_import_shareable,
-  ipc_get_mem_handle,
-  ipc_open_mem_handle,
-  ipc_close_mem_handle,
-  count_  ///< number of ops; not an op
+#define GPUKIT_DETAIL_SIM_OP(name, params, doc) name,
+  GPUKIT_RUNTIME_OPS(GPUKIT_DETAIL_SIM_OP)
+#undef GPUKIT_DETAIL_SIM_OP
+    count_  ///< number of ops; not an op
 };
 
 /// The op's name as spelled in sim_runtime ("malloc", "stream_query", ...); "unknown" for
@@ -181,10 +140,10 @@ struct sim_config {
   [[nodiscard]] static sim_config from_env();
 };
 
-/// A simulated GPU: satisfies the Runtime contract of gpukit/runtime/runtime.hpp, plus controls
-/// for tests (capacity, fault injection, stalls) and observations (call counters, misuse messages).
-/// Non-copyable, non-movable. Thread-safe.
-class sim_runtime final {
+/// A simulated GPU: satisfies the whole Runtime contract (gpukit/runtime/contract.hpp), plus
+/// controls for tests (capacity, fault injection, stalls) and observations (call counters, misuse
+/// messages). Non-copyable, non-movable. Thread-safe.
+class sim_runtime final : public detail::cuda_error_vocabulary {
  public:
   /// Opaque stream handle (an id, never dereferenced); value-initialized = the current device's
   /// null stream.
@@ -193,6 +152,8 @@ class sim_runtime final {
   using event_type = detail::sim_event_handle*;
   /// Physical memory for virtual-memory mapping: an id into the runtime's table (0 = none).
   using physical_handle = std::uint64_t;
+  /// An interprocess memory handle: CUDA's 64 bytes, holding the simulated exporter's memfd.
+  using ipc_mem_handle = cudaIpcMemHandle_t;
 
   static constexpr bool is_simulated = true;
 
@@ -213,209 +174,167 @@ class sim_runtime final {
   /// (throws gpukit::logic_error then if the environment does not parse). Thread-safe.
   [[nodiscard]] static sim_runtime& instance();
 
-  /// cudaGetErrorName / cudaGetErrorString of `e`. Never throws.
-  [[nodiscard]] static char const* error_name(cudaError_t e) noexcept;
-  [[nodiscard]] static char const* error_string(cudaError_t e) noexcept;
-
-  // ---- Devices --------------------------------------------------------------------------------
-
-  /// n = number of simulated devices. Returns cudaSuccess.
-  cudaError_t device_count(int& n);
-  /// d = the calling thread's current device for this runtime (0 until set_device).
-  cudaError_t get_device(int& d);
-  /// Makes `d` the calling thread's current device. cudaErrorInvalidDevice when out of range.
-  cudaError_t set_device(int d);
-  /// Fills `p` for device `d`: the configured name, compute capability 9.0, total_memory = the
-  /// current capacity, 132 multiprocessors, 2 copy engines, unified addressing, virtual memory and
-  /// memory pools supported, ECC as configured (sim_config::ecc_enabled), PCI 0000:<d>:00.0,
-  /// simulated = true. cudaErrorInvalidDevice when `d` is out of range.
-  cudaError_t get_device_properties(device_properties& p, int d);
-  /// Current device: total = capacity, free = capacity - used (0 when used exceeds a shrunk
-  /// capacity).
-  cudaError_t mem_get_info(std::size_t& free, std::size_t& total);
-  /// v = 13000 (CUDA 13.0): a simulated value; there is no driver.
-  cudaError_t driver_version(int& v);
-  /// v = 13000 (CUDA 13.0): a simulated value.
-  cudaError_t runtime_version(int& v);
-  /// Blocks until every stream of the current device (destroyed ones still draining, and the null
-  /// stream) has run the work submitted before the call. Counts as a synchronization.
-  cudaError_t device_synchronize();
-  /// can = 1 when sim_config::peer_access and device != peer, else 0. cudaErrorInvalidDevice for
-  /// a bad ordinal.
-  cudaError_t device_can_access_peer(int& can, int device, int peer);
-  /// Records that the current device may access `peer`'s memory. cudaErrorInvalidDevice for a bad
-  /// ordinal or the current device itself; cudaErrorPeerAccessUnsupported without
-  /// sim_config::peer_access; cudaErrorPeerAccessAlreadyEnabled when already enabled.
-  cudaError_t device_enable_peer_access(int peer);
-
-  // ---- Device memory ----------------------------------------------------------------------------
-
-  /// Allocates `bytes` on the current device: *p = page-aligned memory. bytes == 0: *p = nullptr,
-  /// cudaSuccess (as cudaMalloc). cudaErrorMemoryAllocation when capacity - used < bytes;
-  /// cudaErrorInvalidValue when p is null. Does not block.
-  cudaError_t malloc(void** p, std::size_t bytes);
-  /// Frees memory from malloc/malloc_async. Blocks until the allocation's device has run the work
-  /// submitted before the call (cudaFree synchronizes), then returns the bytes to capacity; counts
-  /// as a synchronization. p == nullptr: cudaSuccess. Unknown pointer, interior pointer or double
-  /// free: cudaErrorInvalidValue and a misuse message.
-  cudaError_t free(void* p);
-  /// Stream-ordered allocation on `s`'s device: counted against capacity at once, usable at once.
-  /// Errors as malloc, plus cudaErrorInvalidResourceHandle for a dead stream. Does not block.
-  cudaError_t malloc_async(void** p, std::size_t bytes, stream_type s);
-  /// Stream-ordered free: `p` is unusable at once; its bytes return to capacity when `s` reaches
-  /// the free. p == nullptr: cudaSuccess. Errors as free (plus a dead stream). Does not block.
-  cudaError_t free_async(void* p, stream_type s);
-
-  // ---- Pinned host memory (never counted against device capacity) ------------------------------
-
-  /// *p = `bytes` of page-aligned host memory. flags: host_alloc_flags (others:
-  /// cudaErrorInvalidValue). bytes == 0: *p = nullptr. cudaErrorMemoryAllocation when the host
-  /// refuses. Does not block.
-  cudaError_t host_alloc(void** p, std::size_t bytes, unsigned flags);
-  /// Frees memory from host_alloc. Blocks until every device has run the work submitted before the
-  /// call (cudaFreeHost synchronizes); counts as a synchronization. p == nullptr: cudaSuccess.
-  /// Unknown pointer or double free: cudaErrorInvalidValue and a misuse message.
-  cudaError_t host_free(void* p);
-  /// Records [p, p+bytes) as registered (pinned). cudaErrorHostMemoryAlreadyRegistered when it
-  /// overlaps a registered range or host_alloc memory; cudaErrorInvalidValue for a null p, zero
-  /// bytes, unknown flags or device memory. Does not block.
-  cudaError_t host_register(void* p, std::size_t bytes, unsigned flags);
-  /// Forgets the range registered at `p` (its start). cudaErrorHostMemoryNotRegistered otherwise.
-  cudaError_t host_unregister(void* p);
-
-  // ---- Virtual memory ---------------------------------------------------------------------------
-
-  /// g = the configured granularity (sim_config::vm_granularity). cudaErrorInvalidDevice.
-  cudaError_t vm_granularity(std::size_t& g, int device);
-  /// Reserves `bytes` of address space (no memory), aligned to max(alignment, granularity).
-  /// bytes must be a non-zero multiple of the granularity and alignment 0 or a power of two, else
-  /// cudaErrorInvalidValue. cudaErrorMemoryAllocation when the host has no address space left.
-  cudaError_t vm_reserve(void** va, std::size_t bytes, std::size_t alignment);
-  /// Returns a whole reservation (va = its start, bytes = its size). cudaErrorInvalidValue when
-  /// the range is unknown or still holds mappings.
-  cudaError_t vm_free(void* va, std::size_t bytes);
-  /// Creates `bytes` of physical memory on `device` (a non-zero multiple of the granularity, else
-  /// cudaErrorInvalidValue), counted against its capacity: cudaErrorMemoryAllocation when it does
-  /// not fit. cudaErrorInvalidDevice for a bad device. The memory is a memfd; `shareable` allows
-  /// vm_export_shareable (as CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR does on CUDA).
-  cudaError_t vm_create(physical_handle& h, std::size_t bytes, int device, bool shareable = false);
-  /// fd = a new descriptor of `h`'s memfd (close-on-exec; the caller closes it). It can cross to
-  /// another process (SCM_RIGHTS, or fork) whose simulated GPU imports it: both then share the
-  /// bytes. cudaErrorInvalidValue for an unknown handle or one not created shareable.
-  cudaError_t vm_export_shareable(int& fd, physical_handle h);
-  /// h = a new handle to the memory `fd` names (a descriptor from vm_export_shareable of any
-  /// simulated GPU, in any process): same size and device, not counted against capacity (the
-  /// exporter's device holds it). `fd` stays the caller's. cudaErrorInvalidValue for a descriptor
-  /// that is not simulated device memory; cudaErrorInvalidDevice when its device does not exist
-  /// here.
-  cudaError_t vm_import_shareable(physical_handle& h, int fd);
-  /// Releases `h`: its memory returns to capacity once it is also unmapped everywhere. Unknown or
-  /// already released handle: cudaErrorInvalidValue.
-  cudaError_t vm_release(physical_handle h);
-  /// Maps all of `h` at `va` (bytes must equal its size): va granularity-aligned, inside one
-  /// reservation, overlapping no mapping; else cudaErrorInvalidValue. Inaccessible until
-  /// vm_set_access.
-  cudaError_t vm_map(void* va, std::size_t bytes, physical_handle h);
-  /// Unmaps [va, va+bytes), which must consist of whole adjacent mappings, else
-  /// cudaErrorInvalidValue. The range stays reserved.
-  cudaError_t vm_unmap(void* va, std::size_t bytes);
-  /// Makes [va, va+bytes) (whole adjacent mappings, else cudaErrorInvalidValue) readable and
-  /// writable, by host code and by copies; `device` is recorded as having access.
-  cudaError_t vm_set_access(void* va, std::size_t bytes, int device);
-
-  // ---- Interprocess memory ---------------------------------------------------------------------
-
-  /// h = a handle naming the allocation (from malloc) that holds `p`. The first export of an
-  /// allocation moves its bytes into a memfd mapped at the same address (waiting first for the
-  /// work queued on every device: do not let work on it run meanwhile). The handle holds this
-  /// process's id and the memfd's number. cudaErrorInvalidValue for memory from malloc_async
-  /// (as CUDA refuses the default pool's memory), memory opened from a handle, a pointer in no
-  /// allocation, or one freed with free_async.
-  cudaError_t ipc_get_mem_handle(ipc_mem_handle& h, void* p);
-  /// In another process (a fork, or any process of the same user): *p = the base of a mapping of
-  /// the allocation `h` names (through /proc/<pid>/fd/<fd>), device memory of the handle's device
-  /// for copies, not counted against capacity. Opening the same handle again returns the same
-  /// pointer (reference counted, as CUDA does). cudaErrorInvalidValue for a handle that is not a
-  /// simulated one or whose memory cannot be opened (the exporter exited or freed it);
-  /// cudaErrorInvalidResourceHandle in the exporting process itself (CUDA opens handles only in
-  /// other processes); cudaErrorInvalidDevice when its device does not exist here.
-  cudaError_t ipc_open_mem_handle(void** p, ipc_mem_handle h);
-  /// Drops one open of `p` (from ipc_open_mem_handle); the last one waits for the work queued on
-  /// its device, then unmaps it. cudaErrorInvalidValue for any other pointer.
-  cudaError_t ipc_close_mem_handle(void* p);
-
-  // ---- Streams ----------------------------------------------------------------------------------
-
-  /// Creates a stream (and its worker thread) on the current device.
-  cudaError_t stream_create(stream_type& s);
-  /// Destroys `s` and returns at once; work already queued still runs. The null stream cannot be
-  /// destroyed; a dead handle gives cudaErrorInvalidResourceHandle (also for every later use).
-  cudaError_t stream_destroy(stream_type s);
-  /// Blocks until `s` has run the work submitted before the call. Counts as a synchronization.
-  cudaError_t stream_synchronize(stream_type s);
-  /// cudaSuccess when `s` has run all submitted work, else cudaErrorNotReady. An atomic check.
-  cudaError_t stream_query(stream_type s);
-  /// Work submitted to `s` after this call waits for `e`'s capture as of this call (no-op when `e`
-  /// was never recorded or has completed). Does not block the host.
-  cudaError_t stream_wait_event(stream_type s, event_type e);
-  /// device = the device `s` was created on (the current device for the null stream).
-  /// cudaErrorInvalidResourceHandle for a dead stream.
-  cudaError_t stream_get_device(stream_type s, int& device);
-
-  // ---- Events -----------------------------------------------------------------------------------
-
-  /// Creates an event of the current device; only `timing` events can be given to
-  /// event_elapsed_time.
-  cudaError_t event_create(event_type& e, bool timing = false);
-  /// Destroys `e`; streams waiting on its capture still wait for it. Dead handle:
-  /// cudaErrorInvalidResourceHandle.
-  cudaError_t event_destroy(event_type e);
-  /// Captures the work submitted to `s` so far (replacing the previous capture); the capture
-  /// completes, with a steady_clock timestamp for timing events, when `s` reaches it: at once when
-  /// `s` has run everything submitted and is not stalled. cudaErrorInvalidResourceHandle (and a
-  /// misuse message) when `s` belongs to another device than `e`, as on CUDA.
-  cudaError_t event_record(event_type e, stream_type s);
-  /// cudaSuccess when the capture has completed or `e` was never recorded, else cudaErrorNotReady.
-  cudaError_t event_query(event_type e);
-  /// Blocks until the capture completes. Counts as a synchronization.
-  cudaError_t event_synchronize(event_type e);
-  /// ms = milliseconds between the completions of `start`'s and `stop`'s captures.
-  /// cudaErrorInvalidResourceHandle when either is not a timing event, was never recorded, or
-  /// the two belong to different devices; cudaErrorNotReady when either capture has not completed.
-  cudaError_t event_elapsed_time(float& ms, event_type start, event_type stop);
-
-  // ---- Work on streams (enqueued, never blocking the host) ------------------------------------
-
-  /// Copies `bytes` from src to dst on `s`. The kind is checked against the pointers: a device side
-  /// must lie in one allocation or in accessible mapped virtual memory (any device), a host side
-  /// outside all device memory; `infer` classifies each side. bytes == 0: no-op cudaSuccess.
-  /// cudaErrorInvalidValue (and a misuse message) for null or misplaced pointers and ranges past
-  /// an allocation's end; cudaErrorInvalidMemcpyDirection for an unknown kind.
-  cudaError_t memcpy_async(void* dst, void const* src, std::size_t bytes, memcpy_kind kind,
-                           stream_type s);
-  /// Copies between device memory of `src_device` and of `dst_device` (each side checked to be on
-  /// that device). cudaErrorInvalidDevice for a bad ordinal; otherwise as memcpy_async. A copy
-  /// between two devices neither of which has peer access to the other is counted in
-  /// staged_peer_copies() (CUDA stages it through host memory).
-  cudaError_t memcpy_peer_async(void* dst, int dst_device, void const* src, int src_device,
-                                std::size_t bytes, stream_type s);
-  /// Sets `bytes` of device memory at dst to (unsigned char)value on `s`. Checks as memcpy_async.
-  cudaError_t memset_async(void* dst, int value, std::size_t bytes, stream_type s);
-  /// Runs fn(user) on `s`'s worker in stream order; fn must not call the runtime. Null fn:
-  /// cudaErrorInvalidValue.
-  cudaError_t launch_host_func(stream_type s, host_fn fn, void* user);
-
-  /// Whether `s` is being captured (see begin_capture). cudaErrorInvalidResourceHandle for a dead
-  /// stream.
-  cudaError_t stream_is_capturing(stream_type s, bool& capturing);
-  /// Swaps the calling thread's capture mode (cudaStreamCaptureMode values) with `mode`.
-  cudaError_t exchange_capture_mode(int& mode);
+  // ---- The Runtime contract's operations ---------------------------------------------------
+  // One member per entry of GPUKIT_RUNTIME_OPS (gpukit/runtime/contract.hpp), declared from that
+  // list: `[[nodiscard]] error_type NAME(PARAMETERS)`. What each does in sim_runtime:
+  //
+  // Devices:
+  //   device_count: n = number of simulated devices. Returns cudaSuccess.
+  //   get_device: d = the calling thread's current device for this runtime (0 until set_device).
+  //   set_device: Makes `d` the calling thread's current device. cudaErrorInvalidDevice when out
+  //     of range.
+  //   get_device_properties: Fills `p` for device `d`: the configured name, compute capability
+  //     9.0, total_memory = the current capacity, 132 multiprocessors, 2 copy engines, unified
+  //     addressing, virtual memory and memory pools supported, ECC as configured
+  //     (sim_config::ecc_enabled), PCI 0000:<d>:00.0, simulated = true. cudaErrorInvalidDevice
+  //     when `d` is out of range.
+  //   mem_get_info: Current device: total = capacity, free = capacity - used (0 when used exceeds
+  //     a shrunk capacity).
+  //   driver_version: v = 13000 (CUDA 13.0): a simulated value; there is no driver.
+  //   runtime_version: v = 13000 (CUDA 13.0): a simulated value.
+  //   device_synchronize: Blocks until every stream of the current device (destroyed ones still
+  //     draining, and the null stream) has run the work submitted before the call. Counts as a
+  //     synchronization.
+  //   device_can_access_peer: can = 1 when sim_config::peer_access and device != peer, else 0.
+  //     cudaErrorInvalidDevice for a bad ordinal.
+  //   device_enable_peer_access: Records that the current device may access `peer`'s memory.
+  //     cudaErrorInvalidDevice for a bad ordinal or the current device itself;
+  //     cudaErrorPeerAccessUnsupported without sim_config::peer_access;
+  //     cudaErrorPeerAccessAlreadyEnabled when already enabled.
+  // Device memory:
+  //   malloc: Allocates `bytes` on the current device: *p = page-aligned memory. bytes == 0: *p =
+  //     nullptr, cudaSuccess (as cudaMalloc). cudaErrorMemoryAllocation when capacity - used <
+  //     bytes; cudaErrorInvalidValue when p is null. Does not block.
+  //   free: Frees memory from malloc/malloc_async. Blocks until the allocation's device has run
+  //     the work submitted before the call (cudaFree synchronizes), then returns the bytes to
+  //     capacity; counts as a synchronization. p == nullptr: cudaSuccess. Unknown pointer,
+  //     interior pointer or double free: cudaErrorInvalidValue and a misuse message.
+  //   malloc_async: Stream-ordered allocation on `s`'s device: counted against capacity at once,
+  //     usable at once. Errors as malloc, plus cudaErrorInvalidResourceHandle for a dead stream.
+  //     Does not block.
+  //   free_async: Stream-ordered free: `p` is unusable at once; its bytes return to capacity when
+  //     `s` reaches the free. p == nullptr: cudaSuccess. Errors as free (plus a dead stream).
+  //     Does not block.
+  // Pinned host memory (never counted against device capacity):
+  //   host_alloc: *p = `bytes` of page-aligned host memory. flags: host_alloc_flags (others:
+  //     cudaErrorInvalidValue). bytes == 0: *p = nullptr. cudaErrorMemoryAllocation when the host
+  //     refuses. Does not block.
+  //   host_free: Frees memory from host_alloc. Blocks until every device has run the work
+  //     submitted before the call (cudaFreeHost synchronizes); counts as a synchronization. p ==
+  //     nullptr: cudaSuccess. Unknown pointer or double free: cudaErrorInvalidValue and a misuse
+  //     message.
+  //   host_register: Records [p, p+bytes) as registered (pinned).
+  //     cudaErrorHostMemoryAlreadyRegistered when it overlaps a registered range or host_alloc
+  //     memory; cudaErrorInvalidValue for a null p, zero bytes, unknown flags or device memory.
+  //     Does not block.
+  //   host_unregister: Forgets the range registered at `p` (its start).
+  //     cudaErrorHostMemoryNotRegistered otherwise.
+  // Virtual memory:
+  //   vm_granularity: g = the configured granularity (sim_config::vm_granularity).
+  //     cudaErrorInvalidDevice.
+  //   vm_reserve: Reserves `bytes` of address space (no memory), aligned to max(alignment,
+  //     granularity). bytes must be a non-zero multiple of the granularity and alignment 0 or a
+  //     power of two, else cudaErrorInvalidValue. cudaErrorMemoryAllocation when the host has no
+  //     address space left.
+  //   vm_free: Returns a whole reservation (va = its start, bytes = its size).
+  //     cudaErrorInvalidValue when the range is unknown or still holds mappings.
+  //   vm_create: Creates `bytes` of physical memory on `device` (a non-zero multiple of the
+  //     granularity, else cudaErrorInvalidValue), counted against its capacity:
+  //     cudaErrorMemoryAllocation when it does not fit. cudaErrorInvalidDevice for a bad device.
+  //     The memory is a memfd; `shareable` allows vm_export_shareable (as
+  //     CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR does on CUDA).
+  //   vm_export_shareable: fd = a new descriptor of `h`'s memfd (close-on-exec; the caller closes
+  //     it). It can cross to another process (SCM_RIGHTS, or fork) whose simulated GPU imports
+  //     it: both then share the bytes. cudaErrorInvalidValue for an unknown handle or one not
+  //     created shareable.
+  //   vm_import_shareable: h = a new handle to the memory `fd` names (a descriptor from
+  //     vm_export_shareable of any simulated GPU, in any process): same size and device, not
+  //     counted against capacity (the exporter's device holds it). `fd` stays the caller's.
+  //     cudaErrorInvalidValue for a descriptor that is not simulated device memory;
+  //     cudaErrorInvalidDevice when its device does not exist here.
+  //   vm_release: Releases `h`: its memory returns to capacity once it is also unmapped
+  //     everywhere. Unknown or already released handle: cudaErrorInvalidValue.
+  //   vm_map: Maps all of `h` at `va` (bytes must equal its size): va granularity-aligned, inside
+  //     one reservation, overlapping no mapping; else cudaErrorInvalidValue. Inaccessible until
+  //     vm_set_access.
+  //   vm_unmap: Unmaps [va, va+bytes), which must consist of whole adjacent mappings, else
+  //     cudaErrorInvalidValue. The range stays reserved.
+  //   vm_set_access: Makes [va, va+bytes) (whole adjacent mappings, else cudaErrorInvalidValue)
+  //     readable and writable, by host code and by copies; `device` is recorded as having access.
+  // Interprocess memory:
+  //   ipc_get_mem_handle: h = a handle naming the allocation (from malloc) that holds `p`. The
+  //     first export of an allocation moves its bytes into a memfd mapped at the same address
+  //     (waiting first for the work queued on every device: do not let work on it run meanwhile).
+  //     The handle holds this process's id and the memfd's number. cudaErrorInvalidValue for
+  //     memory from malloc_async (as CUDA refuses the default pool's memory), memory opened from
+  //     a handle, a pointer in no allocation, or one freed with free_async.
+  //   ipc_open_mem_handle: In another process (a fork, or any process of the same user): *p = the
+  //     base of a mapping of the allocation `h` names (through /proc/<pid>/fd/<fd>), device
+  //     memory of the handle's device for copies, not counted against capacity. Opening the same
+  //     handle again returns the same pointer (reference counted, as CUDA does).
+  //     cudaErrorInvalidValue for a handle that is not a simulated one or whose memory cannot be
+  //     opened (the exporter exited or freed it); cudaErrorInvalidResourceHandle in the exporting
+  //     process itself (CUDA opens handles only in other processes); cudaErrorInvalidDevice when
+  //     its device does not exist here.
+  //   ipc_close_mem_handle: Drops one open of `p` (from ipc_open_mem_handle); the last one waits
+  //     for the work queued on its device, then unmaps it. cudaErrorInvalidValue for any other
+  //     pointer.
+  // Streams:
+  //   stream_create: Creates a stream (and its worker thread) on the current device.
+  //   stream_destroy: Destroys `s` and returns at once; work already queued still runs. The null
+  //     stream cannot be destroyed; a dead handle gives cudaErrorInvalidResourceHandle (also for
+  //     every later use).
+  //   stream_synchronize: Blocks until `s` has run the work submitted before the call. Counts as
+  //     a synchronization.
+  //   stream_query: cudaSuccess when `s` has run all submitted work, else cudaErrorNotReady. An
+  //     atomic check.
+  //   stream_wait_event: Work submitted to `s` after this call waits for `e`'s capture as of this
+  //     call (no-op when `e` was never recorded or has completed). Does not block the host.
+  //   stream_get_device: device = the device `s` was created on (the current device for the null
+  //     stream). cudaErrorInvalidResourceHandle for a dead stream.
+  // Events:
+  //   event_create: Creates an event of the current device; only `timing` events can be given to
+  //     event_elapsed_time.
+  //   event_destroy: Destroys `e`; streams waiting on its capture still wait for it. Dead handle:
+  //     cudaErrorInvalidResourceHandle.
+  //   event_record: Captures the work submitted to `s` so far (replacing the previous capture);
+  //     the capture completes, with a steady_clock timestamp for timing events, when `s` reaches
+  //     it: at once when `s` has run everything submitted and is not stalled.
+  //     cudaErrorInvalidResourceHandle (and a misuse message) when `s` belongs to another device
+  //     than `e`, as on CUDA.
+  //   event_query: cudaSuccess when the capture has completed or `e` was never recorded, else
+  //     cudaErrorNotReady.
+  //   event_synchronize: Blocks until the capture completes. Counts as a synchronization.
+  //   event_elapsed_time: ms = milliseconds between the completions of `start`'s and `stop`'s
+  //     captures. cudaErrorInvalidResourceHandle when either is not a timing event, was never
+  //     recorded, or the two belong to different devices; cudaErrorNotReady when either capture
+  //     has not completed.
+  // Work on streams (enqueued, never blocking the host):
+  //   memcpy_async: Copies `bytes` from src to dst on `s`. The kind is checked against the
+  //     pointers: a device side must lie in one allocation or in accessible mapped virtual memory
+  //     (any device), a host side outside all device memory; `infer` classifies each side. bytes
+  //     == 0: no-op cudaSuccess. cudaErrorInvalidValue (and a misuse message) for null or
+  //     misplaced pointers and ranges past an allocation's end; cudaErrorInvalidMemcpyDirection
+  //     for an unknown kind.
+  //   memcpy_peer_async: Copies between device memory of `src_device` and of `dst_device` (each
+  //     side checked to be on that device). cudaErrorInvalidDevice for a bad ordinal; otherwise
+  //     as memcpy_async. A copy between two devices neither of which has peer access to the other
+  //     is counted in staged_peer_copies() (CUDA stages it through host memory).
+  //   memset_async: Sets `bytes` of device memory at dst to (unsigned char)value on `s`. Checks
+  //     as memcpy_async.
+  //   launch_host_func: Runs fn(user) on `s`'s worker in stream order; fn must not call the
+  //     runtime. Null fn: cudaErrorInvalidValue.
+  //   stream_is_capturing: Whether `s` is being captured (see begin_capture).
+  //     cudaErrorInvalidResourceHandle for a dead stream.
+  //   exchange_capture_mode: Swaps the calling thread's capture mode (cudaStreamCaptureMode
+  //     values) with `mode`.
+  GPUKIT_RUNTIME_OPS(GPUKIT_RUNTIME_DECLARE_OPERATION)
 
   // ---- Simulation controls (not runtime calls: neither counted nor injectable) -----------------
 
   /// Sets device `device`'s capacity to `bytes` at once; may go below what is in use (then free
   /// memory reads 0 and allocations fail until enough is freed). cudaErrorInvalidDevice.
-  cudaError_t set_capacity(int device, std::size_t bytes);
+  [[nodiscard]] cudaError_t set_capacity(int device, std::size_t bytes);
   /// Device `device`'s capacity in bytes (0 for a bad ordinal).
   [[nodiscard]] std::size_t capacity(int device) const noexcept;
   /// Bytes in use on `device`: live allocations (including free_async not yet reached) and live
@@ -444,9 +363,9 @@ class sim_runtime final {
   /// Holds `s`'s worker before its next task (a task already running finishes) until release(s):
   /// its queued work, and the captures of events recorded on it, stay pending. Null = the current
   /// device's null stream. cudaErrorInvalidResourceHandle for a dead stream. Does not block.
-  cudaError_t stall(stream_type s);
+  [[nodiscard]] cudaError_t stall(stream_type s);
   /// Lets a stalled stream run again. cudaErrorInvalidResourceHandle for a dead stream.
-  cudaError_t release(stream_type s);
+  [[nodiscard]] cudaError_t release(stream_type s);
 
   /// Simulates CUDA graph capture on `s` (global mode, as cudaStreamBeginCapture's default): work
   /// enqueued on `s` is recorded, not run (here: dropped), and until end_capture every thread
@@ -455,9 +374,9 @@ class sim_runtime final {
   /// synchronizations); malloc_async on `s` is reported too (on CUDA it would silently become a
   /// graph allocation node). cudaErrorInvalidResourceHandle for a dead stream,
   /// cudaErrorInvalidValue when `s` is already capturing.
-  cudaError_t begin_capture(stream_type s);
+  [[nodiscard]] cudaError_t begin_capture(stream_type s);
   /// Ends the capture begun by begin_capture(s). cudaErrorInvalidValue when `s` is not capturing.
-  cudaError_t end_capture(stream_type s);
+  [[nodiscard]] cudaError_t end_capture(stream_type s);
 
   /// Calls of `op` made since construction or reset_counters(), failed ones included (relaxed
   /// atomic counters: exact once the calling threads are joined or synchronized).

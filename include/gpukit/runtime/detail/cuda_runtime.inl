@@ -47,6 +47,20 @@ inline vm_call begin_vm_call() noexcept
   return {api, bind_primary_context()};
 }
 
+/// gpukit's copy direction as CUDA's; an unknown value stays unknown (CUDA then reports
+/// cudaErrorInvalidMemcpyDirection).
+inline cudaMemcpyKind to_cuda_memcpy_kind(memcpy_kind k) noexcept
+{
+  switch (k) {
+    case memcpy_kind::host_to_host: return cudaMemcpyHostToHost;
+    case memcpy_kind::host_to_device: return cudaMemcpyHostToDevice;
+    case memcpy_kind::device_to_host: return cudaMemcpyDeviceToHost;
+    case memcpy_kind::device_to_device: return cudaMemcpyDeviceToDevice;
+    case memcpy_kind::infer: return cudaMemcpyDefault;
+  }
+  return static_cast<cudaMemcpyKind>(-1);
+}
+
 inline CUdeviceptr to_device_ptr(void* p) noexcept
 {
   return static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(p));
@@ -400,7 +414,7 @@ inline cudaError_t cuda_runtime::event_elapsed_time(float& ms, event_type start,
 inline cudaError_t cuda_runtime::memcpy_async(void* dst, void const* src, std::size_t bytes,
                                               memcpy_kind k, stream_type s)
 {
-  return detail::cuda_result(::cudaMemcpyAsync(dst, src, bytes, static_cast<cudaMemcpyKind>(k), s));
+  return detail::cuda_result(::cudaMemcpyAsync(dst, src, bytes, detail::to_cuda_memcpy_kind(k), s));
 }
 
 inline cudaError_t cuda_runtime::memcpy_peer_async(void* dst, int dst_device, void const* src,
@@ -418,18 +432,6 @@ inline cudaError_t cuda_runtime::memset_async(void* dst, int value, std::size_t 
 inline cudaError_t cuda_runtime::launch_host_func(stream_type s, host_fn fn, void* user)
 {
   return detail::cuda_result(::cudaLaunchHostFunc(s, fn, user));
-}
-
-// --- Errors --------------------------------------------------------------------------------------
-
-inline char const* cuda_runtime::error_name(cudaError_t e) noexcept
-{
-  return ::cudaGetErrorName(e);
-}
-
-inline char const* cuda_runtime::error_string(cudaError_t e) noexcept
-{
-  return ::cudaGetErrorString(e);
 }
 
 // --- Graph capture -------------------------------------------------------------------------------
