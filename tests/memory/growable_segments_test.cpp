@@ -4,6 +4,7 @@
 #include "memory/allocator_conformance.hpp"
 
 #include <gpukit/memory/caching_allocator.hpp>
+#include <gpukit/memory/detail/allocator_invariants.hpp>
 #include <gpukit/runtime/sim_runtime.hpp>
 
 #include <doctest/doctest.h>
@@ -94,7 +95,7 @@ double varying_shapes_ratio(sim_runtime& sim, gpukit::caching_allocator_options 
       live.sub(it->second);
     }
   }
-  CHECK(alloc.check_invariants() == "");
+  CHECK(gpukit::detail::check_invariants(alloc) == "");
   auto const st = alloc.stats();
   for (auto& [p, b] : params) { alloc.deallocate_async(p, b, s); }
   alloc.forget_stream(s);
@@ -172,13 +173,13 @@ TEST_SUITE("growable_segments")
     void* d = alloc.allocate_async(100 * MiB, s);
     CHECK(d == a);
     CHECK(alloc.stats().reserved_bytes.current == static_cast<std::int64_t>(100 * MiB));
-    CHECK(alloc.check_invariants() == "");
+    CHECK(gpukit::detail::check_invariants(alloc) == "");
     alloc.deallocate_async(d, 100 * MiB, s);
     alloc.forget_stream(s);
     CHECK(alloc.release() == 100 * MiB);
     CHECK(alloc.stats().reserved_bytes.current == 0);
     CHECK(alloc.stats().segment_count.current == 0);
-    CHECK(alloc.check_invariants() == "");
+    CHECK(gpukit::detail::check_invariants(alloc) == "");
     GPUKIT_CUDA_TRY(sim.stream_destroy(s));
     CHECK(sim.used_bytes(0) == 0);
     CHECK(sim.misuse_count() == 0);
@@ -200,7 +201,7 @@ TEST_SUITE("growable_segments")
     auto const st = alloc.stats();
     CHECK(st.num_pages_reused == 20);
     CHECK(st.reserved_bytes.peak == static_cast<std::int64_t>(68 * MiB));
-    CHECK(alloc.check_invariants() == "");
+    CHECK(gpukit::detail::check_invariants(alloc) == "");
     // The memory is usable where it was mapped again.
     gpukit::test::fill(sim, c, 60 * MiB, 0x3c, s);
     CHECK(gpukit::test::holds(sim, c, 60 * MiB, 0x3c, s));
@@ -269,7 +270,7 @@ TEST_SUITE("growable_segments")
     alloc.forget_stream(a);
     alloc.forget_stream(b);
     alloc.release();
-    CHECK(alloc.check_invariants() == "");
+    CHECK(gpukit::detail::check_invariants(alloc) == "");
     GPUKIT_CUDA_TRY(sim.stream_destroy(a));
     GPUKIT_CUDA_TRY(sim.stream_destroy(b));
     CHECK(sim.used_bytes(0) == 0);
@@ -307,7 +308,7 @@ TEST_SUITE("growable_segments")
                 CHECK(e.code() == error);
                 ++failures;
               }
-              CHECK(alloc.check_invariants() == "");
+              CHECK(gpukit::detail::check_invariants(alloc) == "");
             };
             for (std::size_t mb : {6, 30, 3, 50}) { attempt(mb * MiB + 4096); }
             // Free the middle ones: holes whose pages the next growth reuses.
@@ -323,7 +324,7 @@ TEST_SUITE("growable_segments")
               CHECK(e.code() == error);
               ++failures;
             }
-            CHECK(alloc.check_invariants() == "");
+            CHECK(gpukit::detail::check_invariants(alloc) == "");
             // Whatever failed, the allocator works now.
             sim.clear_faults();
             void* p = alloc.allocate_async(64 * MiB, s);
@@ -339,7 +340,7 @@ TEST_SUITE("growable_segments")
             alloc.forget_stream(s);
             alloc.release();
             CHECK(alloc.stats().reserved_bytes.current == 0);
-            CHECK(alloc.check_invariants() == "");
+            CHECK(gpukit::detail::check_invariants(alloc) == "");
             GPUKIT_CUDA_TRY(sim.stream_destroy(s));
           }
           CHECK(failures <= 1);
@@ -371,7 +372,7 @@ TEST_SUITE("growable_segments")
     auto const st = alloc.stats();
     CHECK(st.num_alloc_retries == 1);
     CHECK(st.reserved_bytes.current <= static_cast<std::int64_t>(256 * MiB));
-    CHECK(alloc.check_invariants() == "");
+    CHECK(gpukit::detail::check_invariants(alloc) == "");
     alloc.deallocate_async(q, 150 * MiB, b);
     alloc.forget_stream(a);
     alloc.forget_stream(b);
