@@ -448,7 +448,7 @@ class basic_caching_allocator final {
   void* allocate_slow(std::size_t bytes, std::size_t size, stream_type stream, thread_cache& tc);
   void* hand_out(thread_cache& tc, block* b, std::size_t bytes, stream_type stream);
   void deallocate_impl(void* ptr, std::size_t bytes, bool check_size, stream_type stream);
-  block* find_to_free(thread_cache& tc, void* ptr, bool& foreign);
+  block* find_foreign(void* ptr);
   void count_free(thread_cache& tc, block* b, void* ptr, stream_type stream);
   void defer_free(thread_cache& tc, block* b, void* ptr, stream_type stream);
   // Thread caches (detail/thread_cache.inl).
@@ -495,7 +495,8 @@ class basic_caching_allocator final {
   void count_step_locked(recovery_step step, std::size_t reclaimed);
   block* recover_events_locked(recovery_request& r);
   block* recover_callbacks_locked(recovery_request& r);
-  block* recover_release_locked(recovery_request& r);
+  block* recover_release_stream_locked(recovery_request& r);
+  block* recover_release_all_locked(recovery_request& r);
   block* recover_wait_locked(recovery_request& r);
   std::size_t free_bytes_locked() const;
   [[noreturn]] void throw_oom_locked(std::size_t bytes, std::size_t size);

@@ -242,6 +242,9 @@ void basic_caching_allocator<Runtime>::deallocate_async(void* ptr, stream_type s
   deallocate_impl(ptr, 0, false, stream);
 }
 
+// The fast path: a block this thread handed out goes back to its cache, with no lock. Blocks of
+// other threads, blocks used on other streams (record_stream) and blocks the cache has no room for
+// go through the pool lock.
 template <class Runtime>
 void basic_caching_allocator<Runtime>::deallocate_impl(void* ptr, std::size_t bytes,
                                                        bool check_size, stream_type stream)
@@ -256,65 +259,15 @@ void basic_caching_allocator<Runtime>::deallocate_impl(void* ptr, std::size_t by
     b = nullptr;
   }
   bool const foreign = b == nullptr;  // allocated by another thread
-  if (b == nullptr) {
-    // Not handed out by this thread (or an error): look it up in the pool.
-    std::lock_guard<std::mutex> lock{mutex_};
-    b = pool_.blocks.find(key);
-    if (b != nullptr) { threads_.freed_across = true; }  // per-thread peaks no longer bound it
-    if (b == nullptr) {
-      GPUKIT_EXPECTS(false, "deallocate: pointer " + detail::hex(ptr) +
-                              " was not allocated by this allocator (device " +
-                              std::to_string(device_) + ")");
-    }
-    auto const st = b->state.load(std::memory_order_relaxed);
-    GPUKIT_EXPECTS(st == detail::block_state::allocated,
-                   "deallocate: double free of " + detail::hex(ptr) + " (a block of " +
-                     std::to_string(b->size) + " bytes that is already free, device " +
-                     std::to_string(device_) + ")");
-  }
+  if (foreign) { b = find_foreign(ptr); }
   GPUKIT_EXPECTS(!check_size || bytes == b->requested,
                  "deallocate: pointer " + detail::hex(ptr) + " was allocated with " +
                    std::to_string(b->requested) + " bytes but freed with " + std::to_string(bytes));
-  auto count_free = [&] {
-    if (options_.nvtx_annotate) { unregister_memory_region(ptr); }
-    tc.handed_out.erase(key);
-    tc.allocated_bytes.add(-static_cast<std::int64_t>(b->size));
-    tc.requested_bytes.add(-static_cast<std::int64_t>(b->requested));
-    tc.allocation_count.add(-1);
-    tc.num_frees.add(1);
-  };
   if (!b->recorded.empty()) {
-    // Used on other streams too: reusable once the work queued there up to now has completed.
-    std::lock_guard<std::mutex> lock{mutex_};
-    pending_free pf;
-    pf.b      = b;
-    pf.stream = stream;
-    device_guard<Runtime> guard{runtime_, device_};
-    for (stream_type s : b->recorded) {
-      if (s == stream) { continue; }
-      event_type e        = take_event_locked();
-      cudaError_t const r = runtime_.event_record(e, s);
-      if (r != cudaSuccess) {  // the block stays allocated, as if this call had not been made
-        streams_.spare_events.push_back(e);
-        streams_.spare_events.insert(streams_.spare_events.end(), pf.events.begin(),
-                                     pf.events.end());
-        GPUKIT_CUDA_TRY(r);
-      }
-      pf.events.push_back(e);
-    }
-    count_free();
-    if (recording_.on.load(std::memory_order_relaxed)) {
-      record(tc, memory_event::action::free, b, stream);
-    }
-    b->recorded.clear();
-    b->state.store(detail::block_state::pending, std::memory_order_relaxed);
-    streams_.pending.push_back(std::move(pf));
+    defer_free(tc, b, ptr, stream);
     return;
   }
-  count_free();
-  if (recording_.on.load(std::memory_order_relaxed)) {
-    record(tc, memory_event::action::free, b, stream);
-  }
+  count_free(tc, b, ptr, stream);
   b->state.store(detail::block_state::cached, std::memory_order_relaxed);
   // A block another thread allocated goes back to the pool, not to this thread's cache: a thread
   // that frees what others allocate (PyTorch's autograd threads) would otherwise strand it.
@@ -330,6 +283,72 @@ void basic_caching_allocator<Runtime>::deallocate_impl(void* ptr, std::size_t by
       streams_.forgotten.end());
   }
   free_to_pool_locked(b, stream);
+}
+
+// A pointer this thread did not hand out (or an error): its block in the pool, still allocated.
+// @throws gpukit::logic_error for a pointer this allocator did not hand out, or a double free
+template <class Runtime>
+typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtime>::find_foreign(
+  void* ptr)
+{
+  std::lock_guard<std::mutex> lock{mutex_};
+  block* b = pool_.blocks.find(reinterpret_cast<std::uintptr_t>(ptr));
+  if (b != nullptr) { threads_.freed_across = true; }  // per-thread peaks no longer bound it
+  if (b == nullptr) {
+    GPUKIT_EXPECTS(false, "deallocate: pointer " + detail::hex(ptr) +
+                            " was not allocated by this allocator (device " +
+                            std::to_string(device_) + ")");
+  }
+  auto const st = b->state.load(std::memory_order_relaxed);
+  GPUKIT_EXPECTS(st == detail::block_state::allocated,
+                 "deallocate: double free of " + detail::hex(ptr) + " (a block of " +
+                   std::to_string(b->size) + " bytes that is already free, device " +
+                   std::to_string(device_) + ")");
+  return b;
+}
+
+// Every free counts here: the annotation, the thread's map and counters, the optional recording.
+template <class Runtime>
+__attribute__((always_inline)) inline void basic_caching_allocator<Runtime>::count_free(
+  thread_cache& tc, block* b, void* ptr, stream_type stream)
+{
+  if (options_.nvtx_annotate) { unregister_memory_region(ptr); }
+  tc.handed_out.erase(reinterpret_cast<std::uintptr_t>(ptr));
+  tc.allocated_bytes.add(-static_cast<std::int64_t>(b->size));
+  tc.requested_bytes.add(-static_cast<std::int64_t>(b->requested));
+  tc.allocation_count.add(-1);
+  tc.num_frees.add(1);
+  if (recording_.on.load(std::memory_order_relaxed)) {
+    record(tc, memory_event::action::free, b, stream);
+  }
+}
+
+// A block used on other streams too (record_stream): reusable once the work queued there up to
+// now has completed, so it waits as a pending free on an event per such stream.
+template <class Runtime>
+void basic_caching_allocator<Runtime>::defer_free(thread_cache& tc, block* b, void* ptr,
+                                                  stream_type stream)
+{
+  std::lock_guard<std::mutex> lock{mutex_};
+  pending_free pf;
+  pf.b      = b;
+  pf.stream = stream;
+  device_guard<Runtime> guard{runtime_, device_};
+  for (stream_type s : b->recorded) {
+    if (s == stream) { continue; }
+    event_type e        = take_event_locked();
+    cudaError_t const r = runtime_.event_record(e, s);
+    if (r != cudaSuccess) {  // the block stays allocated, as if this call had not been made
+      streams_.spare_events.push_back(e);
+      streams_.spare_events.insert(streams_.spare_events.end(), pf.events.begin(), pf.events.end());
+      GPUKIT_CUDA_TRY(r);
+    }
+    pf.events.push_back(e);
+  }
+  count_free(tc, b, ptr, stream);
+  b->recorded.clear();
+  b->state.store(detail::block_state::pending, std::memory_order_relaxed);
+  streams_.pending.push_back(std::move(pf));
 }
 
 }  // namespace gpukit

@@ -16,6 +16,19 @@
 
 namespace gpukit {
 
+/// What one recovery works on: the request, and the streams whose stream-ordered frees have not
+/// yet taken effect.
+template <class Runtime>
+struct basic_caching_allocator<Runtime>::recovery_request {
+  std::unique_lock<std::mutex>& lock;
+  std::size_t size;
+  int kind;
+  stream_type stream;
+  thread_cache& tc;
+  std::vector<stream_type>& freed_on;
+  bool capture;  // a graph capture is under way: no event query, no synchronization
+};
+
 // The out-of-memory ladder: each step, then a fresh search of the pool and one more try of the
 // runtime. Steps that do not apply (nothing to collect, no callbacks, ...) are recorded as such.
 // Returns nullptr when every step failed; recovery_.ladder then holds what each reclaimed (for the
@@ -29,93 +42,137 @@ typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtim
   for (int i = 0; i < recovery_step_count; ++i) {
     recovery_.ladder[i].name = recovery_step_names[i];
   }
-  auto attempt = [&]() -> block* {
-    if (block* b = find_free_locked(size, kind, stream)) { return b; }
-    bool oom = false;
-    return growable_ ? grow_locked(size, kind, stream, oom)
-                     : new_segment_locked(size, kind, stream, oom);
-  };
-  auto count = [&](int step, std::size_t reclaimed) {
-    recovery_.ladder[step].attempted = true;
-    recovery_.ladder[step].bytes_reclaimed += reclaimed;
-    ++stats_.num_recovery_steps[step];
-    stats_.recovery_bytes[step] += reclaimed;
-  };
-  // Stream-ordered frees take effect when their stream reaches them: wait for those streams only
-  // (never the whole device); then the memory is the device's again.
-  auto settle = [&] {
-    if (freed_on.empty() || capture) { return; }
-    device_guard<Runtime> guard{runtime_, device_};
-    for (stream_type fs : freed_on) {
-      GPUKIT_CUDA_TRY(runtime_.stream_synchronize(fs));
-      ++stats_.num_release_waits;
-    }
-    freed_on.clear();
-  };
-  settle();  // segments returned just before the failed try (release_before_grow)
-  if (block* b = attempt()) { return b; }
+  recovery_request r{lock, size, kind, stream, tc, freed_on, capture};
+  settle_frees_locked(r);  // segments returned just before the failed try (release_before_grow)
+  if (block* b = retry_locked(r)) { return b; }
+  if (block* b = recover_events_locked(r)) { return b; }
+  if (block* b = recover_callbacks_locked(r)) { return b; }
+  if (block* b = recover_release_stream_locked(r)) { return b; }
+  if (block* b = recover_release_all_locked(r)) { return b; }
+  // Growable segments: the two release steps unmap the free pages of the streams they release.
+  return recover_wait_locked(r);
+}
 
-  // (1) Blocks whose cross-stream events have completed (no waiting).
-  if (!capture) {
-    count(step_events, poll_pending_locked() + migrate_locked(stream, false));
-    flush_cache_locked(tc);
-    if (block* b = attempt()) { return b; }
+// A fresh search of the pool, then one more try of the runtime.
+template <class Runtime>
+typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtime>::retry_locked(
+  recovery_request const& r)
+{
+  if (block* b = find_free_locked(r.size, r.kind, r.stream)) { return b; }
+  bool oom = false;
+  return growable_ ? grow_locked(r.size, r.kind, r.stream, oom)
+                   : new_segment_locked(r.size, r.kind, r.stream, oom);
+}
+
+template <class Runtime>
+void basic_caching_allocator<Runtime>::count_step_locked(recovery_step step, std::size_t reclaimed)
+{
+  recovery_.ladder[step].attempted = true;
+  recovery_.ladder[step].bytes_reclaimed += reclaimed;
+  ++stats_.num_recovery_steps[step];
+  stats_.recovery_bytes[step] += reclaimed;
+}
+
+// Stream-ordered frees take effect when their stream reaches them: wait for those streams only
+// (never the whole device); then the memory is the device's again.
+template <class Runtime>
+void basic_caching_allocator<Runtime>::settle_frees_locked(recovery_request& r)
+{
+  if (r.freed_on.empty() || r.capture) { return; }
+  device_guard<Runtime> guard{runtime_, device_};
+  for (stream_type fs : r.freed_on) {
+    GPUKIT_CUDA_TRY(runtime_.stream_synchronize(fs));
+    ++stats_.num_release_waits;
   }
-  // (2) The user's callbacks, in order, without the pool lock (they may free memory); each may ask
-  // for another try.
-  if (!recovery_.callbacks.empty()) {
-    auto callbacks = recovery_.callbacks;
-    for (auto const& cb : callbacks) {
-      std::size_t const free_before     = free_bytes_locked();
-      std::size_t const reserved_before = pool_.reserved;
-      oom_context const ctx{size, device_, pool_.reserved,
-                            static_cast<std::size_t>(limit_.load(std::memory_order_relaxed))};
-      lock.unlock();
-      bool const again = cb(ctx);
-      lock.lock();
-      flush_cache_locked(tc);
-      std::size_t const free_after = free_bytes_locked();
-      count(step_callbacks,
-            (free_after > free_before ? free_after - free_before : 0) +
-              (reserved_before > pool_.reserved ? reserved_before - pool_.reserved : 0));
-      if (again) {
-        if (block* b = attempt()) { return b; }
-      }
+  r.freed_on.clear();
+}
+
+// (1) Blocks whose cross-stream events have completed (no waiting).
+template <class Runtime>
+typename basic_caching_allocator<Runtime>::block*
+basic_caching_allocator<Runtime>::recover_events_locked(recovery_request& r)
+{
+  if (r.capture) { return nullptr; }
+  count_step_locked(step_events, poll_pending_locked() + migrate_locked(r.stream, false));
+  flush_cache_locked(r.tc);
+  return retry_locked(r);
+}
+
+// (2) The user's callbacks, in order, without the pool lock (they may free memory); each may ask
+// for another try.
+template <class Runtime>
+typename basic_caching_allocator<Runtime>::block*
+basic_caching_allocator<Runtime>::recover_callbacks_locked(recovery_request& r)
+{
+  if (recovery_.callbacks.empty()) { return nullptr; }
+  auto callbacks = recovery_.callbacks;
+  for (auto const& cb : callbacks) {
+    std::size_t const free_before     = free_bytes_locked();
+    std::size_t const reserved_before = pool_.reserved;
+    oom_context const ctx{r.size, device_, pool_.reserved,
+                          static_cast<std::size_t>(limit_.load(std::memory_order_relaxed))};
+    r.lock.unlock();
+    bool const again = cb(ctx);
+    r.lock.lock();
+    flush_cache_locked(r.tc);
+    std::size_t const free_after = free_bytes_locked();
+    count_step_locked(step_callbacks,
+                      (free_after > free_before ? free_after - free_before : 0) +
+                        (reserved_before > pool_.reserved ? reserved_before - pool_.reserved : 0));
+    if (again) {
+      if (block* b = retry_locked(r)) { return b; }
     }
   }
-  // (3) Cached free segments of the requesting stream, then of every stream; blocks other
-  // streams freed are first made usable, waiting only on the events that guard them.
-  count(step_release_stream, release_locked(0, &freed_on, -1, &stream));
-  settle();
-  if (block* b = attempt()) { return b; }
+  return nullptr;
+}
+
+// (3) Cached free segments of the requesting stream.
+template <class Runtime>
+typename basic_caching_allocator<Runtime>::block*
+basic_caching_allocator<Runtime>::recover_release_stream_locked(recovery_request& r)
+{
+  count_step_locked(step_release_stream, release_locked(0, &r.freed_on, -1, &r.stream));
+  settle_frees_locked(r);
+  return retry_locked(r);
+}
+
+// (4) Cached free segments of every stream; blocks other streams freed are first made usable,
+// waiting only on the events that guard them.
+template <class Runtime>
+typename basic_caching_allocator<Runtime>::block*
+basic_caching_allocator<Runtime>::recover_release_all_locked(recovery_request& r)
+{
   for (auto& c : threads_.caches) {
-    if (c.get() != &tc) { c->flush_requested.store(true, std::memory_order_relaxed); }
+    if (c.get() != &r.tc) { c->flush_requested.store(true, std::memory_order_relaxed); }
   }
-  std::size_t moved = capture ? 0 : migrate_locked(stream, true) + poll_pending_locked(true);
+  std::size_t moved = r.capture ? 0 : migrate_locked(r.stream, true) + poll_pending_locked(true);
   if (moved != 0) {
-    if (block* b = find_free_locked(size, kind, stream)) {
-      count(step_release_all, moved);
+    if (block* b = find_free_locked(r.size, r.kind, r.stream)) {
+      count_step_locked(step_release_all, moved);
       return b;
     }
   }
-  count(step_release_all, moved + release_locked(0, &freed_on));
-  settle();
-  if (block* b = attempt()) { return b; }
-  // Growable segments: steps 3 and 4 unmap the free pages of the streams they release.
-  // (5) A bounded wait for blocks that other threads are returning to the pool.
-  if (options_.oom_wait_for_frees_ms > 0) {
-    std::size_t const free_before = free_bytes_locked();
-    ++recovery_.waiters;
-    recovery_.frees_cv.wait_for(lock, std::chrono::milliseconds(options_.oom_wait_for_frees_ms));
-    --recovery_.waiters;
-    std::size_t const free_after = free_bytes_locked();
-    count(step_wait, free_after > free_before ? free_after - free_before : 0);
-    if (!capture) { migrate_locked(stream, false); }
-    release_locked(0, &freed_on);
-    settle();
-    if (block* b = attempt()) { return b; }
-  }
-  return nullptr;
+  count_step_locked(step_release_all, moved + release_locked(0, &r.freed_on));
+  settle_frees_locked(r);
+  return retry_locked(r);
+}
+
+// (5) A bounded wait for blocks that other threads are returning to the pool.
+template <class Runtime>
+typename basic_caching_allocator<Runtime>::block*
+basic_caching_allocator<Runtime>::recover_wait_locked(recovery_request& r)
+{
+  if (options_.oom_wait_for_frees_ms <= 0) { return nullptr; }
+  std::size_t const free_before = free_bytes_locked();
+  ++recovery_.waiters;
+  recovery_.frees_cv.wait_for(r.lock, std::chrono::milliseconds(options_.oom_wait_for_frees_ms));
+  --recovery_.waiters;
+  std::size_t const free_after = free_bytes_locked();
+  count_step_locked(step_wait, free_after > free_before ? free_after - free_before : 0);
+  if (!r.capture) { migrate_locked(r.stream, false); }
+  release_locked(0, &r.freed_on);
+  settle_frees_locked(r);
+  return retry_locked(r);
 }
 
 template <class Runtime>
