@@ -45,26 +45,8 @@ struct streams2 {
 
 TEST_SUITE("caching_allocator")
 {
-  TEST_CASE("conformance: round trip of many sizes")
-  {
-    sim_runtime sim{one_device()};
-    gpukit::test::check_alloc_roundtrip(sim);
-  }
-  TEST_CASE("conformance: same-stream reuse")
-  {
-    sim_runtime sim{one_device()};
-    gpukit::test::check_same_stream_reuse(sim);
-  }
-  TEST_CASE("conformance: bad input gets a clear error and changes nothing")
-  {
-    sim_runtime sim{one_device()};
-    gpukit::test::check_bad_input(sim);
-  }
-  TEST_CASE("conformance: limit and out-of-memory report")
-  {
-    sim_runtime sim{one_device()};
-    gpukit::test::check_limit_and_oom_report(sim);
-  }
+  // The conformance suite over every segment source (tests/memory/allocator_conformance.hpp).
+  GPUKIT_ALLOCATOR_CONFORMANCE_CASES(sim_runtime{one_device()}, "sim_runtime", 4, 400, 8 * MiB)
 
   TEST_CASE("the hot path makes no runtime call and no synchronization")
   {
