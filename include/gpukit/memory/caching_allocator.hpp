@@ -476,7 +476,7 @@ class basic_caching_allocator final {
   void check_stream_locked(stream_type stream, char const* what);
   std::size_t poll_pending_locked(bool wait = false);
   std::size_t migrate_locked(stream_type requester, bool wait);
-  void make_global_locked(stream_pool& sp, std::vector<block*> const& movers);
+  std::size_t make_global_locked(stream_pool& sp, std::uint64_t up_to_seq);
   event_type take_event_locked();
   // The out-of-memory ladder (detail/oom_recovery.inl).
   enum recovery_step : int {
@@ -520,12 +520,21 @@ class basic_caching_allocator final {
   // Growable segments (detail/growable_segments.inl).
   block* grow_locked(std::size_t size, int kind, stream_type stream, bool& oom);
   block* reserve_growable_locked(std::size_t size, int kind, stream_type stream, bool& oom);
+  struct mapped_page;
   bool map_pages_locked(segment& seg, std::size_t first, std::size_t count, bool& oom);
+  static void* page_address(segment const& seg, std::size_t i) noexcept;
+  cudaError_t take_page_locked(int kind, std::size_t page, mapped_page& m);
+  void give_back_page_locked(int kind, std::size_t page, mapped_page const& m);
+  bool undo_map_locked(segment& seg, std::vector<mapped_page> const& now, cudaError_t e, bool& oom);
   std::size_t harvest_pages_locked(int kind, std::size_t wanted, block const* keep);
   cudaError_t unmap_page_locked(segment& seg, std::size_t i);
   std::size_t unmap_free_pages_locked(block* b, std::size_t wanted, cudaError_t& error);
   void insert_unmapped_locked(block* b);
   std::size_t release_growable_locked(std::size_t target, stream_type const* only_stream);
+  void release_spare_pages_locked(std::size_t target);
+  void unmap_stranded_pages_locked();
+  void unmap_released_blocks_locked(std::size_t target, stream_type const* only_stream);
+  void free_empty_ranges_locked();
   // The list of spare pages a pool kind uses: one for both when their pages have the same size.
   int spare_kind(int kind) const noexcept
   {

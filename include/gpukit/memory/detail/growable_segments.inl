@@ -168,6 +168,14 @@ std::size_t basic_caching_allocator<Runtime>::harvest_pages_locked(int kind, std
   return got;
 }
 
+/// A page map_pages_locked has mapped, until the transaction ends.
+template <class Runtime>
+struct basic_caching_allocator<Runtime>::mapped_page {
+  std::size_t index{0};
+  physical_handle handle{};
+  bool fresh{false};  // created by this transaction
+};
+
 // Maps pages [first, first + count) of seg, in one transaction: physical memory from the spare
 // pages, else new (cuMemCreate, within the limit); each page mapped, then the range made
 // accessible. On any failure every page this call mapped is unmapped again and the physical memory
@@ -180,73 +188,26 @@ bool basic_caching_allocator<Runtime>::map_pages_locked(segment& seg, std::size_
 {
   std::size_t const page = seg.page;
   int const kind         = spare_kind(seg.kind);
-  auto va                = [&](std::size_t i) {
-    return static_cast<void*>(static_cast<char*>(seg.ptr) + i * page);
-  };
-  struct mapped_page {
-    std::size_t index;
-    physical_handle handle;
-    bool fresh;  // created by this call
-  };
   std::vector<mapped_page> now;
   now.reserve(count);
   device_guard<Runtime> guard{runtime_, device_};
-  // An unmapped page's memory: released if this call created it, else (or if that fails) held
-  // as a spare page, released by release().
-  auto give_back = [&](mapped_page const& m) {
-    if (m.fresh && runtime_.vm_release(m.handle) == cudaSuccess) {
-      pool_.reserved -= page;
-      ++stats_.num_pages_released;
-    } else {
-      pages_.spare[kind].push_back(m.handle);
-    }
-  };
-  auto undo = [&] {
-    for (auto it = now.rbegin(); it != now.rend(); ++it) {
-      if (runtime_.vm_unmap(va(it->index), page) != cudaSuccess) {
-        seg.handles[it->index] = it->handle;  // still mapped, never made accessible
-        seg.mapped[it->index]  = 1;
-        ++seg.mapped_pages;
-        continue;
-      }
-      give_back(*it);
-    }
-  };
-  auto fail = [&](cudaError_t e) {
-    undo();
-    if (e == cudaErrorMemoryAllocation) {
-      oom = true;
-      return false;
-    }
-    GPUKIT_CUDA_TRY(e);
-    return false;
-  };
-  std::size_t const limit = limit_.load(std::memory_order_relaxed);
   for (std::size_t i = first; i < first + count; ++i) {
     if (seg.mapped[i] != 0) { continue; }  // left mapped by an undo that failed: access only
     mapped_page m{i, physical_handle{}, false};
-    if (!pages_.spare[kind].empty()) {
-      m.handle = pages_.spare[kind].back();
-      pages_.spare[kind].pop_back();
-    } else {
-      if (limit != 0 && pool_.reserved + page > limit) { return fail(cudaErrorMemoryAllocation); }
-      cudaError_t const e =
-        runtime_.vm_create(m.handle, page, device_, options_.growable_shareable);
-      if (e != cudaSuccess) { return fail(e); }
-      m.fresh = true;
-      pool_.reserved += page;
-      ++stats_.num_pages_created;
+    if (cudaError_t const e = take_page_locked(kind, page, m); e != cudaSuccess) {
+      return undo_map_locked(seg, now, e, oom);
     }
-    if (cudaError_t const e = runtime_.vm_map(va(i), page, m.handle); e != cudaSuccess) {
-      give_back(m);
-      return fail(e);
+    if (cudaError_t const e = runtime_.vm_map(page_address(seg, i), page, m.handle);
+        e != cudaSuccess) {
+      give_back_page_locked(kind, page, m);
+      return undo_map_locked(seg, now, e, oom);
     }
     now.push_back(m);
   }
-  if (cudaError_t const e = runtime_.vm_set_access(va(first), count * page, device_);
+  if (cudaError_t const e = runtime_.vm_set_access(page_address(seg, first), count * page, device_);
       e != cudaSuccess) {
     // Pages left mapped by an earlier failed undo are in the range too: they stay as they were.
-    return fail(e);
+    return undo_map_locked(seg, now, e, oom);
   }
   for (auto const& m : now) {
     seg.handles[m.index] = m.handle;
@@ -257,8 +218,74 @@ bool basic_caching_allocator<Runtime>::map_pages_locked(segment& seg, std::size_
   stats_.num_device_allocs += now.size();
   raise_reserved_peak_locked();
   record_pool_locked(memory_event::action::segment_alloc,
-                     reinterpret_cast<std::uintptr_t>(va(first)), count * page, stream_type{});
+                     reinterpret_cast<std::uintptr_t>(page_address(seg, first)), count * page,
+                     stream_type{});
   return true;
+}
+
+template <class Runtime>
+void* basic_caching_allocator<Runtime>::page_address(segment const& seg, std::size_t i) noexcept
+{
+  return static_cast<void*>(static_cast<char*>(seg.ptr) + i * seg.page);
+}
+
+// Physical memory for one page: a spare page, else a new one within the limit
+// (cudaErrorMemoryAllocation beyond it).
+template <class Runtime>
+cudaError_t basic_caching_allocator<Runtime>::take_page_locked(int kind, std::size_t page,
+                                                               mapped_page& m)
+{
+  if (!pages_.spare[kind].empty()) {
+    m.handle = pages_.spare[kind].back();
+    pages_.spare[kind].pop_back();
+    return cudaSuccess;
+  }
+  std::size_t const limit = limit_.load(std::memory_order_relaxed);
+  if (limit != 0 && pool_.reserved + page > limit) { return cudaErrorMemoryAllocation; }
+  cudaError_t const e = runtime_.vm_create(m.handle, page, device_, options_.growable_shareable);
+  if (e != cudaSuccess) { return e; }
+  m.fresh = true;
+  pool_.reserved += page;
+  ++stats_.num_pages_created;
+  return cudaSuccess;
+}
+
+// An unmapped page's memory: released if this transaction created it, else (or if that fails)
+// held as a spare page, released by release().
+template <class Runtime>
+void basic_caching_allocator<Runtime>::give_back_page_locked(int kind, std::size_t page,
+                                                             mapped_page const& m)
+{
+  if (m.fresh && runtime_.vm_release(m.handle) == cudaSuccess) {
+    pool_.reserved -= page;
+    ++stats_.num_pages_released;
+  } else {
+    pages_.spare[kind].push_back(m.handle);
+  }
+}
+
+// Undoes a failed transaction (the pages in `now`, last first), then reports `e`: false with `oom`
+// set when memory ran out, else throws gpukit::cuda_error.
+template <class Runtime>
+bool basic_caching_allocator<Runtime>::undo_map_locked(segment& seg,
+                                                       std::vector<mapped_page> const& now,
+                                                       cudaError_t e, bool& oom)
+{
+  for (auto it = now.rbegin(); it != now.rend(); ++it) {
+    if (runtime_.vm_unmap(page_address(seg, it->index), seg.page) != cudaSuccess) {
+      seg.handles[it->index] = it->handle;  // still mapped, never made accessible
+      seg.mapped[it->index]  = 1;
+      ++seg.mapped_pages;
+      continue;
+    }
+    give_back_page_locked(spare_kind(seg.kind), seg.page, *it);
+  }
+  if (e == cudaErrorMemoryAllocation) {
+    oom = true;
+    return false;
+  }
+  GPUKIT_CUDA_TRY(e);
+  return false;
 }
 
 // Reserves a new growable segment for a request of `size` bytes: its whole range is one unmapped
@@ -375,22 +402,36 @@ std::size_t basic_caching_allocator<Runtime>::release_growable_locked(
 {
   std::size_t const before = pool_.reserved;
   device_guard<Runtime> guard{runtime_, device_};
-  auto release_spares = [&] {
-    for (int k = 0; k < 2; ++k) {
-      auto& spares = pages_.spare[k];
-      while (!spares.empty() && pool_.reserved > target) {
-        GPUKIT_CUDA_TRY(runtime_.vm_release(spares.back()));
-        spares.pop_back();
-        pool_.reserved -= pages_.page_bytes[k];
-        ++stats_.num_pages_released;
-      }
-    }
-  };
-  release_spares();
+  release_spare_pages_locked(target);
   if (capture_.underway.load(std::memory_order_relaxed) != 0) {
     return before - pool_.reserved;  // no synchronization while a graph is being captured
   }
-  // Pages left mapped (never accessible) by a failed undo: unmap them now.
+  unmap_stranded_pages_locked();
+  release_spare_pages_locked(target);
+  unmap_released_blocks_locked(target, only_stream);
+  if (only_stream == nullptr && target == 0) { free_empty_ranges_locked(); }
+  return before - pool_.reserved;
+}
+
+// Releases spare physical pages until at most `target` bytes are reserved.
+template <class Runtime>
+void basic_caching_allocator<Runtime>::release_spare_pages_locked(std::size_t target)
+{
+  for (int k = 0; k < 2; ++k) {
+    auto& spares = pages_.spare[k];
+    while (!spares.empty() && pool_.reserved > target) {
+      GPUKIT_CUDA_TRY(runtime_.vm_release(spares.back()));
+      spares.pop_back();
+      pool_.reserved -= pages_.page_bytes[k];
+      ++stats_.num_pages_released;
+    }
+  }
+}
+
+// Pages left mapped (never accessible) inside unmapped blocks by a failed undo: unmapped now.
+template <class Runtime>
+void basic_caching_allocator<Runtime>::unmap_stranded_pages_locked()
+{
   for (segment* seg : pages_.segments) {
     for (block* u : pages_.unmapped[seg->kind]) {
       if (u->segment != seg) { continue; }
@@ -401,7 +442,15 @@ std::size_t basic_caching_allocator<Runtime>::release_growable_locked(
       }
     }
   }
-  release_spares();
+}
+
+// Unmaps the free pages of the free growable blocks of `only_stream` (or of every stream), largest
+// block first, until at most `target` bytes are reserved; each stream that owns such blocks is
+// synchronized first (the work that used those pages goes first).
+template <class Runtime>
+void basic_caching_allocator<Runtime>::unmap_released_blocks_locked(std::size_t target,
+                                                                    stream_type const* only_stream)
+{
   std::vector<block*> blocks;
   auto collect = [&](block* b) {
     if (static_cast<segment const*>(b->segment)->growable && b->capture_pool == 0) {
@@ -412,7 +461,7 @@ std::size_t basic_caching_allocator<Runtime>::release_growable_locked(
     if (only_stream != nullptr && !(sp->stream == *only_stream)) { continue; }
     std::size_t const n = blocks.size();
     for (auto& idx : sp->index) { idx.for_each(collect); }
-    if (blocks.size() != n) {  // the work that used these pages goes first
+    if (blocks.size() != n) {
       GPUKIT_CUDA_TRY(runtime_.stream_synchronize(sp->stream));
       ++stats_.num_release_waits;
     }
@@ -425,32 +474,34 @@ std::size_t basic_caching_allocator<Runtime>::release_growable_locked(
     if (pool_.reserved <= target) { break; }
     cudaError_t error = cudaSuccess;
     unmap_free_pages_locked(b, std::numeric_limits<std::size_t>::max(), error);
-    release_spares();
+    release_spare_pages_locked(target);
     GPUKIT_CUDA_TRY(error);
   }
-  if (only_stream == nullptr && target == 0) {
-    // Address ranges with nothing left in them go back too.
-    for (std::size_t i = 0; i < pages_.segments.size();) {
-      segment* seg = pages_.segments[i];
-      block* head  = pool_.blocks.find(reinterpret_cast<std::uintptr_t>(seg->ptr));
-      if (seg->mapped_pages != 0 || head == nullptr || head->next != nullptr ||
-          head->state.load(std::memory_order_relaxed) != detail::block_state::unmapped) {
-        ++i;
-        continue;
-      }
-      GPUKIT_CUDA_TRY(runtime_.vm_free(seg->ptr, seg->size));
-      if (options_.nvtx_annotate) { unregister_memory_heap(seg->nvtx_heap); }
-      auto& list = pages_.unmapped[seg->kind];
-      list.erase(std::find(list.begin(), list.end(), head));
-      pool_.blocks.erase(head->address());
-      recycle_block_locked(head);
-      --pool_.segments;
-      delete seg;
-      pages_.segments[i] = pages_.segments.back();
-      pages_.segments.pop_back();
+}
+
+// Address ranges with nothing left in them go back to the runtime.
+template <class Runtime>
+void basic_caching_allocator<Runtime>::free_empty_ranges_locked()
+{
+  for (std::size_t i = 0; i < pages_.segments.size();) {
+    segment* seg = pages_.segments[i];
+    block* head  = pool_.blocks.find(reinterpret_cast<std::uintptr_t>(seg->ptr));
+    if (seg->mapped_pages != 0 || head == nullptr || head->next != nullptr ||
+        head->state.load(std::memory_order_relaxed) != detail::block_state::unmapped) {
+      ++i;
+      continue;
     }
+    GPUKIT_CUDA_TRY(runtime_.vm_free(seg->ptr, seg->size));
+    if (options_.nvtx_annotate) { unregister_memory_heap(seg->nvtx_heap); }
+    auto& list = pages_.unmapped[seg->kind];
+    list.erase(std::find(list.begin(), list.end(), head));
+    pool_.blocks.erase(head->address());
+    recycle_block_locked(head);
+    --pool_.segments;
+    delete seg;
+    pages_.segments[i] = pages_.segments.back();
+    pages_.segments.pop_back();
   }
-  return before - pool_.reserved;
 }
 
 }  // namespace gpukit

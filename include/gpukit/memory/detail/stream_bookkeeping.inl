@@ -10,6 +10,7 @@
 #include <gpukit/memory/caching_allocator.hpp>
 
 #include <algorithm>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -147,22 +148,33 @@ std::size_t basic_caching_allocator<Runtime>::migrate_locked(stream_type request
     GPUKIT_CUDA_TRY(q);
     streams_.spare_events.push_back(sp->migration_event);
     sp->migrating = false;
-    std::vector<block*> movers;
-    for (auto& idx : sp->index) {
-      idx.for_each([&](block* b) {
-        if (b->free_seq <= sp->migration_seq) { movers.push_back(b); }
-      });
-    }
-    // Take them all out first (marked so that no merge sees them), then insert each, merging.
-    for (block* b : movers) {
-      sp->index[b->kind].remove(b);
-      b->global = true;
-      b->state.store(detail::block_state::pending, std::memory_order_relaxed);
-    }
-    for (block* b : movers) {
-      moved += b->size;
-      insert_free_locked(b);
-    }
+    moved += make_global_locked(*sp, sp->migration_seq);
+  }
+  return moved;
+}
+
+// Moves the free blocks `sp` holds that entered it up to `up_to_seq` into the global pool, merging
+// them with their neighbours there. Returns the bytes moved.
+template <class Runtime>
+std::size_t basic_caching_allocator<Runtime>::make_global_locked(stream_pool& sp,
+                                                                 std::uint64_t up_to_seq)
+{
+  std::vector<block*> movers;
+  for (auto& idx : sp.index) {
+    idx.for_each([&](block* b) {
+      if (b->free_seq <= up_to_seq) { movers.push_back(b); }
+    });
+  }
+  // Take them all out first (marked so that no merge sees them), then insert each, merging.
+  for (block* b : movers) {
+    sp.index[b->kind].remove(b);
+    b->global = true;
+    b->state.store(detail::block_state::pending, std::memory_order_relaxed);
+  }
+  std::size_t moved = 0;
+  for (block* b : movers) {
+    moved += b->size;
+    insert_free_locked(b);
   }
   return moved;
 }
@@ -207,16 +219,7 @@ void basic_caching_allocator<Runtime>::forget_stream(stream_type stream)
   if (it != streams_.pools.end()) {
     stream_pool& sp = **it;
     if (sp.migrating) { streams_.spare_events.push_back(sp.migration_event); }  // complete now
-    std::vector<block*> movers;
-    for (auto& idx : sp.index) {
-      idx.for_each([&](block* b) { movers.push_back(b); });
-    }
-    for (block* b : movers) {
-      sp.index[b->kind].remove(b);
-      b->global = true;
-      b->state.store(detail::block_state::pending, std::memory_order_relaxed);
-    }
-    for (block* b : movers) { insert_free_locked(b); }
+    make_global_locked(sp, std::numeric_limits<std::uint64_t>::max());
     streams_.pools.erase(it);
   }
   remember();
