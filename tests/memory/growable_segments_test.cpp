@@ -5,9 +5,12 @@
 
 #include <gpukit/memory/caching_allocator.hpp>
 #include <gpukit/memory/detail/allocator_invariants.hpp>
+#include <gpukit/memory/ipc.hpp>
 #include <gpukit/runtime/sim_runtime.hpp>
 
 #include <doctest/doctest.h>
+
+#include <fcntl.h>
 
 #include <chrono>
 #include <future>
@@ -416,6 +419,59 @@ TEST_SUITE("growable_segments")
     alloc.release();
     CHECK(sim.used_bytes(1) == 0);
     GPUKIT_CUDA_TRY(sim.stream_destroy(s));
+    CHECK(sim.misuse_count() == 0);
+  }
+}
+
+TEST_SUITE("growable_segments")
+{
+  TEST_CASE("exported handles and imported blocks move: each descriptor and mapping has one owner")
+  {
+    sim_runtime sim{gpukit::sim_config{}.with_devices(1, 1 * GiB)};
+    gpukit::caching_allocator_options o = growable();
+    o.growable_shareable                = true;
+    sim_allocator alloc{sim, 0, o};
+    void* a                     = alloc.allocate(3 * MiB);
+    void* b                     = alloc.allocate(MiB);
+    gpukit::ipc_block_handle ha = gpukit::export_block(alloc, a);
+    gpukit::ipc_block_handle hb = gpukit::export_block(alloc, b);
+    REQUIRE(!ha.fds.empty());
+    REQUIRE(!hb.fds.empty());
+    std::vector<int> const a_fds = ha.fds;
+    std::vector<int> const b_fds = hb.fds;
+
+    gpukit::ipc_block_handle h{std::move(ha)};
+    CHECK(ha.fds.empty());  // NOLINT(bugprone-use-after-move): moved-from handles own nothing
+    CHECK(h.fds == a_fds);
+    CHECK(h.bytes == 3 * MiB);
+    h = std::move(hb);  // a's descriptors are closed, b's taken
+    for (int fd : a_fds) { CHECK(::fcntl(fd, F_GETFD) == -1); }
+    for (int fd : b_fds) { CHECK(::fcntl(fd, F_GETFD) != -1); }
+    CHECK(hb.fds.empty());  // NOLINT(bugprone-use-after-move)
+    CHECK(h.fds == b_fds);
+    CHECK(h.bytes == MiB);
+
+    {
+      gpukit::imported_block<sim_runtime> first{sim, h, 0};
+      void* const data = first.data();
+      REQUIRE(data != nullptr);
+      gpukit::imported_block<sim_runtime> second{std::move(first)};
+      CHECK(first.data() == nullptr);  // NOLINT(bugprone-use-after-move)
+      CHECK(second.data() == data);
+      CHECK(second.size() == MiB);
+      gpukit::imported_block<sim_runtime> third{sim, h, 0};
+      third = std::move(second);        // third's own mapping is closed, second's taken
+      CHECK(second.data() == nullptr);  // NOLINT(bugprone-use-after-move)
+      CHECK(third.data() == data);
+      third.close();
+      CHECK(third.data() == nullptr);
+    }
+    h.close_fds();
+    alloc.deallocate(a, 3 * MiB);
+    alloc.deallocate(b, MiB);
+    CHECK(gpukit::detail::check_invariants(alloc) == "");
+    alloc.release();
+    CHECK(sim.used_bytes(0) == 0);
     CHECK(sim.misuse_count() == 0);
   }
 }
