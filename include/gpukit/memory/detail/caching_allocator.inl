@@ -4,6 +4,7 @@
 // Not public API; included by caching_allocator.hpp.
 //
 // The other bodies live beside it, one seam a file:
+//   caching_block.hpp       the block descriptor and its states
 //   thread_cache.inl        per-thread caches and the thread-local registry
 //   pool_segments.inl       segments, block descriptors, splitting, coalescing, free indices
 //   stream_bookkeeping.inl  stream pools, record_stream, pending frees, cross-stream migration,
