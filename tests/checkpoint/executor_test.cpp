@@ -7,6 +7,7 @@
 #include <gpukit/checkpoint/executor.hpp>
 #include <gpukit/checkpoint/planners.hpp>
 #include <gpukit/host/pinned_pool.hpp>
+#include <gpukit/memory/detail/allocator_invariants.hpp>
 #include <gpukit/runtime/sim_runtime.hpp>
 #include <gpukit/transfer/transfer_pipeline.hpp>
 
@@ -212,7 +213,7 @@ step_result run_step(fixture& f, checkpoint_schedule const& schedule, sim_execut
   auto const s     = f.alloc.stats();
   r.peak_requested = s.requested_bytes.peak;
   CHECK(s.requested_bytes.current == 0);
-  CHECK(f.alloc.check_invariants().empty());
+  CHECK(gpukit::detail::check_invariants(f.alloc).empty());
   r.dw           = st.dw;
   r.calls        = st.calls;
   r.side_effects = st.side_effects;

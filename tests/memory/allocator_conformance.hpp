@@ -1,9 +1,23 @@
-// Cases every caching allocator must pass, on every runtime (simulated and CUDA).
-// Each function takes a Runtime (and optionally the allocator's options: every segment source
-// must pass) and builds its own allocator.
+// tests/memory/allocator_conformance.hpp: the caching allocator conformance suite. Every segment
+// source (synchronous, stream-ordered, growable) on every runtime (simulated and CUDA) runs the
+// same cases, so that what passes on the simulator in CI means the same thing on a GPU.
+//
+// Use: in a doctest TU, after including the runtime,
+//
+//   GPUKIT_ALLOCATOR_CONFORMANCE_CASES(gpukit::cuda_runtime::instance(), "cuda_runtime", 8, 2000,
+//                                      std::size_t{64} << 20)
+//
+// defines one TEST_CASE per source and `check_*` below, named "<prefix>, <source> segments:
+// <what>"; the last three arguments size the stress case (threads, iterations each, largest
+// request). `runtime_expr` is evaluated once per case and bound with `auto&&`: an lvalue (a shared
+// runtime) or a prvalue (a fresh one per case, e.g. `gpukit::sim_runtime{config}`) both work.
+//
+// Each check function takes a Runtime and the allocator's options (the source among them) and
+// builds its own allocator, so a test may also call one directly with options of its own.
 #pragma once
 
 #include <gpukit/memory/caching_allocator.hpp>
+#include <gpukit/memory/detail/allocator_invariants.hpp>
 
 #include <doctest/doctest.h>
 
@@ -68,11 +82,11 @@ void check_alloc_roundtrip(Runtime& rt, caching_allocator_options const& options
   CHECK(st.reserved_bytes.current > 0);
   CHECK(st.num_allocs == 7);
   CHECK(st.num_frees == 7);
-  CHECK(alloc.check_invariants() == "");
+  CHECK(gpukit::detail::check_invariants(alloc) == "");
   alloc.forget_stream(s);
   CHECK(alloc.release() > 0);
   CHECK(alloc.stats().reserved_bytes.current == 0);
-  CHECK(alloc.check_invariants() == "");
+  CHECK(gpukit::detail::check_invariants(alloc) == "");
   GPUKIT_CUDA_TRY(rt.stream_destroy(s));
 }
 
@@ -135,7 +149,7 @@ void check_bad_input(Runtime& rt, caching_allocator_options const& options = {})
   CHECK_THROWS_AS((void)alloc.allocate(8, 512), gpukit::logic_error);  // alignment beyond 256
   alloc.deallocate_async(nullptr, 0, s);                               // ignored, as free(nullptr)
   CHECK(alloc.stats().allocation_count.current == 0);
-  CHECK(alloc.check_invariants() == "");
+  CHECK(gpukit::detail::check_invariants(alloc) == "");
   // Still fully usable.
   void* q = alloc.allocate_async(1000, s);
   CHECK(q == p);
@@ -167,7 +181,7 @@ void check_limit_and_oom_report(Runtime& rt, caching_allocator_options o = {})
     CHECK(std::string{e.what()}.find("out of memory on device 0") != std::string::npos);
   }
   CHECK(alloc.stats().num_ooms == 1);
-  CHECK(alloc.check_invariants() == "");
+  CHECK(gpukit::detail::check_invariants(alloc) == "");
   for (void* p : live) { alloc.deallocate_async(p, std::size_t{10} << 20, s); }
   // Freed memory comes back under the limit.
   void* big = alloc.allocate_async(std::size_t{40} << 20, s);
@@ -235,7 +249,7 @@ void check_stress(Runtime& rt, int threads, int iterations, std::size_t max_byte
   CHECK(st.allocated_bytes.current == 0);
   CHECK(st.allocation_count.current == 0);
   CHECK(st.num_allocs == st.num_frees);
-  CHECK(alloc.check_invariants() == "");
+  CHECK(gpukit::detail::check_invariants(alloc) == "");
   for (auto& s : streams) {
     GPUKIT_CUDA_TRY(rt.stream_synchronize(s));
     alloc.forget_stream(s);
@@ -243,4 +257,53 @@ void check_stress(Runtime& rt, int threads, int iterations, std::size_t max_byte
   for (auto& s : streams) { GPUKIT_CUDA_TRY(rt.stream_destroy(s)); }
 }
 
+/// Options that take segments from `source` and are otherwise the defaults.
+inline caching_allocator_options options_for(segment_source source)
+{
+  caching_allocator_options o;
+  o.source = source;
+  return o;
+}
+
 }  // namespace gpukit::test
+
+#define GPUKIT_ALLOCATOR_CONFORMANCE_CASE_DETAIL(runtime_expr, name_prefix, source, title, call) \
+  TEST_CASE(name_prefix ", " #source " segments: " title)                                        \
+  {                                                                                              \
+    auto&& gpukit_rt_ = runtime_expr;                                                            \
+    ::gpukit::caching_allocator_options const gpukit_options_ =                                  \
+      ::gpukit::test::options_for(::gpukit::segment_source::source);                             \
+    ::gpukit::test::call;                                                                        \
+  }
+
+/// Defines the conformance TEST_CASEs of one segment source (an enumerator of segment_source).
+#define GPUKIT_ALLOCATOR_CONFORMANCE_SOURCE_CASES(runtime_expr, name_prefix, source, threads,      \
+                                                  iterations, max_bytes)                           \
+  GPUKIT_ALLOCATOR_CONFORMANCE_CASE_DETAIL(runtime_expr, name_prefix, source,                      \
+                                           "round trip of many sizes",                             \
+                                           check_alloc_roundtrip(gpukit_rt_, gpukit_options_))     \
+  GPUKIT_ALLOCATOR_CONFORMANCE_CASE_DETAIL(runtime_expr, name_prefix, source, "same-stream reuse", \
+                                           check_same_stream_reuse(gpukit_rt_, gpukit_options_))   \
+  GPUKIT_ALLOCATOR_CONFORMANCE_CASE_DETAIL(runtime_expr, name_prefix, source,                      \
+                                           "bad input gets a clear error and changes nothing",     \
+                                           check_bad_input(gpukit_rt_, gpukit_options_))           \
+  GPUKIT_ALLOCATOR_CONFORMANCE_CASE_DETAIL(                                                        \
+    runtime_expr, name_prefix, source, "limit and out-of-memory report",                           \
+    check_limit_and_oom_report(gpukit_rt_, gpukit_options_))                                       \
+  GPUKIT_ALLOCATOR_CONFORMANCE_CASE_DETAIL(                                                        \
+    runtime_expr, name_prefix, source,                                                             \
+    "stress: threads x streams x random sizes with patterns checked",                              \
+    check_stress(gpukit_rt_, threads, iterations, max_bytes, gpukit_options_))
+
+/// Defines the conformance TEST_CASEs of every segment source for the runtime `runtime_expr`
+/// (evaluated in each case), named "<name_prefix>, <source> segments: <what>" (`name_prefix` is a
+/// string literal). The stress case runs `threads` threads of `iterations` steps, requests of up
+/// to `max_bytes`.
+#define GPUKIT_ALLOCATOR_CONFORMANCE_CASES(runtime_expr, name_prefix, threads, iterations,      \
+                                           max_bytes)                                           \
+  GPUKIT_ALLOCATOR_CONFORMANCE_SOURCE_CASES(runtime_expr, name_prefix, synchronous, threads,    \
+                                            iterations, max_bytes)                              \
+  GPUKIT_ALLOCATOR_CONFORMANCE_SOURCE_CASES(runtime_expr, name_prefix, stream_ordered, threads, \
+                                            iterations, max_bytes)                              \
+  GPUKIT_ALLOCATOR_CONFORMANCE_SOURCE_CASES(runtime_expr, name_prefix, growable, threads,       \
+                                            iterations, max_bytes)

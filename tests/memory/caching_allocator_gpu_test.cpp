@@ -1,8 +1,10 @@
-// The caching allocator on a real GPU (cuda_runtime): the same conformance cases as on the
-// simulated GPU, and the stress test.
+// The caching allocator on a real GPU (cuda_runtime): the conformance suite over every segment
+// source, as on the simulated GPU, and what only a real GPU shows (graphs, real allocation
+// failures, memory given back to the device).
 #include "memory/allocator_conformance.hpp"
 
 #include <gpukit/memory/caching_allocator.hpp>
+#include <gpukit/memory/detail/allocator_invariants.hpp>
 #include <gpukit/runtime/cuda_runtime.hpp>
 
 #include <doctest/doctest.h>
@@ -12,37 +14,9 @@
 
 TEST_SUITE("gpu")
 {
-  TEST_CASE("caching_allocator on CUDA: round trip of many sizes")
-  {
-    gpukit::test::check_alloc_roundtrip(gpukit::cuda_runtime::instance());
-  }
-  TEST_CASE("caching_allocator on CUDA: same-stream reuse")
-  {
-    gpukit::test::check_same_stream_reuse(gpukit::cuda_runtime::instance());
-  }
-  TEST_CASE("caching_allocator on CUDA: bad input")
-  {
-    gpukit::test::check_bad_input(gpukit::cuda_runtime::instance());
-  }
-  TEST_CASE("caching_allocator on CUDA: limit and out-of-memory report")
-  {
-    gpukit::test::check_limit_and_oom_report(gpukit::cuda_runtime::instance());
-  }
-  TEST_CASE("caching_allocator on CUDA: stress with threads x streams x random sizes")
-  {
-    gpukit::test::check_stress(gpukit::cuda_runtime::instance(), 8, 2000, std::size_t{64} << 20);
-  }
-  TEST_CASE("growable segments on CUDA: conformance cases and stress")
-  {
-    gpukit::caching_allocator_options o;
-    o.source = gpukit::segment_source::growable;
-    auto& rt = gpukit::cuda_runtime::instance();
-    gpukit::test::check_alloc_roundtrip(rt, o);
-    gpukit::test::check_same_stream_reuse(rt, o);
-    gpukit::test::check_bad_input(rt, o);
-    gpukit::test::check_limit_and_oom_report(rt, o);
-    gpukit::test::check_stress(rt, 8, 2000, std::size_t{64} << 20, o);
-  }
+  // The conformance suite over every segment source (tests/memory/allocator_conformance.hpp).
+  GPUKIT_ALLOCATOR_CONFORMANCE_CASES(gpukit::cuda_runtime::instance(), "cuda_runtime", 8, 2000,
+                                     std::size_t{64} << 20)
   TEST_CASE("growable segments on CUDA: pages of a hole are mapped again where the pool grows")
   {
     constexpr std::size_t MiB = std::size_t{1} << 20;
@@ -66,7 +40,7 @@ TEST_SUITE("gpu")
     auto const st = alloc.stats();
     CHECK(st.num_pages_reused == 20);
     CHECK(st.reserved_bytes.peak == static_cast<std::int64_t>(68 * MiB));
-    CHECK(alloc.check_invariants() == "");
+    CHECK(gpukit::detail::check_invariants(alloc) == "");
     std::size_t free0 = 0, total = 0, free1 = 0;
     GPUKIT_CUDA_TRY(cudaMemGetInfo(&free0, &total));
     alloc.deallocate_async(b, 8 * MiB, s);
@@ -116,7 +90,7 @@ TEST_SUITE("gpu")
     GPUKIT_CUDA_TRY(cudaGraphDestroy(graph));
     alloc.deallocate_async(p, 4 * MiB, s);
     alloc.release_capture_pool(id);
-    CHECK(alloc.check_invariants() == "");
+    CHECK(gpukit::detail::check_invariants(alloc) == "");
     GPUKIT_CUDA_TRY(cudaStreamSynchronize(s));
     alloc.forget_stream(s);
     GPUKIT_CUDA_TRY(cudaStreamDestroy(s));

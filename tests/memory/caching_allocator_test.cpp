@@ -3,6 +3,7 @@
 #include "memory/allocator_conformance.hpp"
 
 #include <gpukit/memory/caching_allocator.hpp>
+#include <gpukit/memory/detail/allocator_invariants.hpp>
 #include <gpukit/runtime/sim_runtime.hpp>
 
 #include <doctest/doctest.h>
@@ -44,26 +45,8 @@ struct streams2 {
 
 TEST_SUITE("caching_allocator")
 {
-  TEST_CASE("conformance: round trip of many sizes")
-  {
-    sim_runtime sim{one_device()};
-    gpukit::test::check_alloc_roundtrip(sim);
-  }
-  TEST_CASE("conformance: same-stream reuse")
-  {
-    sim_runtime sim{one_device()};
-    gpukit::test::check_same_stream_reuse(sim);
-  }
-  TEST_CASE("conformance: bad input gets a clear error and changes nothing")
-  {
-    sim_runtime sim{one_device()};
-    gpukit::test::check_bad_input(sim);
-  }
-  TEST_CASE("conformance: limit and out-of-memory report")
-  {
-    sim_runtime sim{one_device()};
-    gpukit::test::check_limit_and_oom_report(sim);
-  }
+  // The conformance suite over every segment source (tests/memory/allocator_conformance.hpp).
+  GPUKIT_ALLOCATOR_CONFORMANCE_CASES(sim_runtime{one_device()}, "sim_runtime", 4, 400, 8 * MiB)
 
   TEST_CASE("the hot path makes no runtime call and no synchronization")
   {
@@ -109,7 +92,7 @@ TEST_SUITE("caching_allocator")
       void* again = alloc.allocate_async(MiB, s.a);
       if (!release_before_grow) { CHECK(again == p); }
       alloc.deallocate_async(again, MiB, s.a);
-      CHECK(alloc.check_invariants() == "");
+      CHECK(gpukit::detail::check_invariants(alloc) == "");
       // Once a's work has run, b may have it.
       GPUKIT_CUDA_TRY(sim.release(s.a));
       GPUKIT_CUDA_TRY(sim.stream_synchronize(s.a));
@@ -132,7 +115,7 @@ TEST_SUITE("caching_allocator")
       CHECK(seen.count(p) == 1);
       CHECK(later.size() <= 12);  // b's 8 cached blocks, then a's memory before new segments
       for (void* q : later) { alloc.deallocate_async(q, MiB, s.b); }
-      CHECK(alloc.check_invariants() == "");
+      CHECK(gpukit::detail::check_invariants(alloc) == "");
       alloc.forget_stream(s.a);
       alloc.forget_stream(s.b);
     }
@@ -163,7 +146,7 @@ TEST_SUITE("caching_allocator")
     CHECK(seen.count(p) == 1);
     for (void* x : later) { alloc.deallocate_async(x, 4 * MiB, s.a); }
     CHECK_THROWS_AS(alloc.record_stream(p, s.b), gpukit::logic_error);  // p is free now
-    CHECK(alloc.check_invariants() == "");
+    CHECK(gpukit::detail::check_invariants(alloc) == "");
     alloc.forget_stream(s.a);
     alloc.forget_stream(s.b);
   }
@@ -183,7 +166,7 @@ TEST_SUITE("caching_allocator")
     CHECK(big != nullptr);
     CHECK(alloc.stats().num_alloc_retries <= 1);  // none when the frees landed before the try
     CHECK(alloc.stats().num_device_frees >= 1);
-    CHECK(alloc.check_invariants() == "");
+    CHECK(gpukit::detail::check_invariants(alloc) == "");
     try {
       (void)alloc.allocate_async(100 * MiB, s.a);
       FAIL("the device is full");
@@ -194,7 +177,7 @@ TEST_SUITE("caching_allocator")
       CHECK(e.report().steps.size() >= 2);
     }
     alloc.deallocate_async(big, 200 * MiB, s.a);
-    CHECK(alloc.check_invariants() == "");
+    CHECK(gpukit::detail::check_invariants(alloc) == "");
     alloc.forget_stream(s.a);
     alloc.release();
     GPUKIT_CUDA_TRY(sim.device_synchronize());  // stream-ordered frees take effect in order
@@ -238,7 +221,7 @@ TEST_SUITE("caching_allocator")
               CHECK(e.code() == sc.error);
               ++failures;
             }
-            CHECK(alloc.check_invariants() == "");
+            CHECK(gpukit::detail::check_invariants(alloc) == "");
           }
           CHECK(failures == sc.expected_failures);
           CHECK(live.size() == static_cast<std::size_t>(8 - sc.expected_failures));
@@ -341,7 +324,7 @@ TEST_SUITE("caching_allocator")
         void* q = alloc.allocate_async(64 * MiB, other);
         CHECK(q == p);  // the freed block, usable by any stream now
         alloc.deallocate_async(q, 64 * MiB, other);
-        CHECK(alloc.check_invariants() == "");
+        CHECK(gpukit::detail::check_invariants(alloc) == "");
         GPUKIT_CUDA_TRY(sim.stream_create(loader));  // a new stream (a new handle here)
       }
       alloc.forget_stream(other);
@@ -386,7 +369,7 @@ TEST_SUITE("caching_allocator")
     void* q = alloc.allocate_async(MiB, s.a);
     CHECK(alloc.stats().allocation_count.current == 1);
     alloc.deallocate_async(q, MiB, s.a);
-    CHECK(alloc.check_invariants() == "");
+    CHECK(gpukit::detail::check_invariants(alloc) == "");
     alloc.forget_stream(s.a);
   }
 }
@@ -441,7 +424,7 @@ TEST_SUITE("caching_allocator")
     CHECK_THROWS_AS(alloc.release_capture_pool(id + 100), gpukit::logic_error);
     alloc.release_capture_pool(id);
     alloc.deallocate_async(g2, 30 * MiB, s.a);  // an ordinary block now
-    CHECK(alloc.check_invariants() == "");
+    CHECK(gpukit::detail::check_invariants(alloc) == "");
     // Its memory is everyone's again: released whole.
     alloc.forget_stream(s.a);
     alloc.forget_stream(s.b);
@@ -462,7 +445,7 @@ TEST_SUITE("caching_allocator")
       CHECK(std::string{e.what()}.find("begin_capture") != std::string::npos);
     }
     GPUKIT_CUDA_TRY(sim.end_capture(s.a));
-    CHECK(alloc.check_invariants() == "");
+    CHECK(gpukit::detail::check_invariants(alloc) == "");
     alloc.forget_stream(s.a);
   }
 }

@@ -4,9 +4,13 @@
 #include "memory/allocator_conformance.hpp"
 
 #include <gpukit/memory/caching_allocator.hpp>
+#include <gpukit/memory/detail/allocator_invariants.hpp>
+#include <gpukit/memory/ipc.hpp>
 #include <gpukit/runtime/sim_runtime.hpp>
 
 #include <doctest/doctest.h>
+
+#include <fcntl.h>
 
 #include <chrono>
 #include <future>
@@ -94,7 +98,7 @@ double varying_shapes_ratio(sim_runtime& sim, gpukit::caching_allocator_options 
       live.sub(it->second);
     }
   }
-  CHECK(alloc.check_invariants() == "");
+  CHECK(gpukit::detail::check_invariants(alloc) == "");
   auto const st = alloc.stats();
   for (auto& [p, b] : params) { alloc.deallocate_async(p, b, s); }
   alloc.forget_stream(s);
@@ -172,13 +176,13 @@ TEST_SUITE("growable_segments")
     void* d = alloc.allocate_async(100 * MiB, s);
     CHECK(d == a);
     CHECK(alloc.stats().reserved_bytes.current == static_cast<std::int64_t>(100 * MiB));
-    CHECK(alloc.check_invariants() == "");
+    CHECK(gpukit::detail::check_invariants(alloc) == "");
     alloc.deallocate_async(d, 100 * MiB, s);
     alloc.forget_stream(s);
     CHECK(alloc.release() == 100 * MiB);
     CHECK(alloc.stats().reserved_bytes.current == 0);
     CHECK(alloc.stats().segment_count.current == 0);
-    CHECK(alloc.check_invariants() == "");
+    CHECK(gpukit::detail::check_invariants(alloc) == "");
     GPUKIT_CUDA_TRY(sim.stream_destroy(s));
     CHECK(sim.used_bytes(0) == 0);
     CHECK(sim.misuse_count() == 0);
@@ -200,7 +204,7 @@ TEST_SUITE("growable_segments")
     auto const st = alloc.stats();
     CHECK(st.num_pages_reused == 20);
     CHECK(st.reserved_bytes.peak == static_cast<std::int64_t>(68 * MiB));
-    CHECK(alloc.check_invariants() == "");
+    CHECK(gpukit::detail::check_invariants(alloc) == "");
     // The memory is usable where it was mapped again.
     gpukit::test::fill(sim, c, 60 * MiB, 0x3c, s);
     CHECK(gpukit::test::holds(sim, c, 60 * MiB, 0x3c, s));
@@ -269,7 +273,7 @@ TEST_SUITE("growable_segments")
     alloc.forget_stream(a);
     alloc.forget_stream(b);
     alloc.release();
-    CHECK(alloc.check_invariants() == "");
+    CHECK(gpukit::detail::check_invariants(alloc) == "");
     GPUKIT_CUDA_TRY(sim.stream_destroy(a));
     GPUKIT_CUDA_TRY(sim.stream_destroy(b));
     CHECK(sim.used_bytes(0) == 0);
@@ -307,7 +311,7 @@ TEST_SUITE("growable_segments")
                 CHECK(e.code() == error);
                 ++failures;
               }
-              CHECK(alloc.check_invariants() == "");
+              CHECK(gpukit::detail::check_invariants(alloc) == "");
             };
             for (std::size_t mb : {6, 30, 3, 50}) { attempt(mb * MiB + 4096); }
             // Free the middle ones: holes whose pages the next growth reuses.
@@ -323,7 +327,7 @@ TEST_SUITE("growable_segments")
               CHECK(e.code() == error);
               ++failures;
             }
-            CHECK(alloc.check_invariants() == "");
+            CHECK(gpukit::detail::check_invariants(alloc) == "");
             // Whatever failed, the allocator works now.
             sim.clear_faults();
             void* p = alloc.allocate_async(64 * MiB, s);
@@ -339,7 +343,7 @@ TEST_SUITE("growable_segments")
             alloc.forget_stream(s);
             alloc.release();
             CHECK(alloc.stats().reserved_bytes.current == 0);
-            CHECK(alloc.check_invariants() == "");
+            CHECK(gpukit::detail::check_invariants(alloc) == "");
             GPUKIT_CUDA_TRY(sim.stream_destroy(s));
           }
           CHECK(failures <= 1);
@@ -371,7 +375,7 @@ TEST_SUITE("growable_segments")
     auto const st = alloc.stats();
     CHECK(st.num_alloc_retries == 1);
     CHECK(st.reserved_bytes.current <= static_cast<std::int64_t>(256 * MiB));
-    CHECK(alloc.check_invariants() == "");
+    CHECK(gpukit::detail::check_invariants(alloc) == "");
     alloc.deallocate_async(q, 150 * MiB, b);
     alloc.forget_stream(a);
     alloc.forget_stream(b);
@@ -415,6 +419,59 @@ TEST_SUITE("growable_segments")
     alloc.release();
     CHECK(sim.used_bytes(1) == 0);
     GPUKIT_CUDA_TRY(sim.stream_destroy(s));
+    CHECK(sim.misuse_count() == 0);
+  }
+}
+
+TEST_SUITE("growable_segments")
+{
+  TEST_CASE("exported handles and imported blocks move: each descriptor and mapping has one owner")
+  {
+    sim_runtime sim{gpukit::sim_config{}.with_devices(1, 1 * GiB)};
+    gpukit::caching_allocator_options o = growable();
+    o.growable_shareable                = true;
+    sim_allocator alloc{sim, 0, o};
+    void* a                     = alloc.allocate(3 * MiB);
+    void* b                     = alloc.allocate(MiB);
+    gpukit::ipc_block_handle ha = gpukit::export_block(alloc, a);
+    gpukit::ipc_block_handle hb = gpukit::export_block(alloc, b);
+    REQUIRE(!ha.fds.empty());
+    REQUIRE(!hb.fds.empty());
+    std::vector<int> const a_fds = ha.fds;
+    std::vector<int> const b_fds = hb.fds;
+
+    gpukit::ipc_block_handle h{std::move(ha)};
+    CHECK(ha.fds.empty());  // NOLINT(bugprone-use-after-move): moved-from handles own nothing
+    CHECK(h.fds == a_fds);
+    CHECK(h.bytes == 3 * MiB);
+    h = std::move(hb);  // a's descriptors are closed, b's taken
+    for (int fd : a_fds) { CHECK(::fcntl(fd, F_GETFD) == -1); }
+    for (int fd : b_fds) { CHECK(::fcntl(fd, F_GETFD) != -1); }
+    CHECK(hb.fds.empty());  // NOLINT(bugprone-use-after-move)
+    CHECK(h.fds == b_fds);
+    CHECK(h.bytes == MiB);
+
+    {
+      gpukit::imported_block<sim_runtime> first{sim, h, 0};
+      void* const data = first.data();
+      REQUIRE(data != nullptr);
+      gpukit::imported_block<sim_runtime> second{std::move(first)};
+      CHECK(first.data() == nullptr);  // NOLINT(bugprone-use-after-move)
+      CHECK(second.data() == data);
+      CHECK(second.size() == MiB);
+      gpukit::imported_block<sim_runtime> third{sim, h, 0};
+      third = std::move(second);        // third's own mapping is closed, second's taken
+      CHECK(second.data() == nullptr);  // NOLINT(bugprone-use-after-move)
+      CHECK(third.data() == data);
+      third.close();
+      CHECK(third.data() == nullptr);
+    }
+    h.close_fds();
+    alloc.deallocate(a, 3 * MiB);
+    alloc.deallocate(b, MiB);
+    CHECK(gpukit::detail::check_invariants(alloc) == "");
+    alloc.release();
+    CHECK(sim.used_bytes(0) == 0);
     CHECK(sim.misuse_count() == 0);
   }
 }

@@ -57,6 +57,7 @@
 #include <gpukit/detail/cccl_compat.hpp>  // <cuda/memory_resource>, whichever CCCL
 #include <gpukit/error.hpp>
 #include <gpukit/memory/detail/address_map.hpp>
+#include <gpukit/memory/detail/caching_block.hpp>
 #include <gpukit/memory/detail/tlsf_index.hpp>
 #include <gpukit/memory/memory_history.hpp>
 #include <gpukit/profile/memory_annotation.hpp>
@@ -74,6 +75,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
+#include <iterator>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -154,15 +156,17 @@ struct caching_allocator_options {
   int thread_cache_blocks_per_class{8};
 };
 
-/// The steps of the out-of-memory recovery ladder, in order.
-inline constexpr int recovery_step_count                              = 5;
-inline constexpr char const* recovery_step_names[recovery_step_count] = {
+/// The steps of the out-of-memory recovery ladder, in order (the one list of them: the count,
+/// the statistics and the report follow it).
+inline constexpr char const* recovery_step_names[] = {
   "collect blocks whose cross-stream events have completed",
   "user out-of-memory callbacks",
   "release cached free segments of the requesting stream",
   "release cached free segments of every stream (waiting only on the events that guard them)",
   "wait for blocks other threads are returning (oom_wait_for_frees_ms)",
 };
+/// How many steps the out-of-memory recovery ladder has.
+inline constexpr int recovery_step_count = static_cast<int>(std::size(recovery_step_names));
 
 /// What an out-of-memory callback is told.
 struct oom_context {
@@ -206,15 +210,15 @@ struct caching_allocator_stats {
   std::uint64_t num_release_waits{0};
   /// Out-of-memory recovery, by step (see recovery_step_names): times each step ran, and the
   /// bytes it made available (moved into the usable pool, or returned to the device).
-  std::array<std::uint64_t, 5> num_recovery_steps{};
-  std::array<std::uint64_t, 5> recovery_bytes{};
+  std::array<std::uint64_t, recovery_step_count> num_recovery_steps{};
+  std::array<std::uint64_t, recovery_step_count> recovery_bytes{};
 };
 
 namespace detail {
 template <class Runtime>
-struct caching_block;
-template <class Runtime>
 struct caching_thread_cache;
+template <class Runtime>
+struct allocator_invariants;
 }  // namespace detail
 
 /// A stream-ordered caching device allocator over a Runtime (see the top of this header).
@@ -407,10 +411,6 @@ class basic_caching_allocator final {
   [[nodiscard]] Runtime& runtime() const noexcept { return runtime_; }
   [[nodiscard]] caching_allocator_options const& options() const noexcept { return options_; }
 
-  /// Checks the pool's invariants (blocks tile each segment, indices agree with states, counters
-  /// agree with blocks). For tests; takes the pool lock. Returns an empty string when they hold.
-  [[nodiscard]] std::string check_invariants() const;
-
   /// Where a block handed out by this allocator lives: what gpukit/memory/ipc.hpp needs to export
   /// it to another process.
   struct block_extent {
@@ -444,12 +444,16 @@ class basic_caching_allocator final {
   }
 
  private:
+  template <class R>
+  friend struct detail::allocator_invariants;  // detail/allocator_invariants.hpp, for tests
+
   using block        = detail::caching_block<Runtime>;
   using thread_cache = detail::caching_thread_cache<Runtime>;
-  struct stream_pool;
-  struct pending_free;
-  struct segment;
-  struct capture_pool;
+  struct segment;           // detail/pool_segments.inl
+  struct stream_pool;       // detail/stream_bookkeeping.inl
+  struct pending_free;      // detail/stream_bookkeeping.inl
+  struct capture_pool;      // detail/graph_capture.inl
+  struct recovery_request;  // detail/oom_recovery.inl
   enum pool_kind : int { small_pool = 0, large_pool = 1 };
 
   static void check_alignment(std::size_t align)
@@ -458,79 +462,165 @@ class basic_caching_allocator final {
       align != 0 && (align & (align - 1)) == 0 && align <= alignment,
       "caching_allocator: alignment " + std::to_string(align) + " is not a power of two up to 256");
   }
-  thread_cache& local_cache();
+  int kind_for(std::size_t size) const noexcept
+  {
+    return size <= options_.small_request_bytes ? small_pool : large_pool;
+  }
+  void annotate_alloc(block const* b, std::size_t bytes) const noexcept
+  {
+    if (options_.nvtx_annotate) { register_memory_region(segment_heap(b), b->data(), bytes); }
+  }
+
+  // Allocation and deallocation (detail/caching_allocator.inl).
   void* allocate_slow(std::size_t bytes, std::size_t size, stream_type stream, thread_cache& tc);
-  void deallocate_impl(void* ptr, std::size_t bytes, bool check_size, stream_type stream);
-  void free_to_pool_locked(block* b, stream_type stream);
-  block* find_free_locked(std::size_t size, int kind, stream_type stream);
-  block* new_segment_locked(std::size_t size, int kind, stream_type stream, bool& oom);
-  block* take_locked(block* b, std::size_t size, std::size_t bytes, stream_type stream);
   void* hand_out(thread_cache& tc, block* b, std::size_t bytes, stream_type stream);
+  void deallocate_impl(void* ptr, std::size_t bytes, bool check_size, stream_type stream);
+  block* find_foreign(void* ptr);
+  void count_free(thread_cache& tc, block* b, void* ptr, stream_type stream);
+  void defer_free(thread_cache& tc, block* b, void* ptr, stream_type stream);
+  // Thread caches (detail/thread_cache.inl).
+  thread_cache& local_cache();
+  static void on_thread_exit(void* allocator, void* cache);
   void purge_handed_out(thread_cache& tc);
+  void flush_cache_locked(thread_cache& tc);
+  void flush_cache(thread_cache& tc);
+  // The pool: segments, descriptors, indices (detail/pool_segments.inl).
+  block* find_free_locked(std::size_t size, int kind, stream_type stream);
+  std::size_t segment_size_for(std::size_t size) const noexcept;
+  block* new_segment_locked(std::size_t size, int kind, stream_type stream, bool& oom);
   void adopt_segment_locked(block* b, std::unique_ptr<segment> seg, void* p, std::size_t seg_size,
                             int kind, stream_type stream, bool stream_ordered, capture_id pool);
+  block* take_locked(block* b, std::size_t size, std::size_t bytes, stream_type stream);
+  block* split_off_locked(block* b, std::size_t offset);
   block* insert_free_locked(block* b);
   void unindex_locked(block* b);
+  void free_to_pool_locked(block* b, stream_type stream);
+  block* new_block_locked();
+  void recycle_block_locked(block* b);
+  static memory_heap segment_heap(block const* b) noexcept;
+  // Streams, pending frees, migration, events (detail/stream_bookkeeping.inl).
   stream_pool& stream_pool_locked(stream_type stream);
   void check_stream_locked(stream_type stream, char const* what);
   std::size_t poll_pending_locked(bool wait = false);
   std::size_t migrate_locked(stream_type requester, bool wait);
-  block* recover_locked(std::unique_lock<std::mutex>& lock, std::size_t size, int kind,
-                        stream_type stream, thread_cache& tc, std::vector<stream_type>& freed_on,
-                        bool capture);
-  std::size_t free_bytes_locked() const;
+  std::size_t make_global_locked(stream_pool& sp, std::uint64_t up_to_seq);
+  event_type take_event_locked();
+  // The out-of-memory ladder (detail/oom_recovery.inl).
   enum recovery_step : int {
     step_events,
     step_callbacks,
     step_release_stream,
     step_release_all,
-    step_wait
+    step_wait,
   };
+  static_assert(step_wait + 1 == recovery_step_count, "one enumerator per recovery_step_names");
+  block* recover_locked(std::unique_lock<std::mutex>& lock, std::size_t size, int kind,
+                        stream_type stream, thread_cache& tc, std::vector<stream_type>& freed_on,
+                        bool capture);
+  block* retry_locked(recovery_request const& r);
+  void settle_frees_locked(recovery_request& r);
+  void count_step_locked(recovery_step step, std::size_t reclaimed);
+  block* recover_events_locked(recovery_request& r);
+  block* recover_callbacks_locked(recovery_request& r);
+  block* recover_release_stream_locked(recovery_request& r);
+  block* recover_release_all_locked(recovery_request& r);
+  block* recover_wait_locked(recovery_request& r);
+  std::size_t free_bytes_locked() const;
+  [[noreturn]] void throw_oom_locked(std::size_t bytes, std::size_t size);
+  // Release (detail/release.inl).
   std::size_t release_locked(std::size_t target, std::vector<stream_type>* freed_on = nullptr,
                              int only_kind = -1, stream_type const* only_stream = nullptr);
-  void flush_cache_locked(thread_cache& tc);
-  void flush_cache(thread_cache& tc);
-  block* new_block_locked();
-  void recycle_block_locked(block* b);
-  event_type take_event_locked();
-  [[noreturn]] void throw_oom_locked(std::size_t bytes, std::size_t size);
-  std::size_t segment_size_for(std::size_t size) const noexcept;
-  int kind_for(std::size_t size) const noexcept
-  {
-    return size <= options_.small_request_bytes ? small_pool : large_pool;
-  }
-  void update_peaks_locked() const;
-  static void on_thread_exit(void* allocator, void* cache);
+  // Graph capture (detail/graph_capture.inl).
+  capture_pool* active_capture_locked(stream_type stream);
+  capture_pool& capture_pool_locked(capture_id id);
+  void* allocate_captured_locked(std::size_t bytes, std::size_t size, int kind, capture_pool& cp,
+                                 thread_cache& tc);
+  // Recording (detail/recording.inl).
   void record(thread_cache& tc, memory_event::action what, block const* b, stream_type stream);
   void record_pool_locked(memory_event::action what, std::uintptr_t address, std::size_t bytes,
                           stream_type stream);
   static std::uint64_t now_ns() noexcept;
   static std::uintptr_t stream_id(stream_type stream) noexcept;
-  void annotate_alloc(block const* b, std::size_t bytes) const noexcept
-  {
-    if (options_.nvtx_annotate) { register_memory_region(segment_heap(b), b->data(), bytes); }
-  }
-  static memory_heap segment_heap(block const* b) noexcept;
+  // Statistics (detail/statistics.inl).
+  void update_peaks_locked() const;
+  void raise_reserved_peak_locked() noexcept;
   // Growable segments (detail/growable_segments.inl).
   block* grow_locked(std::size_t size, int kind, stream_type stream, bool& oom);
   block* reserve_growable_locked(std::size_t size, int kind, stream_type stream, bool& oom);
+  struct mapped_page;
   bool map_pages_locked(segment& seg, std::size_t first, std::size_t count, bool& oom);
+  static void* page_address(segment const& seg, std::size_t i) noexcept;
+  cudaError_t take_page_locked(int kind, std::size_t page, mapped_page& m);
+  void give_back_page_locked(int kind, std::size_t page, mapped_page const& m);
+  bool undo_map_locked(segment& seg, std::vector<mapped_page> const& now, cudaError_t e, bool& oom);
   std::size_t harvest_pages_locked(int kind, std::size_t wanted, block const* keep);
   cudaError_t unmap_page_locked(segment& seg, std::size_t i);
   std::size_t unmap_free_pages_locked(block* b, std::size_t wanted, cudaError_t& error);
   void insert_unmapped_locked(block* b);
-  block* split_off_locked(block* b, std::size_t offset);
   std::size_t release_growable_locked(std::size_t target, stream_type const* only_stream);
+  void release_spare_pages_locked(std::size_t target);
+  void unmap_stranded_pages_locked();
+  void unmap_released_blocks_locked(std::size_t target, stream_type const* only_stream);
+  void free_empty_ranges_locked();
   // The list of spare pages a pool kind uses: one for both when their pages have the same size.
   int spare_kind(int kind) const noexcept
   {
-    return page_bytes_[small_pool] == page_bytes_[large_pool] ? small_pool : kind;
+    return pages_.page_bytes[small_pool] == pages_.page_bytes[large_pool] ? small_pool : kind;
   }
-  void raise_reserved_peak_locked() noexcept;
-  capture_pool* active_capture_locked(stream_type stream);
-  capture_pool& capture_pool_locked(capture_id id);
-  void* allocate_captured_locked(std::size_t bytes, std::size_t size, int kind, capture_pool& cp,
-                                 thread_cache& tc);
+
+  // The state, grouped by what it serves. Everything but the atomics is guarded by mutex_.
+
+  /// Segments and blocks: every block by address, free blocks usable on any stream, the storage
+  /// of block descriptors, and what is held from the device.
+  struct pool_state {
+    detail::address_map<block> blocks;    // every block, by address
+    detail::tlsf_index<block> global[2];  // free blocks usable on any stream, per pool kind
+    std::vector<std::unique_ptr<block[]>> block_chunks;
+    block* spare_blocks{nullptr};
+    std::size_t reserved{0};  // bytes held from the device (growable: mapped and spare pages)
+    std::size_t segments{0};
+  };
+  /// Growable segments: pages per pool kind.
+  struct page_state {
+    std::size_t page_bytes[2]{0, 0};        // mapping unit per pool kind
+    std::vector<block*> unmapped[2];        // unmapped ranges, per pool kind
+    std::vector<physical_handle> spare[2];  // unmapped physical pages, held
+    std::vector<segment*> segments;
+  };
+  /// Streams and the events that order blocks between them.
+  struct stream_state {
+    std::vector<std::unique_ptr<stream_pool>> pools;  // free blocks each stream owns
+    std::vector<pending_free> pending;                // frees waiting on recorded streams
+    std::vector<stream_type> checked;                 // streams known to belong to device_
+    std::vector<stream_type> forgotten;               // forget_stream'ed (most recent 256)
+    std::vector<event_type> spare_events;
+  };
+  /// The thread caches of this allocator.
+  struct thread_state {
+    std::vector<std::unique_ptr<thread_cache>> caches;
+    bool freed_across{false};  // a block was freed by another thread than the one it went to
+  };
+  /// The out-of-memory ladder.
+  struct recovery_state {
+    std::vector<oom_callback> callbacks;
+    std::vector<oom_report::step> ladder;  // what the last recovery did
+    std::condition_variable frees_cv;      // blocks came back to the pool (for step_wait)
+    int waiters{0};
+  };
+  /// Graph captures and their private pools.
+  struct capture_state {
+    std::vector<std::unique_ptr<capture_pool>> pools;
+    capture_id next_id{1};
+    std::atomic<int> underway{0};  // read on the fast path: written only at capture edges
+  };
+  /// Recorded events: threads record into their caches' rings, the pool into `ring`.
+  struct recording_state {
+    std::atomic<bool> on{false};     // read on the fast path
+    std::size_t capacity{0};         // events per ring
+    std::vector<memory_event> ring;  // segment and out-of-memory events
+    std::size_t next{0};
+    std::uint64_t dropped{0};
+  };
 
   Runtime& runtime_;
   int device_;
@@ -539,39 +629,17 @@ class basic_caching_allocator final {
   std::size_t device_total_{0};
   bool stream_ordered_{true};
   bool growable_{false};
-  std::size_t page_bytes_[2]{0, 0};  // growable segments: mapping unit per pool kind
   std::atomic<std::size_t> limit_{0};
 
-  mutable std::mutex mutex_;           // the pool: everything below
-  detail::address_map<block> blocks_;  // every block, by address
-  std::vector<std::unique_ptr<stream_pool>> stream_pools_;
-  detail::tlsf_index<block> global_[2];  // free blocks usable on any stream
-  std::vector<pending_free> pending_;
-  std::vector<stream_type> checked_streams_;     // streams known to belong to device_
-  std::vector<stream_type> forgotten_streams_;   // forget_stream'ed (most recent 256)
-  bool freed_across_threads_{false};             // a block was freed by another thread
-  std::vector<block*> unmapped_[2];              // growable: unmapped ranges, per pool kind
-  std::vector<physical_handle> spare_pages_[2];  // growable: unmapped physical pages, held
-  std::vector<segment*> growable_segments_;
-  std::vector<std::unique_ptr<block[]>> block_chunks_;
-  block* spare_blocks_{nullptr};
-  std::vector<event_type> spare_events_;
-  std::vector<std::unique_ptr<thread_cache>> caches_;  // every thread cache of this allocator
-  std::atomic<bool> recording_{false};
-  std::size_t ring_capacity_{0};
-  std::vector<memory_event> pool_ring_;  // segment and out-of-memory events
-  std::size_t pool_ring_next_{0};
-  std::uint64_t pool_ring_dropped_{0};
-  std::vector<oom_callback> oom_callbacks_;
-  std::vector<oom_report::step> ladder_;  // what the last recovery did
-  std::condition_variable frees_cv_;      // blocks came back to the pool (for step 5)
-  int oom_waiters_{0};
-  std::vector<std::unique_ptr<capture_pool>> capture_pools_;
-  capture_id next_capture_id_{1};
-  std::atomic<int> captures_underway_{0};  // read on the fast path: written only at capture edges
-  std::size_t reserved_{0};
-  std::size_t segments_{0};
-  mutable caching_allocator_stats pool_stats_{};  // pool-level counters and peaks
+  mutable std::mutex mutex_;  // the pool lock: guards everything below
+  pool_state pool_;
+  page_state pages_;
+  stream_state streams_;
+  thread_state threads_;
+  recovery_state recovery_;
+  capture_state capture_;
+  recording_state recording_;
+  mutable caching_allocator_stats stats_{};  // pool-level counters and peaks
 };
 
 /// The caching allocator over the CUDA runtime.
@@ -636,8 +704,17 @@ basic_caching_allocator<Runtime>& default_caching_allocator(int device = -1)
 
 }  // namespace gpukit
 
+// The bodies, one seam a file (see the top of detail/caching_allocator.inl).
 #include <gpukit/memory/detail/caching_allocator.inl>
+#include <gpukit/memory/detail/graph_capture.inl>
 #include <gpukit/memory/detail/growable_segments.inl>
+#include <gpukit/memory/detail/oom_recovery.inl>
+#include <gpukit/memory/detail/pool_segments.inl>
+#include <gpukit/memory/detail/recording.inl>
+#include <gpukit/memory/detail/release.inl>
+#include <gpukit/memory/detail/statistics.inl>
+#include <gpukit/memory/detail/stream_bookkeeping.inl>
+#include <gpukit/memory/detail/thread_cache.inl>
 
 #if GPUKIT_HAS_CCCL_MEMORY_RESOURCE
 static_assert(gpukit::detail::is_device_async_resource_v<gpukit::caching_allocator>,

@@ -55,6 +55,7 @@
 #include <cstring>
 #include <string>
 #include <system_error>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -80,23 +81,19 @@ struct ipc_block_handle {
   ~ipc_block_handle() { close_fds(); }
   ipc_block_handle(ipc_block_handle const&)            = delete;
   ipc_block_handle& operator=(ipc_block_handle const&) = delete;
-  ipc_block_handle(ipc_block_handle&& o) noexcept
-      : type{o.type}, device{o.device}, offset{o.offset}, bytes{o.bytes}, memory{o.memory},
-        page_bytes{o.page_bytes}, fds{std::exchange(o.fds, {})}
-  {}
+  ipc_block_handle(ipc_block_handle&& o) noexcept { swap(o); }
   ipc_block_handle& operator=(ipc_block_handle&& o) noexcept
   {
-    if (this != &o) {
-      close_fds();
-      type       = o.type;
-      device     = o.device;
-      offset     = o.offset;
-      bytes      = o.bytes;
-      memory     = o.memory;
-      page_bytes = o.page_bytes;
-      fds        = std::exchange(o.fds, {});
-    }
+    ipc_block_handle old{std::move(o)};
+    swap(old);  // this handle's descriptors go with `old`, which closes them
     return *this;
+  }
+  /// Exchanges the contents of two handles.
+  void swap(ipc_block_handle& o) noexcept
+  {
+    auto mine   = std::tie(type, device, offset, bytes, memory, page_bytes, fds);
+    auto theirs = std::tie(o.type, o.device, o.offset, o.bytes, o.memory, o.page_bytes, o.fds);
+    mine.swap(theirs);
   }
   /// Closes the descriptors now (they are no longer needed once imported or sent).
   void close_fds() noexcept
@@ -213,23 +210,19 @@ class imported_block final {
   ~imported_block() { close(); }
   imported_block(imported_block const&)            = delete;
   imported_block& operator=(imported_block const&) = delete;
-  imported_block(imported_block&& o) noexcept
-      : rt_{o.rt_}, device_{o.device_}, type_{o.type_}, base_{std::exchange(o.base_, nullptr)},
-        range_bytes_{o.range_bytes_}, data_{std::exchange(o.data_, nullptr)}, bytes_{o.bytes_}
-  {}
+  imported_block(imported_block&& o) noexcept : rt_{o.rt_} { swap(o); }
   imported_block& operator=(imported_block&& o) noexcept
   {
-    if (this != &o) {
-      close();
-      rt_          = o.rt_;
-      device_      = o.device_;
-      type_        = o.type_;
-      base_        = std::exchange(o.base_, nullptr);
-      range_bytes_ = o.range_bytes_;
-      data_        = std::exchange(o.data_, nullptr);
-      bytes_       = o.bytes_;
-    }
+    imported_block old{std::move(o)};
+    swap(old);  // this block's mapping goes with `old`, which unmaps it
     return *this;
+  }
+  /// Exchanges two mappings.
+  void swap(imported_block& o) noexcept
+  {
+    auto mine   = std::tie(rt_, device_, type_, base_, range_bytes_, data_, bytes_);
+    auto theirs = std::tie(o.rt_, o.device_, o.type_, o.base_, o.range_bytes_, o.data_, o.bytes_);
+    mine.swap(theirs);
   }
 
   /// The block's first byte in this process (device memory of the exporter's device).

@@ -6,7 +6,7 @@
 // device's granularity). Each page is mapped to its own physical allocation, or not at all. Its
 // blocks tile the range as in any segment; free and allocated blocks lie on mapped pages only,
 // and the unmapped pages form blocks of state `unmapped`, which are not in any free index but
-// listed in `unmapped_` per kind.
+// listed in `pages_.unmapped` per kind.
 //
 // Growth (grow_locked, when no free block fits): pick the unmapped block that needs the fewest new
 // pages, counting the free block just before it when the requesting stream may use it; map that
@@ -27,43 +27,11 @@
 
 namespace gpukit {
 
-template <class Runtime>
-void basic_caching_allocator<Runtime>::raise_reserved_peak_locked() noexcept
-{
-  pool_stats_.reserved_bytes.peak =
-    std::max(pool_stats_.reserved_bytes.peak, static_cast<std::int64_t>(reserved_));
-}
-
-// Splits b at `offset` (0 < offset < size): b keeps the head; the tail, returned, gets b's state
-// and owner and is linked after b. Neither is (re)indexed here.
-template <class Runtime>
-typename basic_caching_allocator<Runtime>::block*
-basic_caching_allocator<Runtime>::split_off_locked(block* b, std::size_t offset)
-{
-  block* t = new_block_locked();
-  t->ptr.store(b->address() + offset, std::memory_order_relaxed);
-  t->size         = b->size - offset;
-  t->kind         = b->kind;
-  t->stream       = b->stream;
-  t->global       = b->global;
-  t->segment      = b->segment;
-  t->free_seq     = b->free_seq;
-  t->capture_pool = b->capture_pool;
-  t->prev         = b;
-  t->next         = b->next;
-  if (b->next != nullptr) { b->next->prev = t; }
-  b->next = t;
-  b->size = offset;
-  t->state.store(b->state.load(std::memory_order_relaxed), std::memory_order_relaxed);
-  blocks_.insert(t->address(), t);
-  return t;
-}
-
 // Makes b an unmapped block, merged with unmapped neighbours and listed once.
 template <class Runtime>
 void basic_caching_allocator<Runtime>::insert_unmapped_locked(block* b)
 {
-  auto& list  = unmapped_[b->kind];
+  auto& list  = pages_.unmapped[b->kind];
   auto unlist = [&](block* x) {
     auto it = std::find(list.begin(), list.end(), x);
     if (it != list.end()) {
@@ -85,7 +53,7 @@ void basic_caching_allocator<Runtime>::insert_unmapped_locked(block* b)
     p->next = b->next;
     if (b->next != nullptr) { b->next->prev = p; }
     unlist(b);
-    blocks_.erase(b->address());
+    pool_.blocks.erase(b->address());
     recycle_block_locked(b);
     b = p;
   }
@@ -95,7 +63,7 @@ void basic_caching_allocator<Runtime>::insert_unmapped_locked(block* b)
     b->next = n->next;
     if (n->next != nullptr) { n->next->prev = b; }
     unlist(n);
-    blocks_.erase(n->address());
+    pool_.blocks.erase(n->address());
     recycle_block_locked(n);
   }
   if (std::find(list.begin(), list.end(), b) == list.end()) { list.push_back(b); }
@@ -108,11 +76,11 @@ cudaError_t basic_caching_allocator<Runtime>::unmap_page_locked(segment& seg, st
 {
   cudaError_t const e = runtime_.vm_unmap(static_cast<char*>(seg.ptr) + i * seg.page, seg.page);
   if (e != cudaSuccess) { return e; }
-  spare_pages_[spare_kind(seg.kind)].push_back(seg.handles[i]);
+  pages_.spare[spare_kind(seg.kind)].push_back(seg.handles[i]);
   seg.handles[i] = physical_handle{};
   seg.mapped[i]  = 0;
   --seg.mapped_pages;
-  ++pool_stats_.num_device_frees;
+  ++stats_.num_device_frees;
   return cudaSuccess;
 }
 
@@ -166,7 +134,7 @@ template <class Runtime>
 std::size_t basic_caching_allocator<Runtime>::harvest_pages_locked(int kind, std::size_t wanted,
                                                                    block const* keep)
 {
-  if (wanted == 0 || captures_underway_.load(std::memory_order_relaxed) != 0) { return 0; }
+  if (wanted == 0 || capture_.underway.load(std::memory_order_relaxed) != 0) { return 0; }
   std::vector<block*> donors;
   auto consider = [&](block* b) {
     auto const* seg = static_cast<segment const*>(b->segment);
@@ -178,9 +146,9 @@ std::size_t basic_caching_allocator<Runtime>::harvest_pages_locked(int kind, std
   device_guard<Runtime> guard{runtime_, device_};
   // Both pools' pages serve either pool when their pages have the same size.
   int const kinds[2] = {kind, 1 - kind};
-  int const nkinds   = page_bytes_[0] == page_bytes_[1] ? 2 : 1;
-  for (int k = 0; k < nkinds; ++k) { global_[kinds[k]].for_each(consider); }
-  for (auto& sp : stream_pools_) {
+  int const nkinds   = pages_.page_bytes[0] == pages_.page_bytes[1] ? 2 : 1;
+  for (int k = 0; k < nkinds; ++k) { pool_.global[kinds[k]].for_each(consider); }
+  for (auto& sp : streams_.pools) {
     bool any = false;
     for (int k = 0; k < nkinds; ++k) { any = any || !sp->index[kinds[k]].empty(); }
     if (!any) { continue; }
@@ -200,6 +168,14 @@ std::size_t basic_caching_allocator<Runtime>::harvest_pages_locked(int kind, std
   return got;
 }
 
+/// A page map_pages_locked has mapped, until the transaction ends.
+template <class Runtime>
+struct basic_caching_allocator<Runtime>::mapped_page {
+  std::size_t index{0};
+  physical_handle handle{};
+  bool fresh{false};  // created by this transaction
+};
+
 // Maps pages [first, first + count) of seg, in one transaction: physical memory from the spare
 // pages, else new (cuMemCreate, within the limit); each page mapped, then the range made
 // accessible. On any failure every page this call mapped is unmapped again and the physical memory
@@ -212,85 +188,104 @@ bool basic_caching_allocator<Runtime>::map_pages_locked(segment& seg, std::size_
 {
   std::size_t const page = seg.page;
   int const kind         = spare_kind(seg.kind);
-  auto va                = [&](std::size_t i) {
-    return static_cast<void*>(static_cast<char*>(seg.ptr) + i * page);
-  };
-  struct mapped_page {
-    std::size_t index;
-    physical_handle handle;
-    bool fresh;  // created by this call
-  };
   std::vector<mapped_page> now;
   now.reserve(count);
   device_guard<Runtime> guard{runtime_, device_};
-  // An unmapped page's memory: released if this call created it, else (or if that fails) held
-  // as a spare page, released by release().
-  auto give_back = [&](mapped_page const& m) {
-    if (m.fresh && runtime_.vm_release(m.handle) == cudaSuccess) {
-      reserved_ -= page;
-      ++pool_stats_.num_pages_released;
-    } else {
-      spare_pages_[kind].push_back(m.handle);
-    }
-  };
-  auto undo = [&] {
-    for (auto it = now.rbegin(); it != now.rend(); ++it) {
-      if (runtime_.vm_unmap(va(it->index), page) != cudaSuccess) {
-        seg.handles[it->index] = it->handle;  // still mapped, never made accessible
-        seg.mapped[it->index]  = 1;
-        ++seg.mapped_pages;
-        continue;
-      }
-      give_back(*it);
-    }
-  };
-  auto fail = [&](cudaError_t e) {
-    undo();
-    if (e == cudaErrorMemoryAllocation) {
-      oom = true;
-      return false;
-    }
-    GPUKIT_CUDA_TRY(e);
-    return false;
-  };
-  std::size_t const limit = limit_.load(std::memory_order_relaxed);
   for (std::size_t i = first; i < first + count; ++i) {
     if (seg.mapped[i] != 0) { continue; }  // left mapped by an undo that failed: access only
     mapped_page m{i, physical_handle{}, false};
-    if (!spare_pages_[kind].empty()) {
-      m.handle = spare_pages_[kind].back();
-      spare_pages_[kind].pop_back();
-    } else {
-      if (limit != 0 && reserved_ + page > limit) { return fail(cudaErrorMemoryAllocation); }
-      cudaError_t const e =
-        runtime_.vm_create(m.handle, page, device_, options_.growable_shareable);
-      if (e != cudaSuccess) { return fail(e); }
-      m.fresh = true;
-      reserved_ += page;
-      ++pool_stats_.num_pages_created;
+    if (cudaError_t const e = take_page_locked(kind, page, m); e != cudaSuccess) {
+      return undo_map_locked(seg, now, e, oom);
     }
-    if (cudaError_t const e = runtime_.vm_map(va(i), page, m.handle); e != cudaSuccess) {
-      give_back(m);
-      return fail(e);
+    if (cudaError_t const e = runtime_.vm_map(page_address(seg, i), page, m.handle);
+        e != cudaSuccess) {
+      give_back_page_locked(kind, page, m);
+      return undo_map_locked(seg, now, e, oom);
     }
     now.push_back(m);
   }
-  if (cudaError_t const e = runtime_.vm_set_access(va(first), count * page, device_);
+  if (cudaError_t const e = runtime_.vm_set_access(page_address(seg, first), count * page, device_);
       e != cudaSuccess) {
     // Pages left mapped by an earlier failed undo are in the range too: they stay as they were.
-    return fail(e);
+    return undo_map_locked(seg, now, e, oom);
   }
   for (auto const& m : now) {
     seg.handles[m.index] = m.handle;
     seg.mapped[m.index]  = 1;
     ++seg.mapped_pages;
-    pool_stats_.num_pages_reused += m.fresh ? 0 : 1;
+    stats_.num_pages_reused += m.fresh ? 0 : 1;
   }
-  pool_stats_.num_device_allocs += now.size();
+  stats_.num_device_allocs += now.size();
   raise_reserved_peak_locked();
   record_pool_locked(memory_event::action::segment_alloc,
-                     reinterpret_cast<std::uintptr_t>(va(first)), count * page, stream_type{});
+                     reinterpret_cast<std::uintptr_t>(page_address(seg, first)), count * page,
+                     stream_type{});
   return true;
+}
+
+template <class Runtime>
+void* basic_caching_allocator<Runtime>::page_address(segment const& seg, std::size_t i) noexcept
+{
+  return static_cast<void*>(static_cast<char*>(seg.ptr) + i * seg.page);
+}
+
+// Physical memory for one page: a spare page, else a new one within the limit
+// (cudaErrorMemoryAllocation beyond it).
+template <class Runtime>
+cudaError_t basic_caching_allocator<Runtime>::take_page_locked(int kind, std::size_t page,
+                                                               mapped_page& m)
+{
+  if (!pages_.spare[kind].empty()) {
+    m.handle = pages_.spare[kind].back();
+    pages_.spare[kind].pop_back();
+    return cudaSuccess;
+  }
+  std::size_t const limit = limit_.load(std::memory_order_relaxed);
+  if (limit != 0 && pool_.reserved + page > limit) { return cudaErrorMemoryAllocation; }
+  cudaError_t const e = runtime_.vm_create(m.handle, page, device_, options_.growable_shareable);
+  if (e != cudaSuccess) { return e; }
+  m.fresh = true;
+  pool_.reserved += page;
+  ++stats_.num_pages_created;
+  return cudaSuccess;
+}
+
+// An unmapped page's memory: released if this transaction created it, else (or if that fails)
+// held as a spare page, released by release().
+template <class Runtime>
+void basic_caching_allocator<Runtime>::give_back_page_locked(int kind, std::size_t page,
+                                                             mapped_page const& m)
+{
+  if (m.fresh && runtime_.vm_release(m.handle) == cudaSuccess) {
+    pool_.reserved -= page;
+    ++stats_.num_pages_released;
+  } else {
+    pages_.spare[kind].push_back(m.handle);
+  }
+}
+
+// Undoes a failed transaction (the pages in `now`, last first), then reports `e`: false with `oom`
+// set when memory ran out, else throws gpukit::cuda_error.
+template <class Runtime>
+bool basic_caching_allocator<Runtime>::undo_map_locked(segment& seg,
+                                                       std::vector<mapped_page> const& now,
+                                                       cudaError_t e, bool& oom)
+{
+  for (auto it = now.rbegin(); it != now.rend(); ++it) {
+    if (runtime_.vm_unmap(page_address(seg, it->index), seg.page) != cudaSuccess) {
+      seg.handles[it->index] = it->handle;  // still mapped, never made accessible
+      seg.mapped[it->index]  = 1;
+      ++seg.mapped_pages;
+      continue;
+    }
+    give_back_page_locked(spare_kind(seg.kind), seg.page, *it);
+  }
+  if (e == cudaErrorMemoryAllocation) {
+    oom = true;
+    return false;
+  }
+  GPUKIT_CUDA_TRY(e);
+  return false;
 }
 
 // Reserves a new growable segment for a request of `size` bytes: its whole range is one unmapped
@@ -300,7 +295,7 @@ typename basic_caching_allocator<Runtime>::block*
 basic_caching_allocator<Runtime>::reserve_growable_locked(std::size_t size, int kind,
                                                           stream_type stream, bool& oom)
 {
-  std::size_t const page = page_bytes_[kind];
+  std::size_t const page = pages_.page_bytes[kind];
   std::size_t reserve    = options_.growable_reserve_bytes != 0
                              ? detail::round_up(options_.growable_reserve_bytes, page)
                              : detail::round_up(device_total_ / 8 * 9, page);
@@ -337,11 +332,11 @@ basic_caching_allocator<Runtime>::reserve_growable_locked(std::size_t size, int 
   b->stream  = stream;
   b->segment = seg.get();
   b->prev = b->next = nullptr;
-  blocks_.insert(b->address(), b);
-  growable_segments_.push_back(seg.release());
-  ++segments_;
-  pool_stats_.segment_count.peak =
-    std::max(pool_stats_.segment_count.peak, static_cast<std::int64_t>(segments_));
+  pool_.blocks.insert(b->address(), b);
+  pages_.segments.push_back(seg.release());
+  ++pool_.segments;
+  stats_.segment_count.peak =
+    std::max(stats_.segment_count.peak, static_cast<std::int64_t>(pool_.segments));
   insert_unmapped_locked(b);
   return b;
 }
@@ -352,7 +347,7 @@ template <class Runtime>
 typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtime>::grow_locked(
   std::size_t size, int kind, stream_type stream, bool& oom)
 {
-  std::size_t const page = page_bytes_[kind];
+  std::size_t const page = pages_.page_bytes[kind];
   std::size_t const most = (size + page - 1) / page;
   auto usable_before     = [&](block const* u) -> std::size_t {
     block const* p = u->prev;
@@ -364,7 +359,7 @@ typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtim
   };
   block* best            = nullptr;
   std::size_t best_pages = std::numeric_limits<std::size_t>::max();
-  for (block* u : unmapped_[kind]) {
+  for (block* u : pages_.unmapped[kind]) {
     std::size_t const have  = usable_before(u);
     std::size_t const need  = size > have ? size - have : 0;
     std::size_t const pages = std::max<std::size_t>(1, (need + page - 1) / page);
@@ -380,13 +375,13 @@ typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtim
     best_pages = most;
   }
   // Physical memory of free pages elsewhere first, new memory only for the rest.
-  auto const& spares = spare_pages_[spare_kind(kind)];
+  auto const& spares = pages_.spare[spare_kind(kind)];
   if (spares.size() < best_pages) { harvest_pages_locked(kind, best_pages - spares.size(), best); }
   auto* seg = static_cast<segment*>(best->segment);
   std::size_t const first =
     (best->address() - reinterpret_cast<std::uintptr_t>(seg->ptr)) / seg->page;
   if (!map_pages_locked(*seg, first, best_pages, oom)) { return nullptr; }
-  auto& list = unmapped_[kind];
+  auto& list = pages_.unmapped[kind];
   list.erase(std::find(list.begin(), list.end(), best));
   if (best_pages * page < best->size) { list.push_back(split_off_locked(best, best_pages * page)); }
   best->state.store(detail::block_state::free, std::memory_order_relaxed);
@@ -405,26 +400,40 @@ template <class Runtime>
 std::size_t basic_caching_allocator<Runtime>::release_growable_locked(
   std::size_t target, stream_type const* only_stream)
 {
-  std::size_t const before = reserved_;
+  std::size_t const before = pool_.reserved;
   device_guard<Runtime> guard{runtime_, device_};
-  auto release_spares = [&] {
-    for (int k = 0; k < 2; ++k) {
-      auto& spares = spare_pages_[k];
-      while (!spares.empty() && reserved_ > target) {
-        GPUKIT_CUDA_TRY(runtime_.vm_release(spares.back()));
-        spares.pop_back();
-        reserved_ -= page_bytes_[k];
-        ++pool_stats_.num_pages_released;
-      }
-    }
-  };
-  release_spares();
-  if (captures_underway_.load(std::memory_order_relaxed) != 0) {
-    return before - reserved_;  // no synchronization while a graph is being captured
+  release_spare_pages_locked(target);
+  if (capture_.underway.load(std::memory_order_relaxed) != 0) {
+    return before - pool_.reserved;  // no synchronization while a graph is being captured
   }
-  // Pages left mapped (never accessible) by a failed undo: unmap them now.
-  for (segment* seg : growable_segments_) {
-    for (block* u : unmapped_[seg->kind]) {
+  unmap_stranded_pages_locked();
+  release_spare_pages_locked(target);
+  unmap_released_blocks_locked(target, only_stream);
+  if (only_stream == nullptr && target == 0) { free_empty_ranges_locked(); }
+  return before - pool_.reserved;
+}
+
+// Releases spare physical pages until at most `target` bytes are reserved.
+template <class Runtime>
+void basic_caching_allocator<Runtime>::release_spare_pages_locked(std::size_t target)
+{
+  for (int k = 0; k < 2; ++k) {
+    auto& spares = pages_.spare[k];
+    while (!spares.empty() && pool_.reserved > target) {
+      GPUKIT_CUDA_TRY(runtime_.vm_release(spares.back()));
+      spares.pop_back();
+      pool_.reserved -= pages_.page_bytes[k];
+      ++stats_.num_pages_released;
+    }
+  }
+}
+
+// Pages left mapped (never accessible) inside unmapped blocks by a failed undo: unmapped now.
+template <class Runtime>
+void basic_caching_allocator<Runtime>::unmap_stranded_pages_locked()
+{
+  for (segment* seg : pages_.segments) {
+    for (block* u : pages_.unmapped[seg->kind]) {
       if (u->segment != seg) { continue; }
       std::size_t const p0 =
         (u->address() - reinterpret_cast<std::uintptr_t>(seg->ptr)) / seg->page;
@@ -433,56 +442,66 @@ std::size_t basic_caching_allocator<Runtime>::release_growable_locked(
       }
     }
   }
-  release_spares();
+}
+
+// Unmaps the free pages of the free growable blocks of `only_stream` (or of every stream), largest
+// block first, until at most `target` bytes are reserved; each stream that owns such blocks is
+// synchronized first (the work that used those pages goes first).
+template <class Runtime>
+void basic_caching_allocator<Runtime>::unmap_released_blocks_locked(std::size_t target,
+                                                                    stream_type const* only_stream)
+{
   std::vector<block*> blocks;
   auto collect = [&](block* b) {
     if (static_cast<segment const*>(b->segment)->growable && b->capture_pool == 0) {
       blocks.push_back(b);
     }
   };
-  for (auto& sp : stream_pools_) {
+  for (auto& sp : streams_.pools) {
     if (only_stream != nullptr && !(sp->stream == *only_stream)) { continue; }
     std::size_t const n = blocks.size();
     for (auto& idx : sp->index) { idx.for_each(collect); }
-    if (blocks.size() != n) {  // the work that used these pages goes first
+    if (blocks.size() != n) {
       GPUKIT_CUDA_TRY(runtime_.stream_synchronize(sp->stream));
-      ++pool_stats_.num_release_waits;
+      ++stats_.num_release_waits;
     }
   }
   if (only_stream == nullptr) {
-    for (auto& idx : global_) { idx.for_each(collect); }
+    for (auto& idx : pool_.global) { idx.for_each(collect); }
   }
   std::sort(blocks.begin(), blocks.end(), [](block* a, block* b) { return a->size > b->size; });
   for (block* b : blocks) {
-    if (reserved_ <= target) { break; }
+    if (pool_.reserved <= target) { break; }
     cudaError_t error = cudaSuccess;
     unmap_free_pages_locked(b, std::numeric_limits<std::size_t>::max(), error);
-    release_spares();
+    release_spare_pages_locked(target);
     GPUKIT_CUDA_TRY(error);
   }
-  if (only_stream == nullptr && target == 0) {
-    // Address ranges with nothing left in them go back too.
-    for (std::size_t i = 0; i < growable_segments_.size();) {
-      segment* seg = growable_segments_[i];
-      block* head  = blocks_.find(reinterpret_cast<std::uintptr_t>(seg->ptr));
-      if (seg->mapped_pages != 0 || head == nullptr || head->next != nullptr ||
-          head->state.load(std::memory_order_relaxed) != detail::block_state::unmapped) {
-        ++i;
-        continue;
-      }
-      GPUKIT_CUDA_TRY(runtime_.vm_free(seg->ptr, seg->size));
-      if (options_.nvtx_annotate) { unregister_memory_heap(seg->nvtx_heap); }
-      auto& list = unmapped_[seg->kind];
-      list.erase(std::find(list.begin(), list.end(), head));
-      blocks_.erase(head->address());
-      recycle_block_locked(head);
-      --segments_;
-      delete seg;
-      growable_segments_[i] = growable_segments_.back();
-      growable_segments_.pop_back();
+}
+
+// Address ranges with nothing left in them go back to the runtime.
+template <class Runtime>
+void basic_caching_allocator<Runtime>::free_empty_ranges_locked()
+{
+  for (std::size_t i = 0; i < pages_.segments.size();) {
+    segment* seg = pages_.segments[i];
+    block* head  = pool_.blocks.find(reinterpret_cast<std::uintptr_t>(seg->ptr));
+    if (seg->mapped_pages != 0 || head == nullptr || head->next != nullptr ||
+        head->state.load(std::memory_order_relaxed) != detail::block_state::unmapped) {
+      ++i;
+      continue;
     }
+    GPUKIT_CUDA_TRY(runtime_.vm_free(seg->ptr, seg->size));
+    if (options_.nvtx_annotate) { unregister_memory_heap(seg->nvtx_heap); }
+    auto& list = pages_.unmapped[seg->kind];
+    list.erase(std::find(list.begin(), list.end(), head));
+    pool_.blocks.erase(head->address());
+    recycle_block_locked(head);
+    --pool_.segments;
+    delete seg;
+    pages_.segments[i] = pages_.segments.back();
+    pages_.segments.pop_back();
   }
-  return before - reserved_;
 }
 
 }  // namespace gpukit

@@ -1,0 +1,241 @@
+// gpukit/memory/detail/oom_recovery.inl: what basic_caching_allocator does when no memory is left:
+// the recovery ladder (one function a step, in the order of recovery_step_names, each followed by a
+// fresh search of the pool and one more try of the runtime), the user's callbacks, and the
+// out_of_memory exception with its report and hint. Not public API; included by
+// caching_allocator.hpp.
+#pragma once
+
+#include <gpukit/memory/caching_allocator.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace gpukit {
+
+/// What one recovery works on: the request, and the streams whose stream-ordered frees have not
+/// yet taken effect.
+template <class Runtime>
+struct basic_caching_allocator<Runtime>::recovery_request {
+  std::unique_lock<std::mutex>& lock;
+  std::size_t size;
+  int kind;
+  stream_type stream;
+  thread_cache& tc;
+  std::vector<stream_type>& freed_on;
+  bool capture;  // a graph capture is under way: no event query, no synchronization
+};
+
+// The out-of-memory ladder: each step, then a fresh search of the pool and one more try of the
+// runtime. Steps that do not apply (nothing to collect, no callbacks, ...) are recorded as such.
+// Returns nullptr when every step failed; recovery_.ladder then holds what each reclaimed (for the
+// report).
+template <class Runtime>
+typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtime>::recover_locked(
+  std::unique_lock<std::mutex>& lock, std::size_t size, int kind, stream_type stream,
+  thread_cache& tc, std::vector<stream_type>& freed_on, bool capture)
+{
+  recovery_.ladder.assign(recovery_step_count, oom_report::step{});
+  for (int i = 0; i < recovery_step_count; ++i) {
+    recovery_.ladder[i].name = recovery_step_names[i];
+  }
+  recovery_request r{lock, size, kind, stream, tc, freed_on, capture};
+  settle_frees_locked(r);  // segments returned just before the failed try (release_before_grow)
+  if (block* b = retry_locked(r)) { return b; }
+  if (block* b = recover_events_locked(r)) { return b; }
+  if (block* b = recover_callbacks_locked(r)) { return b; }
+  if (block* b = recover_release_stream_locked(r)) { return b; }
+  if (block* b = recover_release_all_locked(r)) { return b; }
+  // Growable segments: the two release steps unmap the free pages of the streams they release.
+  return recover_wait_locked(r);
+}
+
+// A fresh search of the pool, then one more try of the runtime.
+template <class Runtime>
+typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtime>::retry_locked(
+  recovery_request const& r)
+{
+  if (block* b = find_free_locked(r.size, r.kind, r.stream)) { return b; }
+  bool oom = false;
+  return growable_ ? grow_locked(r.size, r.kind, r.stream, oom)
+                   : new_segment_locked(r.size, r.kind, r.stream, oom);
+}
+
+template <class Runtime>
+void basic_caching_allocator<Runtime>::count_step_locked(recovery_step step, std::size_t reclaimed)
+{
+  recovery_.ladder[step].attempted = true;
+  recovery_.ladder[step].bytes_reclaimed += reclaimed;
+  ++stats_.num_recovery_steps[step];
+  stats_.recovery_bytes[step] += reclaimed;
+}
+
+// Stream-ordered frees take effect when their stream reaches them: wait for those streams only
+// (never the whole device); then the memory is the device's again.
+template <class Runtime>
+void basic_caching_allocator<Runtime>::settle_frees_locked(recovery_request& r)
+{
+  if (r.freed_on.empty() || r.capture) { return; }
+  device_guard<Runtime> guard{runtime_, device_};
+  for (stream_type fs : r.freed_on) {
+    GPUKIT_CUDA_TRY(runtime_.stream_synchronize(fs));
+    ++stats_.num_release_waits;
+  }
+  r.freed_on.clear();
+}
+
+// (1) Blocks whose cross-stream events have completed (no waiting).
+template <class Runtime>
+typename basic_caching_allocator<Runtime>::block*
+basic_caching_allocator<Runtime>::recover_events_locked(recovery_request& r)
+{
+  if (r.capture) { return nullptr; }
+  count_step_locked(step_events, poll_pending_locked() + migrate_locked(r.stream, false));
+  flush_cache_locked(r.tc);
+  return retry_locked(r);
+}
+
+// (2) The user's callbacks, in order, without the pool lock (they may free memory); each may ask
+// for another try.
+template <class Runtime>
+typename basic_caching_allocator<Runtime>::block*
+basic_caching_allocator<Runtime>::recover_callbacks_locked(recovery_request& r)
+{
+  if (recovery_.callbacks.empty()) { return nullptr; }
+  auto callbacks = recovery_.callbacks;
+  for (auto const& cb : callbacks) {
+    std::size_t const free_before     = free_bytes_locked();
+    std::size_t const reserved_before = pool_.reserved;
+    oom_context const ctx{r.size, device_, pool_.reserved,
+                          static_cast<std::size_t>(limit_.load(std::memory_order_relaxed))};
+    r.lock.unlock();
+    bool const again = cb(ctx);
+    r.lock.lock();
+    flush_cache_locked(r.tc);
+    std::size_t const free_after = free_bytes_locked();
+    count_step_locked(step_callbacks,
+                      (free_after > free_before ? free_after - free_before : 0) +
+                        (reserved_before > pool_.reserved ? reserved_before - pool_.reserved : 0));
+    if (again) {
+      if (block* b = retry_locked(r)) { return b; }
+    }
+  }
+  return nullptr;
+}
+
+// (3) Cached free segments of the requesting stream.
+template <class Runtime>
+typename basic_caching_allocator<Runtime>::block*
+basic_caching_allocator<Runtime>::recover_release_stream_locked(recovery_request& r)
+{
+  count_step_locked(step_release_stream, release_locked(0, &r.freed_on, -1, &r.stream));
+  settle_frees_locked(r);
+  return retry_locked(r);
+}
+
+// (4) Cached free segments of every stream; blocks other streams freed are first made usable,
+// waiting only on the events that guard them.
+template <class Runtime>
+typename basic_caching_allocator<Runtime>::block*
+basic_caching_allocator<Runtime>::recover_release_all_locked(recovery_request& r)
+{
+  for (auto& c : threads_.caches) {
+    if (c.get() != &r.tc) { c->flush_requested.store(true, std::memory_order_relaxed); }
+  }
+  std::size_t moved = r.capture ? 0 : migrate_locked(r.stream, true) + poll_pending_locked(true);
+  if (moved != 0) {
+    if (block* b = find_free_locked(r.size, r.kind, r.stream)) {
+      count_step_locked(step_release_all, moved);
+      return b;
+    }
+  }
+  count_step_locked(step_release_all, moved + release_locked(0, &r.freed_on));
+  settle_frees_locked(r);
+  return retry_locked(r);
+}
+
+// (5) A bounded wait for blocks that other threads are returning to the pool.
+template <class Runtime>
+typename basic_caching_allocator<Runtime>::block*
+basic_caching_allocator<Runtime>::recover_wait_locked(recovery_request& r)
+{
+  if (options_.oom_wait_for_frees_ms <= 0) { return nullptr; }
+  std::size_t const free_before = free_bytes_locked();
+  ++recovery_.waiters;
+  recovery_.frees_cv.wait_for(r.lock, std::chrono::milliseconds(options_.oom_wait_for_frees_ms));
+  --recovery_.waiters;
+  std::size_t const free_after = free_bytes_locked();
+  count_step_locked(step_wait, free_after > free_before ? free_after - free_before : 0);
+  if (!r.capture) { migrate_locked(r.stream, false); }
+  release_locked(0, &r.freed_on);
+  settle_frees_locked(r);
+  return retry_locked(r);
+}
+
+template <class Runtime>
+std::size_t basic_caching_allocator<Runtime>::free_bytes_locked() const
+{
+  std::size_t n = pool_.global[0].bytes() + pool_.global[1].bytes();
+  for (auto const& sp : streams_.pools) { n += sp->index[0].bytes() + sp->index[1].bytes(); }
+  return n;
+}
+
+template <class Runtime>
+void basic_caching_allocator<Runtime>::add_oom_callback(oom_callback callback)
+{
+  GPUKIT_EXPECTS(static_cast<bool>(callback), "add_oom_callback: the callback is empty");
+  std::lock_guard<std::mutex> lock{mutex_};
+  recovery_.callbacks.push_back(std::move(callback));
+}
+
+template <class Runtime>
+void basic_caching_allocator<Runtime>::throw_oom_locked(std::size_t bytes, std::size_t size)
+{
+  ++stats_.num_ooms;
+  record_pool_locked(memory_event::action::oom, 0, size, stream_type{});
+  update_peaks_locked();
+  oom_report r;
+  r.requested = bytes;
+  r.device    = device_;
+  {
+    device_guard<Runtime> guard{runtime_, device_};
+    (void)runtime_.mem_get_info(r.device_free, r.device_total);
+  }
+  r.allocated = static_cast<std::size_t>(stats_.allocated_bytes.current);
+  r.reserved  = pool_.reserved;
+  r.limit     = limit_.load(std::memory_order_relaxed);
+  for (auto const& sp : streams_.pools) {
+    std::size_t const cached = sp->index[0].bytes() + sp->index[1].bytes();
+    r.total_free_in_pool += cached;
+    r.largest_free_block =
+      std::max({r.largest_free_block, sp->index[0].largest(), sp->index[1].largest()});
+    if (cached != 0) {
+      std::uintptr_t id = 0;
+      std::memcpy(&id, &sp->stream, std::min(sizeof id, sizeof sp->stream));
+      r.cached_per_stream.push_back({id, cached});
+    }
+  }
+  for (auto const& idx : pool_.global) {
+    r.total_free_in_pool += idx.bytes();
+    r.largest_free_block = std::max(r.largest_free_block, idx.largest());
+  }
+  r.steps = recovery_.ladder;
+  if (r.limit != 0 && pool_.reserved + size > r.limit) {
+    r.hint =
+      "the allocator's limit (" + std::to_string(r.limit) +
+      " bytes) stops this allocation; raise it with set_limit() or free tensors you no longer need";
+  } else if (r.total_free_in_pool >= size) {
+    r.hint =
+      "enough memory is free in the pool but no free block is large enough (fragmentation); "
+      "growable segments (virtual memory) or fewer distinct block sizes would make it fit";
+  } else {
+    r.hint = "reduce the batch size or the memory held by live tensors; " +
+             std::to_string(r.allocated) + " bytes are allocated by users";
+  }
+  throw out_of_memory{std::move(r)};
+}
+
+}  // namespace gpukit

@@ -1,0 +1,349 @@
+// gpukit/memory/detail/pool_segments.inl: the shared pool of basic_caching_allocator: segments
+// taken from the runtime (fixed ones here; growable ones in growable_segments.inl), block
+// descriptors and their spare list, splitting and coalescing, the free indices (per stream, global,
+// per capture) and the extent of a block (gpukit/memory/ipc.hpp). Every function here runs under
+// the pool lock. Not public API; included by caching_allocator.hpp.
+#pragma once
+
+#include <gpukit/detail/hex.hpp>
+#include <gpukit/memory/caching_allocator.hpp>
+
+#include <algorithm>
+#include <memory>
+#include <string>
+
+namespace gpukit {
+
+template <class Runtime>
+struct basic_caching_allocator<Runtime>::segment {
+  void* ptr{nullptr};
+  std::size_t size{0};
+  int kind{0};
+  bool stream_ordered{true};  // from malloc_async (else malloc)
+  memory_heap nvtx_heap{};    // the segment as an NVTX heap (memory annotation)
+  // Growable segments: `size` bytes of reserved addresses, mapped a page at a time. A page is
+  // mapped when it holds a handle; free and allocated blocks lie on mapped pages only, unmapped
+  // blocks on pages that are unmapped (or mapped but not yet accessible, after a failed undo).
+  bool growable{false};
+  std::size_t page{0};
+  std::vector<physical_handle> handles;  // per page
+  std::vector<std::uint8_t> mapped;      // per page
+  std::size_t mapped_pages{0};
+};
+
+template <class Runtime>
+typename basic_caching_allocator<Runtime>::block*
+basic_caching_allocator<Runtime>::find_free_locked(std::size_t size, int kind, stream_type stream)
+{
+  for (auto& sp : streams_.pools) {
+    if (sp->stream == stream) {
+      if (block* b = sp->index[kind].find(size)) { return b; }
+      break;
+    }
+  }
+  return pool_.global[kind].find(size);
+}
+
+template <class Runtime>
+std::size_t basic_caching_allocator<Runtime>::segment_size_for(std::size_t size) const noexcept
+{
+  if (size <= options_.small_request_bytes) { return options_.small_segment_bytes; }
+  if (size <= options_.medium_request_bytes) { return options_.medium_segment_bytes; }
+  return detail::round_up(size, options_.segment_rounding_bytes);
+}
+
+// Makes `b` the one free block of a new segment [p, p + seg_size) and counts the segment; the
+// caller indexes it.
+template <class Runtime>
+void basic_caching_allocator<Runtime>::adopt_segment_locked(block* b, std::unique_ptr<segment> seg,
+                                                            void* p, std::size_t seg_size, int kind,
+                                                            stream_type stream, bool stream_ordered,
+                                                            capture_id pool)
+{
+  seg->ptr            = p;
+  seg->size           = seg_size;
+  seg->kind           = kind;
+  seg->stream_ordered = stream_ordered;
+  if (options_.nvtx_annotate) {
+    seg->nvtx_heap = register_memory_heap(p, seg_size, "gpukit caching allocator");
+  }
+  b->ptr.store(reinterpret_cast<std::uintptr_t>(p), std::memory_order_relaxed);
+  b->size         = seg_size;
+  b->kind         = kind;
+  b->stream       = stream;
+  b->global       = false;
+  b->capture_pool = pool;
+  b->segment      = seg.release();
+  b->prev = b->next = nullptr;
+  b->state.store(detail::block_state::free, std::memory_order_relaxed);
+  pool_.blocks.insert(b->address(), b);
+  pool_.reserved += seg_size;
+  ++pool_.segments;
+  stats_.reserved_bytes.peak =
+    std::max(stats_.reserved_bytes.peak, static_cast<std::int64_t>(pool_.reserved));
+  stats_.segment_count.peak =
+    std::max(stats_.segment_count.peak, static_cast<std::int64_t>(pool_.segments));
+  ++stats_.num_device_allocs;
+  record_pool_locked(memory_event::action::segment_alloc, b->address(), seg_size, stream);
+}
+
+template <class Runtime>
+typename basic_caching_allocator<Runtime>::block*
+basic_caching_allocator<Runtime>::new_segment_locked(std::size_t size, int kind, stream_type stream,
+                                                     bool& oom)
+{
+  std::size_t seg_size    = segment_size_for(size);
+  std::size_t const limit = limit_.load(std::memory_order_relaxed);
+  if (limit != 0 && pool_.reserved + seg_size > limit) {
+    // Within the limit, a segment just big enough may still fit.
+    seg_size = detail::round_up(size, alignment);
+    if (pool_.reserved + seg_size > limit) {
+      oom = true;
+      return nullptr;
+    }
+  }
+  if (stream_ordered_) {
+    // On a stream being captured, malloc_async would become a node of the graph: refuse clearly.
+    bool capturing = false;
+    GPUKIT_CUDA_TRY(runtime_.stream_is_capturing(stream, capturing));
+    GPUKIT_EXPECTS(!capturing,
+                   "allocate_async: the stream is being captured into a CUDA graph; call "
+                   "begin_capture(stream) on the allocator before allocating during capture");
+  }
+  // Host-side bookkeeping first, so that a failure after the runtime call cannot leak memory.
+  auto seg      = std::make_unique<segment>();
+  block* b      = new_block_locked();
+  void* p       = nullptr;
+  cudaError_t e = cudaSuccess;
+  {
+    device_guard<Runtime> guard{runtime_, device_};
+    e =
+      stream_ordered_ ? runtime_.malloc_async(&p, seg_size, stream) : runtime_.malloc(&p, seg_size);
+  }
+  if (e != cudaSuccess) {
+    recycle_block_locked(b);
+    if (e == cudaErrorMemoryAllocation) {
+      oom = true;
+      return nullptr;
+    }
+    GPUKIT_CUDA_TRY(e);
+  }
+  adopt_segment_locked(b, std::move(seg), p, seg_size, kind, stream, stream_ordered_, 0);
+  // Indexed as a free block of `stream`, so take_locked finds it where it expects it.
+  auto& sp    = stream_pool_locked(stream);
+  b->free_seq = ++sp.free_seq;
+  sp.index[kind].insert(b);
+  return b;
+}
+
+template <class Runtime>
+typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtime>::take_locked(
+  block* b, std::size_t size, std::size_t bytes, stream_type stream)
+{
+  unindex_locked(b);
+  b->state.store(detail::block_state::allocated,
+                 std::memory_order_relaxed);  // before the tail merges
+  if (b->size - size >= alignment) {
+    // Split: the tail stays free, with b's owner.
+    block* rest = split_off_locked(b, size);
+    rest->state.store(detail::block_state::free, std::memory_order_relaxed);
+    insert_free_locked(rest);
+  }
+  b->state.store(detail::block_state::allocated, std::memory_order_relaxed);
+  b->requested = bytes;
+  b->stream    = stream;
+  b->global    = false;
+  return b;
+}
+
+template <class Runtime>
+void basic_caching_allocator<Runtime>::unindex_locked(block* b)
+{
+  if (b->capture_pool != 0) {
+    capture_pool_locked(b->capture_pool).index[b->kind].remove(b);
+  } else if (b->global) {
+    pool_.global[b->kind].remove(b);
+  } else {
+    stream_pool_locked(b->stream).index[b->kind].remove(b);
+  }
+}
+
+// Inserts free block b (state free, owner set) into its index, merging free neighbours first.
+// Returns the block that holds b's bytes now (b, or the free block before it that absorbed it).
+template <class Runtime>
+typename basic_caching_allocator<Runtime>::block*
+basic_caching_allocator<Runtime>::insert_free_locked(block* b)
+{
+  auto mergeable = [&](block* n) {
+    if (n == nullptr || n->state.load(std::memory_order_relaxed) != detail::block_state::free) {
+      return false;
+    }
+    if (n->capture_pool != b->capture_pool) { return false; }
+    return b->capture_pool != 0 || n->global || b->global || n->stream == b->stream;
+  };
+  auto absorb_owner = [&](block* n) {
+    if (b->global && !n->global) {
+      b->global = false;
+      b->stream = n->stream;
+    }
+    b->free_seq = std::max(b->free_seq, n->free_seq);
+  };
+  if (mergeable(b->prev)) {
+    block* p = b->prev;
+    unindex_locked(p);
+    absorb_owner(p);
+    // p absorbs b: keep p's address.
+    p->size += b->size;
+    p->next = b->next;
+    if (b->next != nullptr) { b->next->prev = p; }
+    p->stream   = b->stream;
+    p->global   = b->global;
+    p->free_seq = b->free_seq;
+    pool_.blocks.erase(b->address());
+    recycle_block_locked(b);
+    b = p;
+  }
+  if (mergeable(b->next)) {
+    block* n = b->next;
+    unindex_locked(n);
+    absorb_owner(n);
+    b->size += n->size;
+    b->next = n->next;
+    if (n->next != nullptr) { n->next->prev = b; }
+    pool_.blocks.erase(n->address());
+    recycle_block_locked(n);
+  }
+  b->state.store(detail::block_state::free, std::memory_order_relaxed);
+  if (b->capture_pool != 0) {
+    capture_pool_locked(b->capture_pool).index[b->kind].insert(b);
+  } else if (b->global) {
+    pool_.global[b->kind].insert(b);
+  } else {
+    stream_pool_locked(b->stream).index[b->kind].insert(b);
+  }
+  return b;
+}
+
+template <class Runtime>
+void basic_caching_allocator<Runtime>::free_to_pool_locked(block* b, stream_type stream)
+{
+  if (b->capture_pool == 0 && capture_.underway.load(std::memory_order_relaxed) != 0) {
+    // Freed on a stream being captured: the graph may use the block when it replays, so it is
+    // kept for that capture's pool (reusable within it) until release_capture_pool.
+    if (capture_pool* cp = active_capture_locked(stream)) { b->capture_pool = cp->id; }
+  }
+  if (b->capture_pool != 0) {
+    b->stream = stream;
+    b->global = false;
+    insert_free_locked(b);
+    return;
+  }
+  if (!streams_.forgotten.empty() && std::find(streams_.forgotten.begin(), streams_.forgotten.end(),
+                                               stream) != streams_.forgotten.end()) {
+    // Freed on a stream forget_stream has synchronized (a pending free completing, another
+    // thread's cache flushing): its work is done, and the stream may be gone: any stream's now.
+    b->stream = stream_type{};
+    b->global = true;
+    insert_free_locked(b);
+    if (recovery_.waiters != 0) { recovery_.frees_cv.notify_all(); }
+    return;
+  }
+  b->stream   = stream;
+  b->global   = false;
+  b->free_seq = ++stream_pool_locked(stream).free_seq;
+  insert_free_locked(b);
+  if (recovery_.waiters != 0) { recovery_.frees_cv.notify_all(); }
+}
+
+template <class Runtime>
+typename basic_caching_allocator<Runtime>::block*
+basic_caching_allocator<Runtime>::new_block_locked()
+{
+  if (pool_.spare_blocks == nullptr) {
+    constexpr std::size_t chunk = 256;
+    pool_.block_chunks.push_back(std::unique_ptr<block[]>(new block[chunk]));
+    block* blocks = pool_.block_chunks.back().get();
+    for (std::size_t i = 0; i < chunk; ++i) {
+      blocks[i].free_next = pool_.spare_blocks;
+      pool_.spare_blocks  = &blocks[i];
+    }
+  }
+  block* b           = pool_.spare_blocks;
+  pool_.spare_blocks = b->free_next;
+  b->free_next       = nullptr;
+  b->capture_pool    = 0;
+  b->recorded.clear();
+  return b;
+}
+
+template <class Runtime>
+void basic_caching_allocator<Runtime>::recycle_block_locked(block* b)
+{
+  b->state.store(detail::block_state::dead, std::memory_order_relaxed);
+  b->ptr.store(0, std::memory_order_relaxed);
+  b->prev = b->next  = nullptr;
+  b->free_prev       = nullptr;
+  b->free_next       = pool_.spare_blocks;
+  pool_.spare_blocks = b;
+}
+
+template <class Runtime>
+memory_heap basic_caching_allocator<Runtime>::segment_heap(block const* b) noexcept
+{
+  return static_cast<segment const*>(b->segment)->nvtx_heap;
+}
+
+template <class Runtime>
+typename basic_caching_allocator<Runtime>::block_extent basic_caching_allocator<Runtime>::extent(
+  void const* ptr) const
+{
+  std::lock_guard<std::mutex> lock{mutex_};
+  block const* b = pool_.blocks.find(reinterpret_cast<std::uintptr_t>(ptr));
+  GPUKIT_EXPECTS(
+    b != nullptr && b->state.load(std::memory_order_relaxed) == detail::block_state::allocated,
+    "caching_allocator::extent: " + detail::hex(ptr) +
+      " is not a block this allocator has handed out (device " + std::to_string(device_) + ")");
+  auto const* seg = static_cast<segment const*>(b->segment);
+  block_extent x;
+  x.segment_base   = seg->ptr;
+  x.segment_bytes  = seg->size;
+  x.offset         = b->address() - reinterpret_cast<std::uintptr_t>(seg->ptr);
+  x.bytes          = b->size;
+  x.stream_ordered = seg->stream_ordered && !seg->growable;
+  x.growable       = seg->growable;
+  if (seg->growable) {
+    x.page_bytes           = seg->page;
+    x.first_page           = x.offset / seg->page;
+    std::size_t const last = (x.offset + b->size - 1) / seg->page;
+    x.pages.assign(seg->handles.begin() + static_cast<std::ptrdiff_t>(x.first_page),
+                   seg->handles.begin() + static_cast<std::ptrdiff_t>(last + 1));
+  }
+  return x;
+}
+
+// Splits b at `offset` (0 < offset < size): b keeps the head; the tail, returned, gets b's state
+// and owner and is linked after b. Neither is (re)indexed here.
+template <class Runtime>
+typename basic_caching_allocator<Runtime>::block*
+basic_caching_allocator<Runtime>::split_off_locked(block* b, std::size_t offset)
+{
+  block* t = new_block_locked();
+  t->ptr.store(b->address() + offset, std::memory_order_relaxed);
+  t->size         = b->size - offset;
+  t->kind         = b->kind;
+  t->stream       = b->stream;
+  t->global       = b->global;
+  t->segment      = b->segment;
+  t->free_seq     = b->free_seq;
+  t->capture_pool = b->capture_pool;
+  t->prev         = b;
+  t->next         = b->next;
+  if (b->next != nullptr) { b->next->prev = t; }
+  b->next = t;
+  b->size = offset;
+  t->state.store(b->state.load(std::memory_order_relaxed), std::memory_order_relaxed);
+  pool_.blocks.insert(t->address(), t);
+  return t;
+}
+
+}  // namespace gpukit

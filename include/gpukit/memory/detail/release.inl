@@ -1,0 +1,86 @@
+// gpukit/memory/detail/release.inl: giving memory back: release, trim and release_locked (fully
+// free fixed segments, largest first, each freed in the order of the stream that used it last;
+// growable segments unmap their free pages in growable_segments.inl). The out-of-memory ladder
+// and release_before_grow call release_locked too. Not public API; included by
+// caching_allocator.hpp.
+#pragma once
+
+#include <gpukit/memory/caching_allocator.hpp>
+
+#include <algorithm>
+#include <mutex>
+#include <vector>
+
+namespace gpukit {
+
+template <class Runtime>
+std::size_t basic_caching_allocator<Runtime>::release()
+{
+  return trim(0);
+}
+
+template <class Runtime>
+std::size_t basic_caching_allocator<Runtime>::trim(std::size_t target_reserved_bytes)
+{
+  thread_cache& tc = local_cache();
+  std::lock_guard<std::mutex> lock{mutex_};
+  flush_cache_locked(tc);
+  for (auto& c : threads_.caches) {
+    if (c.get() != &tc) { c->flush_requested.store(true, std::memory_order_relaxed); }
+  }
+  if (capture_.underway.load(std::memory_order_relaxed) == 0) { poll_pending_locked(); }
+  return release_locked(target_reserved_bytes);
+}
+
+template <class Runtime>
+std::size_t basic_caching_allocator<Runtime>::release_locked(std::size_t target,
+                                                             std::vector<stream_type>* freed_on,
+                                                             int only_kind,
+                                                             stream_type const* only_stream)
+{
+  std::size_t released = 0;
+  if (growable_ && only_kind < 0) { released += release_growable_locked(target, only_stream); }
+  std::vector<block*> whole;  // free blocks that span their segment
+  auto collect = [&](block* b) {
+    if (b->prev == nullptr && b->next == nullptr && b->capture_pool == 0 &&
+        !static_cast<segment*>(b->segment)->growable && (only_kind < 0 || b->kind == only_kind)) {
+      whole.push_back(b);
+    }
+  };
+  for (auto& sp : streams_.pools) {
+    if (only_stream != nullptr && !(sp->stream == *only_stream)) { continue; }
+    for (auto& idx : sp->index) { idx.for_each(collect); }
+  }
+  if (only_stream == nullptr) {
+    for (auto& idx : pool_.global) { idx.for_each(collect); }
+  }
+  std::sort(whole.begin(), whole.end(), [](block* a, block* b) { return a->size > b->size; });
+  device_guard<Runtime> guard{runtime_, device_};
+  for (block* b : whole) {
+    if (pool_.reserved <= target) { break; }
+    auto* seg = static_cast<segment*>(b->segment);
+    // Stream-ordered: freed in the order of the stream that last used it, so no wait at all.
+    stream_type const on = b->global ? stream_type{} : b->stream;
+    cudaError_t const e =
+      seg->stream_ordered ? runtime_.free_async(seg->ptr, on) : runtime_.free(seg->ptr);
+    GPUKIT_CUDA_TRY(e);
+    if (seg->stream_ordered && freed_on != nullptr &&
+        std::find(freed_on->begin(), freed_on->end(), on) == freed_on->end()) {
+      freed_on->push_back(on);
+    }
+    if (!seg->stream_ordered) { ++stats_.synchronizing_frees; }
+    record_pool_locked(memory_event::action::segment_free, b->address(), seg->size, on);
+    if (options_.nvtx_annotate) { unregister_memory_heap(seg->nvtx_heap); }
+    unindex_locked(b);
+    pool_.blocks.erase(b->address());
+    recycle_block_locked(b);
+    pool_.reserved -= seg->size;
+    released += seg->size;
+    --pool_.segments;
+    ++stats_.num_device_frees;
+    delete seg;
+  }
+  return released;
+}
+
+}  // namespace gpukit

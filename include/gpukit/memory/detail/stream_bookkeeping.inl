@@ -1,0 +1,242 @@
+// gpukit/memory/detail/stream_bookkeeping.inl: what basic_caching_allocator knows of streams: the
+// pool of free blocks each stream owns, the streams checked to belong to its device and those
+// forgotten, record_stream and the pending frees it causes (waiting on events of the recorded
+// streams), the migration of other streams' free blocks to the global pool once an event shows
+// their work done, forget_stream, and the spare events these use. Not public API; included by
+// caching_allocator.hpp.
+#pragma once
+
+#include <gpukit/detail/hex.hpp>
+#include <gpukit/memory/caching_allocator.hpp>
+
+#include <algorithm>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace gpukit {
+
+template <class Runtime>
+struct basic_caching_allocator<Runtime>::stream_pool {
+  stream_type stream{};
+  detail::tlsf_index<block> index[2];
+  std::uint64_t free_seq{0};
+  bool migrating{false};
+  event_type migration_event{};
+  std::uint64_t migration_seq{0};
+};
+
+template <class Runtime>
+struct basic_caching_allocator<Runtime>::pending_free {
+  block* b{nullptr};
+  stream_type stream{};
+  std::vector<event_type> events;
+  bool to_global{false};  // its stream was forgotten: usable by every stream once done
+};
+
+// A stream's first use: it must belong to this allocator's device (on CUDA, cudaMallocAsync on
+// another device's stream takes that device's memory, and events of this device cannot be
+// recorded on it). The null stream stands for this device's.
+template <class Runtime>
+void basic_caching_allocator<Runtime>::check_stream_locked(stream_type stream, char const* what)
+{
+  if (stream == stream_type{} || std::find(streams_.checked.begin(), streams_.checked.end(),
+                                           stream) != streams_.checked.end()) {
+    return;
+  }
+  int d = -1;
+  GPUKIT_CUDA_TRY(runtime_.stream_get_device(stream, d));
+  GPUKIT_EXPECTS(d == device_, std::string{what} + ": the stream belongs to device " +
+                                 std::to_string(d) + " but this allocator serves device " +
+                                 std::to_string(device_) +
+                                 "; use that device's allocator (default_caching_allocator(" +
+                                 std::to_string(d) + "))");
+  streams_.checked.push_back(stream);
+  streams_.forgotten.erase(
+    std::remove(streams_.forgotten.begin(), streams_.forgotten.end(), stream),
+    streams_.forgotten.end());  // a new stream with a reused handle
+}
+
+template <class Runtime>
+typename basic_caching_allocator<Runtime>::stream_pool&
+basic_caching_allocator<Runtime>::stream_pool_locked(stream_type stream)
+{
+  for (auto& sp : streams_.pools) {
+    if (sp->stream == stream) { return *sp; }
+  }
+  streams_.pools.push_back(std::make_unique<stream_pool>());
+  streams_.pools.back()->stream = stream;
+  return *streams_.pools.back();
+}
+
+template <class Runtime>
+void basic_caching_allocator<Runtime>::record_stream(void* ptr, stream_type stream)
+{
+  auto const key = reinterpret_cast<std::uintptr_t>(ptr);
+  std::lock_guard<std::mutex> lock{mutex_};
+  check_stream_locked(stream, "record_stream");
+  block* b = pool_.blocks.find(key);
+  GPUKIT_EXPECTS(
+    b != nullptr && b->state.load(std::memory_order_relaxed) == detail::block_state::allocated,
+    "record_stream: pointer " + detail::hex(ptr) +
+      " is not currently allocated by this allocator (device " + std::to_string(device_) + ")");
+  if (stream == b->stream) { return; }
+  if (std::find(b->recorded.begin(), b->recorded.end(), stream) == b->recorded.end()) {
+    b->recorded.push_back(stream);
+  }
+}
+
+// Moves pending frees whose events have all completed into their stream's pool.
+template <class Runtime>
+std::size_t basic_caching_allocator<Runtime>::poll_pending_locked(bool wait)
+{
+  std::size_t moved = 0;
+  for (std::size_t i = 0; i < streams_.pending.size();) {
+    auto& pf  = streams_.pending[i];
+    bool done = true;
+    for (event_type e : pf.events) {
+      cudaError_t const q = wait ? runtime_.event_synchronize(e) : runtime_.event_query(e);
+      if (q == cudaErrorNotReady) {
+        done = false;
+        break;
+      }
+      GPUKIT_CUDA_TRY(q);
+    }
+    if (!done) {
+      ++i;
+      continue;
+    }
+    for (event_type e : pf.events) { streams_.spare_events.push_back(e); }
+    moved += pf.b->size;
+    if (pf.to_global) {
+      pf.b->stream = stream_type{};
+      pf.b->global = true;
+      insert_free_locked(pf.b);
+    } else {
+      free_to_pool_locked(pf.b, pf.stream);
+    }
+    streams_.pending[i] = std::move(streams_.pending.back());
+    streams_.pending.pop_back();
+  }
+  return moved;
+}
+
+// Makes free blocks of other streams usable by any stream: one event per stream that holds free
+// blocks, recorded when first needed; once it completes, the blocks that stream had freed before
+// the event move to the global pool. With `wait`, blocks until those events complete.
+template <class Runtime>
+std::size_t basic_caching_allocator<Runtime>::migrate_locked(stream_type requester, bool wait)
+{
+  std::size_t moved = 0;
+  device_guard<Runtime> guard{runtime_, device_};
+  for (auto& sp : streams_.pools) {
+    if (sp->stream == requester || (sp->index[0].empty() && sp->index[1].empty())) { continue; }
+    if (!sp->migrating) {
+      event_type e        = take_event_locked();
+      cudaError_t const r = runtime_.event_record(e, sp->stream);
+      if (r != cudaSuccess) { streams_.spare_events.push_back(e); }
+      GPUKIT_CUDA_TRY(r);
+      sp->migration_event = e;
+      sp->migration_seq   = sp->free_seq;
+      sp->migrating       = true;
+      ++stats_.num_cross_stream_events;
+    }
+    cudaError_t const q = wait ? runtime_.event_synchronize(sp->migration_event)
+                               : runtime_.event_query(sp->migration_event);
+    if (q == cudaErrorNotReady) { continue; }
+    GPUKIT_CUDA_TRY(q);
+    streams_.spare_events.push_back(sp->migration_event);
+    sp->migrating = false;
+    moved += make_global_locked(*sp, sp->migration_seq);
+  }
+  return moved;
+}
+
+// Moves the free blocks `sp` holds that entered it up to `up_to_seq` into the global pool, merging
+// them with their neighbours there. Returns the bytes moved.
+template <class Runtime>
+std::size_t basic_caching_allocator<Runtime>::make_global_locked(stream_pool& sp,
+                                                                 std::uint64_t up_to_seq)
+{
+  std::vector<block*> movers;
+  for (auto& idx : sp.index) {
+    idx.for_each([&](block* b) {
+      if (b->free_seq <= up_to_seq) { movers.push_back(b); }
+    });
+  }
+  // Take them all out first (marked so that no merge sees them), then insert each, merging.
+  for (block* b : movers) {
+    sp.index[b->kind].remove(b);
+    b->global = true;
+    b->state.store(detail::block_state::pending, std::memory_order_relaxed);
+  }
+  std::size_t moved = 0;
+  for (block* b : movers) {
+    moved += b->size;
+    insert_free_locked(b);
+  }
+  return moved;
+}
+
+template <class Runtime>
+void basic_caching_allocator<Runtime>::forget_stream(stream_type stream)
+{
+  thread_cache& tc = local_cache();
+  std::lock_guard<std::mutex> lock{mutex_};
+  flush_cache_locked(tc);
+  // CUDA may hand the handle of a destroyed stream to a new one: check it again then.
+  streams_.checked.erase(std::remove(streams_.checked.begin(), streams_.checked.end(), stream),
+                         streams_.checked.end());
+  auto remember = [&] {
+    // Blocks that still come back on it (other threads' cached blocks) go to every stream, never
+    // to a pool of this stream, which may be destroyed by then.
+    if (stream == stream_type{} || std::find(streams_.forgotten.begin(), streams_.forgotten.end(),
+                                             stream) != streams_.forgotten.end()) {
+      return;
+    }
+    if (streams_.forgotten.size() >= 256) { streams_.forgotten.erase(streams_.forgotten.begin()); }
+    streams_.forgotten.push_back(stream);
+  };
+  auto it = std::find_if(streams_.pools.begin(), streams_.pools.end(),
+                         [&](auto const& sp) { return sp->stream == stream; });
+  bool const pending_here =
+    std::any_of(streams_.pending.begin(), streams_.pending.end(),
+                [&](pending_free const& pf) { return pf.stream == stream; });
+  if (it == streams_.pools.end() && !pending_here) {
+    remember();
+    return;
+  }
+  device_guard<Runtime> guard{runtime_, device_};
+  GPUKIT_CUDA_TRY(runtime_.stream_synchronize(stream));  // the work queued on it so far
+  // Frees on it still waiting for other streams' events: every stream's once those complete.
+  for (auto& pf : streams_.pending) {
+    if (pf.stream == stream) {
+      pf.stream    = stream_type{};
+      pf.to_global = true;
+    }
+  }
+  if (it != streams_.pools.end()) {
+    stream_pool& sp = **it;
+    if (sp.migrating) { streams_.spare_events.push_back(sp.migration_event); }  // complete now
+    make_global_locked(sp, std::numeric_limits<std::uint64_t>::max());
+    streams_.pools.erase(it);
+  }
+  remember();
+}
+
+template <class Runtime>
+typename basic_caching_allocator<Runtime>::event_type
+basic_caching_allocator<Runtime>::take_event_locked()
+{
+  if (!streams_.spare_events.empty()) {
+    event_type e = streams_.spare_events.back();
+    streams_.spare_events.pop_back();
+    return e;
+  }
+  event_type e{};
+  GPUKIT_CUDA_TRY(runtime_.event_create(e, false));
+  return e;
+}
+
+}  // namespace gpukit
