@@ -13,13 +13,6 @@
 #include <utility>
 #include <vector>
 
-namespace gpukit::test {
-template <>
-struct conformance_traits<cuda_runtime> {
-  static cudaError_t pending_error() { return ::cudaPeekAtLastError(); }
-};
-}  // namespace gpukit::test
-
 TEST_SUITE("gpu")
 {
   GPUKIT_RAII_CONFORMANCE_CASES(gpukit::cuda_runtime::instance(), "cuda_runtime")
@@ -39,7 +32,7 @@ TEST_SUITE("gpu")
       gpukit::device_buffer moved = std::move(b);
       std::size_t const bytes     = moved.capacity();
       void* raw                   = moved.release();
-      gpukit::default_caching_allocator().deallocate_async(raw, bytes, s);
+      moved.allocator().deallocate_async(raw, bytes, s);
 
       gpukit::device_uvector<float> v{1000, s};
       std::vector<float> host(1000, 1.0f);

@@ -8,6 +8,7 @@
 #include <doctest/doctest.h>
 
 #include <cstddef>
+#include <type_traits>
 
 namespace {
 
@@ -72,6 +73,19 @@ TEST_SUITE("raii")
     if (q != nullptr) { alloc.deallocate_async(q, 256 * kib, live); }
     alloc.forget_stream(live);
     REQUIRE(sim.stream_destroy(live) == cudaSuccess);
+  }
+
+  TEST_CASE("sim_runtime: the device_buffer quick start")
+  {
+    gpukit::sim_runtime sim{gpukit::sim_config{}.with_devices(1, std::size_t{8} << 30)};
+    gpukit::basic_caching_allocator<gpukit::sim_runtime> alloc{sim, 0};
+    {
+      gpukit::basic_device_buffer<decltype(alloc)> on_sim{4096, {}, alloc};
+      CHECK(on_sim.size() == 4096);
+      CHECK(on_sim.stream().is_default());
+      CHECK_FALSE(on_sim.stream().is_owned());
+    }
+    CHECK(alloc.stats().allocated_bytes.current == 0);
   }
 
   TEST_CASE("sim_runtime: the public aliases name the CUDA runtime's types")

@@ -10,8 +10,9 @@
 //                                          // usable in s's order at once (uninitialized)
 //   b.resize(2 << 20, s);                  // grows: a new block, the old bytes copied on s
 //   gpukit::device_buffer moved = std::move(b);  // b is empty now
-//   void* raw = moved.release();           // the caller frees it now (see release())
-//   gpukit::default_caching_allocator().deallocate_async(raw, 2 << 20, s);
+//   std::size_t const bytes = moved.capacity();
+//   void* raw = moved.release();           // the caller frees it now:
+//   moved.allocator().deallocate_async(raw, bytes, s);
 //
 //   // Any allocator, e.g. a caching allocator on the simulated GPU:
 //   gpukit::sim_runtime sim{gpukit::sim_config{}.with_devices(1, std::size_t{8} << 30)};
