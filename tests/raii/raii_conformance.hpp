@@ -26,7 +26,9 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <limits>
+#include <memory>
 #include <set>
 #include <string>
 #include <thread>
@@ -97,185 +99,187 @@ std::int64_t allocated(allocator_t<Runtime> const& a)
   return a.stats().allocated_bytes.current;
 }
 
+/// What most checks start from: device 0, an allocator of their own and an owning stream declared
+/// after it. When the check ends (unless a REQUIRE threw), every byte must be back and the pool
+/// consistent.
+template <class Runtime>
+struct fixture {
+  explicit fixture(Runtime& r) : rt{(use_device_zero(r), r)} {}
+  ~fixture()
+  {
+    if (std::uncaught_exceptions() == 0) {
+      CHECK(allocated(alloc) == 0);
+      CHECK(alloc.check_invariants().empty());
+    }
+  }
+  fixture(fixture const&)            = delete;
+  fixture& operator=(fixture const&) = delete;
+  fixture(fixture&&)                 = delete;
+  fixture& operator=(fixture&&)      = delete;
+
+  Runtime& rt;
+  allocator_t<Runtime> alloc{rt, 0};
+  basic_cuda_stream<Runtime> s{rt};
+};
+
 // --- device_buffer -------------------------------------------------------------------------------
 
 template <class Runtime>
 void check_buffer_basics(Runtime& rt)
 {
-  use_device_zero(rt);
-  allocator_t<Runtime> alloc{rt, 0};
+  fixture<Runtime> f{rt};
   {
-    basic_cuda_stream<Runtime> s{rt};
-    {
-      buffer_t<Runtime> b{3000, s, alloc};
-      CHECK(b.data() != nullptr);
-      CHECK(reinterpret_cast<std::uintptr_t>(b.data()) % 256 == 0);
-      CHECK(b.size() == 3000);
-      CHECK(b.capacity() == 3000);
-      CHECK_FALSE(b.is_empty());
-      CHECK(b.stream().value() == s.value());
-      CHECK(&b.allocator() == &alloc);
-      CHECK(allocated(alloc) >= 3000);
-      write_pattern(rt, b.data(), b.size(), 1, s.value());
-      CHECK(read_mismatch(rt, b.data(), b.size(), 1, s.value()) == b.size());
+    buffer_t<Runtime> b{3000, f.s, f.alloc};
+    CHECK(b.data() != nullptr);
+    CHECK(reinterpret_cast<std::uintptr_t>(b.data()) % 256 == 0);
+    CHECK(b.size() == 3000);
+    CHECK(b.capacity() == 3000);
+    CHECK_FALSE(b.is_empty());
+    CHECK(b.stream().value() == f.s.value());
+    CHECK(&b.allocator() == &f.alloc);
+    CHECK(allocated(f.alloc) >= 3000);
+    write_pattern(rt, b.data(), b.size(), 1, f.s.value());
+    CHECK(read_mismatch(rt, b.data(), b.size(), 1, f.s.value()) == b.size());
 
-      // A copy is deep and in stream order.
-      buffer_t<Runtime> c{b, s, alloc};
-      CHECK(c.data() != b.data());
-      CHECK(c.size() == 3000);
-      CHECK(read_mismatch(rt, c.data(), c.size(), 1, s.value()) == c.size());
-      // From host memory.
-      std::vector<unsigned char> host(777);
-      fill_pattern(host.data(), host.size(), 2);
-      buffer_t<Runtime> h{host.data(), host.size(), s, alloc};
-      CHECK(read_mismatch(rt, h.data(), h.size(), 2, s.value()) == h.size());
-    }
-    CHECK(allocated(alloc) == 0);  // every destructor gave its memory back
-    CHECK(alloc.stats().num_frees == alloc.stats().num_allocs);
+    // A copy is deep and in stream order.
+    buffer_t<Runtime> c{b, f.s, f.alloc};
+    CHECK(c.data() != b.data());
+    CHECK(c.size() == 3000);
+    CHECK(read_mismatch(rt, c.data(), c.size(), 1, f.s.value()) == c.size());
+    // From host memory.
+    std::vector<unsigned char> host(777);
+    fill_pattern(host.data(), host.size(), 2);
+    buffer_t<Runtime> h{host.data(), host.size(), f.s, f.alloc};
+    CHECK(read_mismatch(rt, h.data(), h.size(), 2, f.s.value()) == h.size());
   }
-  CHECK(alloc.check_invariants().empty());
+  CHECK(allocated(f.alloc) == 0);  // every destructor gave its memory back
+  CHECK(f.alloc.stats().num_frees == f.alloc.stats().num_allocs);
 }
 
 template <class Runtime>
 void check_buffer_zero_size(Runtime& rt)
 {
-  use_device_zero(rt);
-  allocator_t<Runtime> alloc{rt, 0};
-  basic_cuda_stream<Runtime> s{rt};
-  {
-    buffer_t<Runtime> b{0, s, alloc};
-    CHECK(b.data() == nullptr);
-    CHECK(b.size() == 0);
-    CHECK(b.capacity() == 0);
-    CHECK(b.is_empty());
-    CHECK(alloc.stats().num_allocs == 0);  // nothing was allocated
-    buffer_t<Runtime> copy{b, s, alloc};   // a copy of nothing is nothing
-    CHECK(copy.data() == nullptr);
-    buffer_t<Runtime> from_null{nullptr, 0, s, alloc};
-    CHECK(from_null.data() == nullptr);
+  fixture<Runtime> f{rt};
+  buffer_t<Runtime> b{0, f.s, f.alloc};
+  CHECK(b.data() == nullptr);
+  CHECK(b.size() == 0);
+  CHECK(b.capacity() == 0);
+  CHECK(b.is_empty());
+  CHECK(f.alloc.stats().num_allocs == 0);   // nothing was allocated
+  buffer_t<Runtime> copy{b, f.s, f.alloc};  // a copy of nothing is nothing
+  CHECK(copy.data() == nullptr);
+  buffer_t<Runtime> from_null{nullptr, 0, f.s, f.alloc};
+  CHECK(from_null.data() == nullptr);
 
-    b.resize(512, s);  // grows from nothing
-    CHECK(b.data() != nullptr);
-    CHECK(b.size() == 512);
-    b.resize(0, s);  // within capacity: only the size changes
-    CHECK(b.size() == 0);
-    CHECK(b.capacity() == 512);
-    b.shrink_to_fit(s);  // size 0: the memory goes back
-    CHECK(b.data() == nullptr);
-    CHECK(b.capacity() == 0);
-    CHECK(allocated(alloc) == 0);
-  }
-  CHECK(alloc.stats().num_frees == alloc.stats().num_allocs);
+  b.resize(512, f.s);  // grows from nothing
+  CHECK(b.data() != nullptr);
+  CHECK(b.size() == 512);
+  b.resize(0, f.s);  // within capacity: only the size changes
+  CHECK(b.size() == 0);
+  CHECK(b.capacity() == 512);
+  b.shrink_to_fit(f.s);  // size 0: the memory goes back
+  CHECK(b.data() == nullptr);
+  CHECK(b.capacity() == 0);
+  CHECK(allocated(f.alloc) == 0);
+  CHECK(f.alloc.stats().num_frees == f.alloc.stats().num_allocs);
 }
 
 template <class Runtime>
 void check_buffer_moves(Runtime& rt)
 {
-  use_device_zero(rt);
-  allocator_t<Runtime> alloc{rt, 0};
-  basic_cuda_stream<Runtime> s{rt};
-  {
-    buffer_t<Runtime> a{4096, s, alloc};
-    void* const p = a.data();
-    buffer_t<Runtime> b{std::move(a)};
-    CHECK(b.data() == p);
-    CHECK(b.size() == 4096);
-    CHECK(b.capacity() == 4096);
-    CHECK(a.data() == nullptr);  // NOLINT(bugprone-use-after-move): moves leave the source empty
-    CHECK(a.size() == 0);
-    CHECK(a.capacity() == 0);
-    CHECK(&a.allocator() == &alloc);
-    CHECK(a.stream().value() == s.value());
+  fixture<Runtime> f{rt};
+  buffer_t<Runtime> a{4096, f.s, f.alloc};
+  void* const p = a.data();
+  buffer_t<Runtime> b{std::move(a)};
+  CHECK(b.data() == p);
+  CHECK(b.size() == 4096);
+  CHECK(b.capacity() == 4096);
+  CHECK(a.data() == nullptr);  // NOLINT(bugprone-use-after-move): moves leave the source empty
+  CHECK(a.size() == 0);
+  CHECK(a.capacity() == 0);
+  CHECK(&a.allocator() == &f.alloc);
+  CHECK(a.stream().value() == f.s.value());
 
-    buffer_t<Runtime> c{1024, s, alloc};
-    CHECK(alloc.stats().allocation_count.current == 2);
-    c = std::move(b);  // c's own block is freed
-    CHECK(c.data() == p);
-    CHECK(b.data() == nullptr);  // NOLINT(bugprone-use-after-move)
-    CHECK(alloc.stats().allocation_count.current == 1);
-    auto& self = c;
-    c          = std::move(self);  // self-move keeps the memory
-    CHECK(c.data() == p);
-    CHECK(alloc.stats().allocation_count.current == 1);
-    a = std::move(c);  // into a moved-from buffer
-    CHECK(a.data() == p);
-  }
-  CHECK(allocated(alloc) == 0);
+  buffer_t<Runtime> c{1024, f.s, f.alloc};
+  CHECK(f.alloc.stats().allocation_count.current == 2);
+  c = std::move(b);  // c'f.s own block is freed
+  CHECK(c.data() == p);
+  CHECK(b.data() == nullptr);  // NOLINT(bugprone-use-after-move)
+  CHECK(f.alloc.stats().allocation_count.current == 1);
+  auto& self = c;
+  c          = std::move(self);  // self-move keeps the memory
+  CHECK(c.data() == p);
+  CHECK(f.alloc.stats().allocation_count.current == 1);
+  a = std::move(c);  // into a moved-from buffer
+  CHECK(a.data() == p);
 }
 
 template <class Runtime>
 void check_buffer_resize(Runtime& rt)
 {
-  use_device_zero(rt);
-  allocator_t<Runtime> alloc{rt, 0};
-  basic_cuda_stream<Runtime> s{rt};
-  auto const q = s.value();
+  fixture<Runtime> f{rt};
+  auto const q = f.s.value();
   {
     std::size_t const n = 100 * kib + 3;
-    buffer_t<Runtime> b{n, s, alloc};
+    buffer_t<Runtime> b{n, f.s, f.alloc};
     write_pattern(rt, b.data(), n, 7, q);
     void* const first = b.data();
 
-    b.resize(3 * mib + 11, s);  // grows: a new block, every old byte kept
+    b.resize(3 * mib + 11, f.s);  // grows: a new block, every old byte kept
     CHECK(b.size() == 3 * mib + 11);
     CHECK(b.capacity() == 3 * mib + 11);
     CHECK(b.data() != first);
     CHECK(read_mismatch(rt, b.data(), n, 7, q) == n);
-    CHECK(alloc.stats().allocation_count.current == 1);  // the old block went back
+    CHECK(f.alloc.stats().allocation_count.current == 1);  // the old block went back
 
     void* const grown = b.data();
-    b.resize(n / 2, s);  // within capacity: same block, nothing copied
+    b.resize(n / 2, f.s);  // within capacity: same block, nothing copied
     CHECK(b.data() == grown);
     CHECK(b.size() == n / 2);
     CHECK(b.capacity() == 3 * mib + 11);
-    b.shrink_to_fit(s);  // a block of the size, contents kept
+    b.shrink_to_fit(f.s);  // a block of the size, contents kept
     CHECK(b.capacity() == n / 2);
     CHECK(read_mismatch(rt, b.data(), n / 2, 7, q) == n / 2);
 
-    b.reserve(2 * n, s);
+    b.reserve(2 * n, f.s);
     CHECK(b.size() == n / 2);
     CHECK(b.capacity() == 2 * n);
     CHECK(read_mismatch(rt, b.data(), n / 2, 7, q) == n / 2);
-    b.reserve(10, s);  // never shrinks
+    b.reserve(10, f.s);  // never shrinks
     CHECK(b.capacity() == 2 * n);
 
     // A failed growth leaves the buffer as it was.
     void* const before = b.data();
-    alloc.set_limit(8 * mib);
-    CHECK_THROWS_AS(b.resize(64 * mib, s), gpukit::bad_alloc);
-    alloc.set_limit(0);
+    f.alloc.set_limit(8 * mib);
+    CHECK_THROWS_AS(b.resize(64 * mib, f.s), gpukit::bad_alloc);
+    f.alloc.set_limit(0);
     CHECK(b.data() == before);
     CHECK(b.size() == n / 2);
     CHECK(b.capacity() == 2 * n);
     CHECK(read_mismatch(rt, b.data(), n / 2, 7, q) == n / 2);
   }
-  CHECK(allocated(alloc) == 0);
-  CHECK(alloc.check_invariants().empty());
 }
 
 template <class Runtime>
 void check_buffer_release(Runtime& rt)
 {
-  use_device_zero(rt);
-  allocator_t<Runtime> alloc{rt, 0};
-  basic_cuda_stream<Runtime> s{rt};
+  fixture<Runtime> f{rt};
   void* raw               = nullptr;
   std::size_t raw_bytes   = 0;
   std::int64_t const held = [&] {
-    buffer_t<Runtime> b{5000, s, alloc};
+    buffer_t<Runtime> b{5000, f.s, f.alloc};
     raw_bytes = b.capacity();
     raw       = b.release();
     CHECK(raw != nullptr);
     CHECK(b.data() == nullptr);
     CHECK(b.size() == 0);
     CHECK(b.capacity() == 0);
-    return allocated(alloc);
+    return allocated(f.alloc);
   }();
   CHECK(held >= 5000);
-  CHECK(allocated(alloc) == held);                  // the destructor left the released memory alone
-  write_pattern(rt, raw, raw_bytes, 3, s.value());  // still usable
-  alloc.deallocate_async(raw, raw_bytes, s.value());
-  CHECK(allocated(alloc) == 0);
+  CHECK(allocated(f.alloc) == held);  // the destructor left the released memory alone
+  write_pattern(rt, raw, raw_bytes, 3, f.s.value());  // still usable
+  f.alloc.deallocate_async(raw, raw_bytes, f.s.value());
 }
 
 /// The memory is freed on the stream set last: a block freed on a stream whose work is held by a
@@ -283,9 +287,9 @@ void check_buffer_release(Runtime& rt)
 template <class Runtime>
 void check_buffer_stream_order(Runtime& rt)
 {
-  use_device_zero(rt);
-  allocator_t<Runtime> alloc{rt, 0};
-  basic_cuda_stream<Runtime> s1{rt};
+  fixture<Runtime> f{rt};
+  auto& alloc = f.alloc;
+  auto& s1    = f.s;
   basic_cuda_stream<Runtime> s2{rt};
   gate g;
   gate_guard<Runtime> guard{rt, g};
@@ -317,163 +321,146 @@ void check_buffer_stream_order(Runtime& rt)
 template <class Runtime>
 void check_uvector_elements(Runtime& rt)
 {
-  use_device_zero(rt);
-  allocator_t<Runtime> alloc{rt, 0};
-  basic_cuda_stream<Runtime> s{rt};
-  {
-    uvector_t<std::uint64_t, Runtime> v{1000, s, alloc};
-    CHECK(v.size() == 1000);
-    CHECK(v.capacity() == 1000);
-    CHECK(v.end() - v.begin() == 1000);
-    CHECK(static_cast<void*>(v.element_ptr(10)) == static_cast<void*>(v.data() + 10));
+  fixture<Runtime> f{rt};
+  uvector_t<std::uint64_t, Runtime> v{1000, f.s, f.alloc};
+  CHECK(v.size() == 1000);
+  CHECK(v.capacity() == 1000);
+  CHECK(v.end() - v.begin() == 1000);
+  CHECK(static_cast<void*>(v.element_ptr(10)) == static_cast<void*>(v.data() + 10));
 
-    std::vector<std::uint64_t> host(1000);
-    for (std::size_t i = 0; i < host.size(); ++i) { host[i] = i * 0x9e3779b97f4a7c15ull; }
-    v.copy_from_host_async(host.data(), host.size(), s);
-    std::uint64_t const x = 0xabcdef0123456789ull;
-    v.set_element_async(5, x, s);
-    v.set_element(6, std::uint64_t{42}, s);  // a temporary: set_element synchronizes
-    v.set_element_to_zero_async(7, s);
-    CHECK(v.element(5, s) == x);
-    CHECK(v.element(6, s) == 42);
-    CHECK(v.element(7, s) == 0);
-    CHECK(v.front_element(s) == host.front());
-    CHECK(v.back_element(s) == host.back());
+  std::vector<std::uint64_t> host(1000);
+  for (std::size_t i = 0; i < host.size(); ++i) { host[i] = i * 0x9e3779b97f4a7c15ull; }
+  v.copy_from_host_async(host.data(), host.size(), f.s);
+  std::uint64_t const x = 0xabcdef0123456789ull;
+  v.set_element_async(5, x, f.s);
+  v.set_element(6, std::uint64_t{42}, f.s);  // a temporary: set_element synchronizes
+  v.set_element_to_zero_async(7, f.s);
+  CHECK(v.element(5, f.s) == x);
+  CHECK(v.element(6, f.s) == 42);
+  CHECK(v.element(7, f.s) == 0);
+  CHECK(v.front_element(f.s) == host.front());
+  CHECK(v.back_element(f.s) == host.back());
 
-    // Pinned host memory, part of the range.
-    void* pinned = nullptr;
-    REQUIRE(rt.host_alloc(&pinned, 100 * sizeof(std::uint64_t), host_alloc_flags::none) ==
-            cudaSuccess);
-    auto* out = static_cast<std::uint64_t*>(pinned);
-    v.copy_to_host_async(out, 100, s, 900);
-    s.synchronize();
-    std::size_t wrong = 0;
-    for (std::size_t i = 0; i < 100; ++i) { wrong += out[i] != host[900 + i] ? 1 : 0; }
-    CHECK(wrong == 0);
-    REQUIRE(rt.host_free(pinned) == cudaSuccess);
+  // Pinned host memory, part of the range.
+  void* pinned = nullptr;
+  REQUIRE(rt.host_alloc(&pinned, 100 * sizeof(std::uint64_t), host_alloc_flags::none) ==
+          cudaSuccess);
+  auto* out = static_cast<std::uint64_t*>(pinned);
+  v.copy_to_host_async(out, 100, f.s, 900);
+  f.s.synchronize();
+  std::size_t wrong = 0;
+  for (std::size_t i = 0; i < 100; ++i) { wrong += out[i] != host[900 + i] ? 1 : 0; }
+  CHECK(wrong == 0);
+  REQUIRE(rt.host_free(pinned) == cudaSuccess);
 
-    // Every element, through a resize that grows.
-    v.resize(5000, s);
-    CHECK(v.size() == 5000);
-    std::vector<std::uint64_t> back(1000);
-    v.copy_to_host_async(back.data(), back.size(), s);
-    s.synchronize();
-    host[5] = x;
-    host[6] = 42;
-    host[7] = 0;
-    CHECK(back == host);
+  // Every element, through a resize that grows.
+  v.resize(5000, f.s);
+  CHECK(v.size() == 5000);
+  std::vector<std::uint64_t> back(1000);
+  v.copy_to_host_async(back.data(), back.size(), f.s);
+  f.s.synchronize();
+  host[5] = x;
+  host[6] = 42;
+  host[7] = 0;
+  CHECK(back == host);
 
-    // Bad indices and ranges name the values.
-    CHECK_THROWS_WITH_AS((void)v.element(5000, s), doctest::Contains("index 5000"),
-                         gpukit::logic_error);
-    CHECK_THROWS_AS(v.set_element_async(5000, x, s), gpukit::logic_error);
-    CHECK_THROWS_AS((void)v.element_ptr(5000), gpukit::logic_error);
-    CHECK_THROWS_WITH_AS(v.copy_to_host_async(back.data(), 2, s, 4999), doctest::Contains("4999"),
-                         gpukit::logic_error);
-    CHECK_THROWS_AS(v.copy_from_host_async(nullptr, 1, s), gpukit::logic_error);
+  // Bad indices and ranges name the values.
+  CHECK_THROWS_WITH_AS((void)v.element(5000, f.s), doctest::Contains("index 5000"),
+                       gpukit::logic_error);
+  CHECK_THROWS_AS(v.set_element_async(5000, x, f.s), gpukit::logic_error);
+  CHECK_THROWS_AS((void)v.element_ptr(5000), gpukit::logic_error);
+  CHECK_THROWS_WITH_AS(v.copy_to_host_async(back.data(), 2, f.s, 4999), doctest::Contains("4999"),
+                       gpukit::logic_error);
+  CHECK_THROWS_AS(v.copy_from_host_async(nullptr, 1, f.s), gpukit::logic_error);
 
-    // release hands the memory over as an untyped buffer.
-    auto const* p         = v.data();
-    buffer_t<Runtime> raw = v.release();
-    CHECK(raw.data() == p);
-    CHECK(raw.size() == 5000 * sizeof(std::uint64_t));
-    CHECK(v.data() == nullptr);  // NOLINT(bugprone-use-after-move)
-    CHECK(v.size() == 0);
-    uvector_t<std::uint64_t, Runtime> again{std::move(raw)};
-    CHECK(again.data() == p);
-    CHECK(again.element(5, s) == x);
-    buffer_t<Runtime> odd{12, s, alloc};
-    CHECK_THROWS_AS((uvector_t<std::uint64_t, Runtime>{std::move(odd)}), gpukit::logic_error);
-    CHECK(odd.size() == 12);  // NOLINT(bugprone-use-after-move): refused, so left as it was
-  }
-  CHECK(allocated(alloc) == 0);
+  // release hands the memory over as an untyped buffer.
+  auto const* p         = v.data();
+  buffer_t<Runtime> raw = v.release();
+  CHECK(raw.data() == p);
+  CHECK(raw.size() == 5000 * sizeof(std::uint64_t));
+  CHECK(v.data() == nullptr);  // NOLINT(bugprone-use-after-move)
+  CHECK(v.size() == 0);
+  uvector_t<std::uint64_t, Runtime> again{std::move(raw)};
+  CHECK(again.data() == p);
+  CHECK(again.element(5, f.s) == x);
+  buffer_t<Runtime> odd{12, f.s, f.alloc};
+  CHECK_THROWS_AS((uvector_t<std::uint64_t, Runtime>{std::move(odd)}), gpukit::logic_error);
+  CHECK(odd.size() == 12);  // NOLINT(bugprone-use-after-move): refused, so left as it was
 }
 
 template <class Runtime>
 void check_uvector_moves_and_copies(Runtime& rt)
 {
-  use_device_zero(rt);
-  allocator_t<Runtime> alloc{rt, 0};
-  basic_cuda_stream<Runtime> s{rt};
-  {
-    uvector_t<float, Runtime> a{256, s, alloc};
-    std::vector<float> host(256);
-    for (std::size_t i = 0; i < host.size(); ++i) { host[i] = static_cast<float>(i) * 0.5f; }
-    a.copy_from_host_async(host.data(), host.size(), s);
-    uvector_t<float, Runtime> copy{a, s, alloc};
-    CHECK(copy.data() != a.data());
-    float* const p = a.data();
-    uvector_t<float, Runtime> b{std::move(a)};
-    CHECK(b.data() == p);
-    CHECK(a.is_empty());  // NOLINT(bugprone-use-after-move)
-    std::vector<float> back(256);
-    copy.copy_to_host_async(back.data(), back.size(), s);
-    s.synchronize();
-    CHECK(back == host);
-    b.shrink_to_fit(s);  // already exact: nothing moves
-    CHECK(b.data() == p);
-    uvector_t<float, Runtime> empty{0, s, alloc};
-    CHECK(empty.is_empty());
-    CHECK(empty.data() == nullptr);
-  }
-  CHECK(allocated(alloc) == 0);
+  fixture<Runtime> f{rt};
+  uvector_t<float, Runtime> a{256, f.s, f.alloc};
+  std::vector<float> host(256);
+  for (std::size_t i = 0; i < host.size(); ++i) { host[i] = static_cast<float>(i) * 0.5f; }
+  a.copy_from_host_async(host.data(), host.size(), f.s);
+  uvector_t<float, Runtime> copy{a, f.s, f.alloc};
+  CHECK(copy.data() != a.data());
+  float* const p = a.data();
+  uvector_t<float, Runtime> b{std::move(a)};
+  CHECK(b.data() == p);
+  CHECK(a.is_empty());  // NOLINT(bugprone-use-after-move)
+  std::vector<float> back(256);
+  copy.copy_to_host_async(back.data(), back.size(), f.s);
+  f.s.synchronize();
+  CHECK(back == host);
+  b.shrink_to_fit(f.s);  // already exact: nothing moves
+  CHECK(b.data() == p);
+  uvector_t<float, Runtime> empty{0, f.s, f.alloc};
+  CHECK(empty.is_empty());
+  CHECK(empty.data() == nullptr);
 }
 
 template <class Runtime>
 void check_size_overflow(Runtime& rt)
 {
-  use_device_zero(rt);
-  allocator_t<Runtime> alloc{rt, 0};
-  basic_cuda_stream<Runtime> s{rt};
+  fixture<Runtime> f{rt};
   std::size_t const max   = std::numeric_limits<std::size_t>::max();
   std::size_t const count = max / sizeof(double) + 1;  // count * 8 wraps around
-  CHECK_THROWS_WITH_AS((uvector_t<double, Runtime>{count, s, alloc}),
+  CHECK_THROWS_WITH_AS((uvector_t<double, Runtime>{count, f.s, f.alloc}),
                        doctest::Contains(std::to_string(count).c_str()), gpukit::bad_alloc);
-  CHECK_THROWS_AS((uvector_t<double, Runtime>{max, s, alloc}), gpukit::bad_alloc);
-  uvector_t<double, Runtime> v{4, s, alloc};
+  CHECK_THROWS_AS((uvector_t<double, Runtime>{max, f.s, f.alloc}), gpukit::bad_alloc);
+  uvector_t<double, Runtime> v{4, f.s, f.alloc};
   double* const p = v.data();
-  CHECK_THROWS_WITH_AS(v.resize(count, s), doctest::Contains(std::to_string(count).c_str()),
+  CHECK_THROWS_WITH_AS(v.resize(count, f.s), doctest::Contains(std::to_string(count).c_str()),
                        gpukit::bad_alloc);
-  CHECK_THROWS_AS(v.reserve(max / 2, s), gpukit::bad_alloc);
+  CHECK_THROWS_AS(v.reserve(max / 2, f.s), gpukit::bad_alloc);
   CHECK(v.data() == p);  // unchanged
   CHECK(v.size() == 4);
   // The largest size that does not wrap is still refused by the allocator, naming the size.
-  CHECK_THROWS_WITH_AS((buffer_t<Runtime>{max, s, alloc}),
+  CHECK_THROWS_WITH_AS((buffer_t<Runtime>{max, f.s, f.alloc}),
                        doctest::Contains(std::to_string(max).c_str()), gpukit::bad_alloc);
-  CHECK_THROWS_AS((uvector_t<double, Runtime>{max / sizeof(double), s, alloc}), gpukit::bad_alloc);
-  CHECK(alloc.stats().allocation_count.current == 1);
-  CHECK(alloc.check_invariants().empty());
+  CHECK_THROWS_AS((uvector_t<double, Runtime>{max / sizeof(double), f.s, f.alloc}),
+                  gpukit::bad_alloc);
+  CHECK(f.alloc.stats().allocation_count.current == 1);
 }
 
 template <class Runtime>
 void check_scalar(Runtime& rt)
 {
-  use_device_zero(rt);
-  allocator_t<Runtime> alloc{rt, 0};
-  basic_cuda_stream<Runtime> s{rt};
-  {
-    using scalar = device_scalar<std::int32_t, allocator_t<Runtime>>;
-    scalar a{-17, s, alloc};  // a temporary: the constructor synchronizes
-    CHECK(a.size() == 1);
-    CHECK(a.value(s) == -17);
-    std::int32_t const v = 1234567;
-    a.set_value_async(v, s);
-    CHECK(a.value(s) == v);
-    a.set_value_to_zero_async(s);
-    CHECK(a.value(s) == 0);
-    scalar b{std::move(a)};
-    CHECK(b.value(s) == 0);
-    CHECK(a.data() == nullptr);  // NOLINT(bugprone-use-after-move)
-    CHECK(a.size() == 0);
-    CHECK_THROWS_AS((void)a.value(s), gpukit::logic_error);
-    scalar c{b, s, alloc};
-    b.set_value_async(v, s);
-    CHECK(c.value(s) == 0);
-    CHECK(b.value(s) == v);
-    scalar u{s, alloc};
-    CHECK(u.data() != nullptr);
-  }
-  CHECK(allocated(alloc) == 0);
+  fixture<Runtime> f{rt};
+  using scalar = device_scalar<std::int32_t, allocator_t<Runtime>>;
+  scalar a{-17, f.s, f.alloc};  // a temporary: the constructor synchronizes
+  CHECK(a.size() == 1);
+  CHECK(a.value(f.s) == -17);
+  std::int32_t const v = 1234567;
+  a.set_value_async(v, f.s);
+  CHECK(a.value(f.s) == v);
+  a.set_value_to_zero_async(f.s);
+  CHECK(a.value(f.s) == 0);
+  scalar b{std::move(a)};
+  CHECK(b.value(f.s) == 0);
+  CHECK(a.data() == nullptr);  // NOLINT(bugprone-use-after-move)
+  CHECK(a.size() == 0);
+  CHECK_THROWS_AS((void)a.value(f.s), gpukit::logic_error);
+  scalar c{b, f.s, f.alloc};
+  b.set_value_async(v, f.s);
+  CHECK(c.value(f.s) == 0);
+  CHECK(b.value(f.s) == v);
+  scalar u{f.s, f.alloc};
+  CHECK(u.data() != nullptr);
 }
 
 // --- the owning stream and the pool --------------------------------------------------------------
@@ -693,37 +680,36 @@ void check_current_resource_threads(Runtime& rt)
 
 }  // namespace gpukit::test::raii
 
-#define GPUKIT_RAII_CONFORMANCE_CASE_DETAIL(runtime_expr, name_prefix, what, check) \
-  TEST_CASE(name_prefix ": " what)                                                  \
-  {                                                                                 \
-    auto&& gpukit_rt_ = (runtime_expr);                                             \
-    ::gpukit::test::raii::check(gpukit_rt_);                                        \
-  }
-
+/// Defines the RAII conformance TEST_CASEs for the runtime `runtime_expr` (evaluated in each case),
+/// named "<name_prefix>: <what>".
 #define GPUKIT_RAII_CONFORMANCE_CASES(runtime_expr, name_prefix)                                   \
-  GPUKIT_RAII_CONFORMANCE_CASE_DETAIL(runtime_expr, name_prefix, "device_buffer basics",           \
-                                      check_buffer_basics)                                         \
-  GPUKIT_RAII_CONFORMANCE_CASE_DETAIL(runtime_expr, name_prefix, "zero-size buffers",              \
-                                      check_buffer_zero_size)                                      \
-  GPUKIT_RAII_CONFORMANCE_CASE_DETAIL(runtime_expr, name_prefix, "buffer moves",                   \
-                                      check_buffer_moves)                                          \
-  GPUKIT_RAII_CONFORMANCE_CASE_DETAIL(runtime_expr, name_prefix, "resize keeps every byte",        \
-                                      check_buffer_resize)                                         \
-  GPUKIT_RAII_CONFORMANCE_CASE_DETAIL(runtime_expr, name_prefix, "release", check_buffer_release)  \
-  GPUKIT_RAII_CONFORMANCE_CASE_DETAIL(                                                             \
-    runtime_expr, name_prefix, "stream order across two streams", check_buffer_stream_order)       \
-  GPUKIT_RAII_CONFORMANCE_CASE_DETAIL(runtime_expr, name_prefix, "uvector elements",               \
-                                      check_uvector_elements)                                      \
-  GPUKIT_RAII_CONFORMANCE_CASE_DETAIL(runtime_expr, name_prefix, "uvector moves and copies",       \
-                                      check_uvector_moves_and_copies)                              \
-  GPUKIT_RAII_CONFORMANCE_CASE_DETAIL(runtime_expr, name_prefix, "size overflow",                  \
-                                      check_size_overflow)                                         \
-  GPUKIT_RAII_CONFORMANCE_CASE_DETAIL(runtime_expr, name_prefix, "device_scalar", check_scalar)    \
-  GPUKIT_RAII_CONFORMANCE_CASE_DETAIL(                                                             \
-    runtime_expr, name_prefix, "owning stream makes allocators forget it", check_owning_stream)    \
-  GPUKIT_RAII_CONFORMANCE_CASE_DETAIL(runtime_expr, name_prefix, "stream pool", check_stream_pool) \
-  GPUKIT_RAII_CONFORMANCE_CASE_DETAIL(runtime_expr, name_prefix, "current resource",               \
-                                      check_current_resource)                                      \
-  GPUKIT_RAII_CONFORMANCE_CASE_DETAIL(runtime_expr, name_prefix,                                   \
-                                      "current resource from several threads",                     \
-                                      check_current_resource_threads)
+  GPUKIT_RUNTIME_CONFORMANCE_CASE_DETAIL(runtime_expr, name_prefix, "device_buffer basics",        \
+                                         raii::check_buffer_basics)                                \
+  GPUKIT_RUNTIME_CONFORMANCE_CASE_DETAIL(runtime_expr, name_prefix, "zero-size buffers",           \
+                                         raii::check_buffer_zero_size)                             \
+  GPUKIT_RUNTIME_CONFORMANCE_CASE_DETAIL(runtime_expr, name_prefix, "buffer moves",                \
+                                         raii::check_buffer_moves)                                 \
+  GPUKIT_RUNTIME_CONFORMANCE_CASE_DETAIL(runtime_expr, name_prefix, "resize keeps every byte",     \
+                                         raii::check_buffer_resize)                                \
+  GPUKIT_RUNTIME_CONFORMANCE_CASE_DETAIL(runtime_expr, name_prefix, "release",                     \
+                                         raii::check_buffer_release)                               \
+  GPUKIT_RUNTIME_CONFORMANCE_CASE_DETAIL(                                                          \
+    runtime_expr, name_prefix, "stream order across two streams", raii::check_buffer_stream_order) \
+  GPUKIT_RUNTIME_CONFORMANCE_CASE_DETAIL(runtime_expr, name_prefix, "uvector elements",            \
+                                         raii::check_uvector_elements)                             \
+  GPUKIT_RUNTIME_CONFORMANCE_CASE_DETAIL(runtime_expr, name_prefix, "uvector moves and copies",    \
+                                         raii::check_uvector_moves_and_copies)                     \
+  GPUKIT_RUNTIME_CONFORMANCE_CASE_DETAIL(runtime_expr, name_prefix, "size overflow",               \
+                                         raii::check_size_overflow)                                \
+  GPUKIT_RUNTIME_CONFORMANCE_CASE_DETAIL(runtime_expr, name_prefix, "device_scalar",               \
+                                         raii::check_scalar)                                       \
+  GPUKIT_RUNTIME_CONFORMANCE_CASE_DETAIL(runtime_expr, name_prefix,                                \
+                                         "owning stream makes allocators forget it",               \
+                                         raii::check_owning_stream)                                \
+  GPUKIT_RUNTIME_CONFORMANCE_CASE_DETAIL(runtime_expr, name_prefix, "stream pool",                 \
+                                         raii::check_stream_pool)                                  \
+  GPUKIT_RUNTIME_CONFORMANCE_CASE_DETAIL(runtime_expr, name_prefix, "current resource",            \
+                                         raii::check_current_resource)                             \
+  GPUKIT_RUNTIME_CONFORMANCE_CASE_DETAIL(runtime_expr, name_prefix,                                \
+                                         "current resource from several threads",                  \
+                                         raii::check_current_resource_threads)
