@@ -547,6 +547,42 @@ void check_owning_stream(Runtime& rt)
   CHECK(allocated(direct) == 0);
 }
 
+/// Threads that allocate on one owning stream, each from its own allocator, register them all.
+template <class Runtime>
+void check_owning_stream_threads(Runtime& rt)
+{
+  use_device_zero(rt);
+  constexpr int threads = 4;
+  std::vector<std::unique_ptr<allocator_t<Runtime>>> many;
+  std::vector<allocator_t<Runtime>*> raw;
+  for (int i = 0; i < threads; ++i) {
+    many.push_back(std::make_unique<allocator_t<Runtime>>(rt, 0));
+    raw.push_back(many.back().get());
+  }
+  raw_stream<Runtime> other{rt, raw};
+  {
+    basic_cuda_stream<Runtime> s{rt};
+    auto const view = s.view();
+    std::vector<std::thread> pool;
+    for (int t = 0; t < threads; ++t) {
+      pool.emplace_back([&, t] {
+        (void)rt.set_device(0);
+        for (int i = 0; i < 50; ++i) { buffer_t<Runtime> b{256 * kib, view, *many[t]}; }
+      });
+    }
+    for (auto& th : pool) { th.join(); }  // exiting threads return their cached blocks
+  }
+  for (auto* a : raw) {
+    auto const events = a->stats().num_cross_stream_events;
+    {
+      buffer_t<Runtime> reuse{256 * kib, other.get(), *a};
+    }
+    CHECK(a->stats().num_cross_stream_events == events);  // forgotten: no event on the dead stream
+    CHECK(allocated(*a) == 0);
+    CHECK(a->check_invariants().empty());
+  }
+}
+
 template <class Runtime>
 void check_stream_pool(Runtime& rt)
 {
@@ -706,6 +742,9 @@ void check_current_resource_threads(Runtime& rt)
   GPUKIT_RUNTIME_CONFORMANCE_CASE_DETAIL(runtime_expr, name_prefix,                                \
                                          "owning stream makes allocators forget it",               \
                                          raii::check_owning_stream)                                \
+  GPUKIT_RUNTIME_CONFORMANCE_CASE_DETAIL(                                                          \
+    runtime_expr, name_prefix, "owning stream registers allocators from several threads",          \
+    raii::check_owning_stream_threads)                                                             \
   GPUKIT_RUNTIME_CONFORMANCE_CASE_DETAIL(runtime_expr, name_prefix, "stream pool",                 \
                                          raii::check_stream_pool)                                  \
   GPUKIT_RUNTIME_CONFORMANCE_CASE_DETAIL(runtime_expr, name_prefix, "current resource",            \

@@ -30,7 +30,8 @@
 // - the current resource of the stream's device (get_current_device_resource) and the device's
 //   default allocator (default_caching_allocator), when they run on the stream's runtime.
 //
-// Not covered: an allocator used with the raw handle (`s.value()`) directly and never registered.
+// Not covered: an allocator used with the raw handle (`s.value()`, or the implicit conversion to
+// `stream_type`) directly and never registered.
 // Call `s.register_allocator(alloc)` for those, or `alloc.forget_stream(s.value())` yourself.
 // Every allocator the stream will make forget it must outlive the stream (declare it before the
 // stream): the default and current resources always do.
