@@ -75,6 +75,31 @@ TEST_SUITE("raii")
     REQUIRE(sim.stream_destroy(live) == cudaSuccess);
   }
 
+  TEST_CASE("sim_runtime: destructors report errors instead of throwing")
+  {
+    auto sim = make_sim();
+    sim_alloc alloc{sim, 0};
+    {
+      // A buffer whose memory was freed behind its back: its destructor's free is refused (a
+      // double free), reported on stderr, and the allocator stays consistent.
+      gpukit::basic_device_buffer<sim_alloc> b{4 * kib, {}, alloc};
+      alloc.deallocate_async(b.data(), b.capacity(), {});
+    }
+    CHECK(alloc.stats().allocated_bytes.current == 0);
+    CHECK(alloc.check_invariants().empty());
+    {
+      // A stream destroyed behind the owning stream's back: forgetting it and destroying it fail,
+      // and are reported.
+      gpukit::basic_cuda_stream<gpukit::sim_runtime> s{sim};
+      {
+        gpukit::basic_device_buffer<sim_alloc> b{4 * kib, s, alloc};
+      }
+      REQUIRE(sim.stream_destroy(s.value()) == cudaSuccess);
+    }
+    CHECK(sim.misuse_count() > 0);  // the runtime saw the dead handle
+    CHECK(alloc.check_invariants().empty());
+  }
+
   TEST_CASE("sim_runtime: the device_buffer quick start")
   {
     gpukit::sim_runtime sim{gpukit::sim_config{}.with_devices(1, std::size_t{8} << 30)};
