@@ -47,7 +47,7 @@ TEST_SUITE("raii")
     CHECK(sim.last_misuse().empty());
   }
 
-  TEST_CASE("sim_runtime: without the owning stream, a destroyed stream reaches the allocator")
+  TEST_CASE("sim_runtime: a raw stream destroyed without forget_stream reaches the allocator")
   {
     // The failure check_owning_stream guards against: a raw stream destroyed without
     // forget_stream leaves its blocks in its pool, and a later allocation on another stream records
