@@ -17,7 +17,7 @@ TEST_SUITE("gpu")
 {
   GPUKIT_RAII_CONFORMANCE_CASES(gpukit::cuda_runtime::instance(), "cuda_runtime")
 
-  TEST_CASE("cuda_runtime: the quick starts, over the current resource")
+  TEST_CASE("cuda_runtime: the quick starts over the current resource")
   {
     REQUIRE(cudaSetDevice(0) == cudaSuccess);
     auto& mr = gpukit::get_current_device_resource();
