@@ -18,7 +18,7 @@
 // On gpukit::out_of_memory from the step, retry_on_oom returns the allocator's cached memory to the
 // device (release()), asks the policy what to change, and runs the step again, up to
 // `max_retries` times. The step must be safe to run again (it frees what it allocated when it
-// throws, which RAII containers over the allocator do).
+// throws, as gpukit::device_buffer and gpukit::device_uvector (memory/device_uvector.hpp) do).
 #pragma once
 
 #include <gpukit/error.hpp>
