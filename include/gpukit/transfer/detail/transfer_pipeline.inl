@@ -16,6 +16,7 @@
 // completion.
 #pragma once
 
+#include <gpukit/transfer/detail/nontemporal_copy.hpp>
 #include <gpukit/transfer/transfer_pipeline.hpp>
 
 #include <algorithm>
@@ -23,47 +24,7 @@
 #include <cstring>
 #include <string>
 
-#if defined(__x86_64__) || defined(_M_X64)
-#include <emmintrin.h>
-#define GPUKIT_HAVE_STREAMING_STORES 1
-#endif
-
 namespace gpukit {
-
-namespace detail {
-
-/// Copies with non-temporal (streaming) stores where the CPU has them: the destination's lines
-/// are written without being read into the cache first. Any alignment; never throws.
-inline void copy_nontemporal(void* dst, void const* src, std::size_t bytes) noexcept
-{
-#ifdef GPUKIT_HAVE_STREAMING_STORES
-  auto* d       = static_cast<char*>(dst);
-  auto const* s = static_cast<char const*>(src);
-  // Head: up to the destination's next 64-byte boundary.
-  std::size_t const head = std::min(bytes, (64 - (reinterpret_cast<std::uintptr_t>(d) & 63)) & 63);
-  std::memcpy(d, s, head);
-  d += head;
-  s += head;
-  bytes -= head;
-  std::size_t const lines = bytes / 64;
-  for (std::size_t i = 0; i < lines; ++i, d += 64, s += 64) {
-    __m128i const a = _mm_loadu_si128(reinterpret_cast<__m128i const*>(s));
-    __m128i const b = _mm_loadu_si128(reinterpret_cast<__m128i const*>(s + 16));
-    __m128i const c = _mm_loadu_si128(reinterpret_cast<__m128i const*>(s + 32));
-    __m128i const e = _mm_loadu_si128(reinterpret_cast<__m128i const*>(s + 48));
-    _mm_stream_si128(reinterpret_cast<__m128i*>(d), a);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(d + 16), b);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(d + 32), c);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(d + 48), e);
-  }
-  _mm_sfence();  // streaming stores are weakly ordered: visible before the copy is enqueued
-  std::memcpy(d, s, bytes - lines * 64);
-#else
-  std::memcpy(dst, src, bytes);
-#endif
-}
-
-}  // namespace detail
 
 template <class Runtime>
 struct basic_transfer_pipeline<Runtime>::slot {
