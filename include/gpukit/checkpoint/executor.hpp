@@ -71,6 +71,7 @@
 
 #include <gpukit/checkpoint/chain.hpp>
 #include <gpukit/checkpoint/schedule.hpp>
+#include <gpukit/detail/spare_events.hpp>
 #include <gpukit/error.hpp>
 #include <gpukit/host/pinned_pool.hpp>
 #include <gpukit/memory/caching_allocator.hpp>
@@ -472,14 +473,7 @@ class basic_checkpoint_executor final {
 
   event_type take_event()
   {
-    if (!spare_events_.empty()) {
-      event_type e = spare_events_.back();
-      spare_events_.pop_back();
-      return e;
-    }
-    event_type e{};
-    GPUKIT_CUDA_TRY(allocator_.runtime().event_create(e, false));
-    return e;
+    return detail::take_spare_event(allocator_.runtime(), spare_events_, false);
   }
   void give_event(event_type e) noexcept { spare_events_.push_back(e); }
 

@@ -39,6 +39,7 @@
 // pointer, then by content: after the first use a name costs no allocation.
 #pragma once
 
+#include <gpukit/detail/spare_events.hpp>
 #include <gpukit/error.hpp>
 #include <gpukit/profile/detail/json.hpp>
 #include <gpukit/profile/nvtx.hpp>
@@ -352,17 +353,7 @@ class range_timer {
   }
 
   // mutex_ held.
-  event_type take_event()
-  {
-    if (!free_events_.empty()) {
-      event_type e = free_events_.back();
-      free_events_.pop_back();
-      return e;
-    }
-    event_type e{};
-    GPUKIT_CUDA_TRY(rt_.event_create(e, true));
-    return e;
-  }
+  event_type take_event() { return detail::take_spare_event(rt_, free_events_, true); }
 
   void end_range(scope& sc) noexcept
   {
