@@ -71,6 +71,7 @@
 
 #include <gpukit/checkpoint/chain.hpp>
 #include <gpukit/checkpoint/schedule.hpp>
+#include <gpukit/detail/spare_events.hpp>
 #include <gpukit/error.hpp>
 #include <gpukit/host/pinned_pool.hpp>
 #include <gpukit/memory/caching_allocator.hpp>
@@ -258,15 +259,11 @@ class basic_checkpoint_executor final {
   checkpoint_run_stats run_async(checkpoint_schedule const& schedule, Stages& stages, std::size_t L,
                                  void const* x0, stream_type stream, std::uint64_t step = 0)
   {
-    using hooks = detail::ckpt_rng_hooks<Stages, stream_type>;
+    using state_type = typename detail::ckpt_rng_hooks<Stages, stream_type>::state_type;
     GPUKIT_EXPECTS(L >= 1, "checkpoint_executor: a chain needs at least one stage");
     // Sizes, validated by the simulator (zero times): also the prediction.
-    std::vector<checkpoint_stage> v(L);
-    for (std::size_t i = 1; i <= L; ++i) {
-      v[i - 1].output_size = static_cast<std::int64_t>(stages.output_bytes(i));
-      v[i - 1].tape_size   = static_cast<std::int64_t>(stages.tape_bytes(i));
-    }
-    checkpoint_chain const chain{std::move(v)};
+    checkpoint_chain const chain =
+      checkpoint_chain_of(stages, L, std::vector<std::pair<std::int64_t, std::int64_t>>(L));
     auto const sim           = simulate_checkpoint_schedule(chain, schedule);
     auto const release_after = last_uses(schedule, L);
     offload_plan const moves =
@@ -276,7 +273,7 @@ class basic_checkpoint_executor final {
     stats.predicted_peak = sim.peak;
     buffers b{*this, stream, L};
     std::vector<char> ran(L + 1, 0);
-    std::vector<std::optional<typename hooks::state_type>> rng(L + 1);
+    std::vector<std::optional<state_type>> rng(L + 1);  // kept at each stage's first forward
     for (std::size_t k = 0; k < schedule.size(); ++k) {
       auto const op       = schedule[k];
       std::size_t const i = op.stage;
@@ -293,49 +290,12 @@ class basic_checkpoint_executor final {
                        " is not on the device at operation " + std::to_string(k));
       void const* x_in = i == 1 ? x0 : b.x[i - 1].ptr;
       if (op.kind == checkpoint_op_kind::backward) {
-        std::size_t const grad_bytes = i > 1 ? chain[i - 1].output_size : 0;
-        void* grad_in                = b.take(b.grad_next, grad_bytes, stats);
-        stages.backward(i, x_in, b.tape[i].ptr, b.grad.ptr, grad_in, c, stream);
-        b.release(b.tape[i]);
-        b.release(b.grad);
-        std::swap(b.grad, b.grad_next);
-        ++stats.backwards;
+        run_backward(stages, chain, b, c, x_in, stats);
       } else {
         c.recording   = op.kind == checkpoint_op_kind::forward_record;
         c.recomputing = ran[i] != 0;
         ran[i]        = 1;
-        b.release(b.x[i]);  // a previous instance, replaced (its last use has passed)
-        void* out  = b.take(b.x[i], static_cast<std::size_t>(chain[i].output_size), stats);
-        void* tape = nullptr;
-        if (c.recording) {
-          b.release(b.tape[i]);
-          tape = b.take(b.tape[i], static_cast<std::size_t>(chain[i].tape_size), stats);
-        }
-        if constexpr (hooks::value) {
-          if (!c.recomputing) {
-            rng[i] = stages.rng_capture(i, stream);
-            ++stats.rng_captures;
-          }
-        }
-        {
-          detail::ckpt_recomputing_scope scope{c.recomputing};
-          if constexpr (hooks::value) {
-            if (c.recomputing) {
-              // Fork: draw what the first forward drew, then continue where the generator was.
-              auto const now = stages.rng_capture(i, stream);
-              ++stats.rng_captures;
-              stages.rng_restore(i, *rng[i], stream);
-              stages.forward(i, x_in, out, tape, c, stream);
-              stages.rng_restore(i, now, stream);
-            } else {
-              stages.forward(i, x_in, out, tape, c, stream);
-            }
-          } else {
-            stages.forward(i, x_in, out, tape, c, stream);
-          }
-        }
-        stats.forwards++;
-        if (c.recomputing) stats.recomputations++;
+        run_forward(stages, chain, b, c, x_in, rng[i], stats);
       }
       for (auto const& obj : release_after[k])
         b.release(obj.tape ? b.tape[obj.index] : b.x[obj.index]);
@@ -414,6 +374,69 @@ class basic_checkpoint_executor final {
     }
   };
 
+  // B<i>: δ_{i-1} from δ_i, then the tape and δ_i are freed.
+  template <class Stages>
+  static void run_backward(Stages& stages, checkpoint_chain const& chain, buffers& b,
+                           checkpoint_context const& c, void const* x_in,
+                           checkpoint_run_stats& stats)
+  {
+    std::size_t const i          = c.stage;
+    std::size_t const grad_bytes = i > 1 ? static_cast<std::size_t>(chain[i - 1].output_size) : 0;
+    void* grad_in                = b.take(b.grad_next, grad_bytes, stats);
+    stages.backward(i, x_in, b.tape[i].ptr, b.grad.ptr, grad_in, c, b.stream);
+    b.release(b.tape[i]);
+    b.release(b.grad);
+    std::swap(b.grad, b.grad_next);
+    ++stats.backwards;
+  }
+
+  // F<i> or Fe<i>: a new x_i (and tape, when recording), then the stage's forward.
+  template <class Stages, class State>
+  static void run_forward(Stages& stages, checkpoint_chain const& chain, buffers& b,
+                          checkpoint_context const& c, void const* x_in,
+                          std::optional<State>& kept_rng, checkpoint_run_stats& stats)
+  {
+    std::size_t const i = c.stage;
+    b.release(b.x[i]);  // a previous instance, replaced (its last use has passed)
+    void* out  = b.take(b.x[i], static_cast<std::size_t>(chain[i].output_size), stats);
+    void* tape = nullptr;
+    if (c.recording) {
+      b.release(b.tape[i]);
+      tape = b.take(b.tape[i], static_cast<std::size_t>(chain[i].tape_size), stats);
+    }
+    call_forward(stages, c, x_in, out, tape, b.stream, kept_rng, stats);
+    ++stats.forwards;
+    if (c.recomputing) ++stats.recomputations;
+  }
+
+  // The stage's forward call, with is_recomputing() set for it, and with Stages' RNG hooks (see
+  // the top of this header): the first forward keeps the generator's state; a recomputation
+  // forks, drawing what the first forward drew, then continuing where the generator was.
+  template <class Stages, class State>
+  static void call_forward(Stages& stages, checkpoint_context const& c, void const* x_in, void* out,
+                           void* tape, stream_type stream,
+                           [[maybe_unused]] std::optional<State>& kept_rng,
+                           [[maybe_unused]] checkpoint_run_stats& stats)
+  {
+    std::size_t const i = c.stage;
+    if constexpr (!detail::ckpt_rng_hooks<Stages, stream_type>::value) {
+      detail::ckpt_recomputing_scope scope{c.recomputing};
+      stages.forward(i, x_in, out, tape, c, stream);
+    } else if (!c.recomputing) {
+      kept_rng = stages.rng_capture(i, stream);
+      ++stats.rng_captures;
+      detail::ckpt_recomputing_scope scope{false};
+      stages.forward(i, x_in, out, tape, c, stream);
+    } else {
+      detail::ckpt_recomputing_scope scope{true};
+      auto const now = stages.rng_capture(i, stream);
+      ++stats.rng_captures;
+      stages.rng_restore(i, *kept_rng, stream);
+      stages.forward(i, x_in, out, tape, c, stream);
+      stages.rng_restore(i, now, stream);
+    }
+  }
+
   // x_j stays on the device across a stretch of operations that do not use it: from each of its
   // events (its creation, each use) to the next, when at least prefetch_distance + 1 operations
   // lie between them, it is copied out after the first and back prefetch_distance operations
@@ -450,14 +473,7 @@ class basic_checkpoint_executor final {
 
   event_type take_event()
   {
-    if (!spare_events_.empty()) {
-      event_type e = spare_events_.back();
-      spare_events_.pop_back();
-      return e;
-    }
-    event_type e{};
-    GPUKIT_CUDA_TRY(allocator_.runtime().event_create(e, false));
-    return e;
+    return detail::take_spare_event(allocator_.runtime(), spare_events_, false);
   }
   void give_event(event_type e) noexcept { spare_events_.push_back(e); }
 

@@ -130,6 +130,32 @@ struct checkpoint_simulation {
   std::int64_t recomputations{0};
 };
 
+namespace detail {
+
+/// The memory at and after each operation of a replayed schedule, into r.op_peak, r.after and
+/// r.peak: `diff` holds the objects' changes (the memory before op k is the sum of diff[0..k]),
+/// `created` what each operation creates; the current gradient δ is added here.
+inline void ckpt_memory_per_op(checkpoint_chain const& chain, checkpoint_schedule const& schedule,
+                               std::vector<std::int64_t> const& diff,
+                               std::vector<std::int64_t> const& created, checkpoint_simulation& r)
+{
+  std::size_t const n = schedule.size();
+  r.op_peak.resize(n);
+  r.after.resize(n);
+  std::int64_t resident = 0;
+  std::size_t delta     = chain.size();  // before op k: δ_{L - backwards done before k}
+  for (std::size_t k = 0; k < n; ++k) {
+    resident += diff[k];
+    std::int64_t const before = resident + chain.gradient_size(delta);
+    r.op_peak[k]              = before + created[k];
+    r.peak                    = std::max(r.peak, r.op_peak[k]);
+    if (schedule[k].kind == checkpoint_op_kind::backward) --delta;
+    r.after[k] = resident + diff[k + 1] + chain.gradient_size(delta);
+  }
+}
+
+}  // namespace detail
+
 /// Replays `schedule` on `chain` under the cost model (objects dropped right after their last use)
 /// and returns its total time and peak memory. O(number of operations + L). Does not synchronize.
 /// @throws gpukit::logic_error naming the offending operation (its 0-based position and text) when
@@ -208,19 +234,7 @@ struct checkpoint_simulation {
     close(x_made[j], x_last[j], chain[j].output_size);
     close(tape_made[j], tape_last[j], chain[j].tape_size);
   }
-  // The current δ before op k: δ_{L - backwards done before k}.
-  r.op_peak.resize(n);
-  r.after.resize(n);
-  std::int64_t resident = 0;
-  std::size_t delta     = L;
-  for (std::size_t k = 0; k < n; ++k) {
-    resident += diff[k];
-    std::int64_t const before = resident + chain.gradient_size(delta);
-    r.op_peak[k]              = before + created[k];
-    r.peak                    = std::max(r.peak, r.op_peak[k]);
-    if (schedule[k].kind == checkpoint_op_kind::backward) --delta;
-    r.after[k] = resident + diff[k + 1] + chain.gradient_size(delta);
-  }
+  detail::ckpt_memory_per_op(chain, schedule, diff, created, r);
   return r;
 }
 

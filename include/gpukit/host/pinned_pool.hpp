@@ -344,9 +344,19 @@ class basic_pinned_pool final {
   block* carve_locked(std::size_t cls);
   segment& add_segment_locked(void* base, std::size_t bytes, segment_kind kind,
                               std::size_t map_bytes);
+  /// A member that grows the pool, as its errors name it. String literals: cuda_error keeps the
+  /// failed call's text as a pointer, which must outlive the exception.
+  struct growth_call {
+    char const* name;           ///< in bad_alloc messages: "allocate"
+    char const* host_alloc;     ///< the failed call: "host_alloc (pinned_pool::allocate)"
+    char const* host_register;  ///< the failed call: "host_register (pinned_pool::allocate)"
+  };
   segment& grow_locked(std::unique_lock<std::mutex>& lock, std::size_t bytes, std::size_t request,
-                       char const* call);
+                       growth_call call);
   cudaError_t free_segment(segment& s) noexcept;
+  /// Takes out of the pool every range none of whose buffers is handed out or pending, with its
+  /// free buffers, for release_cached to give back off the lock.
+  std::vector<std::unique_ptr<segment>> take_unused_segments_locked();
   void poll_pending_locked(std::size_t cls, bool all);
   block& find_live_locked(void* ptr, char const* call);
   void check_limit_locked(std::size_t more, std::size_t request, char const* call);

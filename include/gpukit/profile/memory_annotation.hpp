@@ -51,6 +51,44 @@ namespace gpukit {
 using memory_heap = nvtxMemHeapHandle_t;
 
 #ifndef GPUKIT_DISABLE_NVTX
+namespace detail {
+
+/// A zeroed descriptor of NVTX's memory extension, its compatibility id and size filled in.
+template <class Desc>
+[[nodiscard]] Desc nvtx_mem_desc() noexcept
+{
+  Desc d{};
+  d.extCompatID = NVTX_EXT_COMPATID_MEM;
+  d.structSize  = sizeof(Desc);
+  return d;
+}
+
+/// [p, p + bytes) as NVTX's memory calls describe a range of virtual addresses.
+[[nodiscard]] inline nvtxMemVirtualRangeDesc_t nvtx_mem_range(void const* p,
+                                                              std::size_t bytes) noexcept
+{
+  nvtxMemVirtualRangeDesc_t range{};
+  range.ptr  = p;
+  range.size = bytes;
+  return range;
+}
+
+/// A batch (register or resize: the same fields) whose one element is `range`, which must outlive
+/// it; the caller sets the count, whose field names differ.
+template <class Batch>
+[[nodiscard]] Batch nvtx_mem_range_batch(nvtxMemVirtualRangeDesc_t const& range) noexcept
+{
+  auto batch                  = nvtx_mem_desc<Batch>();
+  batch.regionType            = NVTX_MEM_TYPE_VIRTUAL_ADDRESS;
+  batch.regionDescElementSize = sizeof(range);
+  batch.regionDescElements    = &range;
+  return batch;
+}
+template <class Batch>
+Batch nvtx_mem_range_batch(nvtxMemVirtualRangeDesc_t&&) = delete;  // it would dangle
+
+}  // namespace detail
+
 inline namespace nvtx_enabled {
 
 /// Registers [base, base + bytes) as a sub-allocator heap (NVTX_MEM_HEAP_USAGE_TYPE_SUB_ALLOCATOR,
@@ -60,16 +98,12 @@ template <class D = nvtx_domain>
 [[nodiscard]] inline memory_heap register_memory_heap(void const* base, std::size_t bytes,
                                                       char const* name = nullptr) noexcept
 {
-  nvtxMemVirtualRangeDesc_t range{};
-  range.ptr  = base;
-  range.size = bytes;
-  nvtxMemHeapDesc_t desc{};
-  desc.extCompatID          = NVTX_EXT_COMPATID_MEM;
-  desc.structSize           = sizeof(desc);
-  desc.usage                = NVTX_MEM_HEAP_USAGE_TYPE_SUB_ALLOCATOR;
-  desc.type                 = NVTX_MEM_TYPE_VIRTUAL_ADDRESS;
-  desc.typeSpecificDescSize = sizeof(range);
-  desc.typeSpecificDesc     = &range;
+  nvtxMemVirtualRangeDesc_t const range = detail::nvtx_mem_range(base, bytes);
+  auto desc                             = detail::nvtx_mem_desc<nvtxMemHeapDesc_t>();
+  desc.usage                            = NVTX_MEM_HEAP_USAGE_TYPE_SUB_ALLOCATOR;
+  desc.type                             = NVTX_MEM_TYPE_VIRTUAL_ADDRESS;
+  desc.typeSpecificDescSize             = sizeof(range);
+  desc.typeSpecificDesc                 = &range;
   if (name != nullptr) {
     desc.messageType   = NVTX_MESSAGE_TYPE_ASCII;
     desc.message.ascii = name;
@@ -96,17 +130,10 @@ inline void reset_memory_heap(memory_heap heap) noexcept
 template <class D = nvtx_domain>
 inline void register_memory_region(memory_heap heap, void const* p, std::size_t bytes) noexcept
 {
-  nvtxMemVirtualRangeDesc_t range{};
-  range.ptr  = p;
-  range.size = bytes;
-  nvtxMemRegionsRegisterBatch_t batch{};
-  batch.extCompatID           = NVTX_EXT_COMPATID_MEM;
-  batch.structSize            = sizeof(batch);
-  batch.regionType            = NVTX_MEM_TYPE_VIRTUAL_ADDRESS;
-  batch.heap                  = heap;
-  batch.regionCount           = 1;
-  batch.regionDescElementSize = sizeof(range);
-  batch.regionDescElements    = &range;
+  nvtxMemVirtualRangeDesc_t const range = detail::nvtx_mem_range(p, bytes);
+  auto batch        = detail::nvtx_mem_range_batch<nvtxMemRegionsRegisterBatch_t>(range);
+  batch.heap        = heap;
+  batch.regionCount = 1;
   nvtxMemRegionsRegister(nvtx3::v1::domain::get<D>(), &batch);
 }
 
@@ -114,16 +141,9 @@ inline void register_memory_region(memory_heap heap, void const* p, std::size_t 
 template <class D = nvtx_domain>
 inline void resize_memory_region(void const* p, std::size_t bytes) noexcept
 {
-  nvtxMemVirtualRangeDesc_t range{};
-  range.ptr  = p;
-  range.size = bytes;
-  nvtxMemRegionsResizeBatch_t batch{};
-  batch.extCompatID           = NVTX_EXT_COMPATID_MEM;
-  batch.structSize            = sizeof(batch);
-  batch.regionType            = NVTX_MEM_TYPE_VIRTUAL_ADDRESS;
-  batch.regionDescCount       = 1;
-  batch.regionDescElementSize = sizeof(range);
-  batch.regionDescElements    = &range;
+  nvtxMemVirtualRangeDesc_t const range = detail::nvtx_mem_range(p, bytes);
+  auto batch            = detail::nvtx_mem_range_batch<nvtxMemRegionsResizeBatch_t>(range);
+  batch.regionDescCount = 1;
   nvtxMemRegionsResize(nvtx3::v1::domain::get<D>(), &batch);
 }
 
@@ -132,10 +152,8 @@ template <class D = nvtx_domain>
 inline void unregister_memory_region(void const* p) noexcept
 {
   nvtxMemRegionRef_t ref{};
-  ref.pointer = p;
-  nvtxMemRegionsUnregisterBatch_t batch{};
-  batch.extCompatID    = NVTX_EXT_COMPATID_MEM;
-  batch.structSize     = sizeof(batch);
+  ref.pointer          = p;
+  auto batch           = detail::nvtx_mem_desc<nvtxMemRegionsUnregisterBatch_t>();
   batch.refType        = NVTX_MEM_REGION_REF_TYPE_POINTER;
   batch.refCount       = 1;
   batch.refElementSize = sizeof(ref);
@@ -148,13 +166,11 @@ template <class D = nvtx_domain>
 inline void name_memory_region(void const* p, char const* name) noexcept
 {
   nvtxMemRegionNameDesc_t element{};
-  element.regionRefType  = NVTX_MEM_REGION_REF_TYPE_POINTER;
-  element.nameType       = NVTX_MESSAGE_TYPE_ASCII;
-  element.region.pointer = p;
-  element.name.ascii     = name;
-  nvtxMemRegionsNameBatch_t batch{};
-  batch.extCompatID       = NVTX_EXT_COMPATID_MEM;
-  batch.structSize        = sizeof(batch);
+  element.regionRefType   = NVTX_MEM_REGION_REF_TYPE_POINTER;
+  element.nameType        = NVTX_MESSAGE_TYPE_ASCII;
+  element.region.pointer  = p;
+  element.name.ascii      = name;
+  auto batch              = detail::nvtx_mem_desc<nvtxMemRegionsNameBatch_t>();
   batch.regionCount       = 1;
   batch.regionElementSize = sizeof(element);
   batch.regionElements    = &element;

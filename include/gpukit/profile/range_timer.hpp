@@ -40,6 +40,7 @@
 #pragma once
 
 #include <gpukit/detail/json.hpp>
+#include <gpukit/detail/spare_events.hpp>
 #include <gpukit/error.hpp>
 #include <gpukit/profile/nvtx.hpp>
 #include <gpukit/runtime/cuda_runtime.hpp>
@@ -352,17 +353,7 @@ class range_timer {
   }
 
   // mutex_ held.
-  event_type take_event()
-  {
-    if (!free_events_.empty()) {
-      event_type e = free_events_.back();
-      free_events_.pop_back();
-      return e;
-    }
-    event_type e{};
-    GPUKIT_CUDA_TRY(rt_.event_create(e, true));
-    return e;
-  }
+  event_type take_event() { return detail::take_spare_event(rt_, free_events_, true); }
 
   void end_range(scope& sc) noexcept
   {

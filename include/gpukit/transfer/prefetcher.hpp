@@ -124,7 +124,13 @@ class basic_prefetcher final {
     std::exception_ptr error;  ///< why it failed
   };
 
+  /// The loader thread: batches 0, 1, 2, ... until the end, a failure or the destructor.
   void load_loop();
+  /// Waits for room, then asks the source for batch `index`, allocates it and submits its copy.
+  /// False when loading ends (the source's end, a failure, or stopping).
+  bool load_batch(std::size_t index);
+  /// Every failure ends loading: it becomes the failed batch's entry, which next() throws.
+  void fail_loading(batch_type const& b, std::exception_ptr error);
   /// The pipeline's completion of batch `index` (a staging thread, or the loader).
   void on_loaded(std::size_t index, std::exception_ptr error) noexcept;
 

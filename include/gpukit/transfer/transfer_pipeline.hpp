@@ -244,6 +244,16 @@ class basic_transfer_pipeline final {
   /// done == nullptr: copy_to_*_async; else submit_to_* with *done.
   void transfer(int dir, char* device, char* host, std::size_t bytes, host_memory kind,
                 stream_type stream, completion* done);
+  /// transfer's checks of its arguments (no runtime call), with messages naming `call`.
+  void check_transfer(char const* call, int dir, char* device, char* host, std::size_t bytes,
+                      completion const* done) const;
+  /// One memcpy_async on `stream` (pinned host memory): no staging.
+  void copy_direct(int dir, char* device, char* host, std::size_t bytes, stream_type stream);
+  /// Hands a submitted transfer to the staging threads; the one finishing it calls `done`.
+  void queue_submitted(int dir, char* device, char* host, std::size_t bytes, stream_type stream,
+                       completion done);
+  /// Makes `waiter`'s later work wait for `producer`'s work so far (a pooled event).
+  void order_after(stream_type waiter, stream_type producer);
   void run_job(job& j);
   void worker_loop();
   job* pick_job_locked();

@@ -182,6 +182,25 @@ class ckpt_dp {
   static constexpr std::int64_t narrow_inf = std::int64_t{1} << 29;
   static constexpr std::size_t no_table    = static_cast<std::size_t>(-1);
 
+  // The checkpoint moves of (s, t) in the program's order: for each k in (s, t] whose
+  // subproblems (k, t) and (s, k - 1) are feasible, visit(k, right, left, first), where right and
+  // left are their tables and `first` is the least memory at which the move fits (x_{s-1} kept,
+  // the forward sweep to x_{k-1}, then either subproblem).
+  template <class Visit>
+  void for_each_checkpoint_move(std::size_t s, std::size_t t, Visit&& visit) const
+  {
+    auto const in = u_.in(s), dt = u_.d(t);
+    std::int64_t const lo = lo_[s * W_ + t];
+    std::int64_t sweep    = 0;
+    for (std::size_t k = s + 1; k <= t; ++k) {
+      std::size_t const j     = k - 1;
+      sweep                   = std::max(sweep, (j > s ? u_.a[j - 1] : 0) + u_.a[j]);
+      std::size_t const right = k * W_ + t, left = s * W_ + j;
+      if (!feasible(right) || !feasible(left)) continue;
+      visit(k, right, left, std::max({lo, in + dt + sweep, lo_[right] + in, lo_[left]}));
+    }
+  }
+
   // The peak of the record move's own operations (Fe<s>, B<s>), before its subproblem.
   [[nodiscard]] std::int64_t record_first(std::size_t s, std::size_t t) const noexcept
   {
@@ -201,8 +220,8 @@ class ckpt_dp {
         std::int64_t const lo = lo_[id], hi = hi_[id];
         std::size_t const n = static_cast<std::size_t>(hi - lo + 1);
         C* const best       = cost.data() + offset_[id];
-        auto const in = u_.in(s), dt = u_.d(t);
-        C const fb = static_cast<C>(chain_[s].forward_time + chain_[s].backward_time);
+        auto const in       = u_.in(s);
+        C const fb          = static_cast<C>(chain_[s].forward_time + chain_[s].backward_time);
         // record
         {
           std::int64_t first = record_first(s, t);
@@ -216,27 +235,21 @@ class ckpt_dp {
                         (s + 1) * W_ + t, in + u_.t[s], fb);
           }
         }
-        // checkpoint at k
-        std::int64_t sweep = 0;
-        for (std::size_t k = s + 1; k <= t; ++k) {
-          std::size_t const j     = k - 1;
-          sweep                   = std::max(sweep, (j > s ? u_.a[j - 1] : 0) + u_.a[j]);
-          std::size_t const right = k * W_ + t, left = s * W_ + j;
-          if (!feasible(right) || !feasible(left)) continue;
-          std::int64_t const first = std::max({lo, in + dt + sweep, lo_[right] + in, lo_[left]});
-          if (first > hi) continue;
-          C const fw = static_cast<C>(fsum_[j] - fsum_[s - 1]);
-          // Lower bound of this move: the sweep, then both subproblems at their fastest.
-          C const floor = static_cast<C>(fsum_[j] - fsum_[s - 1] + (fbsum_[t] - fbsum_[j]) +
-                                         (fbsum_[j] - fbsum_[s - 1]));
-          // best is non-increasing in m: the move can only improve it before the first m where
-          // best <= floor.
-          C* const from = best + (first - lo);
-          std::int64_t const end =
-            first + (std::lower_bound(from, best + n, floor, std::greater<C>{}) - from);
-          if (end <= first) continue;
-          relax_range(cost, best, lo, first, end, right, in, fw, left);
-        }
+        for_each_checkpoint_move(
+          s, t, [&](std::size_t k, std::size_t right, std::size_t left, std::int64_t first) {
+            if (first > hi) return;
+            std::size_t const j = k - 1;
+            C const fw          = static_cast<C>(fsum_[j] - fsum_[s - 1]);
+            // Lower bound of this move: the sweep, then both subproblems at their fastest.
+            C const floor = static_cast<C>(fsum_[j] - fsum_[s - 1] + (fbsum_[t] - fbsum_[j]) +
+                                           (fbsum_[j] - fbsum_[s - 1]));
+            // best is non-increasing in m: the move can only improve it before the first m where
+            // best <= floor.
+            C* const from = best + (first - lo);
+            std::int64_t const end =
+              first + (std::lower_bound(from, best + n, floor, std::greater<C>{}) - from);
+            if (end > first) { relax_range(cost, best, lo, first, end, right, in, fw, left); }
+          });
       }
     }
   }
@@ -304,7 +317,7 @@ class ckpt_dp {
     std::size_t const id      = s * W_ + t;
     m                         = std::min(m, hi_[id]);
     std::int64_t const target = at(id, m);
-    auto const in = u_.in(s), dt = u_.d(t);
+    auto const in             = u_.in(s);
     {
       std::int64_t first = std::max(lo_[id], record_first(s, t));
       std::int64_t c     = chain_[s].forward_time + chain_[s].backward_time;
@@ -315,16 +328,15 @@ class ckpt_dp {
       }
       if (m >= first && c == target) return 0;
     }
-    std::int64_t sweep = 0;
-    for (std::size_t k = s + 1; k <= t; ++k) {
-      std::size_t const j     = k - 1;
-      sweep                   = std::max(sweep, (j > s ? u_.a[j - 1] : 0) + u_.a[j]);
-      std::size_t const right = k * W_ + t, left = s * W_ + j;
-      if (!feasible(right) || !feasible(left)) continue;
-      std::int64_t const first = std::max({lo_[id], in + dt + sweep, lo_[right] + in, lo_[left]});
-      if (m < first) continue;
-      if (fsum_[j] - fsum_[s - 1] + at(right, m - in) + at(left, m) == target) return k - s;
-    }
+    std::size_t chosen = 0;
+    for_each_checkpoint_move(
+      s, t, [&](std::size_t k, std::size_t right, std::size_t left, std::int64_t first) {
+        if (chosen == 0 && m >= first &&
+            fsum_[k - 1] - fsum_[s - 1] + at(right, m - in) + at(left, m) == target) {
+          chosen = k - s;  // the first such move
+        }
+      });
+    if (chosen != 0) return chosen;
     GPUKIT_EXPECTS(false, "plan_optimal: internal error: no move of (" + std::to_string(s) + ", " +
                             std::to_string(t) + ") at memory " + std::to_string(m) +
                             " takes the table's time " + std::to_string(target));

@@ -8,7 +8,6 @@
 #include <cassert>
 #include <cstdio>
 #include <cstring>
-#include <exception>
 #include <thread>
 
 namespace gpukit {
@@ -163,11 +162,11 @@ typename basic_pinned_pool<Runtime>::segment& basic_pinned_pool<Runtime>::add_se
 
 template <class Runtime>
 typename basic_pinned_pool<Runtime>::segment& basic_pinned_pool<Runtime>::grow_locked(
-  std::unique_lock<std::mutex>& lock, std::size_t bytes, std::size_t request, char const* call)
+  std::unique_lock<std::mutex>& lock, std::size_t bytes, std::size_t request, growth_call call)
 {
   // Counted as reserved before the lock is dropped, so that concurrent growth cannot pass the
   // limit together.
-  check_limit_locked(bytes, request, call);
+  check_limit_locked(bytes, request, call.name);
   reserved_ += bytes;
   bool const map = options_.growth == pinned_growth::map_and_register;
   ++(map ? stats_.num_host_registers : stats_.num_host_allocs);
@@ -175,33 +174,27 @@ typename basic_pinned_pool<Runtime>::segment& basic_pinned_pool<Runtime>::grow_l
   void* p               = nullptr;
   std::size_t map_bytes = 0;
   cudaError_t r         = cudaSuccess;
-  std::string what;
   if (map) {
     detail::host_mapping const m =
       detail::map_host_pages(bytes, options_.huge_pages, options_.pin_threads);
     if (m.base == nullptr) {
       lock.lock();
       reserved_ -= bytes;
-      throw bad_alloc{"gpukit: pinned_pool::" + std::string{call} + ": mapping " +
+      throw bad_alloc{"gpukit: pinned_pool::" + std::string{call.name} + ": mapping " +
                       std::to_string(bytes) +
                       " bytes of host memory failed: " + std::strerror(m.error)};
     }
     r = runtime_.host_register(m.base, m.bytes, options_.register_flags);
-    if (r != cudaSuccess) {
-      (void)detail::unmap_host_pages(m.base, m.bytes);
-      what = "host_register of " + std::to_string(m.bytes) + " mapped bytes";
-    }
+    if (r != cudaSuccess) { (void)detail::unmap_host_pages(m.base, m.bytes); }
     p         = m.base;
     map_bytes = m.bytes;
   } else {
-    r    = runtime_.host_alloc(&p, bytes, options_.alloc_flags);
-    what = "host_alloc of " + std::to_string(bytes) + " bytes";
+    r = runtime_.host_alloc(&p, bytes, options_.alloc_flags);
   }
   lock.lock();
   if (r != cudaSuccess) {
     reserved_ -= bytes;
-    detail::throw_cuda_error(r, (what + " (pinned_pool::" + call + ")").c_str(), __FILE__,
-                             __LINE__);
+    detail::throw_cuda_error(r, map ? call.host_register : call.host_alloc, __FILE__, __LINE__);
   }
   ++stats_.num_growths;
   return add_segment_locked(p, bytes, map ? segment_kind::mapped : segment_kind::allocated,
@@ -317,15 +310,17 @@ void* basic_pinned_pool<Runtime>::allocate(std::size_t bytes)
     return b->ptr;
   }
   // Pin a range of its own.
-  segment& s = grow_locked(lock, cls, bytes, "allocate");
-  void* p    = s.base;
-  s.next     = s.end;
-  auto nb    = std::make_unique<block>();
-  nb->ptr    = p;
-  nb->cls    = cls;
-  nb->seg    = &s;
-  nb->st     = block::state::in_use;
-  b          = nb.get();
+  segment& s = grow_locked(
+    lock, cls, bytes,
+    {"allocate", "host_alloc (pinned_pool::allocate)", "host_register (pinned_pool::allocate)"});
+  void* p = s.base;
+  s.next  = s.end;
+  auto nb = std::make_unique<block>();
+  nb->ptr = p;
+  nb->cls = cls;
+  nb->seg = &s;
+  nb->st  = block::state::in_use;
+  b       = nb.get();
   blocks_.emplace(p, std::move(nb));
   hand_out_locked(*b, bytes, false);
   return p;
@@ -454,7 +449,9 @@ void basic_pinned_pool<Runtime>::reserve(std::size_t bytes)
                     " bytes is more than any host can pin"};
   }
   std::unique_lock<std::mutex> lock{mutex_};
-  (void)grow_locked(lock, bytes, bytes, "reserve");
+  (void)grow_locked(
+    lock, bytes, bytes,
+    {"reserve", "host_alloc (pinned_pool::reserve)", "host_register (pinned_pool::reserve)"});
 }
 
 template <class Runtime>
@@ -471,7 +468,9 @@ void basic_pinned_pool<Runtime>::prewarm(std::size_t bytes, std::size_t count)
   std::size_t const stride = (cls + min_class_bytes - 1) & ~(min_class_bytes - 1);
   std::size_t const total  = stride * count;
   std::unique_lock<std::mutex> lock{mutex_};
-  segment& s = grow_locked(lock, total, total, "prewarm");
+  segment& s = grow_locked(
+    lock, total, total,
+    {"prewarm", "host_alloc (pinned_pool::prewarm)", "host_register (pinned_pool::prewarm)"});
   auto& list = ready_[cls];
   for (std::size_t i = 0; i < count; ++i) {
     auto b = std::make_unique<block>();
@@ -506,56 +505,62 @@ void basic_pinned_pool<Runtime>::add_host_memory(void* ptr, std::size_t bytes)
 }
 
 template <class Runtime>
+std::vector<std::unique_ptr<typename basic_pinned_pool<Runtime>::segment>>
+basic_pinned_pool<Runtime>::take_unused_segments_locked()
+{
+  poll_pending_locked(0, true);
+  std::vector<std::unique_ptr<segment>> dropped;
+  for (auto it = segments_.begin(); it != segments_.end();) {
+    if ((*it)->live != 0) {
+      ++it;
+      continue;
+    }
+    dropped.push_back(std::move(*it));
+    it = segments_.erase(it);
+  }
+  if (dropped.empty()) { return dropped; }
+  auto gone = [&](block const* b) {
+    for (auto const& s : dropped) {
+      if (b->seg == s.get()) { return true; }
+    }
+    return false;
+  };
+  for (auto& [cls, list] : ready_) {
+    list.erase(std::remove_if(list.begin(), list.end(), gone), list.end());
+  }
+  for (auto it = blocks_.begin(); it != blocks_.end();) {
+    if (gone(it->second.get())) {
+      bump(stats_.cached_bytes, -static_cast<std::int64_t>(it->second->cls));
+      it = blocks_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return dropped;
+}
+
+template <class Runtime>
 std::size_t basic_pinned_pool<Runtime>::release_cached()
 {
   std::vector<std::unique_ptr<segment>> dropped;
   {
     std::lock_guard<std::mutex> lock{mutex_};
-    poll_pending_locked(0, true);
-    for (auto it = segments_.begin(); it != segments_.end();) {
-      if ((*it)->live != 0) {
-        ++it;
-        continue;
-      }
-      dropped.push_back(std::move(*it));
-      it = segments_.erase(it);
-    }
-    if (dropped.empty()) { return 0; }
-    auto gone = [&](block const* b) {
-      for (auto const& s : dropped) {
-        if (b->seg == s.get()) { return true; }
-      }
-      return false;
-    };
-    for (auto& [cls, list] : ready_) {
-      list.erase(std::remove_if(list.begin(), list.end(), gone), list.end());
-    }
-    for (auto it = blocks_.begin(); it != blocks_.end();) {
-      if (gone(it->second.get())) {
-        bump(stats_.cached_bytes, -static_cast<std::int64_t>(it->second->cls));
-        it = blocks_.erase(it);
-      } else {
-        ++it;
-      }
-    }
+    dropped = take_unused_segments_locked();
   }
   std::size_t released = 0;
-  std::exception_ptr error;
+  // The first failure is thrown once every range has been tried.
+  cudaError_t error       = cudaSuccess;
+  char const* failed_call = nullptr;
   for (auto& s : dropped) {
     cudaError_t const r = free_segment(*s);
     std::lock_guard<std::mutex> lock{mutex_};
     bool const freed = s->kind == segment_kind::allocated;
     ++(freed ? stats_.num_host_frees : stats_.num_host_unregisters);
     if (r != cudaSuccess) {  // keep it out of the pool: the memory state is unknown
-      if (!error) {
-        try {
-          detail::throw_cuda_error(r,
-                                   freed ? "host_free (pinned_pool::release_cached)"
-                                         : "host_unregister (pinned_pool::release_cached)",
-                                   __FILE__, __LINE__);
-        } catch (...) {
-          error = std::current_exception();
-        }
+      if (error == cudaSuccess) {
+        error       = r;
+        failed_call = freed ? "host_free (pinned_pool::release_cached)"
+                            : "host_unregister (pinned_pool::release_cached)";
       }
       continue;
     }
@@ -564,7 +569,7 @@ std::size_t basic_pinned_pool<Runtime>::release_cached()
     bump(stats_.reserved_bytes, -static_cast<std::int64_t>(s->bytes));
     bump(stats_.segment_count, -1);
   }
-  if (error) { std::rethrow_exception(error); }
+  if (error != cudaSuccess) { detail::throw_cuda_error(error, failed_call, __FILE__, __LINE__); }
   return released;
 }
 

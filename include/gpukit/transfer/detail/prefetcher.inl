@@ -65,65 +65,72 @@ basic_prefetcher<Runtime>::~basic_prefetcher()
 template <class Runtime>
 void basic_prefetcher<Runtime>::load_loop()
 {
-  // Every failure ends loading: it becomes the failed batch's entry, which next() throws.
-  auto fail = [this](batch_type const& b, std::exception_ptr error) {
-    std::lock_guard<std::mutex> lock{mutex_};
-    loading_.push_back(entry{b, true, std::move(error)});
-    failed_ = true;
-  };
   bool go = true;
   try {
     GPUKIT_CUDA_TRY(runtime_.set_device(allocator_.device()));  // the loader's own thread
   } catch (...) {
-    fail(batch_type{}, std::current_exception());
+    fail_loading(batch_type{}, std::current_exception());
     go = false;
   }
-  for (std::size_t index = 0; go; ++index) {
-    batch_type b;
-    b.index = index;
-    {
-      std::unique_lock<std::mutex> lock{mutex_};
-      cv_.wait(lock, [&] { return stopping_ || failed_ || loading_.size() < options_.depth; });
-      if (stopping_ || failed_) { break; }
-      if (!spare_events_.empty()) {
-        b.ready = spare_events_.back();
-        spare_events_.pop_back();
-      }
-    }
-    host_batch h;
-    try {
-      if (b.ready == event_type{}) { GPUKIT_CUDA_TRY(runtime_.event_create(b.ready, false)); }
-      h = source_(index);
-      if (h.data == nullptr && h.bytes == 0) {
-        std::lock_guard<std::mutex> lock{mutex_};
-        spare_events_.push_back(b.ready);
-        break;
-      }
-      b.bytes = h.bytes;
-      b.data  = allocator_.allocate_async(h.bytes, stream_);
-    } catch (...) {  // nothing was allocated: the allocation is the last call that throws
-      fail(b, std::current_exception());
-      break;
-    }
-    {
-      std::lock_guard<std::mutex> lock{mutex_};
-      loading_.push_back(entry{b, false, nullptr});
-      ++submitted_;
-    }
-    try {
-      pipeline_.submit_to_device(
-        b.data, h.data, h.bytes, host_memory::detect, stream_,
-        [this, index](std::exception_ptr e) { on_loaded(index, std::move(e)); });
-    } catch (...) {  // not submitted: no completion will come
-      on_loaded(index, std::current_exception());
-      break;
-    }
-  }
+  for (std::size_t index = 0; go; ++index) { go = load_batch(index); }
   {
     std::lock_guard<std::mutex> lock{mutex_};
     finished_ = true;
   }
   cv_.notify_all();
+}
+
+template <class Runtime>
+void basic_prefetcher<Runtime>::fail_loading(batch_type const& b, std::exception_ptr error)
+{
+  std::lock_guard<std::mutex> lock{mutex_};
+  loading_.push_back(entry{b, true, std::move(error)});
+  failed_ = true;
+}
+
+template <class Runtime>
+bool basic_prefetcher<Runtime>::load_batch(std::size_t index)
+{
+  batch_type b;
+  b.index = index;
+  {
+    std::unique_lock<std::mutex> lock{mutex_};
+    cv_.wait(lock, [&] { return stopping_ || failed_ || loading_.size() < options_.depth; });
+    if (stopping_ || failed_) { return false; }
+    if (!spare_events_.empty()) {
+      b.ready = spare_events_.back();
+      spare_events_.pop_back();
+    }
+  }
+  host_batch h;
+  try {
+    if (b.ready == event_type{}) { GPUKIT_CUDA_TRY(runtime_.event_create(b.ready, false)); }
+    h = source_(index);
+    if (h.data == nullptr && h.bytes == 0) {
+      std::lock_guard<std::mutex> lock{mutex_};
+      spare_events_.push_back(b.ready);
+      return false;
+    }
+    b.bytes = h.bytes;
+    b.data  = allocator_.allocate_async(h.bytes, stream_);
+  } catch (...) {  // nothing was allocated: the allocation is the last call that throws
+    fail_loading(b, std::current_exception());
+    return false;
+  }
+  {
+    std::lock_guard<std::mutex> lock{mutex_};
+    loading_.push_back(entry{b, false, nullptr});
+    ++submitted_;
+  }
+  try {
+    pipeline_.submit_to_device(
+      b.data, h.data, h.bytes, host_memory::detect, stream_,
+      [this, index](std::exception_ptr e) { on_loaded(index, std::move(e)); });
+  } catch (...) {  // not submitted: no completion will come
+    on_loaded(index, std::current_exception());
+    return false;
+  }
+  return true;
 }
 
 template <class Runtime>

@@ -16,6 +16,7 @@
 // completion.
 #pragma once
 
+#include <gpukit/transfer/detail/nontemporal_copy.hpp>
 #include <gpukit/transfer/transfer_pipeline.hpp>
 
 #include <algorithm>
@@ -23,47 +24,7 @@
 #include <cstring>
 #include <string>
 
-#if defined(__x86_64__) || defined(_M_X64)
-#include <emmintrin.h>
-#define GPUKIT_HAVE_STREAMING_STORES 1
-#endif
-
 namespace gpukit {
-
-namespace detail {
-
-/// Copies with non-temporal (streaming) stores where the CPU has them: the destination's lines
-/// are written without being read into the cache first. Any alignment; never throws.
-inline void copy_nontemporal(void* dst, void const* src, std::size_t bytes) noexcept
-{
-#ifdef GPUKIT_HAVE_STREAMING_STORES
-  auto* d       = static_cast<char*>(dst);
-  auto const* s = static_cast<char const*>(src);
-  // Head: up to the destination's next 64-byte boundary.
-  std::size_t const head = std::min(bytes, (64 - (reinterpret_cast<std::uintptr_t>(d) & 63)) & 63);
-  std::memcpy(d, s, head);
-  d += head;
-  s += head;
-  bytes -= head;
-  std::size_t const lines = bytes / 64;
-  for (std::size_t i = 0; i < lines; ++i, d += 64, s += 64) {
-    __m128i const a = _mm_loadu_si128(reinterpret_cast<__m128i const*>(s));
-    __m128i const b = _mm_loadu_si128(reinterpret_cast<__m128i const*>(s + 16));
-    __m128i const c = _mm_loadu_si128(reinterpret_cast<__m128i const*>(s + 32));
-    __m128i const e = _mm_loadu_si128(reinterpret_cast<__m128i const*>(s + 48));
-    _mm_stream_si128(reinterpret_cast<__m128i*>(d), a);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(d + 16), b);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(d + 32), c);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(d + 48), e);
-  }
-  _mm_sfence();  // streaming stores are weakly ordered: visible before the copy is enqueued
-  std::memcpy(d, s, bytes - lines * 64);
-#else
-  std::memcpy(dst, src, bytes);
-#endif
-}
-
-}  // namespace detail
 
 template <class Runtime>
 struct basic_transfer_pipeline<Runtime>::slot {
@@ -84,6 +45,8 @@ struct basic_transfer_pipeline<Runtime>::ring {
 
 template <class Runtime>
 struct basic_transfer_pipeline<Runtime>::job {
+  job(int d, char* dev, char* h, std::size_t n) noexcept : dir{d}, device{dev}, host{h}, bytes{n} {}
+
   int dir{0};
   char* device{nullptr};
   char* host{nullptr};
@@ -395,11 +358,7 @@ std::exception_ptr basic_transfer_pipeline<Runtime>::hand_off(int dir, stream_ty
                                                               std::exception_ptr error) noexcept
 {
   try {  // also after a failure: what was enqueued must precede the stream's later work
-    event_type done = take_event();
-    cudaError_t e   = runtime_.event_record(done, streams_[dir]);
-    if (e == cudaSuccess) { e = runtime_.stream_wait_event(stream, done); }
-    give_event(done);
-    GPUKIT_CUDA_TRY(e);
+    order_after(stream, streams_[dir]);
   } catch (...) {
     if (!error) { error = std::current_exception(); }
   }
@@ -521,6 +480,62 @@ void basic_transfer_pipeline<Runtime>::check_stream(char const* call, stream_typ
 }
 
 template <class Runtime>
+void basic_transfer_pipeline<Runtime>::order_after(stream_type waiter, stream_type producer)
+{
+  event_type e  = take_event();
+  cudaError_t r = runtime_.event_record(e, producer);
+  if (r == cudaSuccess) { r = runtime_.stream_wait_event(waiter, e); }
+  give_event(e);
+  GPUKIT_CUDA_TRY(r);
+}
+
+template <class Runtime>
+void basic_transfer_pipeline<Runtime>::check_transfer(char const* call, int dir, char* device,
+                                                      char* host, std::size_t bytes,
+                                                      completion const* done) const
+{
+  if (dir == 0) {
+    check_copy(call, "device", device, "host", host, bytes, false);
+  } else {
+    check_copy(call, "host", host, "device", device, bytes, false);
+  }
+  GPUKIT_EXPECTS(done == nullptr || static_cast<bool>(*done),
+                 call + std::string{"the completion is empty"});
+}
+
+template <class Runtime>
+void basic_transfer_pipeline<Runtime>::copy_direct(int dir, char* device, char* host,
+                                                   std::size_t bytes, stream_type stream)
+{
+  if (dir == 0) {
+    GPUKIT_CUDA_TRY(
+      runtime_.memcpy_async(device, host, bytes, memcpy_kind::host_to_device, stream));
+  } else {
+    GPUKIT_CUDA_TRY(
+      runtime_.memcpy_async(host, device, bytes, memcpy_kind::device_to_host, stream));
+  }
+  direct_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+  count_transfer(dir, bytes);
+}
+
+template <class Runtime>
+void basic_transfer_pipeline<Runtime>::queue_submitted(int dir, char* device, char* host,
+                                                       std::size_t bytes, stream_type stream,
+                                                       completion done)
+{
+  auto j    = std::make_unique<job>(dir, device, host, bytes);
+  j->stream = stream;
+  j->done   = std::move(done);
+  {
+    std::lock_guard<std::mutex> lock{jobs_mutex_};
+    jobs_.push_back(j.get());
+    ++submitted_;
+  }
+  jobs_cv_.notify_all();
+  (void)j.release();  // complete_submitted deletes it
+}
+
+template <class Runtime>
 void basic_transfer_pipeline<Runtime>::transfer(int dir, char* device, char* host,
                                                 std::size_t bytes, host_memory kind,
                                                 stream_type stream, completion* done)
@@ -529,13 +544,7 @@ void basic_transfer_pipeline<Runtime>::transfer(int dir, char* device, char* hos
                                                  : "transfer_pipeline::copy_to_host_async: ")
                                      : (dir == 0 ? "transfer_pipeline::submit_to_device: "
                                                  : "transfer_pipeline::submit_to_host: ");
-  if (dir == 0) {
-    check_copy(call, "device", device, "host", host, bytes, false);
-  } else {
-    check_copy(call, "host", host, "device", device, bytes, false);
-  }
-  GPUKIT_EXPECTS(done == nullptr || static_cast<bool>(*done),
-                 call + std::string{"the completion is empty"});
+  check_transfer(call, dir, device, host, bytes, done);
   // The pipeline's device for every call below (the null stream is that device's, and the events
   // are created there), whatever device the calling thread has current.
   device_guard<Runtime> guard{runtime_, options_.device};
@@ -543,49 +552,17 @@ void basic_transfer_pipeline<Runtime>::transfer(int dir, char* device, char* hos
   bool const pinned =
     kind == host_memory::pinned || (kind == host_memory::detect && pool_.owns(host, bytes));
   if (pinned) {
-    if (dir == 0) {
-      GPUKIT_CUDA_TRY(
-        runtime_.memcpy_async(device, host, bytes, memcpy_kind::host_to_device, stream));
-    } else {
-      GPUKIT_CUDA_TRY(
-        runtime_.memcpy_async(host, device, bytes, memcpy_kind::device_to_host, stream));
-    }
-    direct_bytes_.fetch_add(bytes, std::memory_order_relaxed);
-    count_transfer(dir, bytes);
+    copy_direct(dir, device, host, bytes, stream);
     if (done != nullptr) { (*done)(nullptr); }
     return;
   }
-  stream_type const cs = streams_[dir];
-  {
-    event_type start = take_event();
-    cudaError_t e    = runtime_.event_record(start, stream);
-    if (e == cudaSuccess) { e = runtime_.stream_wait_event(cs, start); }
-    give_event(start);
-    GPUKIT_CUDA_TRY(e);
-  }
-  if (done != nullptr &&
-      !workers_.empty()) {  // the staging threads do it all; the last one ends it
-    auto j    = std::make_unique<job>();
-    j->dir    = dir;
-    j->device = device;
-    j->host   = host;
-    j->bytes  = bytes;
-    j->stream = stream;
-    j->done   = std::move(*done);
-    {
-      std::lock_guard<std::mutex> lock{jobs_mutex_};
-      jobs_.push_back(j.get());
-      ++submitted_;
-    }
-    jobs_cv_.notify_all();
-    (void)j.release();  // complete_submitted deletes it
+  order_after(streams_[dir], stream);  // the copy stream follows the consumer's earlier work
+  // A submitted transfer: the staging threads do it all, and the last one ends it.
+  if (done != nullptr && !workers_.empty()) {
+    queue_submitted(dir, device, host, bytes, stream, std::move(*done));
     return;
   }
-  job j;
-  j.dir    = dir;
-  j.device = device;
-  j.host   = host;
-  j.bytes  = bytes;
+  job j{dir, device, host, bytes};
   run_job(j);
   std::exception_ptr error = hand_off(dir, stream, bytes, std::move(j.error));
   if (done != nullptr) {
