@@ -28,7 +28,7 @@ gpukit::sim_config one_device()
 // A sim_runtime that reports another driver version (0: no driver), and may claim to be real
 // hardware so that the device-file check runs.
 template <bool Simulated>
-class driver_override {
+class driver_override : public gpukit::detail::cuda_error_vocabulary {
  public:
   using stream_type                  = sim_runtime::stream_type;
   using event_type                   = sim_runtime::event_type;

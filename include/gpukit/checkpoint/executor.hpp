@@ -194,6 +194,10 @@ class ckpt_recomputing_scope {
 /// per executor); the allocator itself may be shared.
 template <class Runtime>
 class basic_checkpoint_executor final {
+  static_assert(runtime_has_core_v<Runtime>,
+                "basic_checkpoint_executor needs a Runtime with the core operations "
+                "(gpukit/runtime/contract.hpp)");
+
  public:
   using stream_type    = typename Runtime::stream_type;
   using event_type     = typename Runtime::event_type;
@@ -225,8 +229,8 @@ class basic_checkpoint_executor final {
       auto& rt = allocator_.runtime();
       device_guard<Runtime> guard{rt, allocator_.device()};
       GPUKIT_CUDA_TRY(rt.stream_create(offload_stream_));
-      cudaError_t const e = rt.stream_create(prefetch_stream_);
-      if (e != cudaSuccess) {
+      typename Runtime::error_type const e = rt.stream_create(prefetch_stream_);
+      if (e != Runtime::success) {
         (void)rt.stream_destroy(offload_stream_);
         GPUKIT_CUDA_TRY(e);
       }
@@ -480,10 +484,10 @@ class basic_checkpoint_executor final {
   // `to` waits for the work submitted to `from` so far.
   void hand_off(stream_type from, stream_type to)
   {
-    event_type e        = take_event();
-    auto& rt            = allocator_.runtime();
-    cudaError_t const r = rt.event_record(e, from);
-    cudaError_t const w = r == cudaSuccess ? rt.stream_wait_event(to, e) : r;
+    event_type e                         = take_event();
+    auto& rt                             = allocator_.runtime();
+    typename Runtime::error_type const r = rt.event_record(e, from);
+    typename Runtime::error_type const w = r == Runtime::success ? rt.stream_wait_event(to, e) : r;
     give_event(e);  // re-recording it later does not change the wait enqueued now
     GPUKIT_CUDA_TRY(w);
   }

@@ -93,6 +93,10 @@ struct range_stats {
 /// See the top of this header. Non-copyable, non-movable.
 template <class Runtime>
 class range_timer {
+  static_assert(
+    runtime_has_core_v<Runtime>,
+    "range_timer needs a Runtime with the core operations (gpukit/runtime/contract.hpp)");
+
  public:
   using stream_type = typename Runtime::stream_type;
   using event_type  = typename Runtime::event_type;
@@ -311,8 +315,8 @@ class range_timer {
       }
     }
     if (sc.timed_) {
-      cudaError_t const e = rt_.event_record(sc.start_, s);
-      if (e != cudaSuccess) {
+      typename Runtime::error_type const e = rt_.event_record(sc.start_, s);
+      if (e != Runtime::success) {
         std::lock_guard<std::mutex> lock{mutex_};
         give_back_locked(sc);
         GPUKIT_CUDA_TRY(e);
@@ -368,7 +372,7 @@ class range_timer {
         std::lock_guard<std::mutex> lock{mutex_};
         stop = take_event();
       }
-      if (rt_.event_record(stop, sc.stream_) != cudaSuccess) {
+      if (rt_.event_record(stop, sc.stream_) != Runtime::success) {
         std::lock_guard<std::mutex> lock{mutex_};
         free_events_.push_back(stop);
         give_back_locked(sc);
@@ -417,19 +421,19 @@ class range_timer {
       pending_range const p = pending_[i];
       bool done             = false;
       if (i < scan) {
-        cudaError_t const q = rt_.event_query(p.stop);
-        if (q == cudaSuccess) {
-          float ms            = 0.0f;
-          cudaError_t const t = rt_.event_elapsed_time(ms, p.start, p.stop);
-          if (t == cudaSuccess) {
+        typename Runtime::error_type const q = rt_.event_query(p.stop);
+        if (q == Runtime::success) {
+          float ms                             = 0.0f;
+          typename Runtime::error_type const t = rt_.event_elapsed_time(ms, p.start, p.stop);
+          if (t == Runtime::success) {
             record(p, ms);
             ++harvested;
             done = true;
-          } else if (t != cudaErrorNotReady) {
+          } else if (t != Runtime::not_ready) {
             ++dropped_;
             done = true;
           }
-        } else if (q != cudaErrorNotReady) {
+        } else if (q != Runtime::not_ready) {
           ++dropped_;
           done = true;
         }

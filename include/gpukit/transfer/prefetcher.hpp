@@ -31,6 +31,7 @@
 #include <gpukit/error.hpp>
 #include <gpukit/memory/caching_allocator.hpp>
 #include <gpukit/runtime/cuda_runtime.hpp>
+#include <gpukit/runtime/runtime.hpp>
 #include <gpukit/transfer/transfer_pipeline.hpp>
 
 #include <condition_variable>
@@ -71,6 +72,10 @@ struct prefetcher_options {
 /// A batch prefetcher over a Runtime (see the top of this header). Not copyable or movable.
 template <class Runtime>
 class basic_prefetcher final {
+  static_assert(
+    runtime_has_core_v<Runtime>,
+    "basic_prefetcher needs a Runtime with the core operations (gpukit/runtime/contract.hpp)");
+
  public:
   using stream_type = typename Runtime::stream_type;
   using event_type  = typename Runtime::event_type;

@@ -59,9 +59,9 @@ doctor_check check_pinned(Runtime& rt, int device, copy_buffers<Runtime>& b)
   std::string const id = "pinned", title = "pinned host memory";
   if (device < 0) return make_check(id, title, check_status::skip, "no usable device");
   (void)rt.set_device(device);
-  cudaError_t e = rt.host_alloc(&b.host_in, b.bytes, host_alloc_flags::none);
-  if (e == cudaSuccess) e = rt.host_alloc(&b.host_out, b.bytes, host_alloc_flags::none);
-  if (e != cudaSuccess) {
+  typename Runtime::error_type e = rt.host_alloc(&b.host_in, b.bytes, host_alloc_flags::none);
+  if (e == Runtime::success) e = rt.host_alloc(&b.host_out, b.bytes, host_alloc_flags::none);
+  if (e != Runtime::success) {
     return make_check(id, title, check_status::fail,
                       "cudaHostAlloc of 1 MiB failed: " + error_text<Runtime>(e),
                       "raise the locked-memory limit (ulimit -l unlimited; in Docker --ulimit "
@@ -79,22 +79,22 @@ std::string copy_round_trip(Runtime& rt, copy_buffers<Runtime>& b)
   auto* in = static_cast<unsigned char*>(b.host_in);
   for (std::size_t i = 0; i < b.bytes; ++i) in[i] = static_cast<unsigned char>(i * 7 + 1);
   std::memset(b.host_out, 0, b.bytes);
-  cudaError_t e{};
-  if ((e = rt.stream_create(b.stream)) != cudaSuccess) {
+  typename Runtime::error_type e{};
+  if ((e = rt.stream_create(b.stream)) != Runtime::success) {
     return "stream_create: " + error_text<Runtime>(e);
   }
-  if ((e = rt.malloc(&b.device, b.bytes)) != cudaSuccess) {
+  if ((e = rt.malloc(&b.device, b.bytes)) != Runtime::success) {
     return "malloc: " + error_text<Runtime>(e);
   }
   if ((e = rt.memcpy_async(b.device, b.host_in, b.bytes, memcpy_kind::host_to_device, b.stream)) !=
-      cudaSuccess) {
+      Runtime::success) {
     return "copy to the device: " + error_text<Runtime>(e);
   }
   if ((e = rt.memcpy_async(b.host_out, b.device, b.bytes, memcpy_kind::device_to_host, b.stream)) !=
-      cudaSuccess) {
+      Runtime::success) {
     return "copy from the device: " + error_text<Runtime>(e);
   }
-  if ((e = rt.stream_synchronize(b.stream)) != cudaSuccess) {
+  if ((e = rt.stream_synchronize(b.stream)) != Runtime::success) {
     return "synchronize: " + error_text<Runtime>(e);
   }
   if (std::memcmp(b.host_in, b.host_out, b.bytes) != 0) {
@@ -111,8 +111,8 @@ double host_to_device_gbps(Runtime& rt, void* dst, void const* src, std::size_t 
   double best = 0.0;
   for (int rep = 0; rep < 3; ++rep) {
     auto const t0 = std::chrono::steady_clock::now();
-    if (rt.memcpy_async(dst, src, bytes, memcpy_kind::host_to_device, s) != cudaSuccess ||
-        rt.stream_synchronize(s) != cudaSuccess) {
+    if (rt.memcpy_async(dst, src, bytes, memcpy_kind::host_to_device, s) != Runtime::success ||
+        rt.stream_synchronize(s) != Runtime::success) {
       return -1.0;
     }
     double const sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -136,8 +136,8 @@ bandwidth_found probe_bandwidth(Runtime& rt, std::size_t bytes, typename Runtime
   if (bytes == 0) return found;
   void* device = nullptr;
   void* pinned = nullptr;
-  if (rt.malloc(&device, bytes) == cudaSuccess &&
-      rt.host_alloc(&pinned, bytes, host_alloc_flags::none) == cudaSuccess) {
+  if (rt.malloc(&device, bytes) == Runtime::success &&
+      rt.host_alloc(&pinned, bytes, host_alloc_flags::none) == Runtime::success) {
     std::memset(pinned, 1, bytes);
     std::vector<unsigned char> const pageable(bytes, 1);
     double const pinned_bw   = host_to_device_gbps(rt, device, pinned, bytes, s);

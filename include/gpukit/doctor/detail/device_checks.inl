@@ -25,10 +25,10 @@ inline std::string pci_address(device_properties const& p)
 
 /// [device.<d>]: what the device is (`pe`: the error reading its properties `p`).
 template <class Runtime>
-doctor_check check_device(int d, cudaError_t pe, device_properties const& p)
+doctor_check check_device(int d, typename Runtime::error_type pe, device_properties const& p)
 {
   std::string const sd = std::to_string(d);
-  if (pe != cudaSuccess) {
+  if (pe != Runtime::success) {
     return make_check("device." + sd, "device " + sd, check_status::fail,
                       "cannot read its properties: " + error_text<Runtime>(pe),
                       "run nvidia-smi -q -i " + sd + "; reset the GPU or reboot",
@@ -143,9 +143,9 @@ doctor_check check_memory(Runtime& rt, int d)
 {
   std::string const id = "memory." + std::to_string(d), title = "device memory";
   std::size_t free = 0, total = 0;
-  cudaError_t me = rt.set_device(d);
-  if (me == cudaSuccess) me = rt.mem_get_info(free, total);
-  if (me != cudaSuccess) {
+  typename Runtime::error_type me = rt.set_device(d);
+  if (me == Runtime::success) me = rt.mem_get_info(free, total);
+  if (me != Runtime::success) {
     return make_check(id, title, check_status::fail,
                       "cannot use the device: " + error_text<Runtime>(me),
                       "see which processes hold it (nvidia-smi), its compute mode (nvidia-smi -q "

@@ -31,11 +31,11 @@ inline std::string upgrade_driver_fix(int runtime)
 
 /// [driver]: the driver's CUDA version (`de`: the error reading it) against the runtime's.
 template <class Runtime>
-doctor_check check_driver(cudaError_t de, int driver, int runtime)
+doctor_check check_driver(typename Runtime::error_type de, int driver, int runtime)
 {
   std::string const id = "driver", title = "NVIDIA driver";
   std::string const d = cuda_version_string(driver), rv = cuda_version_string(runtime);
-  if (de != cudaSuccess) {
+  if (de != Runtime::success) {
     return make_check(
       id, title, check_status::fail, "cannot read the driver version: " + error_text<Runtime>(de),
       "run nvidia-smi; reinstall the NVIDIA driver (" + needed_driver(runtime) + ")",
@@ -71,7 +71,7 @@ doctor_check check_driver(cudaError_t de, int driver, int runtime)
 /// [devices] when the device count fails with `e` (cudaErrorNoDevice also for a count of 0):
 /// each CUDA error that stops it has its own cause and fix.
 template <class Runtime>
-doctor_check device_count_failure(cudaError_t e, int driver, int runtime,
+doctor_check device_count_failure(typename Runtime::error_type e, int driver, int runtime,
                                   std::optional<std::string> const& visible)
 {
   std::string const name = error_text<Runtime>(e);
@@ -80,7 +80,7 @@ doctor_check device_count_failure(cudaError_t e, int driver, int runtime,
                                    std::move(fix), code);
   };
   switch (e) {
-    case cudaErrorInsufficientDriver:
+    case Runtime::insufficient_driver:
       if (driver == 0) {
         return fail("no NVIDIA driver is installed (the driver reports CUDA 0)",
                     install_driver_fix(runtime), doctor_exit::no_driver);
@@ -88,7 +88,7 @@ doctor_check device_count_failure(cudaError_t e, int driver, int runtime,
       return fail("the driver supports CUDA " + cuda_version_string(driver) +
                     ", this program needs CUDA " + cuda_version_string(runtime),
                   upgrade_driver_fix(runtime), doctor_exit::driver_too_old);
-    case cudaErrorNoDevice:
+    case Runtime::no_device:
       if (visible) {
         return fail("CUDA_VISIBLE_DEVICES=\"" + *visible + "\" leaves no device visible",
                     "unset CUDA_VISIBLE_DEVICES, or list ordinals or UUIDs that exist "
@@ -99,28 +99,28 @@ doctor_check device_count_failure(cudaError_t e, int driver, int runtime,
                   "check nvidia-smi; in a container pass the GPUs (docker run --gpus all); on a VM "
                   "check the GPU passthrough",
                   doctor_exit::no_device);
-    case cudaErrorStubLibrary:
+    case Runtime::stub_library:
       return fail("the toolkit's libcuda.so stub was loaded instead of the driver",
                   "remove the CUDA toolkit's lib64/stubs directory from LD_LIBRARY_PATH (it "
                   "exists for linking only)",
                   doctor_exit::driver_error);
-    case cudaErrorSystemDriverMismatch:
+    case Runtime::system_driver_mismatch:
       return fail(
         "the kernel module and the user-space driver have different versions (the "
         "driver was upgraded without a reboot)",
         "reboot, or unload and reload the nvidia kernel modules", doctor_exit::driver_error);
-    case cudaErrorCompatNotSupportedOnDevice:
+    case Runtime::compat_not_supported_on_device:
       return fail("the forward-compatibility package does not support this GPU",
                   "remove the cuda-compat directory from LD_LIBRARY_PATH and upgrade the driver "
                   "to " +
                     needed_driver(runtime),
                   doctor_exit::driver_too_old);
-    case cudaErrorDevicesUnavailable:
+    case Runtime::devices_unavailable:
       return fail("every device is busy or in exclusive-process mode",
                   "see which processes hold the GPUs (nvidia-smi); set the compute mode back with "
                   "nvidia-smi -c DEFAULT",
                   doctor_exit::driver_error);
-    case cudaErrorSystemNotReady:
+    case Runtime::system_not_ready:
       return fail("the system is not ready (NVSwitch systems: the fabric manager is not running)",
                   "systemctl start nvidia-fabricmanager (its version must match the driver's)",
                   doctor_exit::driver_error);
@@ -133,11 +133,12 @@ doctor_check device_count_failure(cudaError_t e, int driver, int runtime,
 
 /// [devices]: how many devices the runtime sees (`ce`: the error counting them).
 template <class Runtime>
-doctor_check check_devices(cudaError_t ce, int count, int driver, int runtime,
+doctor_check check_devices(typename Runtime::error_type ce, int count, int driver, int runtime,
                            std::optional<std::string> const& visible)
 {
-  if (ce != cudaSuccess) return device_count_failure<Runtime>(ce, driver, runtime, visible);
-  if (count == 0) return device_count_failure<Runtime>(cudaErrorNoDevice, driver, runtime, visible);
+  if (ce != Runtime::success) return device_count_failure<Runtime>(ce, driver, runtime, visible);
+  if (count == 0)
+    return device_count_failure<Runtime>(Runtime::no_device, driver, runtime, visible);
   return make_check("devices", "GPU devices", check_status::ok,
                     std::to_string(count) + (count == 1 ? " device" : " devices") +
                       (visible ? " (CUDA_VISIBLE_DEVICES=\"" + *visible + "\")" : ""));

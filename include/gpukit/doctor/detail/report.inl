@@ -108,7 +108,7 @@ inline doctor_check make_check(std::string id, std::string title, check_status s
 
 /// "cudaErrorNoDevice (no CUDA-capable device is detected)", as the runtime names it.
 template <class Runtime>
-std::string error_text(cudaError_t e)
+std::string error_text(typename Runtime::error_type e)
 {
   return std::string{Runtime::error_name(e)} + " (" + Runtime::error_string(e) + ")";
 }

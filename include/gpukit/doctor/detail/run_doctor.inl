@@ -26,23 +26,23 @@ doctor_report run_doctor(Runtime& rt, doctor_options const& o)
   auto add    = [&r](doctor_check c) { r.checks.push_back(std::move(c)); };
   std::optional<std::string> const visible = detail::env_value(o, "CUDA_VISIBLE_DEVICES");
 
-  cudaError_t const de = rt.driver_version(r.driver_version);
+  typename Runtime::error_type const de = rt.driver_version(r.driver_version);
   (void)rt.runtime_version(r.runtime_version);
   add(detail::check_driver<Runtime>(de, r.driver_version, r.runtime_version));
-  int count            = 0;
-  cudaError_t const ce = rt.device_count(count);
+  int count                             = 0;
+  typename Runtime::error_type const ce = rt.device_count(count);
   add(detail::check_devices<Runtime>(ce, count, r.driver_version, r.runtime_version, visible));
-  if (ce != cudaSuccess) count = 0;
+  if (ce != Runtime::success) count = 0;
 
   int original       = 0;
-  bool const restore = count > 0 && rt.get_device(original) == cudaSuccess;
+  bool const restore = count > 0 && rt.get_device(original) == Runtime::success;
   int first_usable   = -1;                       // the copies run there
   std::vector<std::pair<int, std::string>> pci;  // device, domain:bus:device.0
   for (int d = 0; d < count; ++d) {
     device_properties p;
-    cudaError_t const pe = rt.get_device_properties(p, d);
+    typename Runtime::error_type const pe = rt.get_device_properties(p, d);
     add(detail::check_device<Runtime>(d, pe, p));
-    if (pe != cudaSuccess) continue;
+    if (pe != Runtime::success) continue;
     pci.emplace_back(d, detail::pci_address(p));
     add(detail::check_architectures(d, p, o.built_architectures));
     add(detail::check_memory(rt, d));

@@ -94,8 +94,8 @@ basic_transfer_pipeline<Runtime>::basic_transfer_pipeline(Runtime& runtime,
   {
     device_guard<Runtime> guard{runtime_, options_.device};
     GPUKIT_CUDA_TRY(runtime_.stream_create(streams_[0]));
-    cudaError_t const e = runtime_.stream_create(streams_[1]);
-    if (e != cudaSuccess) {
+    typename Runtime::error_type const e = runtime_.stream_create(streams_[1]);
+    if (e != Runtime::success) {
       (void)runtime_.stream_destroy(streams_[0]);
       GPUKIT_CUDA_TRY(e);
     }
@@ -183,15 +183,15 @@ typename basic_transfer_pipeline<Runtime>::slot* basic_transfer_pipeline<Runtime
     if (!r.free.empty()) {
       slot* s = r.free.front();
       // A new chunk rather than waiting for the oldest one's copy, while the ring may grow.
-      bool const done = !s->recorded || runtime_.event_query(s->ev) != cudaErrorNotReady;
+      bool const done = !s->recorded || runtime_.event_query(s->ev) != Runtime::not_ready;
       if (done || !can_grow) {
         r.free.pop_front();
         lock.unlock();
         if (!done) { chunk_waits_.fetch_add(1, std::memory_order_relaxed); }
-        cudaError_t const w =
+        typename Runtime::error_type const w =
           s->recorded ? runtime_.event_synchronize(s->ev)  // that chunk's copy: never the device
-                      : cudaSuccess;
-        if (w != cudaSuccess) {
+                      : Runtime::success;
+        if (w != Runtime::success) {
           lock.lock();
           r.free.push_front(s);
           lock.unlock();
@@ -394,9 +394,9 @@ template <class Runtime>
 void basic_transfer_pipeline<Runtime>::worker_loop()
 {
   // A staging thread works for the pipeline's device only: make it current once, for good.
-  cudaError_t const set = runtime_.set_device(options_.device);
+  typename Runtime::error_type const set = runtime_.set_device(options_.device);
   std::unique_lock<std::mutex> lock{jobs_mutex_};
-  if (set != cudaSuccess) {  // no chunk is claimed here: the calling threads copy them all
+  if (set != Runtime::success) {  // no chunk is claimed here: the calling threads copy them all
     jobs_cv_.wait(lock, [this] { return stopping_; });
     return;
   }
@@ -482,9 +482,9 @@ void basic_transfer_pipeline<Runtime>::check_stream(char const* call, stream_typ
 template <class Runtime>
 void basic_transfer_pipeline<Runtime>::order_after(stream_type waiter, stream_type producer)
 {
-  event_type e  = take_event();
-  cudaError_t r = runtime_.event_record(e, producer);
-  if (r == cudaSuccess) { r = runtime_.stream_wait_event(waiter, e); }
+  event_type e                   = take_event();
+  typename Runtime::error_type r = runtime_.event_record(e, producer);
+  if (r == Runtime::success) { r = runtime_.stream_wait_event(waiter, e); }
   give_event(e);
   GPUKIT_CUDA_TRY(r);
 }
@@ -637,8 +637,8 @@ void basic_transfer_pipeline<Runtime>::copy_peer_async(void* dst, int dst_device
       int can = 0;
       GPUKIT_CUDA_TRY(runtime_.device_can_access_peer(can, self, other));
       if (can != 0) {
-        cudaError_t const e = runtime_.device_enable_peer_access(other);
-        if (e != cudaErrorPeerAccessAlreadyEnabled) { GPUKIT_CUDA_TRY(e); }
+        typename Runtime::error_type const e = runtime_.device_enable_peer_access(other);
+        if (e != Runtime::peer_access_already_enabled) { GPUKIT_CUDA_TRY(e); }
       }
       asked = 1;  // asked once: staged copies when the devices cannot peer
     }
