@@ -232,7 +232,7 @@ class basic_checkpoint_executor final {
       typename Runtime::error_type const e = rt.stream_create(prefetch_stream_);
       if (e != Runtime::success) {
         (void)rt.stream_destroy(offload_stream_);
-        GPUKIT_CUDA_TRY(e);
+        GPUKIT_CUDA_TRY(e, "stream_create(prefetch stream)");
       }
       streams_created_ = true;
     }
@@ -489,7 +489,7 @@ class basic_checkpoint_executor final {
     typename Runtime::error_type const r = rt.event_record(e, from);
     typename Runtime::error_type const w = r == Runtime::success ? rt.stream_wait_event(to, e) : r;
     give_event(e);  // re-recording it later does not change the wait enqueued now
-    GPUKIT_CUDA_TRY(w);
+    GPUKIT_CUDA_TRY(w, "event_record + stream_wait_event (hand-off between streams)");
   }
 
   // After the operation that last touched x_j: copy it out on the offload stream, free its device

@@ -319,7 +319,7 @@ class range_timer {
       if (e != Runtime::success) {
         std::lock_guard<std::mutex> lock{mutex_};
         give_back_locked(sc);
-        GPUKIT_CUDA_TRY(e);
+        GPUKIT_CUDA_TRY(e, "event_record(start of the range, stream)");
       }
     }
     sc.depth_ = depth()++;

@@ -97,7 +97,7 @@ basic_transfer_pipeline<Runtime>::basic_transfer_pipeline(Runtime& runtime,
     typename Runtime::error_type const e = runtime_.stream_create(streams_[1]);
     if (e != Runtime::success) {
       (void)runtime_.stream_destroy(streams_[0]);
-      GPUKIT_CUDA_TRY(e);
+      GPUKIT_CUDA_TRY(e, "stream_create(device-to-host copy stream)");
     }
   }
   try {
@@ -196,7 +196,7 @@ typename basic_transfer_pipeline<Runtime>::slot* basic_transfer_pipeline<Runtime
           r.free.push_front(s);
           lock.unlock();
           r.cv.notify_one();
-          GPUKIT_CUDA_TRY(w);
+          GPUKIT_CUDA_TRY(w, "event_synchronize(staging chunk)");
         }
         return s;
       }
@@ -486,7 +486,7 @@ void basic_transfer_pipeline<Runtime>::order_after(stream_type waiter, stream_ty
   typename Runtime::error_type r = runtime_.event_record(e, producer);
   if (r == Runtime::success) { r = runtime_.stream_wait_event(waiter, e); }
   give_event(e);
-  GPUKIT_CUDA_TRY(r);
+  GPUKIT_CUDA_TRY(r, "event_record + stream_wait_event (stream order)");
 }
 
 template <class Runtime>
@@ -638,7 +638,9 @@ void basic_transfer_pipeline<Runtime>::copy_peer_async(void* dst, int dst_device
       GPUKIT_CUDA_TRY(runtime_.device_can_access_peer(can, self, other));
       if (can != 0) {
         typename Runtime::error_type const e = runtime_.device_enable_peer_access(other);
-        if (e != Runtime::peer_access_already_enabled) { GPUKIT_CUDA_TRY(e); }
+        if (e != Runtime::peer_access_already_enabled) {
+          GPUKIT_CUDA_TRY(e, "device_enable_peer_access");
+        }
       }
       asked = 1;  // asked once: staged copies when the devices cannot peer
     }
