@@ -194,10 +194,6 @@ class ckpt_recomputing_scope {
 /// per executor); the allocator itself may be shared.
 template <class Runtime>
 class basic_checkpoint_executor final {
-  static_assert(runtime_has_core_v<Runtime>,
-                "basic_checkpoint_executor needs a Runtime with the core operations "
-                "(gpukit/runtime/contract.hpp)");
-
  public:
   using stream_type    = typename Runtime::stream_type;
   using event_type     = typename Runtime::event_type;
@@ -313,6 +309,10 @@ class basic_checkpoint_executor final {
   [[nodiscard]] allocator_type& allocator() const noexcept { return allocator_; }
 
  private:
+  static_assert(runtime_has_core_v<Runtime>,
+                "basic_checkpoint_executor needs a Runtime with the core operations "
+                "(gpukit/runtime/contract.hpp)");
+
   struct object {
     bool tape{false};
     std::size_t index{0};

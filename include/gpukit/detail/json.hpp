@@ -45,4 +45,18 @@ inline std::string json_number(double v)
   return buf;
 }
 
+/// Appends `[...]` to `o`: write(item) for each item, separated by ", ".
+template <class Items, class Write>
+void json_list(std::string& o, Items const& items, Write&& write)
+{
+  o += '[';
+  bool first = true;
+  for (auto const& item : items) {
+    if (!first) o += ", ";
+    first = false;
+    write(item);
+  }
+  o += ']';
+}
+
 }  // namespace gpukit::detail

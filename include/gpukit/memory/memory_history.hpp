@@ -14,6 +14,8 @@
 // Nothing here synchronizes or calls the runtime: a snapshot is host-side bookkeeping.
 #pragma once
 
+#include <gpukit/detail/json.hpp>
+
 #include <gpukit/memory/detail/memory_history_html.hpp>
 
 #include <algorithm>
@@ -133,32 +135,26 @@ class pickle_writer {
 /// The snapshot as JSON: {"device", "segments": [...], "events": [...], "dropped_events"}.
 [[nodiscard]] inline std::string to_json(memory_snapshot const& s)
 {
-  std::string o = "{\"device\": " + std::to_string(s.device) + ", \"segments\": [";
-  for (std::size_t i = 0; i < s.segments.size(); ++i) {
-    auto const& g = s.segments[i];
-    o += i ? ", " : "";
+  std::string o = "{\"device\": " + std::to_string(s.device) + ", \"segments\": ";
+  detail::json_list(o, s.segments, [&](auto const& g) {
     o += "{\"address\": " + std::to_string(g.address) + ", \"size\": " + std::to_string(g.size) +
          ", \"stream\": " + std::to_string(g.stream) + ", \"pool\": \"" +
-         (g.small ? "small" : "large") + "\", \"blocks\": [";
-    for (std::size_t j = 0; j < g.blocks.size(); ++j) {
-      auto const& b = g.blocks[j];
-      o += j ? ", " : "";
+         (g.small ? "small" : "large") + "\", \"blocks\": ";
+    detail::json_list(o, g.blocks, [&](auto const& b) {
       o += "{\"address\": " + std::to_string(b.address) + ", \"size\": " + std::to_string(b.size) +
            ", \"requested\": " + std::to_string(b.requested) + ", \"state\": \"" +
            (b.allocated ? "allocated" : "free") + "\"}";
-    }
-    o += "]}";
-  }
-  o += "], \"events\": [";
-  for (std::size_t i = 0; i < s.events.size(); ++i) {
-    auto const& e = s.events[i];
-    o += i ? ", " : "";
+    });
+    o += '}';
+  });
+  o += ", \"events\": ";
+  detail::json_list(o, s.events, [&](memory_event const& e) {
     o += "{\"action\": \"" + std::string{to_string(e.what)} +
          "\", \"time_ns\": " + std::to_string(e.time_ns) +
          ", \"address\": " + std::to_string(e.address) + ", \"bytes\": " + std::to_string(e.bytes) +
          ", \"stream\": " + std::to_string(e.stream) + "}";
-  }
-  o += "], \"dropped_events\": " + std::to_string(s.dropped_events) + "}\n";
+  });
+  o += ", \"dropped_events\": " + std::to_string(s.dropped_events) + "}\n";
   return o;
 }
 

@@ -93,10 +93,6 @@ struct range_stats {
 /// See the top of this header. Non-copyable, non-movable.
 template <class Runtime>
 class range_timer {
-  static_assert(
-    runtime_has_core_v<Runtime>,
-    "range_timer needs a Runtime with the core operations (gpukit/runtime/contract.hpp)");
-
  public:
   using stream_type = typename Runtime::stream_type;
   using event_type  = typename Runtime::event_type;
@@ -258,6 +254,10 @@ class range_timer {
   [[nodiscard]] Runtime& runtime() const noexcept { return rt_; }
 
  private:
+  static_assert(
+    runtime_has_core_v<Runtime>,
+    "range_timer needs a Runtime with the core operations (gpukit/runtime/contract.hpp)");
+
   struct name_entry {
     std::string name;
     std::uint32_t color{0};

@@ -72,10 +72,6 @@ struct prefetcher_options {
 /// A batch prefetcher over a Runtime (see the top of this header). Not copyable or movable.
 template <class Runtime>
 class basic_prefetcher final {
-  static_assert(
-    runtime_has_core_v<Runtime>,
-    "basic_prefetcher needs a Runtime with the core operations (gpukit/runtime/contract.hpp)");
-
  public:
   using stream_type = typename Runtime::stream_type;
   using event_type  = typename Runtime::event_type;
@@ -122,6 +118,10 @@ class basic_prefetcher final {
   [[nodiscard]] std::size_t handed_out() const;
 
  private:
+  static_assert(
+    runtime_has_core_v<Runtime>,
+    "basic_prefetcher needs a Runtime with the core operations (gpukit/runtime/contract.hpp)");
+
   /// A batch being loaded or loaded, not handed out yet.
   struct entry {
     batch_type batch;

@@ -128,10 +128,6 @@ struct transfer_stats {
 /// A transfer pipeline over a Runtime (see the top of this header). Not copyable or movable.
 template <class Runtime>
 class basic_transfer_pipeline final {
-  static_assert(runtime_has_core_v<Runtime>,
-                "basic_transfer_pipeline needs a Runtime with the core operations "
-                "(gpukit/runtime/contract.hpp)");
-
  public:
   using runtime_type = Runtime;
   using stream_type  = typename Runtime::stream_type;
@@ -238,6 +234,10 @@ class basic_transfer_pipeline final {
   [[nodiscard]] basic_pinned_pool<Runtime>& pool() const noexcept { return pool_; }
 
  private:
+  static_assert(runtime_has_core_v<Runtime>,
+                "basic_transfer_pipeline needs a Runtime with the core operations "
+                "(gpukit/runtime/contract.hpp)");
+
   struct slot;
   struct ring;
   struct job;
