@@ -149,6 +149,7 @@ class backend final {
   using stream_filter              = std::function<bool(stream_type)>;
   using context_recorder           = std::function<std::shared_ptr<void>()>;
   using oom_observer               = std::function<void(oom_info const&)>;
+  using trace_observer             = std::function<void(trace_entry const&)>;
   static constexpr int max_devices = 64;
 
   /// A backend over `runtime`; each device's allocator gets `options` when first used.
@@ -234,6 +235,9 @@ class backend final {
 
   /// Called, in order, when an allocation fails.
   void add_oom_observer(oom_observer observer);
+  /// Called with every block and out-of-memory event as it happens, whether or not history is
+  /// recorded (PyTorch's AllocatorTraceTracker), on the thread that caused it.
+  void add_trace_observer(trace_observer observer);
 
   /// PyTorch's shareable handle of block `ptr` ("\x02c" and the CUDA IPC handle of its segment,
   /// PyTorch's own format, so that processes using PyTorch's allocator can open it too), and the
@@ -295,6 +299,8 @@ class backend final {
   std::size_t max_entries_{0};
   std::deque<trace_entry> trace_;
   std::vector<oom_observer> oom_observers_;
+  std::vector<trace_observer> trace_observers_;
+  std::atomic<bool> traced_{false};  // history on, or a trace observer attached
 };
 
 }  // namespace gpukit_torch

@@ -106,7 +106,7 @@ void* backend<Runtime>::allocate(int device, std::size_t bytes, stream_type stre
   d.bytes_allocated.fetch_add(static_cast<std::int64_t>(detail::round_block(bytes)),
                               std::memory_order_relaxed);
   d.requested_allocated.fetch_add(static_cast<std::int64_t>(bytes), std::memory_order_relaxed);
-  if (history_on_.load(std::memory_order_relaxed)) {
+  if (traced_.load(std::memory_order_relaxed)) {
     trace({trace_entry::action::alloc, device, reinterpret_cast<std::uintptr_t>(p), bytes,
            reinterpret_cast<std::uintptr_t>(stream), r.pool, now_us(),
            history_when_.load(std::memory_order_relaxed) >= static_cast<int>(record_when::alloc)
@@ -136,7 +136,7 @@ void backend<Runtime>::deallocate(void* ptr)
   d.bytes_freed.fetch_add(static_cast<std::int64_t>(detail::round_block(r.bytes)),
                           std::memory_order_relaxed);
   d.requested_freed.fetch_add(static_cast<std::int64_t>(r.bytes), std::memory_order_relaxed);
-  if (history_on_.load(std::memory_order_relaxed)) {
+  if (traced_.load(std::memory_order_relaxed)) {
     auto ctx = capture_context(record_when::all);
     if (!ctx) { ctx = r.context; }
     auto const at = now_us();
@@ -187,7 +187,7 @@ void backend<Runtime>::on_failed_allocation(int device, std::size_t bytes,
     gpukit::device_guard<Runtime> guard{runtime_, device};
     (void)runtime_.mem_get_info(info.device_free, info.device_total);
   }
-  if (history_on_.load(std::memory_order_relaxed)) {
+  if (traced_.load(std::memory_order_relaxed)) {
     trace({trace_entry::action::oom,
            device,
            info.device_free,
@@ -532,10 +532,25 @@ std::shared_ptr<void> backend<Runtime>::capture_context(record_when at_least) co
 template <class Runtime>
 void backend<Runtime>::trace(trace_entry e)
 {
+  std::vector<trace_observer> observers;
+  {
+    std::lock_guard<std::mutex> lock{history_mutex_};
+    observers = trace_observers_;
+    if (history_on_.load(std::memory_order_relaxed) && max_entries_ != 0) {
+      if (trace_.size() >= max_entries_) { trace_.pop_front(); }
+      trace_.push_back(e);
+    }
+  }
+  for (auto const& o : observers) { o(e); }
+}
+
+template <class Runtime>
+void backend<Runtime>::add_trace_observer(trace_observer observer)
+{
+  GPUKIT_EXPECTS(static_cast<bool>(observer), "gpukit_torch: empty trace observer");
   std::lock_guard<std::mutex> lock{history_mutex_};
-  if (max_entries_ == 0) { return; }
-  if (trace_.size() >= max_entries_) { trace_.pop_front(); }
-  trace_.push_back(std::move(e));
+  trace_observers_.push_back(std::move(observer));
+  traced_.store(true, std::memory_order_relaxed);
 }
 
 template <class Runtime>
@@ -549,6 +564,7 @@ void backend<Runtime>::record_history(bool enabled, context_recorder recorder,
   max_entries_      = enabled ? max_entries : max_entries_;
   history_when_.store(enabled ? static_cast<int>(when) : 0, std::memory_order_relaxed);
   history_on_.store(enabled, std::memory_order_relaxed);
+  traced_.store(enabled || !trace_observers_.empty(), std::memory_order_relaxed);
   while (trace_.size() > max_entries_) { trace_.pop_front(); }
   for (auto const& slot : devices_) {
     device_state* d = slot.load(std::memory_order_acquire);
