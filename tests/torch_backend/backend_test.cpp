@@ -273,6 +273,25 @@ TEST_SUITE("torch_backend")
     b.allocator(0).forget_stream(s.s);
   }
 
+  TEST_CASE("backend: trace observers see every block event, with history off")
+  {
+    sim_runtime sim{one_device()};
+    sim_backend b{sim, conf("segments:synchronous")};
+    stream_guard s{sim};
+    std::vector<gpukit_torch::trace_entry> seen;
+    b.add_trace_observer([&](gpukit_torch::trace_entry const& e) { seen.push_back(e); });
+    void* p = b.allocate(0, 4096, s.s);
+    b.deallocate(p);
+    REQUIRE(seen.size() == 3);
+    CHECK(seen[0].what == gpukit_torch::trace_entry::action::alloc);
+    CHECK(seen[0].address == reinterpret_cast<std::uintptr_t>(p));
+    CHECK(seen[0].bytes == 4096);
+    CHECK(seen[2].what == gpukit_torch::trace_entry::action::free_completed);
+    CHECK_FALSE(b.history_enabled());
+    CHECK(b.snapshot().traces.at(0).empty());  // observed, not recorded
+    b.allocator(0).forget_stream(s.s);
+  }
+
   TEST_CASE("backend: base allocation, and IPC handles in PyTorch's format opened by a child")
   {
     sim_runtime sim{one_device()};
