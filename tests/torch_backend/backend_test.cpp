@@ -273,6 +273,35 @@ TEST_SUITE("torch_backend")
     b.allocator(0).forget_stream(s.s);
   }
 
+  TEST_CASE("backend: a pool's checkpoint is restored by freeing what was allocated since")
+  {
+    sim_runtime sim{one_device()};
+    sim_backend b{sim, conf("segments:synchronous")};
+    stream_guard s{sim};
+    pool_id const pool{3, 0};
+    auto on_s = [&](stream_t st) { return st == s.s; };
+    b.begin_allocate_to_pool(0, pool, on_s);
+    void* kept = b.allocate(0, 4096, s.s);
+    b.end_allocate_to_pool(0, pool);
+    auto const checkpoint = b.pool_live_blocks(0, pool);
+    CHECK(checkpoint == std::vector<void*>{kept});
+    b.begin_allocate_to_pool(0, pool, on_s);
+    void* later = b.allocate(0, 8192, s.s);
+    b.end_allocate_to_pool(0, pool);
+    void* outside    = b.allocate(0, 4096, s.s);  // not the pool's: untouched
+    auto const freed = b.restore_pool(0, pool, checkpoint);
+    CHECK(freed == std::vector<void*>{later});
+    CHECK_FALSE(b.owns(later));
+    CHECK(b.owns(kept));
+    CHECK(b.owns(outside));
+    b.deallocate(kept);  // a checkpointed block freed since: cannot be restored
+    CHECK_THROWS_AS((void)b.restore_pool(0, pool, checkpoint), gpukit::logic_error);
+    b.deallocate(outside);
+    b.release_pool(0, pool);
+    b.release_pool(0, pool);
+    b.allocator(0).forget_stream(s.s);
+  }
+
   TEST_CASE("backend: trace observers see every block event, with history off")
   {
     sim_runtime sim{one_device()};

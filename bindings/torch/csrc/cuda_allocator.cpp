@@ -440,19 +440,45 @@ cudaError_t cuda_allocator::memcpyAsync(void* dst, int dstDevice, const void* sr
   return cudaMemcpyPeerAsync(dst, dstDevice, src, srcDevice, count, stream);
 }
 
-std::shared_ptr<c10cuda::AllocatorState> cuda_allocator::getCheckpointState(
-  c10::DeviceIndex /*device*/, c10::MempoolId_t /*id*/)
+namespace {
+
+// A private pool's allocated blocks at one moment (CUDA graph trees checkpoint them).
+struct pool_checkpoint final : c10cuda::AllocatorState {
+  c10::DeviceIndex device{0};
+  pool_id pool{0, 0};
+  std::vector<void*> blocks;
+};
+
+}  // namespace
+
+std::shared_ptr<c10cuda::AllocatorState> cuda_allocator::getCheckpointState(c10::DeviceIndex device,
+                                                                            c10::MempoolId_t id)
 {
-  unsupported("getCheckpointState",
-              "CUDA graph trees cannot checkpoint a gpukit pool; torch.compile's "
-              "mode=\"reduce-overhead\" works while it needs no checkpoint");
+  auto state    = std::make_shared<pool_checkpoint>();
+  state->device = device;
+  state->pool   = to_pool(id);
+  state->blocks = backend_->pool_live_blocks(device, state->pool);
+  return state;
 }
 
 c10cuda::CheckpointDelta cuda_allocator::setCheckpointPoolState(
-  c10::DeviceIndex /*device*/, std::shared_ptr<c10cuda::AllocatorState> /*pps*/)
+  c10::DeviceIndex device, std::shared_ptr<c10cuda::AllocatorState> pps)
 {
-  unsupported("setCheckpointPoolState",
-              "CUDA graph trees cannot restore a gpukit pool's checkpointed state");
+  auto const* state = dynamic_cast<pool_checkpoint const*>(pps.get());
+  TORCH_CHECK(state != nullptr && state->device == device,
+              "gpukit: setCheckpointPoolState: not a checkpoint of gpukit's pool on device ",
+              static_cast<int>(device));
+  c10cuda::CheckpointDelta delta;
+  delta.ptrs_freed = translate("setCheckpointPoolState", [&] {
+    return backend_->restore_pool(device, state->pool, state->blocks);
+  });
+  // The checkpoint's blocks, with deleters again: PyTorch gives them to the storages whose
+  // deleters it removed, and releases the others without freeing.
+  for (void* p : state->blocks) {
+    delta.dataptrs_allocd.emplace_back(p, p, &delete_block,
+                                       c10::Device(c10::DeviceType::CUDA, device));
+  }
+  return delta;
 }
 
 std::string cuda_allocator::name() { return "gpukit"; }

@@ -3,8 +3,9 @@
 //
 // Every member forwards to gpukit_torch::backend (include/gpukit_torch/backend.hpp), which CI
 // tests on the simulated GPU; this file only converts between PyTorch's types and the backend's.
-// What gpukit cannot do (checkpointed pool state for CUDA graph trees, MemPools with an allocator
-// of their own, use_on_oom and no_split pools) raises a c10::Error naming the call.
+// What gpukit cannot do (restoring a CUDA graph tree checkpoint whose blocks were freed since,
+// MemPools with an allocator of their own, use_on_oom and no_split pools) raises a c10::Error
+// naming the call.
 #pragma once
 
 #include <gpukit/runtime/cuda_runtime.hpp>

@@ -4,7 +4,7 @@ Each row runs in a fresh process (an allocator must be chosen before CUDA is fir
 with PyTorch's allocator ("native") and once with gpukit_torch installed ("gpukit"):
 
     pytest bindings/torch/tests/test_compat.py                 # needs a GPU and gpukit_torch
-    python bindings/torch/tests/test_compat.py [--out DIR] [ROW ...]   # the same, as a table
+    python bindings/torch/tests/test_compat.py [--out DIR] [--jobs N] [--allocators gpukit] [ROW ...]
 
 A row passes when it does what PyTorch documents, with PyTorch's names and numbers. The script
 prints one line per row and allocator, and writes compat.json (and compat.md) into --out.
@@ -367,6 +367,19 @@ if pytest is not None:
 # ---- script ------------------------------------------------------------------------------
 
 
+def _write_results(out_dir, rows, results):
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "compat.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    with open(os.path.join(out_dir, "compat.md"), "w") as f:
+        f.write("| row | native | gpukit | gpukit detail |\n|---|---|---|---|\n")
+        for row in rows:
+            r = {x["allocator"]: x for x in results if x["row"] == row}
+            cells = [("pass" if r[a]["passed"] else "FAIL") if a in r else "-" for a in ALLOCATORS]
+            detail = r["gpukit"]["detail"].splitlines()[-1][:160] if "gpukit" in r else ""
+            f.write(f"| {row} | {cells[0]} | {cells[1]} | {detail.replace('|', '/')} |\n")
+
+
 def main(argv):
     if argv[:1] == ["--child"]:
         row, allocator = argv[1], argv[2]
@@ -377,29 +390,40 @@ def main(argv):
             sys.exit(1)
         print("RESULT", detail, flush=True)
         sys.exit(0)
-    out_dir = None
-    if argv[:1] == ["--out"]:
-        out_dir, argv = argv[1], argv[2:]
+    out_dir, jobs, allocators = None, 1, ALLOCATORS
+    while argv[:1] in (["--out"], ["--jobs"], ["--allocators"]):
+        if argv[0] == "--out":
+            out_dir = argv[1]
+        elif argv[0] == "--jobs":
+            jobs = int(argv[1])
+        else:
+            allocators = argv[1].split(",")
+        argv = argv[2:]
     rows = argv or ROWS
+    cases = [(row, a) for row in rows for a in allocators]
+    # The slowest rows (torch.compile, a second process) first, so that they overlap the rest.
+    cases.sort(key=lambda c: c[0] not in ("compile_reduce_overhead", "ipc_multiprocessing"))
     results = []
-    for row in rows:
-        for allocator in ALLOCATORS:
-            passed, detail, secs = run_row(row, allocator)
-            results.append({"row": row, "allocator": allocator, "passed": passed,
-                            "detail": detail, "seconds": round(secs, 1)})
-            print(f"{'PASS' if passed else 'FAIL'} {row:28s} {allocator:7s} {secs:6.1f}s  "
-                  f"{detail.splitlines()[-1] if detail else ''}", flush=True)
-    if out_dir:
-        os.makedirs(out_dir, exist_ok=True)
-        with open(os.path.join(out_dir, "compat.json"), "w") as f:
-            json.dump(results, f, indent=1)
-        with open(os.path.join(out_dir, "compat.md"), "w") as f:
-            f.write("| row | native | gpukit | gpukit detail |\n|---|---|---|---|\n")
-            for row in rows:
-                r = {x["allocator"]: x for x in results if x["row"] == row}
-                f.write(f"| {row} | {'pass' if r['native']['passed'] else 'FAIL'} | "
-                        f"{'pass' if r['gpukit']['passed'] else 'FAIL'} | "
-                        f"{r['gpukit']['detail'].splitlines()[-1][:120]} |\n")
+
+    def one(case):
+        row, allocator = case
+        timeout = 300 if row == "compile_reduce_overhead" else 150
+        passed, detail, secs = run_row(row, allocator, timeout)
+        r = {"row": row, "allocator": allocator, "passed": passed, "detail": detail,
+             "seconds": round(secs, 1)}
+        print(f"{'PASS' if passed else 'FAIL'} {row:28s} {allocator:7s} {secs:6.1f}s  "
+              f"{detail.splitlines()[-1] if detail else ''}", flush=True)
+        if not passed:
+            print("    " + detail.replace("\n", "\n    "), flush=True)
+        return r
+
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        for r in pool.map(one, cases):
+            results.append(r)
+            if out_dir:
+                _write_results(out_dir, rows, results)
     return 0 if all(x["passed"] for x in results) else 1
 
 

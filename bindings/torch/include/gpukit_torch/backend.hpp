@@ -203,6 +203,16 @@ class backend final {
   [[nodiscard]] bool check_pool_live_allocations(int device, pool_id id,
                                                  std::unordered_set<void*> const& expected) const;
 
+  /// The blocks allocated from pool `id` now, in address order (PyTorch's getCheckpointState).
+  [[nodiscard]] std::vector<void*> pool_live_blocks(int device, pool_id id) const;
+  /// Brings pool `id` back to `checkpoint` (from pool_live_blocks; PyTorch's
+  /// setCheckpointPoolState, which CUDA graph trees call): frees the pool's blocks allocated
+  /// since, and returns them. Blocks of the checkpoint must still be allocated: gpukit cannot hand
+  /// out a block at a chosen address again.
+  /// @throws gpukit::logic_error naming how many checkpointed blocks were freed since (nothing
+  ///         is changed then)
+  std::vector<void*> restore_pool(int device, pool_id id, std::vector<void*> const& checkpoint);
+
   /// Statistics of `device` (zero before its first allocation).
   [[nodiscard]] device_stats stats(int device) const;
   void reset_peak_stats(int device);

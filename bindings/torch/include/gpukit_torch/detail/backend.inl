@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <iterator>
 
 namespace gpukit_torch {
 
@@ -298,6 +299,40 @@ bool backend<Runtime>::check_pool_live_allocations(int device, pool_id id,
     ++live;
   }
   return live == expected.size();
+}
+
+template <class Runtime>
+std::vector<void*> backend<Runtime>::pool_live_blocks(int device, pool_id id) const
+{
+  std::vector<void*> live;
+  {
+    std::lock_guard<std::mutex> lock{records_mutex_};
+    for (auto const& [p, r] : records_) {
+      if (r.device == device && r.pool == id) { live.push_back(const_cast<void*>(p)); }
+    }
+  }
+  std::sort(live.begin(), live.end());
+  return live;
+}
+
+template <class Runtime>
+std::vector<void*> backend<Runtime>::restore_pool(int device, pool_id id,
+                                                  std::vector<void*> const& checkpoint)
+{
+  std::vector<void*> const now = pool_live_blocks(device, id);
+  std::vector<void*> sorted    = checkpoint;
+  std::sort(sorted.begin(), sorted.end());
+  std::vector<void*> missing, extra;
+  std::set_difference(sorted.begin(), sorted.end(), now.begin(), now.end(),
+                      std::back_inserter(missing));
+  std::set_difference(now.begin(), now.end(), sorted.begin(), sorted.end(),
+                      std::back_inserter(extra));
+  GPUKIT_EXPECTS(missing.empty(),
+                 "gpukit_torch: setCheckpointPoolState: " + std::to_string(missing.size()) +
+                   " block(s) of the checkpoint of pool " + detail::pool_name(id) +
+                   " were freed since, and gpukit cannot allocate a block at a chosen address");
+  for (void* p : extra) { deallocate(p); }
+  return extra;
 }
 
 // Which pool an allocation on `stream` goes to, with the allocator's capture on `stream` set to
