@@ -239,7 +239,7 @@ def row_mem_pool(torch, allocator):
 
 
 def row_record_history(torch, allocator):
-    torch.cuda.memory._record_memory_history(max_entries=10000)
+    torch.cuda.memory._record_memory_history(max_entries=10000, stacks="python")
 
     def make_marker_tensor():
         return torch.empty(3 * MiB + 512, dtype=torch.uint8, device="cuda")
