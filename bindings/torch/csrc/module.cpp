@@ -6,6 +6,11 @@
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
 #include <torch/extension.h>
 
+#include <execinfo.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdlib>
 #include <memory>
 #include <string>
 
@@ -94,11 +99,32 @@ pybind11::dict gpukit_stats(int device)
   return d;
 }
 
+// GPUKIT_TORCH_CRASH_TRACE=1: a crash (SIGSEGV, SIGBUS, SIGABRT) prints the native stack to
+// stderr before the process dies, for reports from machines without a debugger.
+void print_native_stack(int sig)
+{
+  void* frames[64];
+  int const n      = ::backtrace(frames, 64);
+  char const msg[] = "gpukit_torch: fatal signal; native stack:\n";
+  (void)!::write(2, msg, sizeof msg - 1);
+  ::backtrace_symbols_fd(frames, n, 2);
+  std::signal(sig, SIG_DFL);
+  std::raise(sig);
+}
+
+void install_crash_trace()
+{
+  char const* v = std::getenv("GPUKIT_TORCH_CRASH_TRACE");
+  if (v == nullptr || *v == '\0' || *v == '0') { return; }
+  for (int sig : {SIGSEGV, SIGBUS, SIGABRT}) { std::signal(sig, &print_native_stack); }
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
 {
   m.doc() = "gpukit's caching allocator as PyTorch's CUDA allocator (a c10 CUDAAllocator)";
+  install_crash_trace();
   m.def("install", &install, pybind11::arg("conf") = std::string{},
         "Make gpukit PyTorch's CUDA allocator (before CUDA memory is first allocated). conf: "
         "GPUKIT_ALLOC_CONF-style settings, over the environment's. Returns the settings.");

@@ -275,19 +275,31 @@ def row_record_history(torch, allocator):
 
 def row_record_stream(torch, allocator):
     side = torch.cuda.Stream()
-    x = torch.empty(64 * MiB // 4, device="cuda")
+    n = 64 * MiB // 4
+    with torch.cuda.stream(side):  # load every kernel first: loading one may wait for the GPU
+        torch.cuda._sleep(1000)
+        (torch.ones(n, device="cuda") * 2).sum()
+    torch.zeros(n, device="cuda")
+    torch.cuda.synchronize()
+    x = torch.empty(n, device="cuda")
     x.fill_(1.0)
+    torch.cuda.synchronize()
     with torch.cuda.stream(side):
-        torch.cuda._sleep(100_000_000)  # keep the side stream busy
+        torch.cuda._sleep(2_000_000_000)  # about a second: the side stream is busy
         y = x * 2
     x.record_stream(side)
     ptr = x.data_ptr()
     del x
-    z = torch.zeros(64 * MiB // 4, device="cuda")  # must not take x's block while side uses it
+    z = torch.zeros(n, device="cuda")  # must not take x's block while side uses it
+    busy = not side.query()
     side.synchronize()
+    assert busy, "the side stream finished too early for the check to mean anything"
     assert z.data_ptr() != ptr, "x's block was reused while the side stream still used it"
     assert torch.all(y == 2.0)
-    return "block held until the recorded stream's work completes"
+    # Once the side stream is done, the block is reusable again.
+    del z
+    w = torch.zeros(n, device="cuda")
+    return f"held while the recorded stream ran; reused after: {w.data_ptr() == ptr}"
 
 
 def _ipc_child(queue, done, allocator):
