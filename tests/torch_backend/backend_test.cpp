@@ -152,6 +152,32 @@ TEST_SUITE("torch_backend")
     CHECK(b.stats(0).reserved_bytes.current == 0);
   }
 
+  TEST_CASE("caching allocator: resume_capture reuses an ended capture pool, and refuses misuse")
+  {
+    sim_runtime sim{one_device()};
+    gpukit::basic_caching_allocator<sim_runtime> alloc{sim, 0, conf("segments:synchronous")};
+    stream_guard a{sim};
+    stream_guard c{sim};
+    auto const id = alloc.begin_capture(a.s);
+    void* p       = alloc.allocate_async(MiB, a.s);
+    CHECK_THROWS_AS(alloc.resume_capture(c.s, id), gpukit::logic_error);  // under way
+    alloc.end_capture(a.s);
+    alloc.deallocate_async(p, MiB, a.s);
+    auto const reserved = alloc.stats().reserved_bytes.current;
+    alloc.resume_capture(c.s, id);  // another stream, the same pool
+    void* q = alloc.allocate_async(MiB, c.s);
+    CHECK(q == p);  // the pool's free block, no new segment
+    CHECK(alloc.stats().reserved_bytes.current == reserved);
+    CHECK_THROWS_AS(alloc.resume_capture(c.s, id), gpukit::logic_error);      // c is capturing
+    CHECK_THROWS_AS(alloc.resume_capture(a.s, id + 7), gpukit::logic_error);  // unknown pool
+    alloc.end_capture(c.s);
+    alloc.deallocate_async(q, MiB, c.s);
+    alloc.release_capture_pool(id);
+    CHECK(alloc.check_invariants() == "");
+    alloc.forget_stream(a.s);
+    alloc.forget_stream(c.s);
+  }
+
   TEST_CASE("backend: a MemPool routes one thread's allocations, and its blocks come back to it")
   {
     sim_runtime sim{one_device()};
