@@ -21,6 +21,7 @@ struct backend<Runtime>::device_state {
   std::atomic<std::int64_t> bytes_freed{0};
   std::atomic<std::int64_t> requested_allocated{0};
   std::atomic<std::int64_t> requested_freed{0};
+  mutable std::mutex base_mutex;
   gpukit::caching_allocator_stats base{};  // counters at the last reset of accumulated statistics
 };
 
@@ -399,9 +400,13 @@ device_stats backend<Runtime>::stats(int device) const
   device_stats out;
   device_state const* d = state_if_created(device);
   if (d == nullptr) { return out; }
-  gpukit::caching_allocator_stats const s  = d->alloc->stats();
-  gpukit::caching_allocator_stats const& b = d->base;
-  auto i64                                 = [](auto v) { return static_cast<std::int64_t>(v); };
+  gpukit::caching_allocator_stats const s = d->alloc->stats();
+  gpukit::caching_allocator_stats b;
+  {
+    std::lock_guard<std::mutex> lock{d->base_mutex};
+    b = d->base;
+  }
+  auto i64  = [](auto v) { return static_cast<std::int64_t>(v); };
   auto pair = [&](gpukit::stat_pair const& p, std::int64_t added, std::int64_t taken) {
     return stat{p.current, p.peak, added, taken};
   };
@@ -440,7 +445,10 @@ void backend<Runtime>::reset_accumulated_stats(int device)
 {
   device_state* d = state_if_created(device);
   if (d == nullptr) { return; }
-  d->base = d->alloc->stats();
+  {
+    std::lock_guard<std::mutex> lock{d->base_mutex};
+    d->base = d->alloc->stats();
+  }
   d->bytes_allocated.store(0, std::memory_order_relaxed);
   d->bytes_freed.store(0, std::memory_order_relaxed);
   d->requested_allocated.store(0, std::memory_order_relaxed);
