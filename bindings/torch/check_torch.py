@@ -28,7 +28,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
-import gpukit_torch  # noqa: E402
+from gpukit_torch import pluggable as gpukit_torch  # noqa: E402
 
 CHECKS = ("tensors", "oom", "bad_free", "after_init", "empty_cache", "snapshot", "cupy")
 MiB = 1 << 20
@@ -213,7 +213,7 @@ def run_check(name, args):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("checks", nargs="*", default=list(CHECKS))
-    ap.add_argument("--lib", help="libgpukit_torch.so (default: as gpukit_torch.py finds it)")
+    ap.add_argument("--lib", help="libgpukit_torch.so (default: as gpukit_torch.pluggable finds it)")
     ap.add_argument("--out", default="out", help="where the snapshot check writes")
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()

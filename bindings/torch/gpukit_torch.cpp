@@ -1,6 +1,6 @@
 // libgpukit_torch.so: gpukit's caching allocator behind the C ABI that PyTorch's
 // torch.cuda.memory.CUDAPluggableAllocator and CuPy (through ctypes) call. The ABI and its error
-// contract are documented in gpukit_torch.h; gpukit_torch.py installs it.
+// contract are documented in gpukit_torch.h; gpukit_torch.pluggable installs it.
 //
 // Built twice: over the CUDA runtime (libgpukit_torch.so, for PyTorch and CuPy), and with
 // GPUKIT_TORCH_SIM=1 over the simulated GPU (tests/pytorch: CI loads it with dlopen and drives the

@@ -1,5 +1,5 @@
 /* gpukit_torch.h: the C ABI of libgpukit_torch.so, gpukit's caching allocator as PyTorch's and
- * CuPy's device allocator (bindings/torch/gpukit_torch.py installs it).
+ * CuPy's device allocator (bindings/torch/gpukit_torch.pluggable installs it).
  *
  * Quick start (Python, before PyTorch touches CUDA):
  *

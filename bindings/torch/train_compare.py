@@ -89,7 +89,7 @@ def install_allocator(config, lib_path):
         torch.cuda.memory.change_current_allocator(alloc)
         return pool_peaks
     if config == "gpukit" or config.startswith("gpukit:"):
-        import gpukit_torch
+        from gpukit_torch import pluggable as gpukit_torch
         segments = config.split(":", 1)[1] if ":" in config else None
         gpukit_torch.install(lib_path, segments=segments)
 
@@ -177,7 +177,7 @@ def worker(args):
         "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
     }
     if config.startswith("gpukit"):
-        import gpukit_torch
+        from gpukit_torch import pluggable as gpukit_torch
         s = gpukit_torch.stats()
         result["gpukit"] = {k: s[k] for k in ("segments", "num_allocs", "num_device_allocs",
                                               "num_device_frees", "num_alloc_retries", "num_ooms",
@@ -278,7 +278,7 @@ def main():
     ap.add_argument("--batch-resnet", type=int, default=64)
     ap.add_argument("--batch-gpt2", type=int, default=8)
     ap.add_argument("--fp32", action="store_true", help="no bf16 autocast")
-    ap.add_argument("--lib", help="libgpukit_torch.so (default: as gpukit_torch.py finds it); "
+    ap.add_argument("--lib", help="libgpukit_torch.so (default: as gpukit_torch.pluggable finds it); "
                                   "libgpukit_torch_trivial.so is taken from the same folder")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--timeout", type=int, default=150, help="seconds per subprocess")
@@ -287,7 +287,7 @@ def main():
     if args.steps < 1 or args.warmup < 0:
         ap.error(f"--steps {args.steps} / --warmup {args.warmup}: need steps >= 1, warmup >= 0")
     if args.lib is None:
-        import gpukit_torch
+        from gpukit_torch import pluggable as gpukit_torch
         args.lib = gpukit_torch.library_path()
     args.lib = os.path.realpath(args.lib)
     if args.worker:

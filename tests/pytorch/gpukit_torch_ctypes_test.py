@@ -1,4 +1,4 @@
-"""gpukit_torch.py's ctypes layer over libgpukit_torch_sim.so (the simulated GPU): statistics
+"""gpukit_torch.pluggable's ctypes layer over libgpukit_torch_sim.so (the simulated GPU): statistics
 through JSON and through the C struct (their layouts must agree), limits, history, snapshots,
 errors, and the CuPy allocator function driven through a stand-in for the part of CuPy's API it
 uses (CuPy itself is on the GPU machine: bindings/torch/check_torch.py runs it there). No torch
@@ -16,7 +16,7 @@ import unittest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "bindings", "torch"))
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
-import gpukit_torch  # noqa: E402
+from gpukit_torch import pluggable as gpukit_torch  # noqa: E402
 
 LIB = None
 MiB = 1 << 20

@@ -2,7 +2,7 @@
 # line there). libgpukit_torch_sim.so is the same source over the simulated GPU
 # (GPUKIT_TORCH_SIM=1); two tests load it as PyTorch and CuPy would:
 #   gpukit_torch_abi_test  doctest: dlopen + dlsym, every C function, OOM, bad frees, snapshots
-#   gpukit_torch.python    gpukit_torch.py's ctypes layer (stats, empty_cache, snapshot, the CuPy
+#   gpukit_torch.python    gpukit_torch.pluggable's ctypes layer (stats, empty_cache, snapshot, the CuPy
 #                          allocator's malloc and free), when python3 is here; no torch needed
 include(${PROJECT_SOURCE_DIR}/bindings/torch/torch_library.cmake)
 set(gpukit_torch_sim_dir "${CMAKE_CURRENT_BINARY_DIR}/pytorch")

@@ -299,6 +299,10 @@ class basic_caching_allocator final {
   /// its per-thread caches. Returns the pool's id, for release_capture_pool.
   /// @throws gpukit::logic_error if a capture is already under way on `stream`
   capture_id begin_capture(stream_type stream);
+  /// begin_capture into the ended pool `id` instead of a new one: its free blocks serve this
+  /// capture too (graphs that share a pool, replayed in capture order, as PyTorch allows).
+  /// @throws gpukit::logic_error for an unknown id, a pool under way, or a capture on `stream`
+  void resume_capture(stream_type stream, capture_id id);
   /// Call when the capture on `stream` ends (after cudaStreamEndCapture). The pool stays private.
   /// @throws gpukit::logic_error if no capture is under way on `stream`
   void end_capture(stream_type stream);

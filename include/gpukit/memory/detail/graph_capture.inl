@@ -37,6 +37,19 @@ basic_caching_allocator<Runtime>::begin_capture(stream_type stream)
 }
 
 template <class Runtime>
+void basic_caching_allocator<Runtime>::resume_capture(stream_type stream, capture_id id)
+{
+  std::lock_guard<std::mutex> lock{mutex_};
+  GPUKIT_EXPECTS(active_capture_locked(stream) == nullptr,
+                 "resume_capture: the stream already has a capture under way on this allocator");
+  capture_pool& cp = capture_pool_locked(id);
+  GPUKIT_EXPECTS(!cp.active, "resume_capture: capture pool " + std::to_string(id) + " is in use");
+  cp.active = true;
+  cp.stream = stream;
+  capture_.underway.fetch_add(1, std::memory_order_relaxed);
+}
+
+template <class Runtime>
 void basic_caching_allocator<Runtime>::end_capture(stream_type stream)
 {
   std::lock_guard<std::mutex> lock{mutex_};

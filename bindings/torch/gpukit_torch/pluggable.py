@@ -1,6 +1,6 @@
 """gpukit's caching allocator as PyTorch's (and CuPy's) device allocator.
 
-    import gpukit_torch
+    from gpukit_torch import pluggable as gpukit_torch
     gpukit_torch.install()          # before PyTorch touches CUDA; segments="growable" etc.
     model = build_model().cuda()    # every CUDA tensor now comes from gpukit
     ...
@@ -59,7 +59,7 @@ class _Stats(ctypes.Structure):
 def _candidates():
     here = os.path.dirname(os.path.abspath(__file__))
     yield os.path.join(here, _LIB_NAME)
-    repo = os.path.dirname(os.path.dirname(here))
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(here)))  # bindings/torch/gpukit_torch
     # The h200 preset's folder first, then any other build folder, newest first.
     found = glob.glob(os.path.join(repo, "build", "*", "bin", "bindings", _LIB_NAME))
     found += glob.glob(os.path.join(repo, "build", "*", "bindings", "torch", _LIB_NAME))

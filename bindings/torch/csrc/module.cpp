@@ -1,0 +1,156 @@
+// gpukit_torch/csrc/module.cpp: gpukit_torch._C, the Python side of the native backend.
+#include "cuda_allocator.h"
+
+#include <gpukit/memory/alloc_conf.hpp>
+#include <gpukit/memory/detail/allocator_invariants.hpp>
+
+#include <torch/csrc/cuda/CUDAPluggableAllocator.h>
+#include <torch/extension.h>
+
+#include <execinfo.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdlib>
+#include <memory>
+#include <string>
+
+namespace {
+
+// The backend's defaults: PyTorch's own choices where they differ from gpukit's (cudaMalloc
+// segments, which CUDA IPC can export and torch.multiprocessing can share; no segment released
+// before growing, since a cudaFree synchronizes the device). GPUKIT_ALLOC_CONF and install()'s
+// settings apply over them.
+constexpr char const* default_conf = "segments:synchronous,release_before_grow:false";
+
+std::shared_ptr<gpukit_torch::cuda_allocator>& installed()
+{
+  static auto* a = new std::shared_ptr<gpukit_torch::cuda_allocator>{};  // never destroyed
+  return *a;
+}
+
+std::string& installed_conf()
+{
+  static auto* s = new std::string{};
+  return *s;
+}
+
+// Makes gpukit PyTorch's CUDA allocator. `conf`: settings over the defaults and
+// GPUKIT_ALLOC_CONF (its keys win). Returns the settings in effect.
+std::string install(std::string const& conf)
+{
+  if (installed()) {
+    TORCH_CHECK(gpukit_torch::cuda_allocator::current() != nullptr,
+                "gpukit_torch: installed, but PyTorch's allocator has been changed since");
+    return installed_conf();
+  }
+  gpukit::caching_allocator_options options;
+  std::string effective = default_conf;
+  try {
+    options = gpukit::parse_alloc_conf(default_conf);
+    options = gpukit::alloc_conf_from_env(gpukit::alloc_conf_variable, options);
+    options = gpukit::parse_alloc_conf(conf, options);
+  } catch (gpukit::logic_error const& e) {
+    TORCH_CHECK_VALUE(false, e.what());
+  }
+  if (char const* env = std::getenv(gpukit::alloc_conf_variable); env != nullptr && *env != 0) {
+    effective += std::string{","} + env;
+  }
+  if (!conf.empty()) { effective += "," + conf; }
+  auto a = std::make_shared<gpukit_torch::cuda_allocator>(options, effective);
+  // Refuses (c10::Error) once PyTorch's own allocator has served CUDA memory.
+  torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(a);
+  installed()      = a;
+  installed_conf() = effective;
+  return effective;
+}
+
+bool is_installed() { return installed() && gpukit_torch::cuda_allocator::current() != nullptr; }
+
+gpukit_torch::cuda_allocator& current()
+{
+  TORCH_CHECK(is_installed(), "gpukit_torch: not installed (call gpukit_torch.install() first)");
+  return *installed();
+}
+
+// gpukit's own statistics of a device, with names of its own (stats.hpp's vocabulary).
+pybind11::dict gpukit_stats(int device)
+{
+  auto const s = current().layer().allocator(device).stats();
+  pybind11::dict d;
+  auto pair = [&](char const* name, gpukit::stat_pair const& p) {
+    d[(std::string{name} + "_current").c_str()] = p.current;
+    d[(std::string{name} + "_peak").c_str()]    = p.peak;
+  };
+  pair("allocated_bytes", s.allocated_bytes);
+  pair("requested_bytes", s.requested_bytes);
+  pair("reserved_bytes", s.reserved_bytes);
+  pair("active_bytes", s.active_bytes);
+  pair("allocation_count", s.allocation_count);
+  pair("segment_count", s.segment_count);
+  d["num_allocs"]              = s.num_allocs;
+  d["num_frees"]               = s.num_frees;
+  d["num_cache_hits"]          = s.num_cache_hits;
+  d["num_device_allocs"]       = s.num_device_allocs;
+  d["num_device_frees"]        = s.num_device_frees;
+  d["num_alloc_retries"]       = s.num_alloc_retries;
+  d["num_ooms"]                = s.num_ooms;
+  d["num_cross_stream_events"] = s.num_cross_stream_events;
+  d["synchronizing_frees"]     = s.synchronizing_frees;
+  return d;
+}
+
+// GPUKIT_TORCH_CRASH_TRACE=1: a crash (SIGSEGV, SIGBUS, SIGABRT) prints the native stack to
+// stderr before the process dies, for reports from machines without a debugger.
+void print_native_stack(int sig)
+{
+  void* frames[64];
+  int const n      = ::backtrace(frames, 64);
+  char const msg[] = "gpukit_torch: fatal signal; native stack:\n";
+  (void)!::write(2, msg, sizeof msg - 1);
+  ::backtrace_symbols_fd(frames, n, 2);
+  std::signal(sig, SIG_DFL);
+  std::raise(sig);
+}
+
+void install_crash_trace()
+{
+  char const* v = std::getenv("GPUKIT_TORCH_CRASH_TRACE");
+  if (v == nullptr || *v == '\0' || *v == '0') { return; }
+  for (int sig : {SIGSEGV, SIGBUS, SIGABRT}) { std::signal(sig, &print_native_stack); }
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
+{
+  m.doc() = "gpukit's caching allocator as PyTorch's CUDA allocator (a c10 CUDAAllocator)";
+  install_crash_trace();
+  m.def("install", &install, pybind11::arg("conf") = std::string{},
+        "Make gpukit PyTorch's CUDA allocator (before CUDA memory is first allocated). conf: "
+        "GPUKIT_ALLOC_CONF-style settings, over the environment's. Returns the settings.");
+  m.def("is_installed", &is_installed, "Whether gpukit is PyTorch's CUDA allocator now");
+  m.def(
+    "default_conf", [] { return std::string{default_conf}; },
+    "The settings the backend starts from");
+  m.def(
+    "parse_conf",
+    [](std::string const& conf) {
+      try {
+        auto const o = gpukit::parse_alloc_conf(conf);
+        return std::string{gpukit::to_string(o.source)};
+      } catch (gpukit::logic_error const& e) {
+        TORCH_CHECK_VALUE(false, e.what());
+      }
+    },
+    "Checks GPUKIT_ALLOC_CONF-style settings (ValueError naming a bad key or value); "
+    "returns the segment source they select");
+  m.def("gpukit_stats", &gpukit_stats, pybind11::arg("device") = 0,
+        "gpukit's own statistics of a device");
+  m.def(
+    "check_invariants",
+    [](int device) {
+      return gpukit::detail::check_invariants(current().layer().allocator(device));
+    },
+    pybind11::arg("device") = 0, "The allocator's invariants ('' when they hold)");
+}

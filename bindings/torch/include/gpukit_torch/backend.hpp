@@ -1,0 +1,318 @@
+// gpukit_torch/backend.hpp: what PyTorch's allocator interface asks, answered by gpukit.
+//
+// PyTorch's CUDA allocator is a C++ class (c10::cuda::CUDACachingAllocator::CUDAAllocator). The
+// extension in ../../csrc subclasses it and forwards every call here; this header knows nothing of
+// PyTorch, so CI tests it on the simulated GPU:
+//
+//   gpukit::sim_runtime sim{gpukit::sim_config{}.with_devices(1, 16 << 30)};
+//   gpukit_torch::backend<gpukit::sim_runtime> b{sim,
+//   gpukit::parse_alloc_conf("segments:synchronous")}; void* p = b.allocate(0, 1 << 20, stream); //
+//   device 0, in `stream` order b.begin_allocate_to_pool(0, {1, 0}, [&](auto s) { return s ==
+//   capture_stream; }); void* q = b.allocate(0, 4096, capture_stream);     // from the pool (a
+//   gpukit capture pool) b.end_allocate_to_pool(0, {1, 0}); gpukit_torch::device_stats s =
+//   b.stats(0);         // torch.cuda.memory_stats()'s numbers b.deallocate(q); b.deallocate(p);
+//   b.release_pool(0, {1, 0});
+//
+// - One gpukit caching allocator per device, created on first use with the backend's options.
+// - Private pools (PyTorch's MempoolId_t: CUDA graphs, torch.cuda.MemPool) are gpukit capture
+//   pools. While a pool is being allocated to, an allocation on a stream its filter accepts goes to
+//   a capture pool of that pool on that stream (begin_capture, or resume_capture of one of the
+//   pool's ended capture pools, so that graphs sharing a pool reuse its free blocks); ending
+//   allocation ends those captures; releasing the last use gives the capture pools back.
+//   gpukit keys captures by stream: while a pool is allocated to on a stream, every allocation on
+//   that stream that no other pool's filter claims and that the pool's filter rejects pauses it.
+// - Every block handed out is recorded (device, stream, size, pool, call-stack context), so a free
+//   needs only the pointer, as PyTorch's free does, and snapshots can name pools and stacks.
+// - Statistics are gpukit's (current and peak), plus counts of bytes allocated and freed since the
+//   last reset_accumulated_stats. gpukit does not split its statistics by small and large pool.
+//
+// Thread-safe.
+#pragma once
+
+#include <gpukit/error.hpp>
+#include <gpukit/memory/caching_allocator.hpp>
+#include <gpukit/memory/ipc.hpp>
+
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+namespace gpukit_torch {
+
+/// A private pool's id, as PyTorch's MempoolId_t; {0, 0} is the default pool.
+using pool_id = std::pair<unsigned long long, unsigned long long>;
+
+/// One statistic as PyTorch keeps it: current, peak, and what was added and taken since the last
+/// reset of accumulated statistics.
+struct stat {
+  std::int64_t current{0};
+  std::int64_t peak{0};
+  std::int64_t allocated{0};
+  std::int64_t freed{0};
+};
+
+/// The aggregate (".all.") statistics of torch.cuda.memory_stats(), from gpukit's.
+struct device_stats {
+  stat allocation;            ///< blocks held by users
+  stat segment;               ///< segments (growable: mapped pages) held from the device
+  stat active;                ///< allocated blocks and blocks waiting on other streams' work
+  stat inactive_split;        ///< free blocks inside partly used segments
+  stat allocated_bytes;       ///< bytes of blocks held by users (block sizes)
+  stat reserved_bytes;        ///< bytes held from the device
+  stat active_bytes;          ///< bytes of active blocks
+  stat inactive_split_bytes;  ///< bytes of inactive split blocks
+  stat requested_bytes;       ///< bytes users asked for
+  std::int64_t num_alloc_retries{0};
+  std::int64_t num_ooms{0};
+  std::int64_t num_sync_all_streams{0};  ///< segment frees that may synchronize the device
+  std::int64_t num_device_alloc{0};
+  std::int64_t num_device_free{0};
+};
+
+/// How much call-stack context history recording keeps (PyTorch's RecordContext).
+enum class record_when {
+  never = 0,  ///< none
+  state = 1,  ///< for blocks allocated now only
+  alloc = 2,  ///< also on the allocations in the trace
+  all   = 3,  ///< also on the frees in the trace
+};
+
+/// One event of the recorded history (PyTorch's TraceEntry).
+struct trace_entry {
+  enum class action { alloc, free_requested, free_completed, segment_alloc, segment_free, oom };
+  action what{action::alloc};
+  int device{0};
+  std::uintptr_t address{0};  ///< for oom: the device's free bytes
+  std::size_t bytes{0};       ///< requested bytes (blocks), segment bytes, or bytes asked (oom)
+  std::uintptr_t stream{0};
+  pool_id pool{0, 0};
+  std::int64_t time_us{0};        ///< microseconds since the Unix epoch
+  std::shared_ptr<void> context;  ///< what the context recorder returned, or null
+};
+
+/// One block of a segment in a snapshot.
+struct block_info {
+  std::uintptr_t address{0};
+  std::size_t size{0};
+  std::size_t requested{0};
+  bool allocated{false};
+  std::shared_ptr<void> context;  ///< allocated blocks, while history records context
+};
+
+/// One segment in a snapshot (PyTorch's SegmentInfo).
+struct segment_info {
+  int device{0};
+  std::uintptr_t address{0};
+  std::size_t total_size{0};
+  std::size_t allocated_size{0};
+  std::size_t requested_size{0};
+  std::uintptr_t stream{0};
+  bool is_large{true};
+  bool is_expandable{false};
+  pool_id owner{0, 0};  ///< the private pool of the blocks allocated in it, if any
+  std::vector<block_info> blocks;
+};
+
+/// What snapshot returns: segments of every device, and each device's recorded history.
+struct memory_state {
+  std::vector<segment_info> segments;
+  std::vector<std::vector<trace_entry>> traces;  ///< one per device index
+};
+
+/// What out-of-memory observers are told (PyTorch's OutOfMemoryObserver arguments, and why).
+struct oom_info {
+  int device{0};
+  std::size_t requested{0};
+  std::size_t allocated{0};
+  std::size_t device_total{0};
+  std::size_t device_free{0};
+  std::string message;  ///< gpukit's report
+};
+
+/// PyTorch's allocator interface over gpukit caching allocators (see the top of this header).
+template <class Runtime>
+class backend final {
+ public:
+  using allocator_type             = gpukit::basic_caching_allocator<Runtime>;
+  using stream_type                = typename Runtime::stream_type;
+  using stream_filter              = std::function<bool(stream_type)>;
+  using context_recorder           = std::function<std::shared_ptr<void>()>;
+  using oom_observer               = std::function<void(oom_info const&)>;
+  using trace_observer             = std::function<void(trace_entry const&)>;
+  static constexpr int max_devices = 64;
+
+  /// A backend over `runtime`; each device's allocator gets `options` when first used.
+  explicit backend(Runtime& runtime, gpukit::caching_allocator_options options = {});
+  /// Destroys the allocators (and so frees every block still allocated).
+  ~backend();
+  backend(backend const&)            = delete;
+  backend& operator=(backend const&) = delete;
+  backend(backend&&)                 = delete;
+  backend& operator=(backend&&)      = delete;
+
+  /// The allocator of `device`, created on first use.
+  /// @throws gpukit::logic_error for a device out of range
+  [[nodiscard]] allocator_type& allocator(int device);
+  [[nodiscard]] gpukit::caching_allocator_options const& options() const noexcept
+  {
+    return options_;
+  }
+  [[nodiscard]] Runtime& runtime() const noexcept { return runtime_; }
+
+  /// `bytes` on `device` in `stream` order, from the private pool whose filter accepts `stream`
+  /// when one is being allocated to. nullptr for 0 bytes. On failure the out-of-memory
+  /// observers run (and history records it) before the gpukit error is rethrown.
+  /// @throws gpukit::out_of_memory, gpukit::bad_alloc (limit), gpukit::logic_error, cuda_error
+  [[nodiscard]] void* allocate(int device, std::size_t bytes, stream_type stream);
+  /// Frees `ptr` on the stream it was allocated on. nullptr is ignored.
+  /// @throws gpukit::logic_error for a pointer this backend did not hand out
+  void deallocate(void* ptr);
+  /// Whether `ptr` is a block this backend handed out and has not taken back.
+  [[nodiscard]] bool owns(void const* ptr) const;
+  /// The device of a block. @throws gpukit::logic_error for a pointer not handed out
+  [[nodiscard]] int device_of(void const* ptr) const;
+  /// Marks `ptr` as used on `stream` too (see caching_allocator::record_stream).
+  void record_stream(void* ptr, stream_type stream);
+
+  // Private pools (PyTorch: createOrIncrefPool, beginAllocateToPool, endAllocateToPool,
+  // releasePool, getPoolUseCount, checkPoolLiveAllocations).
+  void create_or_incref_pool(int device, pool_id id);
+  /// Until end_allocate_to_pool, allocations on streams `filter` accepts come from pool `id`
+  /// (created, or its use count raised). Later calls take precedence over earlier ones.
+  /// @throws gpukit::logic_error if the pool is already being allocated to, or id is {0, 0}
+  void begin_allocate_to_pool(int device, pool_id id, stream_filter filter);
+  /// @throws gpukit::logic_error if the pool is not being allocated to
+  void end_allocate_to_pool(int device, pool_id id);
+  /// Lowers the pool's use count; at zero its memory becomes the device's again (blocks still
+  /// allocated from it stay valid and become ordinary when freed).
+  /// @throws gpukit::logic_error for an unknown pool or one still being allocated to
+  void release_pool(int device, pool_id id);
+  [[nodiscard]] int pool_use_count(int device, pool_id id) const;
+  /// Whether the blocks allocated from pool `id` now are exactly `expected`.
+  [[nodiscard]] bool check_pool_live_allocations(int device, pool_id id,
+                                                 std::unordered_set<void*> const& expected) const;
+
+  /// The blocks allocated from pool `id` now, in address order (PyTorch's getCheckpointState).
+  [[nodiscard]] std::vector<void*> pool_live_blocks(int device, pool_id id) const;
+  /// Brings pool `id` back to `checkpoint` (from pool_live_blocks; PyTorch's
+  /// setCheckpointPoolState, which CUDA graph trees call): frees the pool's blocks allocated
+  /// since, and returns them. Blocks of the checkpoint must still be allocated: gpukit cannot hand
+  /// out a block at a chosen address again.
+  /// @throws gpukit::logic_error naming how many checkpointed blocks were freed since (nothing
+  ///         is changed then)
+  std::vector<void*> restore_pool(int device, pool_id id, std::vector<void*> const& checkpoint);
+
+  /// Statistics of `device` (zero before its first allocation).
+  [[nodiscard]] device_stats stats(int device) const;
+  void reset_peak_stats(int device);
+  void reset_accumulated_stats(int device);
+
+  /// Limits `device` to `fraction` of its memory (1: no limit).
+  /// @throws gpukit::logic_error for a fraction outside [0, 1]
+  void set_memory_fraction(int device, double fraction);
+  [[nodiscard]] double memory_fraction(int device) const;
+  /// Returns every fully free segment of every device to the runtime. Returns the bytes released.
+  std::size_t empty_cache();
+  /// The largest free block `device`'s allocator holds.
+  [[nodiscard]] std::size_t largest_free_block(int device) const;
+  /// The segment holding block `ptr`: its start and size.
+  /// @throws gpukit::logic_error for a pointer not handed out
+  [[nodiscard]] std::pair<void*, std::size_t> base_allocation(void const* ptr) const;
+
+  /// Starts (enabled) or stops recording history. `recorder` is called on each allocation (and
+  /// each free for record_when::all) to capture its context; `max_entries` bounds the trace of
+  /// each device. clear: forget what was recorded so far.
+  void record_history(bool enabled, context_recorder recorder, std::size_t max_entries,
+                      record_when when, bool clear);
+  [[nodiscard]] bool history_enabled() const noexcept
+  {
+    return history_on_.load(std::memory_order_relaxed);
+  }
+  /// Segments and blocks of every device (only those of pool `pool` when it is not {0, 0}) and
+  /// the recorded history (none when include_traces is false). Does not synchronize.
+  [[nodiscard]] memory_state snapshot(pool_id pool = {0, 0}, bool include_traces = true) const;
+
+  /// Called, in order, when an allocation fails.
+  void add_oom_observer(oom_observer observer);
+  /// Called with every block and out-of-memory event as it happens, whether or not history is
+  /// recorded (PyTorch's AllocatorTraceTracker), on the thread that caused it.
+  void add_trace_observer(trace_observer observer);
+
+  /// PyTorch's shareable handle of block `ptr` ("\x02c" and the CUDA IPC handle of its segment,
+  /// PyTorch's own format, so that processes using PyTorch's allocator can open it too), and the
+  /// block's offset in the segment.
+  /// @throws gpukit::logic_error for a pointer not handed out or memory CUDA cannot export
+  [[nodiscard]] std::pair<std::string, std::size_t> share_ipc_handle(void* ptr);
+  /// Opens a handle from share_ipc_handle (in this or another process) on the current device:
+  /// the segment's start, mapped while any copy of the result lives (opened once per handle).
+  /// @throws gpukit::logic_error for a handle of another format
+  [[nodiscard]] std::shared_ptr<void> open_ipc_handle(std::string const& handle);
+
+ private:
+  struct record {
+    int device{0};
+    stream_type stream{};
+    std::size_t bytes{0};
+    pool_id pool{0, 0};
+    std::shared_ptr<void> context;
+  };
+  struct pool_state {
+    int use_count{0};
+    std::vector<typename allocator_type::capture_id> ended;  // capture pools not under way
+  };
+  struct capture_on_stream {
+    stream_type stream{};
+    pool_id pool{0, 0};
+    typename allocator_type::capture_id id{0};
+  };
+  struct device_state;
+
+  device_state& state(int device) const;
+  device_state* state_if_created(int device) const noexcept;
+  pool_id route_locked(device_state& d, stream_type stream);
+  void pause_locked(device_state& d, std::size_t index);
+  void update_routing_locked();
+  std::shared_ptr<void> capture_context(record_when at_least) const;
+  void trace(trace_entry e);
+  void on_failed_allocation(int device, std::size_t bytes, gpukit::bad_alloc const& e);
+  void add_segment_events(int device, gpukit::memory_snapshot const& snap,
+                          std::vector<trace_entry>& out) const;
+  segment_info to_segment_info(int device, gpukit::memory_snapshot::segment const& g) const;
+  static std::int64_t now_us() noexcept;
+
+  Runtime& runtime_;
+  gpukit::caching_allocator_options options_;
+  mutable std::mutex create_mutex_;
+  mutable std::array<std::atomic<device_state*>, max_devices> devices_{};
+
+  mutable std::mutex records_mutex_;
+  std::unordered_map<void const*, record> records_;
+
+  mutable std::mutex pools_mutex_;  // pools, filters and captures under way, of every device
+  std::atomic<int> routing_{0};     // pools being allocated to, or captures under way
+
+  mutable std::mutex history_mutex_;  // everything below
+  std::atomic<bool> history_on_{false};
+  std::atomic<int> history_when_{0};
+  context_recorder recorder_;
+  std::size_t max_entries_{0};
+  std::deque<trace_entry> trace_;
+  std::vector<oom_observer> oom_observers_;
+  std::vector<trace_observer> trace_observers_;
+  std::atomic<bool> traced_{false};  // history on, or a trace observer attached
+};
+
+}  // namespace gpukit_torch
+
+#include "detail/backend.inl"

@@ -1,0 +1,448 @@
+"""What PyTorch's CUDA allocator offers, under PyTorch's own allocator and under gpukit's.
+
+Each row runs in a fresh process (an allocator must be chosen before CUDA is first used), once
+with PyTorch's allocator ("native") and once with gpukit_torch installed ("gpukit"):
+
+    pytest bindings/torch/tests/test_compat.py                 # needs a GPU and gpukit_torch
+    python bindings/torch/tests/test_compat.py [--out DIR] [--jobs N] [--allocators gpukit] [ROW ...]
+
+A row passes when it does what PyTorch documents, with PyTorch's names and numbers. The script
+prints one line per row and allocator, and writes compat.json (and compat.md) into --out.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+HERE = os.path.abspath(__file__)
+MiB = 1 << 20
+
+
+def _setup(allocator):
+    if allocator == "gpukit":
+        import gpukit_torch
+
+        gpukit_torch.install()
+    import torch
+
+    torch.cuda.init()
+    if allocator == "gpukit":
+        assert gpukit_torch.is_installed()
+    return torch
+
+
+def _mlp(torch):
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 64)
+    ).cuda()
+
+
+# ---- rows ----------------------------------------------------------------------------------
+
+
+def row_graph_capture_replay(torch, allocator):
+    x = torch.randn(256, 256, device="cuda")
+    w = torch.randn(256, 256, device="cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # warm up outside the graph, as PyTorch asks
+        for _ in range(2):
+            y = torch.relu(x @ w).sum(0)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        tmp = x @ w  # a temporary freed inside the graph
+        y = torch.relu(tmp).sum(0)
+        del tmp
+    for i in range(3):
+        x.copy_(torch.randn(256, 256, device="cuda"))
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.allclose(y, torch.relu(x @ w).sum(0), rtol=1e-3, atol=1e-2), f"replay {i}"
+    g.reset()
+    return "3 replays match eager"
+
+
+def row_graph_pool_sharing(torch, allocator):
+    a = torch.randn(1 << 20, device="cuda")
+    torch.cuda.synchronize()
+    g1, g2 = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g1):
+        b = a * 2
+    with torch.cuda.graph(g2, pool=g1.pool()):
+        c = b + 1
+    for v in (1.0, 5.0):
+        a.fill_(v)
+        g1.replay()
+        g2.replay()
+        torch.cuda.synchronize()
+        assert torch.all(b == 2 * v) and torch.all(c == 2 * v + 1), f"value {v}"
+    del b, c
+    g2.reset()
+    g1.reset()
+    return "two graphs on one pool replay in order"
+
+
+def row_make_graphed_callables(torch, allocator):
+    model = _mlp(torch)
+    ref = _mlp(torch)
+    ref.load_state_dict(model.state_dict())
+    x = torch.randn(32, 64, device="cuda", requires_grad=True)
+    graphed = torch.cuda.make_graphed_callables(model, (x,))
+    for _ in range(3):
+        inp = torch.randn(32, 64, device="cuda", requires_grad=True)
+        out = graphed(inp)
+        out.sum().backward()
+        inp2 = inp.detach().clone().requires_grad_(True)
+        ref_out = ref(inp2)
+        ref_out.sum().backward()
+        assert torch.allclose(out, ref_out, atol=1e-5)
+        assert torch.allclose(inp.grad, inp2.grad, atol=1e-5)
+    return "forward and backward match eager"
+
+
+def row_compile_reduce_overhead(torch, allocator):
+    model = _mlp(torch)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    ref = _mlp(torch)
+    ref.load_state_dict(model.state_dict())
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.01)
+    compiled = torch.compile(model, mode="reduce-overhead")
+    torch.manual_seed(1)
+    for step in range(5):
+        x = torch.randn(32, 64, device="cuda")
+        torch.compiler.cudagraph_mark_step_begin()
+        loss = compiled(x).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        ref_loss = ref(x).square().mean()
+        ref_loss.backward()
+        ref_opt.step()
+        ref_opt.zero_grad(set_to_none=True)
+        assert abs(loss.item() - ref_loss.item()) < 1e-4, f"step {step}"
+    from torch._inductor import cudagraph_trees
+
+    manager = cudagraph_trees.get_manager(0, create_if_none_exists=False)
+    graphs = sum(len(nodes) for nodes in manager.roots.values()) if manager else 0
+    assert graphs > 0, "torch.compile recorded no CUDA graph (cudagraphs were skipped)"
+    return f"5 training steps match eager; {graphs} CUDA graph tree root(s) recorded"
+
+
+def row_memory_stats(torch, allocator):
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    x = torch.empty(10 * MiB, dtype=torch.uint8, device="cuda")
+    now = torch.cuda.memory_allocated()
+    assert now - base >= 10 * MiB, (base, now)
+    s = torch.cuda.memory_stats()
+    for key in (
+        "allocated_bytes.all.current", "allocated_bytes.all.peak", "reserved_bytes.all.current",
+        "active_bytes.all.current", "requested_bytes.all.current", "allocation.all.current",
+        "segment.all.current", "num_alloc_retries", "num_ooms", "num_device_alloc",
+    ):
+        assert key in s, key
+    assert s["allocated_bytes.all.current"] == now
+    assert s["requested_bytes.all.current"] >= 10 * MiB
+    assert torch.cuda.memory_reserved() >= now
+    del x
+    assert torch.cuda.memory_allocated() == base
+    assert torch.cuda.max_memory_allocated() >= base + 10 * MiB
+    assert torch.cuda.max_memory_reserved() >= 10 * MiB
+    torch.cuda.reset_peak_memory_stats()
+    assert torch.cuda.max_memory_allocated() == base
+    summary = torch.cuda.memory_summary()
+    assert "Allocated memory" in summary
+    return f"allocated +{(now - base) // MiB} MiB; keys, peaks, reset, summary"
+
+
+def row_empty_cache(torch, allocator):
+    x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    del x
+    held = torch.cuda.memory_reserved()
+    assert held >= 1 << 30, held
+    torch.cuda.empty_cache()
+    after = torch.cuda.memory_reserved()
+    assert after <= held - (1 << 30), (held, after)
+    return f"reserved {held // MiB} -> {after // MiB} MiB"
+
+
+def row_memory_fraction(torch, allocator):
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction(0.1)
+    ok = torch.empty(int(total * 0.05), dtype=torch.uint8, device="cuda")
+    try:
+        torch.empty(int(total * 0.2), dtype=torch.uint8, device="cuda")
+    except torch.OutOfMemoryError:
+        pass
+    else:
+        raise AssertionError("an allocation beyond the fraction succeeded")
+    del ok
+    torch.cuda.set_per_process_memory_fraction(1.0)
+    big = torch.empty(int(total * 0.2), dtype=torch.uint8, device="cuda")
+    del big
+    return "5% fits, 20% raises OutOfMemoryError under 0.1, fits under 1.0"
+
+
+def row_oom_error_and_observer(torch, allocator):
+    seen = []
+    torch._C._cuda_attach_out_of_memory_observer(lambda *args: seen.append(args))
+    total = torch.cuda.get_device_properties(0).total_memory
+    try:
+        torch.empty(2 * total, dtype=torch.uint8, device="cuda")
+    except torch.OutOfMemoryError as e:
+        msg = str(e)
+    else:
+        raise AssertionError("allocating twice the device succeeded")
+    assert issubclass(torch.OutOfMemoryError, RuntimeError)
+    if allocator == "gpukit":
+        assert "gpukit" in msg, msg
+    x = torch.ones(10, device="cuda")  # still usable
+    assert x.sum().item() == 10
+    return f"OutOfMemoryError; observer calls {len(seen)}; '{msg.splitlines()[0][:60]}'"
+
+
+def row_oom_observer_fires(torch, allocator):
+    seen = []
+    torch._C._cuda_attach_out_of_memory_observer(lambda *args: seen.append(args))
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction(0.05)
+    try:
+        torch.empty(int(total * 0.1), dtype=torch.uint8, device="cuda")
+    except torch.OutOfMemoryError:
+        pass
+    assert seen, "no out-of-memory observer call"
+    device, allocated, device_total, device_free = seen[0]
+    assert device == 0 and 0 < device_total <= total, seen[0]
+    return f"observer got (device={device}, total={device_total // MiB} MiB)"
+
+
+def row_mem_pool(torch, allocator):
+    pool = torch.cuda.MemPool()
+    with torch.cuda.use_mem_pool(pool):
+        x = torch.randn(1 << 20, device="cuda")
+    y = torch.randn(1 << 20, device="cuda")  # outside the pool
+    segs = pool.snapshot()
+    ptr = x.data_ptr()
+    inside = any(s["address"] <= ptr < s["address"] + s["total_size"] for s in segs)
+    assert inside, "the pool's snapshot does not hold the tensor allocated in it"
+    yptr = y.data_ptr()
+    assert not any(s["address"] <= yptr < s["address"] + s["total_size"] for s in segs)
+    assert pool.use_count() >= 1
+    del x
+    with torch.cuda.use_mem_pool(pool):  # used again
+        z = torch.randn(1 << 20, device="cuda")
+    assert z.data_ptr() == ptr, "a block freed into the pool did not serve the pool again"
+    del z, pool
+    torch.cuda.empty_cache()
+    return "allocations routed, pool snapshot, reuse, release"
+
+
+def row_record_history(torch, allocator):
+    torch.cuda.memory._record_memory_history(max_entries=10000, stacks="python")
+
+    def make_marker_tensor():
+        return torch.empty(3 * MiB + 512, dtype=torch.uint8, device="cuda")
+
+    t = make_marker_tensor()
+    del t
+    keep = torch.empty(5 * MiB, dtype=torch.uint8, device="cuda")
+    snap = torch.cuda.memory._snapshot()
+    allocs = [e for e in snap["device_traces"][0] if e["action"] == "alloc"]
+    marker = [e for e in allocs if e["size"] == 3 * MiB + 512]
+    assert marker, "no alloc event of the marker tensor"
+    names = [f["name"] for f in marker[0]["frames"]]
+    assert "make_marker_tensor" in names, names[:10]
+    assert any(e["action"] in ("free_completed", "free_requested") for e in snap["device_traces"][0])
+    blocks = [b for s in snap["segments"] for b in s["blocks"] if b["state"] == "active_allocated"]
+    assert any(b.get("frames") for b in blocks), "live blocks carry no stacks"
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "snap.pickle")
+        torch.cuda.memory._dump_snapshot(path)
+        from torch.cuda import _memory_viz
+
+        with open(path, "rb") as f:
+            import pickle
+
+            data = pickle.load(f)
+        html = _memory_viz.trace_plot(data)
+        assert len(html) > 1000
+        _memory_viz.segment_plot(data)
+    torch.cuda.memory._record_memory_history(enabled=None)
+    del keep
+    return f"{len(allocs)} allocs traced with Python stacks; _dump_snapshot, _memory_viz"
+
+
+def row_record_stream(torch, allocator):
+    side = torch.cuda.Stream()
+    n = 64 * MiB // 4
+    with torch.cuda.stream(side):  # load every kernel first: loading one may wait for the GPU
+        torch.cuda._sleep(1000)
+        (torch.ones(n, device="cuda") * 2).sum()
+    torch.zeros(n, device="cuda")
+    torch.cuda.synchronize()
+    x = torch.empty(n, device="cuda")
+    x.fill_(1.0)
+    torch.cuda.synchronize()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(2_000_000_000)  # about a second: the side stream is busy
+        y = x * 2
+    x.record_stream(side)
+    ptr = x.data_ptr()
+    del x
+    z = torch.zeros(n, device="cuda")  # must not take x's block while side uses it
+    busy = not side.query()
+    side.synchronize()
+    assert busy, "the side stream finished too early for the check to mean anything"
+    assert z.data_ptr() != ptr, "x's block was reused while the side stream still used it"
+    assert torch.all(y == 2.0)
+    # Once the side stream is done, the block is reusable again.
+    del z
+    w = torch.zeros(n, device="cuda")
+    return f"held while the recorded stream ran; reused after: {w.data_ptr() == ptr}"
+
+
+def _ipc_child(queue, done, allocator):
+    if allocator == "gpukit":
+        import gpukit_torch
+
+        gpukit_torch.install()
+    import torch
+
+    t = queue.get()
+    t += 1
+    torch.cuda.synchronize()
+    del t
+    done.put("ok")
+
+
+def row_ipc_multiprocessing(torch, allocator):
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    q, done = ctx.Queue(), ctx.Queue()
+    t = torch.full((1 << 20,), 41.0, device="cuda")
+    p = ctx.Process(target=_ipc_child, args=(q, done, allocator))
+    p.start()
+    q.put(t)
+    assert done.get(timeout=120) == "ok"
+    p.join(60)
+    assert p.exitcode == 0, p.exitcode
+    torch.cuda.synchronize()
+    assert torch.all(t == 42.0), "the child's write did not reach the parent's tensor"
+    return "a child process wrote into the parent's CUDA tensor"
+
+
+ROWS = [name[4:] for name in sorted(globals()) if name.startswith("row_")]
+ALLOCATORS = ["native", "gpukit"]
+
+
+def _run_row_here(row, allocator):
+    torch = _setup(allocator)
+    return globals()["row_" + row](torch, allocator)
+
+
+def run_row(row, allocator, timeout=300):
+    """Runs one row in a fresh process. Returns (passed, detail, seconds)."""
+    start = time.time()
+    try:
+        r = subprocess.run(
+            [sys.executable, HERE, "--child", row, allocator],
+            capture_output=True, text=True, timeout=timeout,
+        )
+    except subprocess.TimeoutExpired:
+        return False, f"timed out after {timeout} s", time.time() - start
+    out = (r.stdout + r.stderr).strip()
+    lines = [l for l in out.splitlines() if l.startswith("RESULT ")]
+    if r.returncode == 0 and lines:
+        return True, lines[-1][len("RESULT "):], time.time() - start
+    tail = "\n".join(out.splitlines()[-12:])
+    return False, f"rc={r.returncode}: {tail}", time.time() - start
+
+
+# ---- pytest ------------------------------------------------------------------------------
+
+try:
+    import pytest
+except ImportError:  # plain-script use
+    pytest = None
+
+if pytest is not None:
+
+    @pytest.mark.parametrize("allocator", ALLOCATORS)
+    @pytest.mark.parametrize("row", ROWS)
+    def test_row(row, allocator):
+        passed, detail, _ = run_row(row, allocator)
+        assert passed, detail
+
+
+# ---- script ------------------------------------------------------------------------------
+
+
+def _write_results(out_dir, rows, results):
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "compat.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    with open(os.path.join(out_dir, "compat.md"), "w") as f:
+        f.write("| row | native | gpukit | gpukit detail |\n|---|---|---|---|\n")
+        for row in rows:
+            r = {x["allocator"]: x for x in results if x["row"] == row}
+            cells = [("pass" if r[a]["passed"] else "FAIL") if a in r else "-" for a in ALLOCATORS]
+            detail = r["gpukit"]["detail"].splitlines()[-1][:160] if "gpukit" in r else ""
+            f.write(f"| {row} | {cells[0]} | {cells[1]} | {detail.replace('|', '/')} |\n")
+
+
+def main(argv):
+    if argv[:1] == ["--child"]:
+        row, allocator = argv[1], argv[2]
+        try:
+            detail = _run_row_here(row, allocator)
+        except BaseException:  # noqa: BLE001 (report any failure, with its traceback)
+            traceback.print_exc()
+            sys.exit(1)
+        print("RESULT", detail, flush=True)
+        sys.exit(0)
+    out_dir, jobs, allocators = None, 1, ALLOCATORS
+    while argv[:1] in (["--out"], ["--jobs"], ["--allocators"]):
+        if argv[0] == "--out":
+            out_dir = argv[1]
+        elif argv[0] == "--jobs":
+            jobs = int(argv[1])
+        else:
+            allocators = argv[1].split(",")
+        argv = argv[2:]
+    rows = argv or ROWS
+    cases = [(row, a) for row in rows for a in allocators]
+    # The slowest rows (torch.compile, a second process) first, so that they overlap the rest.
+    cases.sort(key=lambda c: c[0] not in ("compile_reduce_overhead", "ipc_multiprocessing"))
+    results = []
+
+    def one(case):
+        row, allocator = case
+        timeout = 300 if row == "compile_reduce_overhead" else 150
+        passed, detail, secs = run_row(row, allocator, timeout)
+        r = {"row": row, "allocator": allocator, "passed": passed, "detail": detail,
+             "seconds": round(secs, 1)}
+        print(f"{'PASS' if passed else 'FAIL'} {row:28s} {allocator:7s} {secs:6.1f}s  "
+              f"{detail.splitlines()[-1] if detail else ''}", flush=True)
+        if not passed:
+            print("    " + detail.replace("\n", "\n    "), flush=True)
+        return r
+
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        for r in pool.map(one, cases):
+            results.append(r)
+            if out_dir:
+                _write_results(out_dir, rows, results)
+    return 0 if all(x["passed"] for x in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

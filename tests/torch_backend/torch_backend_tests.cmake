@@ -1,0 +1,6 @@
+# The PyTorch backend's translation layer (bindings/torch/include) and GPUKIT_ALLOC_CONF, on the
+# simulated GPU: no PyTorch needed.
+gpukit_add_test(torch_backend_test SOURCES torch_backend/alloc_conf_test.cpp torch_backend/backend_test.cpp)
+if(TARGET torch_backend_test)
+  target_include_directories(torch_backend_test PRIVATE ${PROJECT_SOURCE_DIR}/bindings/torch/include)
+endif()
