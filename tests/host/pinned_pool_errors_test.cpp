@@ -27,7 +27,7 @@ gpukit::sim_config small_gpu()
 struct caught {
   std::string call;
   std::string what;
-  cudaError_t code{cudaSuccess};
+  int code{cudaSuccess};
 };
 
 caught fail_growth(sim_runtime& sim, sim_op op, std::function<void()> const& grow)
