@@ -202,10 +202,9 @@ class basic_checkpoint_executor final {
 
   /// An executor drawing every buffer from `allocator` (held by reference).
   explicit basic_checkpoint_executor(allocator_type& allocator) : allocator_{allocator} {}
+  // Neither copyable nor movable (deleted copies leave no implicit moves).
   basic_checkpoint_executor(basic_checkpoint_executor const&)            = delete;
   basic_checkpoint_executor& operator=(basic_checkpoint_executor const&) = delete;
-  basic_checkpoint_executor(basic_checkpoint_executor&&)                 = delete;
-  basic_checkpoint_executor& operator=(basic_checkpoint_executor&&)      = delete;
   /// Destroys the offload streams (after the allocator forgets them: that waits for their work)
   /// and the executor's events. Never throws.
   ~basic_checkpoint_executor() { destroy_streams(); }

@@ -102,10 +102,9 @@ class range_timer {
   class [[nodiscard]] scope {
    public:
     ~scope() { timer_.end_range(*this); }
+    // Neither copyable nor movable (deleted copies leave no implicit moves).
     scope(scope const&)            = delete;
     scope& operator=(scope const&) = delete;
-    scope(scope&&)                 = delete;
-    scope& operator=(scope&&)      = delete;
 
    private:
     friend class range_timer;
@@ -142,10 +141,9 @@ class range_timer {
     }
     for (auto e : free_events_) (void)rt_.event_destroy(e);
   }
+  // Neither copyable nor movable (deleted copies leave no implicit moves).
   range_timer(range_timer const&)            = delete;
   range_timer& operator=(range_timer const&) = delete;
-  range_timer(range_timer&&)                 = delete;
-  range_timer& operator=(range_timer&&)      = delete;
 
   /// Starts a range named `name` on stream `s`: records a timing event on `s` now and another when
   /// the returned scope is destroyed. `name` must stay valid until the call returns. Never blocks

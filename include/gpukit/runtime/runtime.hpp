@@ -95,10 +95,9 @@ class device_guard {
       (void)rt_.set_device(previous_);
     }
   }
+  // Neither copyable nor movable (deleted copies leave no implicit moves).
   device_guard(device_guard const&)            = delete;
   device_guard& operator=(device_guard const&) = delete;
-  device_guard(device_guard&&)                 = delete;
-  device_guard& operator=(device_guard&&)      = delete;
 
  private:
   Runtime& rt_;

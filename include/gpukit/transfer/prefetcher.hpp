@@ -91,10 +91,9 @@ class basic_prefetcher final {
   /// destroys the stream after the allocator forgets it (waits for the prefetcher's own stream
   /// only). Release every batch handed out before. Never throws.
   ~basic_prefetcher();
+  // Neither copyable nor movable (deleted copies leave no implicit moves).
   basic_prefetcher(basic_prefetcher const&)            = delete;
   basic_prefetcher& operator=(basic_prefetcher const&) = delete;
-  basic_prefetcher(basic_prefetcher&&)                 = delete;
-  basic_prefetcher& operator=(basic_prefetcher&&)      = delete;
 
   /// The next batch, in order, once its copy has been enqueued (blocks the host while it is being
   /// staged; not until it is on the device); std::nullopt after the last one. The batch is ready

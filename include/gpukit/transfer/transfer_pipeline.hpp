@@ -142,10 +142,9 @@ class basic_transfer_pipeline final {
   /// Stops the staging threads, returns the staging chunks to the pool (each after its last copy,
   /// with an event: no wait) and destroys the copy streams. Never throws.
   ~basic_transfer_pipeline();
+  // Neither copyable nor movable (deleted copies leave no implicit moves).
   basic_transfer_pipeline(basic_transfer_pipeline const&)            = delete;
   basic_transfer_pipeline& operator=(basic_transfer_pipeline const&) = delete;
-  basic_transfer_pipeline(basic_transfer_pipeline&&)                 = delete;
-  basic_transfer_pipeline& operator=(basic_transfer_pipeline&&)      = delete;
 
   /// Copies `bytes` from host `src` to device `dst`, in `stream` order (see the top of this
   /// header). Pinned `src`: enqueues one copy on `stream` and returns at once. Pageable `src`:
