@@ -1,0 +1,56 @@
+// tests/support/transfer_fixture.hpp: what a transfer test builds its pipeline on, over any
+// Runtime: a pinned pool and a stream.
+//
+//   gpukit::test::transfer_fixture<Runtime> f{rt};
+//   gpukit::basic_transfer_pipeline<Runtime> pipe{rt, f.pool, gpukit::test::chunked(64 * kib, 2)};
+//   pipe.copy_to_device_async(dev.p, src.data(), bytes, f.s);
+//
+// On the simulated GPU, as a doctest fixture that owns the GPU too (`sim`, `pool`, `s`):
+//
+//   TEST_CASE_FIXTURE(gpukit::test::sim_transfer_fixture, "transfer: ...")
+//   {
+//     sim_pipeline pipe{sim, pool, gpukit::test::chunked(64 * kib, 1, 2)};
+//     ...
+//   }
+#pragma once
+
+#include "support/holders.hpp"
+#include "support/sim_gpu.hpp"
+
+#include <gpukit/host/pinned_pool.hpp>
+#include <gpukit/transfer/transfer_pipeline.hpp>
+
+#include <cstddef>
+
+namespace gpukit::test {
+
+/// Pipeline options: chunks of `chunk_bytes`, `staging_threads` threads of its own and a ring of
+/// `ring_chunks` staging chunks per direction (0: the pipeline's default).
+inline transfer_options chunked(std::size_t chunk_bytes, int staging_threads,
+                                std::size_t ring_chunks = 0)
+{
+  transfer_options o;
+  o.chunk_bytes     = chunk_bytes;
+  o.staging_threads = staging_threads;
+  o.ring_chunks     = ring_chunks;
+  return o;
+}
+
+/// A pinned pool and a stream on `rt`.
+template <class Runtime>
+struct transfer_fixture {
+  Runtime& rt;
+  basic_pinned_pool<Runtime> pool;
+  stream_holder<Runtime> s;
+
+  explicit transfer_fixture(Runtime& r, pinned_pool_options const& options = {})
+      : rt{r}, pool{r, options}, s{r}
+  {}
+};
+
+/// transfer_fixture on a simulated GPU of one 1 GiB device that it owns (`sim`).
+struct sim_transfer_fixture : sim_gpu, transfer_fixture<sim_runtime> {
+  sim_transfer_fixture() : transfer_fixture<sim_runtime>{sim} {}
+};
+
+}  // namespace gpukit::test
