@@ -21,6 +21,8 @@
 #include <gpukit/transfer/transfer_pipeline.hpp>
 
 #include <cstddef>
+#include <memory>
+#include <vector>
 
 namespace gpukit::test {
 
@@ -46,6 +48,38 @@ struct transfer_fixture {
   explicit transfer_fixture(Runtime& r, pinned_pool_options const& options = {})
       : rt{r}, pool{r, options}, s{r}
   {}
+};
+
+/// Per device 0 .. devices-1: a pipeline of that device sharing `pool`, a stream and a device
+/// buffer of `bytes` of that device. Everything is released at scope exit: buffers, then
+/// pipelines, then streams.
+template <class Runtime>
+class per_device_transfers {
+ public:
+  per_device_transfers(Runtime& rt, basic_pinned_pool<Runtime>& pool, int devices,
+                       std::size_t bytes, transfer_options options = {})
+  {
+    for (int d = 0; d < devices; ++d) {
+      options.device = d;
+      streams_.push_back(std::make_unique<stream_holder<Runtime>>(rt, d));
+      pipes_.push_back(std::make_unique<basic_transfer_pipeline<Runtime>>(rt, pool, options));
+      buffers_.push_back(std::make_unique<device_buffer<Runtime>>(rt, bytes, d));
+    }
+  }
+
+  [[nodiscard]] basic_transfer_pipeline<Runtime>& pipe(int d) { return *pipes_.at(index(d)); }
+  [[nodiscard]] typename Runtime::stream_type stream(int d) const
+  {
+    return streams_.at(index(d))->s;
+  }
+  [[nodiscard]] void* buffer(int d) const { return buffers_.at(index(d))->p; }
+
+ private:
+  static std::size_t index(int d) { return static_cast<std::size_t>(d); }
+
+  std::vector<std::unique_ptr<stream_holder<Runtime>>> streams_;
+  std::vector<std::unique_ptr<basic_transfer_pipeline<Runtime>>> pipes_;
+  std::vector<std::unique_ptr<device_buffer<Runtime>>> buffers_;
 };
 
 /// transfer_fixture on a simulated GPU of one 1 GiB device that it owns (`sim`).
