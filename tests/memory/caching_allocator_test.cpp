@@ -2,6 +2,7 @@
 // GPU can show (stalled streams, injected faults, call counters).
 #include "memory/allocator_conformance.hpp"
 
+#include "support/caching_allocator.hpp"
 #include "support/holders.hpp"
 #include "support/sim_gpu.hpp"
 #include "support/sizes.hpp"
@@ -42,11 +43,9 @@ TEST_SUITE("caching_allocator")
     check_limit_and_oom_report(sim);
   }
 
-  TEST_CASE("the hot path makes no runtime call and no synchronization")
+  TEST_CASE_FIXTURE(sim_allocator_fixture<>,
+                    "the hot path makes no runtime call and no synchronization")
   {
-    sim_runtime sim{one_device()};
-    sim_allocator alloc{sim, 0};
-    stream_holder<sim_runtime> sa{sim}, sb{sim};
     void* p = alloc.allocate_async(65536, sa);
     alloc.deallocate_async(p, 65536, sa);
     sim.reset_counters();
@@ -115,11 +114,9 @@ TEST_SUITE("caching_allocator")
     }
   }
 
-  TEST_CASE("record_stream keeps a block until the other stream's work is done")
+  TEST_CASE_FIXTURE(sim_allocator_fixture<>,
+                    "record_stream keeps a block until the other stream's work is done")
   {
-    sim_runtime sim{one_device()};
-    sim_allocator alloc{sim, 0};
-    stream_holder<sim_runtime> sa{sim}, sb{sim};
     void* p = alloc.allocate_async(4 * mib, sa);
     alloc.record_stream(p, sb);
     GPUKIT_CUDA_TRY(sim.stall(sb));
@@ -145,11 +142,9 @@ TEST_SUITE("caching_allocator")
     alloc.forget_stream(sb);
   }
 
-  TEST_CASE("out of device memory: recovery releases cached segments and then reports")
+  TEST_CASE_FIXTURE(sim_allocator_fixture<256 * mib>,
+                    "out of device memory: recovery releases cached segments and then reports")
   {
-    sim_runtime sim{one_device(256 * mib)};
-    sim_allocator alloc{sim, 0};
-    stream_holder<sim_runtime> sa{sim}, sb{sim};
     // Fill the device with 20 MiB segments, then free them all into the cache.
     std::vector<void*> live;
     for (int i = 0; i < 12; ++i) { live.push_back(alloc.allocate_async(20 * mib, sa)); }
@@ -250,11 +245,9 @@ TEST_SUITE("caching_allocator")
     CHECK(sim.used_bytes(0) == 0);
   }
 
-  TEST_CASE("statistics: allocated and reserved and peaks and inactive split")
+  TEST_CASE_FIXTURE(sim_allocator_fixture<>,
+                    "statistics: allocated and reserved and peaks and inactive split")
   {
-    sim_runtime sim{one_device()};
-    sim_allocator alloc{sim, 0};
-    stream_holder<sim_runtime> sa{sim}, sb{sim};
     void* a = alloc.allocate_async(1000, sa);     // 1024 bytes from a 2 MiB small segment
     void* b = alloc.allocate_async(3 * mib, sa);  // 20 MiB medium segment
     auto st = alloc.stats();
@@ -275,11 +268,9 @@ TEST_SUITE("caching_allocator")
     alloc.forget_stream(sa);
   }
 
-  TEST_CASE("blocks cached by a thread return to the pool when it exits")
+  TEST_CASE_FIXTURE(sim_allocator_fixture<>,
+                    "blocks cached by a thread return to the pool when it exits")
   {
-    sim_runtime sim{one_device()};
-    sim_allocator alloc{sim, 0};
-    stream_holder<sim_runtime> sa{sim}, sb{sim};
     std::thread{[&] {
       void* p = alloc.allocate_async(mib, sa);
       alloc.deallocate_async(p, mib, sa);
@@ -333,13 +324,11 @@ TEST_SUITE("caching_allocator")
     CHECK(sim.last_misuse() == "");
   }
 
-  TEST_CASE("peaks stay true when blocks are freed by other threads")
+  TEST_CASE_FIXTURE(sim_allocator_fixture<>,
+                    "peaks stay true when blocks are freed by other threads")
   {
     // PyTorch frees on its autograd threads: the allocating thread's own count then only grows.
     // The peak must be the most ever allocated at once (1 MiB here), not that count's peak.
-    sim_runtime sim{one_device()};
-    sim_allocator alloc{sim, 0};
-    stream_holder<sim_runtime> sa{sim}, sb{sim};
     for (int i = 0; i < 50; ++i) {
       void* p = alloc.allocate_async(mib, sa);
       std::thread{[&] { alloc.deallocate_async(p, mib, sa); }}.join();
@@ -351,11 +340,9 @@ TEST_SUITE("caching_allocator")
     alloc.forget_stream(sa);
   }
 
-  TEST_CASE("a block freed by another thread than the one that allocated it")
+  TEST_CASE_FIXTURE(sim_allocator_fixture<>,
+                    "a block freed by another thread than the one that allocated it")
   {
-    sim_runtime sim{one_device()};
-    sim_allocator alloc{sim, 0};
-    stream_holder<sim_runtime> sa{sim}, sb{sim};
     void* p = alloc.allocate_async(mib, sa);
     std::thread{[&] { alloc.deallocate_async(p, mib, sa); }}.join();
     CHECK_THROWS_AS(alloc.deallocate_async(p, mib, sa),
@@ -379,11 +366,9 @@ TEST_SUITE("sim_concurrency")
 
 TEST_SUITE("caching_allocator")
 {
-  TEST_CASE("graph capture: a private pool and no call that capture forbids")
+  TEST_CASE_FIXTURE(sim_allocator_fixture<>,
+                    "graph capture: a private pool and no call that capture forbids")
   {
-    sim_runtime sim{one_device()};
-    sim_allocator alloc{sim, 0};
-    stream_holder<sim_runtime> sa{sim}, sb{sim};
     // Before the capture: a block freed on a and cached, and a block on b waiting on an event.
     void* before = alloc.allocate_async(mib, sa);
     alloc.deallocate_async(before, mib, sa);
@@ -426,11 +411,9 @@ TEST_SUITE("caching_allocator")
     CHECK(alloc.stats().reserved_bytes.current == 0);
   }
 
-  TEST_CASE("graph capture not announced to the allocator gets a clear error")
+  TEST_CASE_FIXTURE(sim_allocator_fixture<>,
+                    "graph capture not announced to the allocator gets a clear error")
   {
-    sim_runtime sim{one_device()};
-    sim_allocator alloc{sim, 0};
-    stream_holder<sim_runtime> sa{sim}, sb{sim};
     GPUKIT_CUDA_TRY(sim.begin_capture(sa));
     try {
       (void)alloc.allocate_async(mib, sa);
@@ -446,11 +429,8 @@ TEST_SUITE("caching_allocator")
 
 TEST_SUITE("caching_allocator")
 {
-  TEST_CASE("peaks reached on cache hits are seen")
+  TEST_CASE_FIXTURE(sim_allocator_fixture<>, "peaks reached on cache hits are seen")
   {
-    sim_runtime sim{one_device()};
-    sim_allocator alloc{sim, 0};
-    stream_holder<sim_runtime> sa{sim}, sb{sim};
     // Warm the cache with two 64 KiB blocks, then hold both again: only cache hits reach the peak.
     void* a = alloc.allocate_async(65536, sa);
     void* b = alloc.allocate_async(65536, sa);

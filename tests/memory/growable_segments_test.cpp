@@ -3,7 +3,7 @@
 // only on the work that used the pages.
 #include "memory/allocator_conformance.hpp"
 
-#include "support/allocator_options.hpp"
+#include "support/caching_allocator.hpp"
 #include "support/holders.hpp"
 #include "support/sim_gpu.hpp"
 #include "support/sizes.hpp"

@@ -1,5 +1,6 @@
 // Out-of-memory recovery on the simulated GPU: the ladder, callbacks, the report, retry_on_oom,
 // and a failure injected at every runtime call the allocation path makes.
+#include "support/caching_allocator.hpp"
 #include "support/holders.hpp"
 #include "support/sim_gpu.hpp"
 #include "support/sizes.hpp"
@@ -57,11 +58,9 @@ TEST_SUITE("oom_recovery")
     }
   }
 
-  TEST_CASE("callbacks run in order without the lock and can ask for another try")
+  TEST_CASE_FIXTURE(sim_allocator_fixture<64 * mib>,
+                    "callbacks run in order without the lock and can ask for another try")
   {
-    sim_runtime sim{one_device(64 * mib)};
-    sim_allocator alloc{sim, 0};
-    stream_holder<sim_runtime> sa{sim}, sb{sim};
     void* held = alloc.allocate_async(40 * mib, sa);
     std::vector<std::string> order;
     alloc.add_oom_callback([&](gpukit::oom_context const& ctx) {
@@ -89,11 +88,9 @@ TEST_SUITE("oom_recovery")
     alloc.forget_stream(sa);
   }
 
-  TEST_CASE("the out-of-memory report: exact fields and a readable message")
+  TEST_CASE_FIXTURE(sim_allocator_fixture<64 * mib>,
+                    "the out-of-memory report: exact fields and a readable message")
   {
-    sim_runtime sim{one_device(64 * mib)};
-    sim_allocator alloc{sim, 0};
-    stream_holder<sim_runtime> sa{sim}, sb{sim};
     // Four 5 MiB blocks share one 20 MiB segment; freeing the 1st and 3rd leaves two 5 MiB holes.
     std::vector<void*> b;
     for (int i = 0; i < 4; ++i) { b.push_back(alloc.allocate_async(5 * mib, sa)); }
@@ -134,11 +131,9 @@ TEST_SUITE("oom_recovery")
     alloc.forget_stream(sa);
   }
 
-  TEST_CASE("retry_on_oom halves the micro-batch until the step fits")
+  TEST_CASE_FIXTURE(sim_allocator_fixture<64 * mib>,
+                    "retry_on_oom halves the micro-batch until the step fits")
   {
-    sim_runtime sim{one_device(64 * mib)};
-    sim_allocator alloc{sim, 0};
-    stream_holder<sim_runtime> sa{sim}, sb{sim};
     void* weights   = alloc.allocate_async(20 * mib, sa);  // what the model holds
     int micro_batch = 32;
     int steps_run   = 0;

@@ -2,7 +2,7 @@
 // fork()ed child, which reads and writes its bytes. The simulated GPU's exported memory is memfd
 // memory (malloc allocations move into a memfd on their first export; virtual-memory pages are
 // memfds from the start), so the two processes really share it, as two processes share a GPU.
-#include "support/allocator_options.hpp"
+#include "support/caching_allocator.hpp"
 #include "support/pattern.hpp"
 #include "support/sim_gpu.hpp"
 #include "support/sizes.hpp"

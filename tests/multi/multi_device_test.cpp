@@ -1,7 +1,7 @@
 // Several GPUs on the simulated GPU (sim_config::with_devices): every component acts on the device
 // it was built for, whatever device the calling thread has current; pinned memory serves every
 // device; peer copies move bytes between devices.
-#include "support/allocator_options.hpp"
+#include "support/caching_allocator.hpp"
 #include "support/holders.hpp"
 #include "support/pattern.hpp"
 #include "support/sim_gpu.hpp"
@@ -167,8 +167,8 @@ TEST_SUITE("multi")
     for (int d = 0; d < n; ++d) {
       allocs.push_back(std::make_unique<sim_allocator>(
         sim, d,
-        source(d % 2 == 0 ? gpukit::segment_source::growable
-                          : gpukit::segment_source::stream_ordered)));
+        segments_from(d % 2 == 0 ? gpukit::segment_source::growable
+                                 : gpukit::segment_source::stream_ordered)));
     }
     std::vector<std::thread> threads;
     std::vector<int> bad(n, 0);
@@ -436,26 +436,24 @@ TEST_SUITE("multi")
       CHECK(sim.peer_access_enabled(1, 0) == peer);
 
       // Bad input: clear errors, nothing copied.
+      auto& p0 = t.pipe(0);
+      void *b0 = t.buffer(0), *b1 = t.buffer(1);
+      auto const s0 = t.stream(0), s1 = t.stream(1);
       CHECK_THROWS_WITH_AS(
-        t.pipe(0).copy_peer_async(t.buffer(1), 1, t.buffer(0), 0, bytes, t.stream(1)),
+        p0.copy_peer_async(b1, 1, b0, 0, bytes, s1),
         doctest::Contains("stream belongs to device 1, this pipeline to device 0"),
         gpukit::logic_error);
-      CHECK_THROWS_WITH_AS(
-        t.pipe(0).copy_peer_async(t.buffer(1), 1, t.buffer(0), 2, bytes, t.stream(0)),
-        doctest::Contains("device 2 does not exist"), gpukit::logic_error);
-      CHECK_THROWS_WITH_AS(
-        t.pipe(0).copy_peer_async(t.buffer(1), 1, t.buffer(1), 1, 8, t.stream(0)),
-        doctest::Contains("neither the source's (1) nor the destination's (1)"),
-        gpukit::logic_error);
-      CHECK_THROWS_WITH_AS(
-        t.pipe(0).copy_peer_async(t.buffer(0), 0, t.buffer(0), 0, bytes, t.stream(0)),
-        doctest::Contains("overlap"), gpukit::logic_error);
-      CHECK_THROWS_WITH_AS(
-        t.pipe(0).copy_peer_async(t.buffer(1), 1, t.buffer(0), 0, 0, t.stream(0)),
-        doctest::Contains("0 bytes"), gpukit::logic_error);
+      CHECK_THROWS_WITH_AS(p0.copy_peer_async(b1, 1, b0, 2, bytes, s0),
+                           doctest::Contains("device 2 does not exist"), gpukit::logic_error);
+      CHECK_THROWS_WITH_AS(p0.copy_peer_async(b1, 1, b1, 1, 8, s0),
+                           doctest::Contains("neither the source's (1) nor the destination's (1)"),
+                           gpukit::logic_error);
+      CHECK_THROWS_WITH_AS(p0.copy_peer_async(b0, 0, b0, 0, bytes, s0),
+                           doctest::Contains("overlap"), gpukit::logic_error);
+      CHECK_THROWS_WITH_AS(p0.copy_peer_async(b1, 1, b0, 0, 0, s0), doctest::Contains("0 bytes"),
+                           gpukit::logic_error);
       // A pointer that is not memory of the device named for it: the runtime refuses the copy.
-      CHECK_THROWS_AS(t.pipe(0).copy_peer_async(t.buffer(0), 1, t.buffer(1), 0, bytes, t.stream(0)),
-                      gpukit::cuda_error);
+      CHECK_THROWS_AS(p0.copy_peer_async(b0, 1, b1, 0, bytes, s0), gpukit::cuda_error);
       CHECK(t.pipe(0).stats().peer_copies == 1);
 
       for (int d = 0; d < 2; ++d) { REQUIRE(sim.stream_synchronize(t.stream(d)) == cudaSuccess); }

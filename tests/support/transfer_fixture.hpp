@@ -15,12 +15,14 @@
 #pragma once
 
 #include "support/holders.hpp"
+#include "support/pattern.hpp"
 #include "support/sim_gpu.hpp"
 
 #include <gpukit/host/pinned_pool.hpp>
 #include <gpukit/transfer/transfer_pipeline.hpp>
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <vector>
 
@@ -48,6 +50,23 @@ struct transfer_fixture {
   explicit transfer_fixture(Runtime& r, pinned_pool_options const& options = {})
       : rt{r}, pool{r, options}, s{r}
   {}
+};
+
+/// The bytes of one transfer: `bytes` of device memory, a host source holding pattern `seed` and
+/// a zeroed host destination of the same size.
+template <class Runtime>
+struct transfer_bytes {
+  std::size_t bytes;
+  std::uint32_t seed;
+  device_buffer<Runtime> dev;
+  std::vector<unsigned char> src, dst;
+
+  transfer_bytes(Runtime& rt, std::size_t n, std::uint32_t pattern)
+      : bytes{n}, seed{pattern}, dev{rt, n}, src(pattern_bytes(n, pattern)), dst(n, 0)
+  {}
+
+  /// Whether the destination holds the source's pattern, every byte of it.
+  [[nodiscard]] bool arrived() const { return first_mismatch(dst.data(), bytes, seed) == bytes; }
 };
 
 /// Per device 0 .. devices-1: a pipeline of that device sharing `pool`, a stream and a device

@@ -6,11 +6,10 @@
 //
 //   GPUKIT_TRANSFER_CONFORMANCE_CASES(gpukit::cuda_runtime::instance(), "cuda_runtime")
 //
-// defines one TEST_CASE per check below, named "<prefix>: <what>". `runtime_expr` is evaluated once
-// per case and bound with `auto&&`: an lvalue (a shared runtime) or a prvalue (a fresh simulated
-// GPU per case) both work.
+// defines one TEST_CASE per check below, named "<prefix>: <what>" (support/conformance.hpp).
 #pragma once
 
+#include "support/conformance.hpp"
 #include "support/holders.hpp"
 #include "support/pattern.hpp"
 #include "support/sizes.hpp"
@@ -444,44 +443,37 @@ void check_pipeline_roundtrip_staging_threads(Runtime& rt)
 
 }  // namespace gpukit::test
 
-#define GPUKIT_TRANSFER_CONFORMANCE_CASE_DETAIL(runtime_expr, name_prefix, what, check) \
-  TEST_CASE(name_prefix ": " what)                                                      \
-  {                                                                                     \
-    auto&& gpukit_conformance_rt = runtime_expr;                                        \
-    ::gpukit::test::check(gpukit_conformance_rt);                                       \
-  }
-
 /// One TEST_CASE per transfer conformance check, on the runtime `runtime_expr` yields.
-#define GPUKIT_TRANSFER_CONFORMANCE_CASES(runtime_expr, name_prefix)                              \
-  GPUKIT_TRANSFER_CONFORMANCE_CASE_DETAIL(runtime_expr, name_prefix,                              \
-                                          "pinned_pool: reuse and size classes and statistics",   \
-                                          check_pool_basics)                                      \
-  GPUKIT_TRANSFER_CONFORMANCE_CASE_DETAIL(runtime_expr, name_prefix,                              \
-                                          "pinned_pool: the same with host_alloc growth",         \
-                                          check_pool_basics_host_alloc)                           \
-  GPUKIT_TRANSFER_CONFORMANCE_CASE_DETAIL(                                                        \
-    runtime_expr, name_prefix, "pinned_pool: bad input gets a clear error and changes nothing",   \
-    check_pool_bad_input)                                                                         \
-  GPUKIT_TRANSFER_CONFORMANCE_CASE_DETAIL(                                                        \
-    runtime_expr, name_prefix, "pinned_pool: the limit refuses growth", check_pool_limit)         \
-  GPUKIT_TRANSFER_CONFORMANCE_CASE_DETAIL(                                                        \
-    runtime_expr, name_prefix,                                                                    \
-    "pinned_pool: a buffer returned with a stream comes back after its work",                     \
-    check_pool_stream_return)                                                                     \
-  GPUKIT_TRANSFER_CONFORMANCE_CASE_DETAIL(runtime_expr, name_prefix,                              \
-                                          "transfer: round trips on the calling thread",          \
-                                          check_pipeline_roundtrip_calling_thread)                \
-  GPUKIT_TRANSFER_CONFORMANCE_CASE_DETAIL(runtime_expr, name_prefix,                              \
-                                          "transfer: round trips with staging threads",           \
-                                          check_pipeline_roundtrip_staging_threads)               \
-  GPUKIT_TRANSFER_CONFORMANCE_CASE_DETAIL(                                                        \
-    runtime_expr, name_prefix, "transfer: both directions at once", check_pipeline_bidirectional) \
-  GPUKIT_TRANSFER_CONFORMANCE_CASE_DETAIL(                                                        \
-    runtime_expr, name_prefix, "transfer: bad input is refused before anything is copied",        \
-    check_pipeline_bad_input)                                                                     \
-  GPUKIT_TRANSFER_CONFORMANCE_CASE_DETAIL(                                                        \
-    runtime_expr, name_prefix, "transfer: submitted transfers complete with their bytes",         \
-    check_submitted_transfers)                                                                    \
-  GPUKIT_TRANSFER_CONFORMANCE_CASE_DETAIL(runtime_expr, name_prefix,                              \
-                                          "prefetcher: batches arrive in order with their bytes", \
-                                          check_prefetcher_order)
+#define GPUKIT_TRANSFER_CONFORMANCE_CASES(runtime_expr, name_prefix)                               \
+  GPUKIT_TEST_CONFORMANCE_CASE(runtime_expr, name_prefix,                                          \
+                               "pinned_pool: reuse and size classes and statistics",               \
+                               check_pool_basics)                                                  \
+  GPUKIT_TEST_CONFORMANCE_CASE(runtime_expr, name_prefix,                                          \
+                               "pinned_pool: the same with host_alloc growth",                     \
+                               check_pool_basics_host_alloc)                                       \
+  GPUKIT_TEST_CONFORMANCE_CASE(runtime_expr, name_prefix,                                          \
+                               "pinned_pool: bad input gets a clear error and changes nothing",    \
+                               check_pool_bad_input)                                               \
+  GPUKIT_TEST_CONFORMANCE_CASE(runtime_expr, name_prefix, "pinned_pool: the limit refuses growth", \
+                               check_pool_limit)                                                   \
+  GPUKIT_TEST_CONFORMANCE_CASE(                                                                    \
+    runtime_expr, name_prefix,                                                                     \
+    "pinned_pool: a buffer returned with a stream comes back after its work",                      \
+    check_pool_stream_return)                                                                      \
+  GPUKIT_TEST_CONFORMANCE_CASE(runtime_expr, name_prefix,                                          \
+                               "transfer: round trips on the calling thread",                      \
+                               check_pipeline_roundtrip_calling_thread)                            \
+  GPUKIT_TEST_CONFORMANCE_CASE(runtime_expr, name_prefix,                                          \
+                               "transfer: round trips with staging threads",                       \
+                               check_pipeline_roundtrip_staging_threads)                           \
+  GPUKIT_TEST_CONFORMANCE_CASE(runtime_expr, name_prefix, "transfer: both directions at once",     \
+                               check_pipeline_bidirectional)                                       \
+  GPUKIT_TEST_CONFORMANCE_CASE(runtime_expr, name_prefix,                                          \
+                               "transfer: bad input is refused before anything is copied",         \
+                               check_pipeline_bad_input)                                           \
+  GPUKIT_TEST_CONFORMANCE_CASE(runtime_expr, name_prefix,                                          \
+                               "transfer: submitted transfers complete with their bytes",          \
+                               check_submitted_transfers)                                          \
+  GPUKIT_TEST_CONFORMANCE_CASE(runtime_expr, name_prefix,                                          \
+                               "prefetcher: batches arrive in order with their bytes",             \
+                               check_prefetcher_order)

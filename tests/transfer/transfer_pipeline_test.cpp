@@ -71,21 +71,19 @@ TEST_SUITE("transfer")
   {
     sim_pipeline pipe{sim, pool, chunked(64 * kib, 1, 3)};
     std::size_t const bytes = 3 * 64 * kib - 5;  // 3 chunks: a ring of 3 never waits
-    device_buffer<sim_runtime> dev{sim, bytes};
-    auto const src = pattern_bytes(bytes, 5);
-    std::vector<unsigned char> dst(bytes, 0);
+    transfer_bytes<sim_runtime> t{sim, bytes, 5};
     GPUKIT_CUDA_TRY(sim.stall(s.s));  // earlier work on s: the copies must not start
-    GPUKIT_CUDA_TRY(sim.memset_async(dev.p, 0, bytes, s.s));
-    pipe.copy_to_device_async(dev.p, src.data(), bytes, s.s);  // staged; copies wait on s
+    GPUKIT_CUDA_TRY(sim.memset_async(t.dev.p, 0, bytes, s.s));
+    pipe.copy_to_device_async(t.dev.p, t.src.data(), bytes, s.s);  // staged; copies wait on s
     CHECK(pipe.stats().chunks == 3);
     std::this_thread::sleep_for(std::chrono::milliseconds{20});
     CHECK(sim.stream_query(pipe.h2d_stream()) == cudaErrorNotReady);
-    std::thread t{[&] { pipe.copy_to_host_async(dst.data(), dev.p, bytes, s.s); }};
+    std::thread copier{[&] { pipe.copy_to_host_async(t.dst.data(), t.dev.p, bytes, s.s); }};
     std::this_thread::sleep_for(std::chrono::milliseconds{20});
-    CHECK(dst[0] == 0);  // nothing arrives before s's earlier work has run
+    CHECK(t.dst[0] == 0);  // nothing arrives before s's earlier work has run
     GPUKIT_CUDA_TRY(sim.release(s.s));
-    t.join();
-    CHECK(first_mismatch(dst.data(), bytes, 5) == bytes);
+    copier.join();
+    CHECK(t.arrived());
     CHECK(sim.calls(sim_op::device_synchronize) == 0);
     CHECK(sim.calls(sim_op::launch_host_func) == 0);
   }
@@ -99,12 +97,10 @@ TEST_SUITE("transfer")
       {
         sim_pipeline pipe{sim, pool, chunked(64 * kib, 1, 3)};
         stream_holder<sim_runtime> s{sim};
-        device_buffer<sim_runtime> dev{sim, bytes};
-        auto const src = pattern_bytes(bytes, 9);
-        std::vector<unsigned char> dst(bytes);
+        transfer_bytes<sim_runtime> t{sim, bytes, 9};
         sim.inject_fault(sim_op::memcpy_async, 3, cudaErrorLaunchFailure);
         try {
-          pipe.copy_to_device_async(dev.p, src.data(), bytes, s.s);
+          pipe.copy_to_device_async(t.dev.p, t.src.data(), bytes, s.s);
           FAIL("the third chunk's copy fails");
         } catch (gpukit::cuda_error const& e) {
           CHECK(e.code() == cudaErrorLaunchFailure);
@@ -114,11 +110,12 @@ TEST_SUITE("transfer")
         CHECK(pool.stats().allocation_count.current ==
               static_cast<std::int64_t>(pipe.stats().staging_chunks));
         // The pipeline still works, and a device-to-host failure is reported the same way.
-        pipe.copy_to_device_async(dev.p, src.data(), bytes, s.s);
+        pipe.copy_to_device_async(t.dev.p, t.src.data(), bytes, s.s);
         sim.inject_fault(sim_op::memcpy_async, 2, cudaErrorLaunchFailure);
-        CHECK_THROWS_AS(pipe.copy_to_host_async(dst.data(), dev.p, bytes, s.s), gpukit::cuda_error);
-        pipe.copy_to_host_async(dst.data(), dev.p, bytes, s.s);
-        CHECK(first_mismatch(dst.data(), bytes, 9) == bytes);
+        CHECK_THROWS_AS(pipe.copy_to_host_async(t.dst.data(), t.dev.p, bytes, s.s),
+                        gpukit::cuda_error);
+        pipe.copy_to_host_async(t.dst.data(), t.dev.p, bytes, s.s);
+        CHECK(t.arrived());
         GPUKIT_CUDA_TRY(sim.stream_synchronize(s.s));
       }
       CHECK(pool.stats().allocation_count.current == 0);  // every staging chunk came back
@@ -139,21 +136,19 @@ TEST_SUITE("transfer")
     // the fixture's pool grows with host_register
     {
       sim_pipeline pipe{sim, pool, chunked(64 * kib, 1, 4)};
-      device_buffer<sim_runtime> dev{sim, bytes};
-      auto const src = pattern_bytes(bytes, 11);
-      std::vector<unsigned char> dst(bytes);
+      transfer_bytes<sim_runtime> t{sim, bytes, 11};
       // Stalled, the first two chunks' copies stay pending, so the third chunk needs a new slot.
       GPUKIT_CUDA_TRY(sim.stall(pipe.h2d_stream()));
       sim.inject_fault(sim_op::host_register, 3, cudaErrorMemoryAllocation);
-      CHECK_THROWS_WITH_AS(pipe.copy_to_device_async(dev.p, src.data(), bytes, s.s),
+      CHECK_THROWS_WITH_AS(pipe.copy_to_device_async(t.dev.p, t.src.data(), bytes, s.s),
                            doctest::Contains("host_register"), gpukit::cuda_error);
       CHECK(pipe.stats().staging_chunks == 2);
       CHECK(pipe.stats().chunks == 2);
       CHECK(pool.stats().allocation_count.current == 2);
       GPUKIT_CUDA_TRY(sim.release(pipe.h2d_stream()));
-      pipe.copy_to_device_async(dev.p, src.data(), bytes, s.s);
-      pipe.copy_to_host_async(dst.data(), dev.p, bytes, s.s);
-      CHECK(first_mismatch(dst.data(), bytes, 11) == bytes);
+      pipe.copy_to_device_async(t.dev.p, t.src.data(), bytes, s.s);
+      pipe.copy_to_host_async(t.dst.data(), t.dev.p, bytes, s.s);
+      CHECK(t.arrived());
       GPUKIT_CUDA_TRY(sim.stream_synchronize(s.s));
     }
     CHECK(pool.stats().allocation_count.current == 0);
@@ -232,14 +227,13 @@ TEST_SUITE("sim_concurrency")
     std::size_t const bytes = 40 * 64 * kib + 3;
     {
       sim_pipeline pipe{sim, pool, chunked(64 * kib, 4, 6)};
-      device_buffer<sim_runtime> dev{sim, bytes};
-      auto const src = pattern_bytes(bytes, 77);
-      std::vector<unsigned char> dst(bytes);
+      transfer_bytes<sim_runtime> t{sim, bytes, 77};
       sim.inject_fault(sim_op::memcpy_async, 10, cudaErrorLaunchFailure);
-      CHECK_THROWS_AS(pipe.copy_to_device_async(dev.p, src.data(), bytes, s.s), gpukit::cuda_error);
-      pipe.copy_to_device_async(dev.p, src.data(), bytes, s.s);
-      pipe.copy_to_host_async(dst.data(), dev.p, bytes, s.s);
-      CHECK(first_mismatch(dst.data(), bytes, 77) == bytes);
+      CHECK_THROWS_AS(pipe.copy_to_device_async(t.dev.p, t.src.data(), bytes, s.s),
+                      gpukit::cuda_error);
+      pipe.copy_to_device_async(t.dev.p, t.src.data(), bytes, s.s);
+      pipe.copy_to_host_async(t.dst.data(), t.dev.p, bytes, s.s);
+      CHECK(t.arrived());
     }
     CHECK(pool.stats().allocation_count.current == 0);
   }
@@ -326,13 +320,12 @@ TEST_SUITE("sim_concurrency")
   {
     std::size_t const bytes = 6 * 64 * kib + 1;
     {
-      sim_pipeline pipe{sim, pool, chunked(64 * kib, 3, 3)};
-      device_buffer<sim_runtime> dev{sim, bytes};
-      auto const src = pattern_bytes(bytes, 13);
-      std::vector<unsigned char> dst(bytes);
-      sim.inject_fault(sim_op::memcpy_async, 3, cudaErrorLaunchFailure);
       completions c;
-      pipe.submit_to_device(dev.p, src.data(), bytes, gpukit::host_memory::detect, s.s, c.one());
+      sim_pipeline pipe{sim, pool, chunked(64 * kib, 3, 3)};
+      transfer_bytes<sim_runtime> t{sim, bytes, 13};
+      sim.inject_fault(sim_op::memcpy_async, 3, cudaErrorLaunchFailure);
+      pipe.submit_to_device(t.dev.p, t.src.data(), bytes, gpukit::host_memory::detect, s.s,
+                            c.one());
       REQUIRE(c.wait_for(1));
       REQUIRE(c.first_error);
       CHECK_THROWS_WITH_AS(std::rethrow_exception(c.first_error), doctest::Contains("memcpy_async"),
@@ -342,12 +335,12 @@ TEST_SUITE("sim_concurrency")
       CHECK(pipe.stats().transfers == 0);
       // The pipeline still works.
       completions again;
-      pipe.submit_to_device(dev.p, src.data(), bytes, gpukit::host_memory::detect, s.s,
+      pipe.submit_to_device(t.dev.p, t.src.data(), bytes, gpukit::host_memory::detect, s.s,
                             again.one());
       REQUIRE(again.wait_for(1));
       CHECK_FALSE(again.first_error);
-      pipe.copy_to_host_async(dst.data(), dev.p, bytes, s.s);
-      CHECK(first_mismatch(dst.data(), bytes, 13) == bytes);
+      pipe.copy_to_host_async(t.dst.data(), t.dev.p, bytes, s.s);
+      CHECK(t.arrived());
       GPUKIT_CUDA_TRY(sim.stream_synchronize(s.s));
       CHECK(pool.stats().allocation_count.current ==
             static_cast<std::int64_t>(pipe.stats().staging_chunks));
@@ -399,17 +392,15 @@ TEST_SUITE("sim_concurrency")
   {
     sim_pipeline pipe{sim, pool, chunked(64 * kib, 1)};
     std::size_t const bytes = 3 * 64 * kib + 7;
-    device_buffer<sim_runtime> dev{sim, bytes};
-    auto const src = pattern_bytes(bytes, 17);
-    std::vector<unsigned char> dst(bytes);
+    transfer_bytes<sim_runtime> t{sim, bytes, 17};
     completions c;
-    pipe.submit_to_device(dev.p, src.data(), bytes, gpukit::host_memory::detect, s.s, c.one());
+    pipe.submit_to_device(t.dev.p, t.src.data(), bytes, gpukit::host_memory::detect, s.s, c.one());
     CHECK(c.done() == 1);
     CHECK((c.last_thread == std::this_thread::get_id()));
-    pipe.submit_to_host(dst.data(), dev.p, bytes, gpukit::host_memory::detect, s.s, c.one());
+    pipe.submit_to_host(t.dst.data(), t.dev.p, bytes, gpukit::host_memory::detect, s.s, c.one());
     CHECK(c.done() == 2);
     CHECK_FALSE(c.first_error);
-    CHECK(first_mismatch(dst.data(), bytes, 17) == bytes);
+    CHECK(t.arrived());
     GPUKIT_CUDA_TRY(sim.stream_synchronize(s.s));
   }
   TEST_CASE_FIXTURE(sim_transfer_fixture, "prefetcher: keeps exactly the next batch in flight")
