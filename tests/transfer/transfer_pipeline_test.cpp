@@ -46,21 +46,20 @@ TEST_SUITE("transfer")
   {
     sim_pipeline pipe{sim, pool, chunked(64 * kib, 1, 2)};
     std::size_t const bytes = 5 * 64 * kib + 99;
-    device_buffer<sim_runtime> dev{sim, bytes};
-    auto const src = pattern_bytes(bytes, 42);
+    transfer_bytes<sim_runtime> t{sim, bytes, 42};
     GPUKIT_CUDA_TRY(sim.stall(pipe.h2d_stream()));
-    std::thread t{[&] { pipe.copy_to_device_async(dev.p, src.data(), bytes, s.s); }};
+    std::thread copier{[&] { pipe.copy_to_device_async(t.dev.p, t.src.data(), bytes, s.s); }};
     CHECK(wait_until([&] { return pipe.stats().chunks == 2; }));
     std::this_thread::sleep_for(std::chrono::milliseconds{30});
     CHECK(pipe.stats().chunks == 2);  // both chunks' copies are pending: the third waits
     CHECK(pipe.stats().staging_chunks == 2);
     CHECK(sim.calls(sim_op::device_synchronize) == 0);
     GPUKIT_CUDA_TRY(sim.release(pipe.h2d_stream()));
-    t.join();
+    copier.join();
     CHECK(pipe.stats().chunk_waits >= 1);
     std::vector<unsigned char> back(bytes);
     GPUKIT_CUDA_TRY(
-      sim.memcpy_async(back.data(), dev.p, bytes, gpukit::memcpy_kind::device_to_host, s.s));
+      sim.memcpy_async(back.data(), t.dev.p, bytes, gpukit::memcpy_kind::device_to_host, s.s));
     GPUKIT_CUDA_TRY(sim.stream_synchronize(s.s));
     CHECK(first_mismatch(back.data(), bytes, 42) == bytes);
   }
@@ -267,11 +266,10 @@ TEST_SUITE("sim_concurrency")
   {
     sim_pipeline pipe{sim, pool, chunked(64 * kib, 3, 2)};
     std::size_t const bytes = 5 * 64 * kib + 99;
-    device_buffer<sim_runtime> dev{sim, bytes};
-    auto const src = pattern_bytes(bytes, 21);
+    transfer_bytes<sim_runtime> t{sim, bytes, 21};
     GPUKIT_CUDA_TRY(sim.stall(pipe.h2d_stream()));
     completions c;
-    pipe.submit_to_device(dev.p, src.data(), bytes, gpukit::host_memory::detect, s.s, c.one());
+    pipe.submit_to_device(t.dev.p, t.src.data(), bytes, gpukit::host_memory::detect, s.s, c.one());
     CHECK(wait_until([&] { return pipe.stats().chunks == 2; }));
     std::this_thread::sleep_for(std::chrono::milliseconds{30});
     CHECK(c.done() == 0);  // two chunks' copies pending, a ring of two: staging waits
@@ -284,7 +282,7 @@ TEST_SUITE("sim_concurrency")
     CHECK(pipe.stats().transfers == 1);
     std::vector<unsigned char> back(bytes);  // s waits for the copy: no other synchronization
     GPUKIT_CUDA_TRY(
-      sim.memcpy_async(back.data(), dev.p, bytes, gpukit::memcpy_kind::device_to_host, s.s));
+      sim.memcpy_async(back.data(), t.dev.p, bytes, gpukit::memcpy_kind::device_to_host, s.s));
     GPUKIT_CUDA_TRY(sim.stream_synchronize(s.s));
     CHECK(first_mismatch(back.data(), bytes, 21) == bytes);
     CHECK(sim.calls(sim_op::device_synchronize) == 0);
