@@ -4,6 +4,8 @@
 // bytes equal to the plan's peak. With offloading: the same gradients, the peak within the plan's,
 // copies ordered by events alone (a stalled copy stream holds the step back, never the host). RNG
 // hooks: a stateful generator replays exactly on recomputation, and only with the hooks.
+#include "support/sim_gpu.hpp"
+
 #include <gpukit/checkpoint/executor.hpp>
 #include <gpukit/checkpoint/planners.hpp>
 #include <gpukit/host/pinned_pool.hpp>
@@ -127,7 +129,7 @@ struct host_stages {
 };
 
 struct fixture {
-  sim_runtime sim{sim_config{}.with_devices(1, std::size_t{1} << 30)};
+  sim_runtime sim{test::one_device(test::gib)};
   caching_allocator_options options()
   {
     caching_allocator_options o;

@@ -1,6 +1,10 @@
 // The pinned pool on the simulated GPU: the conformance cases, plus what only a simulated GPU can
 // show (stalled streams, injected faults, call counters).
-#include "transfer/transfer_conformance.hpp"
+#include "support/holders.hpp"
+#include "support/pattern.hpp"
+#include "support/sim_gpu.hpp"
+#include "support/sizes.hpp"
+#include "support/transfer_fixture.hpp"
 
 #include <gpukit/host/pinned_pool.hpp>
 #include <gpukit/runtime/sim_runtime.hpp>
@@ -18,20 +22,12 @@
 #include <thread>
 #include <vector>
 
+using namespace gpukit::test;
 using gpukit::sim_op;
 using gpukit::sim_runtime;
 using sim_pool = gpukit::basic_pinned_pool<sim_runtime>;
-using gpukit::test::fill_pattern;
-using gpukit::test::first_mismatch;
-using gpukit::test::kib;
-using gpukit::test::mib;
 
 namespace {
-
-gpukit::sim_config small_gpu()
-{
-  return gpukit::sim_config{}.with_devices(1, std::size_t{1} << 30);
-}
 
 /// True when every page of [p, p + bytes) is mapped in this process (mincore fails with ENOMEM
 /// on an unmapped page).
@@ -69,40 +65,11 @@ std::string vm_flags_of(void const* p)
 
 TEST_SUITE("pinned_pool")
 {
-  TEST_CASE("pinned_pool: conformance: reuse and size classes and statistics")
+  TEST_CASE_FIXTURE(
+    sim_transfer_fixture,
+    "pinned_pool: a returned buffer is never handed out while its stream's work is pending")
   {
-    sim_runtime sim{small_gpu()};
-    gpukit::test::check_pool_basics(sim);
-  }
-  TEST_CASE("pinned_pool: conformance: the same with host_alloc growth")
-  {
-    sim_runtime sim{small_gpu()};
-    gpukit::pinned_pool_options o;
-    o.growth = gpukit::pinned_growth::host_alloc;
-    gpukit::test::check_pool_basics(sim, o);
-  }
-  TEST_CASE("pinned_pool: conformance: bad input gets a clear error and changes nothing")
-  {
-    sim_runtime sim{small_gpu()};
-    gpukit::test::check_pool_bad_input(sim);
-  }
-  TEST_CASE("pinned_pool: conformance: the limit refuses growth")
-  {
-    sim_runtime sim{small_gpu()};
-    gpukit::test::check_pool_limit(sim);
-  }
-  TEST_CASE("pinned_pool: conformance: a buffer returned with a stream comes back after its work")
-  {
-    sim_runtime sim{small_gpu()};
-    gpukit::test::check_pool_stream_return(sim);
-  }
-
-  TEST_CASE("pinned_pool: a returned buffer is never handed out while its stream's work is pending")
-  {
-    sim_runtime sim{small_gpu()};
-    sim_pool pool{sim};
-    gpukit::test::stream_holder<sim_runtime> s{sim};
-    gpukit::test::device_buffer<sim_runtime> dev{sim, mib};
+    device_buffer<sim_runtime> dev{sim, mib};
     void* a = pool.allocate(mib);
     fill_pattern(a, mib, 3);
     GPUKIT_CUDA_TRY(sim.stall(s.s));
@@ -138,10 +105,9 @@ TEST_SUITE("pinned_pool")
     CHECK(pool.stats().num_growths == 6);
   }
 
-  TEST_CASE("pinned_pool: record_stream refuses a destroyed stream when it is named")
+  TEST_CASE_FIXTURE(sim_transfer_fixture,
+                    "pinned_pool: record_stream refuses a destroyed stream when it is named")
   {
-    sim_runtime sim{small_gpu()};
-    sim_pool pool{sim};
     sim_runtime::stream_type dead{};
     GPUKIT_CUDA_TRY(sim.stream_create(dead));
     GPUKIT_CUDA_TRY(sim.stream_destroy(dead));
@@ -157,11 +123,11 @@ TEST_SUITE("pinned_pool")
     pool.deallocate(again);
   }
 
-  TEST_CASE("pinned_pool: record_stream makes a return wait on every stream that used the buffer")
+  TEST_CASE_FIXTURE(
+    sim_transfer_fixture,
+    "pinned_pool: record_stream makes a return wait on every stream that used the buffer")
   {
-    sim_runtime sim{small_gpu()};
-    sim_pool pool{sim};
-    gpukit::test::stream_holder<sim_runtime> a{sim}, b{sim};
+    stream_holder<sim_runtime> a{sim}, b{sim};
     GPUKIT_CUDA_TRY(sim.stall(b.s));
     auto buf   = pool.acquire(64 * kib);
     void* addr = buf.data();
@@ -187,7 +153,7 @@ TEST_SUITE("pinned_pool")
   TEST_CASE(
     "pinned_pool: registered user memory is a source of buffers and is unregistered at the end")
   {
-    sim_runtime sim{small_gpu()};
+    sim_runtime sim{one_device(gib)};
     std::vector<unsigned char> mine(4 * mib + 123);
     {
       sim_pool pool{sim};
@@ -217,10 +183,9 @@ TEST_SUITE("pinned_pool")
     CHECK(sim.calls(sim_op::host_free) == 0);
   }
 
-  TEST_CASE("pinned_pool: prewarm makes buffers ready with one growth")
+  TEST_CASE_FIXTURE(sim_transfer_fixture,
+                    "pinned_pool: prewarm makes buffers ready with one growth")
   {
-    sim_runtime sim{small_gpu()};
-    sim_pool pool{sim};
     pool.prewarm(3 * mib, 4);
     CHECK(pool.stats().num_growths == 1);
     CHECK(sim.calls(sim_op::host_register) == 1);
@@ -236,7 +201,7 @@ TEST_SUITE("pinned_pool")
 
   TEST_CASE("pinned_pool: a failing host_alloc leaves the pool unchanged")
   {
-    sim_runtime sim{small_gpu()};
+    sim_runtime sim{one_device(gib)};
     gpukit::pinned_pool_options o;
     o.growth = gpukit::pinned_growth::host_alloc;
     sim_pool pool{sim, o};
@@ -253,7 +218,7 @@ TEST_SUITE("pinned_pool")
 
   TEST_CASE("pinned_pool: growth maps 2 MiB aligned huge-page memory and registers it")
   {
-    sim_runtime sim{small_gpu()};
+    sim_runtime sim{one_device(gib)};
     std::size_t const bytes = 48 * mib + 5 * kib;  // not a multiple of a huge page
     void* base              = nullptr;
     {
@@ -299,7 +264,7 @@ TEST_SUITE("pinned_pool")
 
   TEST_CASE("pinned_pool: huge pages off maps page-aligned memory without the advice")
   {
-    sim_runtime sim{small_gpu()};
+    sim_runtime sim{one_device(gib)};
     gpukit::pinned_pool_options o;
     o.huge_pages = false;
     sim_pool pool{sim, o};
@@ -311,10 +276,10 @@ TEST_SUITE("pinned_pool")
     pool.deallocate(a);
   }
 
-  TEST_CASE("pinned_pool: a failing host_register of a grown range unmaps it and changes nothing")
+  TEST_CASE_FIXTURE(
+    sim_transfer_fixture,
+    "pinned_pool: a failing host_register of a grown range unmaps it and changes nothing")
   {
-    sim_runtime sim{small_gpu()};
-    sim_pool pool{sim};
     sim.inject_fault(sim_op::host_register, 1, cudaErrorHostMemoryAlreadyRegistered);
     try {
       (void)pool.allocate(5 * mib);
@@ -341,7 +306,7 @@ TEST_SUITE("pinned_pool")
 
   TEST_CASE("pinned_pool: the limit counts growth of either kind and bad options are refused")
   {
-    sim_runtime sim{small_gpu()};
+    sim_runtime sim{one_device(gib)};
     gpukit::pinned_pool_options o;
     o.limit_bytes = 8 * mib;
     sim_pool pool{sim, o};
@@ -354,10 +319,9 @@ TEST_SUITE("pinned_pool")
                          gpukit::logic_error);
   }
 
-  TEST_CASE("pinned_pool: threads grow the pool at once and every range is distinct")
+  TEST_CASE_FIXTURE(sim_transfer_fixture,
+                    "pinned_pool: threads grow the pool at once and every range is distinct")
   {
-    sim_runtime sim{small_gpu()};
-    sim_pool pool{sim};
     std::vector<void*> got(8);
     std::vector<std::thread> ts;
     for (std::size_t t = 0; t < got.size(); ++t) {
@@ -376,11 +340,9 @@ TEST_SUITE("pinned_pool")
     CHECK(sim.calls(sim_op::host_register) == 8);
   }
 
-  TEST_CASE("pinned_pool: a failing event record leaves the buffer handed out")
+  TEST_CASE_FIXTURE(sim_transfer_fixture,
+                    "pinned_pool: a failing event record leaves the buffer handed out")
   {
-    sim_runtime sim{small_gpu()};
-    sim_pool pool{sim};
-    gpukit::test::stream_holder<sim_runtime> s{sim};
     void* p = pool.allocate(mib);
     sim.inject_fault(sim_op::event_record, 1, cudaErrorLaunchFailure);
     CHECK_THROWS_AS(pool.deallocate_async(p, s.s), gpukit::cuda_error);
@@ -392,17 +354,16 @@ TEST_SUITE("pinned_pool")
 
 TEST_SUITE("sim_concurrency")
 {
-  TEST_CASE("pinned_pool: threads allocate and fill and return with and without streams")
+  TEST_CASE_FIXTURE(sim_transfer_fixture,
+                    "pinned_pool: threads allocate and fill and return with and without streams")
   {
-    sim_runtime sim{small_gpu()};
-    sim_pool pool{sim};
     pool.reserve(8 * mib);
     constexpr int threads = 6;
     std::atomic<int> bad{0};
     std::vector<std::thread> ts;
     for (int t = 0; t < threads; ++t) {
       ts.emplace_back([&, t] {
-        gpukit::test::stream_holder<sim_runtime> s{sim};
+        stream_holder<sim_runtime> s{sim};
         std::mt19937 rng{static_cast<unsigned>(t)};
         std::vector<std::pair<void*, std::size_t>> held;
         for (int i = 0; i < 400; ++i) {

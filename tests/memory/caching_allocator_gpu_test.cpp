@@ -3,6 +3,9 @@
 // failures, memory given back to the device).
 #include "memory/allocator_conformance.hpp"
 
+#include "support/holders.hpp"
+#include "support/sizes.hpp"
+
 #include <gpukit/memory/caching_allocator.hpp>
 #include <gpukit/memory/detail/allocator_invariants.hpp>
 #include <gpukit/runtime/cuda_runtime.hpp>
@@ -12,6 +15,10 @@
 #include <string>
 #include <vector>
 
+using gpukit::test::gib;
+using gpukit::test::mib;
+using cuda_stream = gpukit::test::stream_holder<gpukit::cuda_runtime>;
+
 TEST_SUITE("gpu")
 {
   // The conformance suite over every segment source (tests/memory/allocator_conformance.hpp).
@@ -19,56 +26,51 @@ TEST_SUITE("gpu")
                                      std::size_t{64} << 20)
   TEST_CASE("growable segments on CUDA: pages of a hole are mapped again where the pool grows")
   {
-    constexpr std::size_t MiB = std::size_t{1} << 20;
     gpukit::caching_allocator_options o;
     o.source              = gpukit::segment_source::growable;
-    o.growable_page_bytes = 2 * MiB;  // the counts below assume 2 MiB pages
+    o.growable_page_bytes = 2 * mib;  // the counts below assume 2 MiB pages
     auto& rt              = gpukit::cuda_runtime::instance();
     gpukit::basic_caching_allocator<gpukit::cuda_runtime> alloc{rt, 0, o};
-    cudaStream_t s{};
-    GPUKIT_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    void* a = alloc.allocate_async(40 * MiB, s);
-    void* b = alloc.allocate_async(8 * MiB, s);
-    gpukit::test::fill(rt, a, 40 * MiB, 0x11, s);
-    gpukit::test::fill(rt, b, 8 * MiB, 0x22, s);
-    alloc.deallocate_async(a, 40 * MiB, s);
+    cuda_stream s{gpukit::cuda_runtime::instance()};
+    void* a = alloc.allocate_async(40 * mib, s);
+    void* b = alloc.allocate_async(8 * mib, s);
+    gpukit::test::fill(rt, a, 40 * mib, 0x11, s);
+    gpukit::test::fill(rt, b, 8 * mib, 0x22, s);
+    alloc.deallocate_async(a, 40 * mib, s);
     GPUKIT_CUDA_TRY(cudaStreamSynchronize(s));
-    void* c = alloc.allocate_async(60 * MiB, s);  // a's pages move after b
-    gpukit::test::fill(rt, c, 60 * MiB, 0x33, s);
-    CHECK(gpukit::test::holds(rt, c, 60 * MiB, 0x33, s));
-    CHECK(gpukit::test::holds(rt, b, 8 * MiB, 0x22, s));
+    void* c = alloc.allocate_async(60 * mib, s);  // a's pages move after b
+    gpukit::test::fill(rt, c, 60 * mib, 0x33, s);
+    CHECK(gpukit::test::holds(rt, c, 60 * mib, 0x33, s));
+    CHECK(gpukit::test::holds(rt, b, 8 * mib, 0x22, s));
     auto const st = alloc.stats();
     CHECK(st.num_pages_reused == 20);
-    CHECK(st.reserved_bytes.peak == static_cast<std::int64_t>(68 * MiB));
-    CHECK(gpukit::detail::check_invariants(alloc) == "");
+    CHECK(st.reserved_bytes.peak == static_cast<std::int64_t>(68 * mib));
+    gpukit::detail::check_invariants(CHECK(alloc) == "");
     std::size_t free0 = 0, total = 0, free1 = 0;
     GPUKIT_CUDA_TRY(cudaMemGetInfo(&free0, &total));
-    alloc.deallocate_async(b, 8 * MiB, s);
-    alloc.deallocate_async(c, 60 * MiB, s);
-    CHECK(alloc.release() == 68 * MiB);
+    alloc.deallocate_async(b, 8 * mib, s);
+    alloc.deallocate_async(c, 60 * mib, s);
+    CHECK(alloc.release() == 68 * mib);
     GPUKIT_CUDA_TRY(cudaMemGetInfo(&free1, &total));
-    CHECK(free1 >= free0 + 60 * MiB);  // the device really has the memory back
+    CHECK(free1 >= free0 + 60 * mib);  // the device really has the memory back
     alloc.forget_stream(s);
-    GPUKIT_CUDA_TRY(cudaStreamDestroy(s));
   }
   TEST_CASE(
     "caching_allocator on CUDA: a graph captured in global mode allocates from a private pool")
   {
     gpukit::basic_caching_allocator<gpukit::cuda_runtime> alloc{gpukit::cuda_runtime::instance(),
                                                                 0};
-    cudaStream_t s{};
-    GPUKIT_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    constexpr std::size_t MiB = std::size_t{1} << 20;
-    void* warm                = alloc.allocate_async(MiB, s);
-    alloc.deallocate_async(warm, MiB, s);
+    cuda_stream s{gpukit::cuda_runtime::instance()};
+    void* warm = alloc.allocate_async(mib, s);
+    alloc.deallocate_async(warm, mib, s);
     GPUKIT_CUDA_TRY(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
     auto const id = alloc.begin_capture(s);
-    void* p       = alloc.allocate_async(4 * MiB, s);  // a new segment, made during capture
+    void* p       = alloc.allocate_async(4 * mib, s);  // a new segment, made during capture
     CHECK(p != warm);
-    GPUKIT_CUDA_TRY(cudaMemsetAsync(p, 7, 4 * MiB, s));
-    void* q = alloc.allocate_async(MiB, s);
-    GPUKIT_CUDA_TRY(cudaMemsetAsync(q, 9, MiB, s));
-    alloc.deallocate_async(q, MiB, s);
+    GPUKIT_CUDA_TRY(cudaMemsetAsync(p, 7, 4 * mib, s));
+    void* q = alloc.allocate_async(mib, s);
+    GPUKIT_CUDA_TRY(cudaMemsetAsync(q, 9, mib, s));
+    alloc.deallocate_async(q, mib, s);
     cudaGraph_t graph{};
     // An illegal call during capture would have invalidated it: EndCapture would fail.
     GPUKIT_CUDA_TRY(cudaStreamEndCapture(s, &graph));
@@ -77,28 +79,25 @@ TEST_SUITE("gpu")
     GPUKIT_CUDA_TRY(cudaGraphInstantiate(&exec, graph, 0));
     GPUKIT_CUDA_TRY(cudaGraphLaunch(exec, s));
     GPUKIT_CUDA_TRY(cudaGraphLaunch(exec, s));
-    std::vector<unsigned char> host(4 * MiB);
+    std::vector<unsigned char> host(4 * mib);
     GPUKIT_CUDA_TRY(cudaMemcpyAsync(host.data(), p, host.size(), cudaMemcpyDeviceToHost, s));
     GPUKIT_CUDA_TRY(cudaStreamSynchronize(s));
     CHECK(host.front() == 7);
     CHECK(host.back() == 7);
     // Until the pool is released, eager work never gets the graph's blocks.
-    void* eager = alloc.allocate_async(MiB, s);
+    void* eager = alloc.allocate_async(mib, s);
     CHECK(eager != q);
-    alloc.deallocate_async(eager, MiB, s);
+    alloc.deallocate_async(eager, mib, s);
     GPUKIT_CUDA_TRY(cudaGraphExecDestroy(exec));
     GPUKIT_CUDA_TRY(cudaGraphDestroy(graph));
-    alloc.deallocate_async(p, 4 * MiB, s);
+    alloc.deallocate_async(p, 4 * mib, s);
     alloc.release_capture_pool(id);
     CHECK(gpukit::detail::check_invariants(alloc) == "");
     GPUKIT_CUDA_TRY(cudaStreamSynchronize(s));
     alloc.forget_stream(s);
-    GPUKIT_CUDA_TRY(cudaStreamDestroy(s));
   }
   TEST_CASE("caching_allocator on CUDA: recovery from real allocation failures on a full device")
   {
-    constexpr std::size_t MiB = std::size_t{1} << 20;
-    constexpr std::size_t GiB = std::size_t{1} << 30;
     // The device's default memory pool may hold memory that earlier tests freed (cudaMemGetInfo
     // counts it as used, cudaMallocAsync reuses it): give it back first.
     cudaMemPool_t pool{};
@@ -109,49 +108,47 @@ TEST_SUITE("gpu")
     std::vector<void*> hog;
     std::size_t free = 0, total = 0;
     GPUKIT_CUDA_TRY(cudaMemGetInfo(&free, &total));
-    for (std::size_t chunk : {8 * GiB, 256 * MiB}) {
-      while (free > 3 * GiB + chunk) {
+    for (std::size_t chunk : {8 * gib, 256 * mib}) {
+      while (free > 3 * gib + chunk) {
         void* p = nullptr;
         GPUKIT_CUDA_TRY(cudaMalloc(&p, chunk));
         hog.push_back(p);
         GPUKIT_CUDA_TRY(cudaMemGetInfo(&free, &total));
       }
     }
-    MESSAGE("device free before the allocator starts: " << free / MiB << " MiB of " << total / MiB
+    MESSAGE("device free before the allocator starts: " << free / mib << " MiB of " << total / mib
                                                         << " MiB");
     {
       gpukit::caching_allocator_options o;
       o.release_before_grow = false;  // so that the first try really fails
       gpukit::basic_caching_allocator<gpukit::cuda_runtime> alloc{gpukit::cuda_runtime::instance(),
                                                                   0, o};
-      cudaStream_t s{};
-      GPUKIT_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-      void* a = alloc.allocate_async(GiB, s);
-      void* b = alloc.allocate_async(GiB, s);
-      alloc.deallocate_async(a, GiB, s);
-      alloc.deallocate_async(b, GiB, s);  // 2 GiB cached in two segments, less than 1 GiB free
-      void* big = alloc.allocate_async(2 * GiB + 512 * MiB, s);  // fits only once they go back
+      cuda_stream s{gpukit::cuda_runtime::instance()};
+      void* a = alloc.allocate_async(gib, s);
+      void* b = alloc.allocate_async(gib, s);
+      alloc.deallocate_async(a, gib, s);
+      alloc.deallocate_async(b, gib, s);  // 2 GiB cached in two segments, less than 1 GiB free
+      void* big = alloc.allocate_async(2 * gib + 512 * mib, s);  // fits only once they go back
       CHECK(big != nullptr);
       auto st = alloc.stats();
       CHECK(st.num_alloc_retries == 1);
-      CHECK(st.recovery_bytes[2] + st.recovery_bytes[3] >= 2 * GiB);
+      CHECK(st.recovery_bytes[2] + st.recovery_bytes[3] >= 2 * gib);
       MESSAGE("recovered: " << st.num_device_frees << " segments returned, " << st.num_release_waits
-                            << " stream waits, reserved now " << st.reserved_bytes.current / MiB
+                            << " stream waits, reserved now " << st.reserved_bytes.current / mib
                             << " MiB");
       try {
-        (void)alloc.allocate_async(8 * GiB, s);
+        (void)alloc.allocate_async(8 * gib, s);
         FAIL("8 GiB cannot fit");
       } catch (gpukit::out_of_memory const& e) {
-        CHECK(e.report().requested == 8 * GiB);
-        CHECK(e.report().reserved == 2 * GiB + 512 * MiB);
+        CHECK(e.report().requested == 8 * gib);
+        CHECK(e.report().reserved == 2 * gib + 512 * mib);
         MESSAGE(std::string{e.what()});
       }
-      alloc.deallocate_async(big, 2 * GiB + 512 * MiB, s);
+      alloc.deallocate_async(big, 2 * gib + 512 * mib, s);
       GPUKIT_CUDA_TRY(cudaStreamSynchronize(s));
       alloc.forget_stream(s);
       alloc.release();
       GPUKIT_CUDA_TRY(cudaStreamSynchronize(s));
-      GPUKIT_CUDA_TRY(cudaStreamDestroy(s));
     }
     for (void* p : hog) { GPUKIT_CUDA_TRY(cudaFree(p)); }
   }

@@ -2,6 +2,11 @@
 // GPU can show (stalled streams, injected faults, call counters).
 #include "memory/allocator_conformance.hpp"
 
+#include "support/caching_allocator.hpp"
+#include "support/holders.hpp"
+#include "support/sim_gpu.hpp"
+#include "support/sizes.hpp"
+
 #include <gpukit/memory/caching_allocator.hpp>
 #include <gpukit/memory/detail/allocator_invariants.hpp>
 #include <gpukit/runtime/sim_runtime.hpp>
@@ -11,58 +16,29 @@
 #include <set>
 #include <thread>
 
+using namespace gpukit::test;
 using gpukit::sim_op;
 using gpukit::sim_runtime;
 using sim_allocator = gpukit::basic_caching_allocator<sim_runtime>;
-using stream_t      = sim_runtime::stream_type;
-
-namespace {
-
-constexpr std::size_t MiB = std::size_t{1} << 20;
-constexpr std::size_t GiB = std::size_t{1} << 30;
-
-gpukit::sim_config one_device(std::size_t capacity = 16 * GiB)
-{
-  return gpukit::sim_config{}.with_devices(1, capacity);
-}
-
-struct streams2 {
-  sim_runtime& rt;
-  stream_t a{}, b{};
-  explicit streams2(sim_runtime& r) : rt{r}
-  {
-    GPUKIT_CUDA_TRY(rt.stream_create(a));
-    GPUKIT_CUDA_TRY(rt.stream_create(b));
-  }
-  ~streams2()
-  {
-    (void)rt.stream_destroy(a);
-    (void)rt.stream_destroy(b);
-  }
-};
-
-}  // namespace
 
 TEST_SUITE("caching_allocator")
 {
   // The conformance suite over every segment source (tests/memory/allocator_conformance.hpp).
-  GPUKIT_ALLOCATOR_CONFORMANCE_CASES(sim_runtime{one_device()}, "sim_runtime", 4, 400, 8 * MiB)
+  GPUKIT_ALLOCATOR_CONFORMANCE_CASES(sim_runtime{one_device()}, "sim_runtime", 4, 400, 8 * mib)
 
-  TEST_CASE("the hot path makes no runtime call and no synchronization")
+  TEST_CASE_FIXTURE(sim_allocator_fixture<>,
+                    "the hot path makes no runtime call and no synchronization")
   {
-    sim_runtime sim{one_device()};
-    sim_allocator alloc{sim, 0};
-    streams2 s{sim};
-    void* p = alloc.allocate_async(65536, s.a);
-    alloc.deallocate_async(p, 65536, s.a);
+    void* p = alloc.allocate_async(65536, sa);
+    alloc.deallocate_async(p, 65536, sa);
     sim.reset_counters();
     for (int i = 0; i < 10000; ++i) {
-      void* q = alloc.allocate_async(65536, s.a);
-      alloc.deallocate_async(q, 65536, s.a);
+      void* q = alloc.allocate_async(65536, sa);
+      alloc.deallocate_async(q, 65536, sa);
     }
     CHECK(sim.total_calls() == 0);
     CHECK(sim.synchronizations() == 0);
-    alloc.forget_stream(s.a);
+    alloc.forget_stream(sa);
   }
 
   TEST_CASE("memory freed with pending work is never handed to another stream early")
@@ -75,110 +51,106 @@ TEST_SUITE("caching_allocator")
       gpukit::caching_allocator_options o;
       o.release_before_grow = release_before_grow;
       sim_allocator alloc{sim, 0, o};
-      streams2 s{sim};
-      GPUKIT_CUDA_TRY(sim.stall(s.a));
-      void* p = alloc.allocate_async(MiB, s.a);
-      GPUKIT_CUDA_TRY(sim.memset_async(p, 1, MiB, s.a));  // pending: a is stalled
-      alloc.deallocate_async(p, MiB, s.a);
+      stream_holder<sim_runtime> sa{sim}, sb{sim};
+      GPUKIT_CUDA_TRY(sim.stall(sa));
+      void* p = alloc.allocate_async(mib, sa);
+      GPUKIT_CUDA_TRY(sim.memset_async(p, 1, mib, sa));  // pending: a is stalled
+      alloc.deallocate_async(p, mib, sa);
       // Another stream, while a still has work queued before the free: never p.
       std::vector<void*> on_b;
       for (int i = 0; i < 8; ++i) {
-        on_b.push_back(alloc.allocate_async(MiB, s.b));
+        on_b.push_back(alloc.allocate_async(mib, sb));
         CHECK(on_b.back() != p);
       }
-      for (void* q : on_b) { alloc.deallocate_async(q, MiB, s.b); }
+      for (void* q : on_b) { alloc.deallocate_async(q, mib, sb); }
       CHECK(alloc.stats().num_cross_stream_events >= 1);
       // The same stream may reuse it at once: its own later work is ordered after the memset.
-      void* again = alloc.allocate_async(MiB, s.a);
+      void* again = alloc.allocate_async(mib, sa);
       if (!release_before_grow) { CHECK(again == p); }
-      alloc.deallocate_async(again, MiB, s.a);
-      CHECK(gpukit::detail::check_invariants(alloc) == "");
+      alloc.deallocate_async(again, mib, sa);
+      gpukit::detail::check_invariants(CHECK(alloc) == "");
       // Once a's work has run, b may have it.
-      GPUKIT_CUDA_TRY(sim.release(s.a));
-      GPUKIT_CUDA_TRY(sim.stream_synchronize(s.a));
+      GPUKIT_CUDA_TRY(sim.release(sa));
+      GPUKIT_CUDA_TRY(sim.stream_synchronize(sa));
       // The allocator records its crossing event lazily, when b runs short; b gets p once that
       // event has completed (device_synchronize lets it complete between attempts,
       // deterministically).
       if (release_before_grow) {  // p went back to the device in a's order: nothing more to see
-        alloc.forget_stream(s.a);
-        alloc.forget_stream(s.b);
+        alloc.forget_stream(sa);
+        alloc.forget_stream(sb);
         continue;
       }
       p = again;  // what a holds now
       std::set<void*> seen;
       std::vector<void*> later;
       for (int i = 0; i < 64 && seen.count(p) == 0; ++i) {
-        later.push_back(alloc.allocate_async(MiB, s.b));
+        later.push_back(alloc.allocate_async(mib, sb));
         seen.insert(later.back());
         GPUKIT_CUDA_TRY(sim.device_synchronize());
       }
       CHECK(seen.count(p) == 1);
       CHECK(later.size() <= 12);  // b's 8 cached blocks, then a's memory before new segments
-      for (void* q : later) { alloc.deallocate_async(q, MiB, s.b); }
-      CHECK(gpukit::detail::check_invariants(alloc) == "");
-      alloc.forget_stream(s.a);
-      alloc.forget_stream(s.b);
+      for (void* q : later) { alloc.deallocate_async(q, mib, sb); }
+      gpukit::detail::check_invariants(CHECK(alloc) == "");
+      alloc.forget_stream(sa);
+      alloc.forget_stream(sb);
     }
   }
 
-  TEST_CASE("record_stream keeps a block until the other stream's work is done")
+  TEST_CASE_FIXTURE(sim_allocator_fixture<>,
+                    "record_stream keeps a block until the other stream's work is done")
   {
-    sim_runtime sim{one_device()};
-    sim_allocator alloc{sim, 0};
-    streams2 s{sim};
-    void* p = alloc.allocate_async(4 * MiB, s.a);
-    alloc.record_stream(p, s.b);
-    GPUKIT_CUDA_TRY(sim.stall(s.b));
-    GPUKIT_CUDA_TRY(sim.memset_async(p, 7, 4 * MiB, s.b));  // b uses p, still queued
-    alloc.deallocate_async(p, 4 * MiB, s.a);
-    CHECK(alloc.stats().active_bytes.current == static_cast<std::int64_t>(4 * MiB));  // pending
-    void* q = alloc.allocate_async(4 * MiB, s.a);
+    void* p = alloc.allocate_async(4 * mib, sa);
+    alloc.record_stream(p, sb);
+    GPUKIT_CUDA_TRY(sim.stall(sb));
+    GPUKIT_CUDA_TRY(sim.memset_async(p, 7, 4 * mib, sb));  // b uses p, still queued
+    alloc.deallocate_async(p, 4 * mib, sa);
+    CHECK(alloc.stats().active_bytes.current == static_cast<std::int64_t>(4 * mib));  // pending
+    void* q = alloc.allocate_async(4 * mib, sa);
     CHECK(q != p);  // not even on a: b's work has not run
-    alloc.deallocate_async(q, 4 * MiB, s.a);
-    GPUKIT_CUDA_TRY(sim.release(s.b));
-    GPUKIT_CUDA_TRY(sim.stream_synchronize(s.b));
+    alloc.deallocate_async(q, 4 * mib, sa);
+    GPUKIT_CUDA_TRY(sim.release(sb));
+    GPUKIT_CUDA_TRY(sim.stream_synchronize(sb));
     std::set<void*> seen;
     std::vector<void*> later;
     for (int i = 0; i < 4; ++i) {
-      later.push_back(alloc.allocate_async(4 * MiB, s.a));
+      later.push_back(alloc.allocate_async(4 * mib, sa));
       seen.insert(later.back());
     }
     CHECK(seen.count(p) == 1);
-    for (void* x : later) { alloc.deallocate_async(x, 4 * MiB, s.a); }
-    CHECK_THROWS_AS(alloc.record_stream(p, s.b), gpukit::logic_error);  // p is free now
-    CHECK(gpukit::detail::check_invariants(alloc) == "");
-    alloc.forget_stream(s.a);
-    alloc.forget_stream(s.b);
+    for (void* x : later) { alloc.deallocate_async(x, 4 * mib, sa); }
+    CHECK_THROWS_AS(alloc.record_stream(p, sb), gpukit::logic_error);  // p is free now
+    gpukit::detail::check_invariants(CHECK(alloc) == "");
+    alloc.forget_stream(sa);
+    alloc.forget_stream(sb);
   }
 
-  TEST_CASE("out of device memory: recovery releases cached segments and then reports")
+  TEST_CASE_FIXTURE(sim_allocator_fixture<256 * mib>,
+                    "out of device memory: recovery releases cached segments and then reports")
   {
-    sim_runtime sim{one_device(256 * MiB)};
-    sim_allocator alloc{sim, 0};
-    streams2 s{sim};
     // Fill the device with 20 MiB segments, then free them all into the cache.
     std::vector<void*> live;
-    for (int i = 0; i < 12; ++i) { live.push_back(alloc.allocate_async(20 * MiB, s.a)); }
-    for (void* p : live) { alloc.deallocate_async(p, 20 * MiB, s.a); }
+    for (int i = 0; i < 12; ++i) { live.push_back(alloc.allocate_async(20 * mib, sa)); }
+    for (void* p : live) { alloc.deallocate_async(p, 20 * mib, sa); }
     live.clear();
     // A request that fits no cached segment: the allocator must give segments back and retry.
-    void* big = alloc.allocate_async(200 * MiB, s.a);
+    void* big = alloc.allocate_async(200 * mib, sa);
     CHECK(big != nullptr);
     CHECK(alloc.stats().num_alloc_retries <= 1);  // none when the frees landed before the try
     CHECK(alloc.stats().num_device_frees >= 1);
     CHECK(gpukit::detail::check_invariants(alloc) == "");
     try {
-      (void)alloc.allocate_async(100 * MiB, s.a);
+      (void)alloc.allocate_async(100 * mib, sa);
       FAIL("the device is full");
     } catch (gpukit::out_of_memory const& e) {
-      CHECK(e.report().requested == 100 * MiB);
-      CHECK(e.report().device_total == 256 * MiB);
-      CHECK(e.report().allocated == 200 * MiB);
+      CHECK(e.report().requested == 100 * mib);
+      CHECK(e.report().device_total == 256 * mib);
+      CHECK(e.report().allocated == 200 * mib);
       CHECK(e.report().steps.size() >= 2);
     }
-    alloc.deallocate_async(big, 200 * MiB, s.a);
-    CHECK(gpukit::detail::check_invariants(alloc) == "");
-    alloc.forget_stream(s.a);
+    alloc.deallocate_async(big, 200 * mib, sa);
+    gpukit::detail::check_invariants(CHECK(alloc) == "");
+    alloc.forget_stream(sa);
     alloc.release();
     GPUKIT_CUDA_TRY(sim.device_synchronize());  // stream-ordered frees take effect in order
     CHECK(sim.used_bytes(0) == 0);
@@ -201,10 +173,10 @@ TEST_SUITE("caching_allocator")
       for (std::uint64_t nth = 1; nth <= 6; ++nth) {
         CAPTURE(nth);
         CAPTURE(sc.refusals);
-        sim_runtime sim{one_device(1 * GiB)};
+        sim_runtime sim{one_device(1 * gib)};
         {
           sim_allocator alloc{sim, 0};
-          streams2 s{sim};
+          stream_holder<sim_runtime> sa{sim}, sb{sim};
           for (int k = 0; k < sc.refusals; ++k) {
             sim.inject_fault(sim_op::malloc_async, nth + static_cast<std::uint64_t>(k), sc.error);
           }
@@ -212,7 +184,7 @@ TEST_SUITE("caching_allocator")
           int failures = 0;
           for (int i = 0; i < 8; ++i) {
             try {
-              live.push_back(alloc.allocate_async(30 * MiB, s.a));
+              live.push_back(alloc.allocate_async(30 * mib, sa));
             } catch (gpukit::out_of_memory const&) {
               CHECK(sc.error == cudaErrorMemoryAllocation);
               ++failures;
@@ -228,8 +200,8 @@ TEST_SUITE("caching_allocator")
           if (sc.error == cudaErrorMemoryAllocation) {
             CHECK(alloc.stats().num_alloc_retries == 1);
           }
-          for (void* p : live) { alloc.deallocate_async(p, 30 * MiB, s.a); }
-          alloc.forget_stream(s.a);
+          for (void* p : live) { alloc.deallocate_async(p, 30 * mib, sa); }
+          alloc.forget_stream(sa);
           alloc.release();
           CHECK(alloc.stats().reserved_bytes.current == 0);
         }
@@ -245,55 +217,51 @@ TEST_SUITE("caching_allocator")
     gpukit::caching_allocator_options o;
     o.source = gpukit::segment_source::synchronous;
     sim_allocator alloc{sim, 0, o};
-    streams2 s{sim};
-    void* p = alloc.allocate_async(5 * MiB, s.a);
-    alloc.deallocate_async(p, 5 * MiB, s.a);
+    stream_holder<sim_runtime> sa{sim}, sb{sim};
+    void* p = alloc.allocate_async(5 * mib, sa);
+    alloc.deallocate_async(p, 5 * mib, sa);
     CHECK(sim.calls(sim_op::malloc) == 1);
     CHECK(sim.calls(sim_op::malloc_async) == 0);
-    alloc.forget_stream(s.a);
-    CHECK(alloc.release() == 20 * MiB);
+    alloc.forget_stream(sa);
+    CHECK(alloc.release() == 20 * mib);
     CHECK(alloc.stats().synchronizing_frees == 1);
     CHECK(sim.used_bytes(0) == 0);
   }
 
-  TEST_CASE("statistics: allocated and reserved and peaks and inactive split")
+  TEST_CASE_FIXTURE(sim_allocator_fixture<>,
+                    "statistics: allocated and reserved and peaks and inactive split")
   {
-    sim_runtime sim{one_device()};
-    sim_allocator alloc{sim, 0};
-    streams2 s{sim};
-    void* a = alloc.allocate_async(1000, s.a);     // 1024 bytes from a 2 MiB small segment
-    void* b = alloc.allocate_async(3 * MiB, s.a);  // 20 MiB medium segment
+    void* a = alloc.allocate_async(1000, sa);     // 1024 bytes from a 2 MiB small segment
+    void* b = alloc.allocate_async(3 * mib, sa);  // 20 MiB medium segment
     auto st = alloc.stats();
-    CHECK(st.allocated_bytes.current == 1024 + static_cast<std::int64_t>(3 * MiB));
-    CHECK(st.requested_bytes.current == 1000 + static_cast<std::int64_t>(3 * MiB));
-    CHECK(st.reserved_bytes.current == static_cast<std::int64_t>(22 * MiB));
+    CHECK(st.allocated_bytes.current == 1024 + static_cast<std::int64_t>(3 * mib));
+    CHECK(st.requested_bytes.current == 1000 + static_cast<std::int64_t>(3 * mib));
+    CHECK(st.reserved_bytes.current == static_cast<std::int64_t>(22 * mib));
     CHECK(st.segment_count.current == 2);
     CHECK(st.allocation_count.current == 2);
     CHECK(st.inactive_split_bytes.current ==
-          static_cast<std::int64_t>(22 * MiB) - st.allocated_bytes.current);
-    alloc.deallocate_async(b, 3 * MiB, s.a);
-    alloc.deallocate_async(a, 1000, s.a);
+          static_cast<std::int64_t>(22 * mib) - st.allocated_bytes.current);
+    alloc.deallocate_async(b, 3 * mib, sa);
+    alloc.deallocate_async(a, 1000, sa);
     st = alloc.stats();
     CHECK(st.allocated_bytes.current == 0);
-    CHECK(st.allocated_bytes.peak == 1024 + static_cast<std::int64_t>(3 * MiB));
+    CHECK(st.allocated_bytes.peak == 1024 + static_cast<std::int64_t>(3 * mib));
     alloc.reset_peak();
     CHECK(alloc.stats().allocated_bytes.peak == 0);
-    alloc.forget_stream(s.a);
+    alloc.forget_stream(sa);
   }
 
-  TEST_CASE("blocks cached by a thread return to the pool when it exits")
+  TEST_CASE_FIXTURE(sim_allocator_fixture<>,
+                    "blocks cached by a thread return to the pool when it exits")
   {
-    sim_runtime sim{one_device()};
-    sim_allocator alloc{sim, 0};
-    streams2 s{sim};
     std::thread{[&] {
-      void* p = alloc.allocate_async(MiB, s.a);
-      alloc.deallocate_async(p, MiB, s.a);
-      CHECK(alloc.stats().cached_bytes == static_cast<std::int64_t>(MiB));
+      void* p = alloc.allocate_async(mib, sa);
+      alloc.deallocate_async(p, mib, sa);
+      CHECK(alloc.stats().cached_bytes == static_cast<std::int64_t>(mib));
     }}.join();
     CHECK(alloc.stats().cached_bytes == 0);
-    alloc.forget_stream(s.a);
-    CHECK(alloc.release() == 2 * MiB);
+    alloc.forget_stream(sa);
+    CHECK(alloc.release() == 2 * mib);
   }
 
   TEST_CASE("a stream forgotten and destroyed is never used again")
@@ -306,25 +274,25 @@ TEST_SUITE("caching_allocator")
     sim_runtime sim{one_device()};
     {
       sim_allocator alloc{sim, 0};
-      stream_t loader{}, consumer{}, other{};
+      sim_stream loader{}, consumer{}, other{};
       GPUKIT_CUDA_TRY(sim.stream_create(loader));
       GPUKIT_CUDA_TRY(sim.stream_create(consumer));
       GPUKIT_CUDA_TRY(sim.stream_create(other));
       for (int round = 0; round < 3; ++round) {
-        void* p = alloc.allocate_async(64 * MiB, loader);
+        void* p = alloc.allocate_async(64 * mib, loader);
         GPUKIT_CUDA_TRY(sim.stall(consumer));
-        GPUKIT_CUDA_TRY(sim.memset_async(p, 1, 64 * MiB, consumer));
+        GPUKIT_CUDA_TRY(sim.memset_async(p, 1, 64 * mib, consumer));
         alloc.record_stream(p, consumer);
-        alloc.deallocate_async(p, 64 * MiB, loader);  // pending on consumer's work
+        alloc.deallocate_async(p, 64 * mib, loader);  // pending on consumer's work
         alloc.forget_stream(loader);
         GPUKIT_CUDA_TRY(sim.stream_destroy(loader));
         GPUKIT_CUDA_TRY(sim.release(consumer));
         GPUKIT_CUDA_TRY(sim.stream_synchronize(consumer));
         // Another stream's allocation collects the completed free and looks at other pools.
-        void* q = alloc.allocate_async(64 * MiB, other);
+        void* q = alloc.allocate_async(64 * mib, other);
         CHECK(q == p);  // the freed block, usable by any stream now
-        alloc.deallocate_async(q, 64 * MiB, other);
-        CHECK(gpukit::detail::check_invariants(alloc) == "");
+        alloc.deallocate_async(q, 64 * mib, other);
+        gpukit::detail::check_invariants(CHECK(alloc) == "");
         GPUKIT_CUDA_TRY(sim.stream_create(loader));  // a new stream (a new handle here)
       }
       alloc.forget_stream(other);
@@ -339,38 +307,34 @@ TEST_SUITE("caching_allocator")
     CHECK(sim.last_misuse() == "");
   }
 
-  TEST_CASE("peaks stay true when blocks are freed by other threads")
+  TEST_CASE_FIXTURE(sim_allocator_fixture<>,
+                    "peaks stay true when blocks are freed by other threads")
   {
     // PyTorch frees on its autograd threads: the allocating thread's own count then only grows.
     // The peak must be the most ever allocated at once (1 MiB here), not that count's peak.
-    sim_runtime sim{one_device()};
-    sim_allocator alloc{sim, 0};
-    streams2 s{sim};
     for (int i = 0; i < 50; ++i) {
-      void* p = alloc.allocate_async(MiB, s.a);
-      std::thread{[&] { alloc.deallocate_async(p, MiB, s.a); }}.join();
+      void* p = alloc.allocate_async(mib, sa);
+      std::thread{[&] { alloc.deallocate_async(p, mib, sa); }}.join();
     }
     auto const st = alloc.stats();
     CHECK(st.allocated_bytes.current == 0);
-    CHECK(st.allocated_bytes.peak == static_cast<std::int64_t>(MiB));
+    CHECK(st.allocated_bytes.peak == static_cast<std::int64_t>(mib));
     CHECK(st.allocation_count.peak == 1);
-    alloc.forget_stream(s.a);
+    alloc.forget_stream(sa);
   }
 
-  TEST_CASE("a block freed by another thread than the one that allocated it")
+  TEST_CASE_FIXTURE(sim_allocator_fixture<>,
+                    "a block freed by another thread than the one that allocated it")
   {
-    sim_runtime sim{one_device()};
-    sim_allocator alloc{sim, 0};
-    streams2 s{sim};
-    void* p = alloc.allocate_async(MiB, s.a);
-    std::thread{[&] { alloc.deallocate_async(p, MiB, s.a); }}.join();
-    CHECK_THROWS_AS(alloc.deallocate_async(p, MiB, s.a),
+    void* p = alloc.allocate_async(mib, sa);
+    std::thread{[&] { alloc.deallocate_async(p, mib, sa); }}.join();
+    CHECK_THROWS_AS(alloc.deallocate_async(p, mib, sa),
                     gpukit::logic_error);  // double free seen here too
-    void* q = alloc.allocate_async(MiB, s.a);
+    void* q = alloc.allocate_async(mib, sa);
     CHECK(alloc.stats().allocation_count.current == 1);
-    alloc.deallocate_async(q, MiB, s.a);
-    CHECK(gpukit::detail::check_invariants(alloc) == "");
-    alloc.forget_stream(s.a);
+    alloc.deallocate_async(q, mib, sa);
+    gpukit::detail::check_invariants(CHECK(alloc) == "");
+    alloc.forget_stream(sa);
   }
 }
 
@@ -378,103 +342,96 @@ TEST_SUITE("sim_concurrency")
 {
   TEST_CASE("caching allocator stress: threads x streams x random sizes with patterns checked")
   {
-    sim_runtime sim{one_device(64 * GiB)};
-    gpukit::test::check_stress(sim, 4, 400, 8 * MiB);
+    sim_runtime sim{one_device(64 * gib)};
+    check_stress(sim, 4, 400, 8 * mib);
   }
 }
 
 TEST_SUITE("caching_allocator")
 {
-  TEST_CASE("graph capture: a private pool and no call that capture forbids")
+  TEST_CASE_FIXTURE(sim_allocator_fixture<>,
+                    "graph capture: a private pool and no call that capture forbids")
   {
-    sim_runtime sim{one_device()};
-    sim_allocator alloc{sim, 0};
-    streams2 s{sim};
     // Before the capture: a block freed on a and cached, and a block on b waiting on an event.
-    void* before = alloc.allocate_async(MiB, s.a);
-    alloc.deallocate_async(before, MiB, s.a);
+    void* before = alloc.allocate_async(mib, sa);
+    alloc.deallocate_async(before, mib, sa);
 
-    GPUKIT_CUDA_TRY(sim.begin_capture(s.a));
-    auto const id                     = alloc.begin_capture(s.a);
+    GPUKIT_CUDA_TRY(sim.begin_capture(sa));
+    auto const id                     = alloc.begin_capture(sa);
     std::uint64_t const misuse_before = sim.misuse_count();
     // Inside the capture: never the block cached before it, and segments outside the graph.
-    void* g1 = alloc.allocate_async(MiB, s.a);
+    void* g1 = alloc.allocate_async(mib, sa);
     CHECK(g1 != before);
-    void* g2 = alloc.allocate_async(30 * MiB, s.a);
-    alloc.deallocate_async(g1, MiB, s.a);  // freed inside the graph: reusable inside it only
-    void* g3 = alloc.allocate_async(MiB, s.a);
+    void* g2 = alloc.allocate_async(30 * mib, sa);
+    alloc.deallocate_async(g1, mib, sa);  // freed inside the graph: reusable inside it only
+    void* g3 = alloc.allocate_async(mib, sa);
     CHECK(g3 == g1);
     // Other streams keep working, and never get the capture's blocks.
-    void* other = alloc.allocate_async(MiB, s.b);
+    void* other = alloc.allocate_async(mib, sb);
     CHECK(other != g1);
-    alloc.deallocate_async(other, MiB, s.b);
+    alloc.deallocate_async(other, mib, sb);
     CHECK(sim.misuse_count() == misuse_before);   // no forbidden call was made
     CHECK(sim.calls(sim_op::malloc_async) >= 1);  // (before the capture, for `before`)
-    alloc.end_capture(s.a);
-    GPUKIT_CUDA_TRY(sim.end_capture(s.a));
+    alloc.end_capture(sa);
+    GPUKIT_CUDA_TRY(sim.end_capture(sa));
 
     // After the capture, until the pool is released, its blocks stay out of reuse.
-    alloc.deallocate_async(g3, MiB, s.a);
+    alloc.deallocate_async(g3, mib, sa);
     std::vector<void*> after;
     for (int i = 0; i < 8; ++i) {
-      after.push_back(alloc.allocate_async(MiB, s.a));
+      after.push_back(alloc.allocate_async(mib, sa));
       CHECK(after.back() != g1);
     }
-    for (void* p : after) { alloc.deallocate_async(p, MiB, s.a); }
+    for (void* p : after) { alloc.deallocate_async(p, mib, sa); }
     CHECK_THROWS_AS(alloc.release_capture_pool(id + 100), gpukit::logic_error);
     alloc.release_capture_pool(id);
-    alloc.deallocate_async(g2, 30 * MiB, s.a);  // an ordinary block now
-    CHECK(gpukit::detail::check_invariants(alloc) == "");
+    alloc.deallocate_async(g2, 30 * mib, sa);  // an ordinary block now
+    gpukit::detail::check_invariants(CHECK(alloc) == "");
     // Its memory is everyone's again: released whole.
-    alloc.forget_stream(s.a);
-    alloc.forget_stream(s.b);
+    alloc.forget_stream(sa);
+    alloc.forget_stream(sb);
     CHECK(alloc.release() > 0);
     CHECK(alloc.stats().reserved_bytes.current == 0);
   }
 
-  TEST_CASE("graph capture not announced to the allocator gets a clear error")
+  TEST_CASE_FIXTURE(sim_allocator_fixture<>,
+                    "graph capture not announced to the allocator gets a clear error")
   {
-    sim_runtime sim{one_device()};
-    sim_allocator alloc{sim, 0};
-    streams2 s{sim};
-    GPUKIT_CUDA_TRY(sim.begin_capture(s.a));
+    GPUKIT_CUDA_TRY(sim.begin_capture(sa));
     try {
-      (void)alloc.allocate_async(MiB, s.a);
+      (void)alloc.allocate_async(mib, sa);
       FAIL("allocating a new segment on a capturing stream must throw");
     } catch (gpukit::logic_error const& e) {
       CHECK(std::string{e.what()}.find("begin_capture") != std::string::npos);
     }
-    GPUKIT_CUDA_TRY(sim.end_capture(s.a));
-    CHECK(gpukit::detail::check_invariants(alloc) == "");
-    alloc.forget_stream(s.a);
+    GPUKIT_CUDA_TRY(sim.end_capture(sa));
+    gpukit::detail::check_invariants(CHECK(alloc) == "");
+    alloc.forget_stream(sa);
   }
 }
 
 TEST_SUITE("caching_allocator")
 {
-  TEST_CASE("peaks reached on cache hits are seen")
+  TEST_CASE_FIXTURE(sim_allocator_fixture<>, "peaks reached on cache hits are seen")
   {
-    sim_runtime sim{one_device()};
-    sim_allocator alloc{sim, 0};
-    streams2 s{sim};
     // Warm the cache with two 64 KiB blocks, then hold both again: only cache hits reach the peak.
-    void* a = alloc.allocate_async(65536, s.a);
-    void* b = alloc.allocate_async(65536, s.a);
-    alloc.deallocate_async(a, 65536, s.a);
-    alloc.deallocate_async(b, 65536, s.a);
+    void* a = alloc.allocate_async(65536, sa);
+    void* b = alloc.allocate_async(65536, sa);
+    alloc.deallocate_async(a, 65536, sa);
+    alloc.deallocate_async(b, 65536, sa);
     alloc.reset_peak();
     CHECK(alloc.stats().allocated_bytes.peak == 0);
     auto const hits = alloc.stats().num_cache_hits;
-    a               = alloc.allocate_async(65536, s.a);
-    b               = alloc.allocate_async(65536, s.a);
+    a               = alloc.allocate_async(65536, sa);
+    b               = alloc.allocate_async(65536, sa);
     CHECK(alloc.stats().num_cache_hits == hits + 2);
-    alloc.deallocate_async(a, 65536, s.a);
-    alloc.deallocate_async(b, 65536, s.a);
+    alloc.deallocate_async(a, 65536, sa);
+    alloc.deallocate_async(b, 65536, sa);
     auto const st = alloc.stats();
     CHECK(st.allocated_bytes.current == 0);
     CHECK(st.allocated_bytes.peak == 2 * 65536);
     CHECK(st.requested_bytes.peak == 2 * 65536);
     CHECK(st.allocation_count.peak == 2);
-    alloc.forget_stream(s.a);
+    alloc.forget_stream(sa);
   }
 }

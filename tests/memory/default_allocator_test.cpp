@@ -1,5 +1,7 @@
 // The process-wide default allocator is one per device and process, also across shared libraries
 // that each include gpukit (hidden visibility, loaded with RTLD_LOCAL).
+#include "support/files.hpp"
+
 #include <gpukit/memory/caching_allocator.hpp>
 #include <gpukit/runtime/sim_runtime.hpp>
 
@@ -7,26 +9,11 @@
 
 #include <dlfcn.h>
 
-#include <unistd.h>
-#include <climits>
 #include <string>
 #include <thread>
 #include <vector>
 
-namespace {
-// The library built beside this test; found next to the executable when the build tree has moved
-// (the h200 build runs on another machine).
-std::string library(char const* built_at)
-{
-  if (access(built_at, R_OK) == 0) { return built_at; }
-  char exe[PATH_MAX] = {};
-  ssize_t const n    = readlink("/proc/self/exe", exe, sizeof exe - 1);
-  std::string dir    = n > 0 ? std::string(exe, static_cast<std::size_t>(n)) : std::string{"."};
-  dir                = dir.substr(0, dir.find_last_of('/'));
-  std::string name   = built_at;
-  return dir + "/" + name.substr(name.find_last_of('/') + 1);
-}
-}  // namespace
+using gpukit::test::built_file;
 
 TEST_SUITE("caching_allocator")
 {
@@ -36,7 +23,7 @@ TEST_SUITE("caching_allocator")
     CHECK(&mine == &gpukit::default_caching_allocator<gpukit::sim_runtime>());  // current device 0
     CHECK(mine.device() == 0);
     for (char const* path : {GPUKIT_TEST_LIB_A, GPUKIT_TEST_LIB_B}) {
-      void* lib = dlopen(library(path).c_str(), RTLD_NOW | RTLD_LOCAL);
+      void* lib = dlopen(built_file(path).c_str(), RTLD_NOW | RTLD_LOCAL);
       REQUIRE_MESSAGE(lib != nullptr, dlerror());
       auto* get = reinterpret_cast<void* (*)()>(dlsym(lib, "gpukit_test_default_allocator"));
       REQUIRE(reinterpret_cast<void*>(get) != nullptr);

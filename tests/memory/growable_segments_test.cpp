@@ -3,6 +3,11 @@
 // only on the work that used the pages.
 #include "memory/allocator_conformance.hpp"
 
+#include "support/caching_allocator.hpp"
+#include "support/holders.hpp"
+#include "support/sim_gpu.hpp"
+#include "support/sizes.hpp"
+
 #include <gpukit/memory/caching_allocator.hpp>
 #include <gpukit/memory/detail/allocator_invariants.hpp>
 #include <gpukit/memory/ipc.hpp>
@@ -17,36 +22,18 @@
 #include <random>
 #include <vector>
 
+using namespace gpukit::test;
 using gpukit::sim_op;
 using gpukit::sim_runtime;
 using sim_allocator = gpukit::basic_caching_allocator<sim_runtime>;
-using stream_t      = sim_runtime::stream_type;
 
 namespace {
 
-constexpr std::size_t MiB = std::size_t{1} << 20;
-constexpr std::size_t GiB = std::size_t{1} << 30;
-
-gpukit::sim_config one_device(std::size_t capacity = 16 * GiB)
-{
-  return gpukit::sim_config{}.with_devices(1, capacity);
-}
-
 // Growable segments with 2 MiB pages in both pools (the counts below assume it); the conformance
 // and stress cases also run with the default page size.
-gpukit::caching_allocator_options growable(std::size_t page = std::size_t{2} << 20)
+gpukit::caching_allocator_options growable(std::size_t page = 2 * mib)
 {
-  gpukit::caching_allocator_options o;
-  o.source              = gpukit::segment_source::growable;
-  o.growable_page_bytes = page;
-  return o;
-}
-
-gpukit::caching_allocator_options growable_default_pages()
-{
-  gpukit::caching_allocator_options o;
-  o.source = gpukit::segment_source::growable;
-  return o;
+  return segments_from(gpukit::segment_source::growable, page);
 }
 
 // Live bytes now and at peak, for the ratio reserved / live.
@@ -67,13 +54,12 @@ double varying_shapes_ratio(sim_runtime& sim, gpukit::caching_allocator_options 
                             int steps = 40)
 {
   sim_allocator alloc{sim, 0, o};
-  stream_t s{};
-  GPUKIT_CUDA_TRY(sim.stream_create(s));
+  stream_holder<sim_runtime> s{sim};
   std::mt19937_64 rng{42};
   live_meter live;
   std::vector<std::pair<void*, std::size_t>> params;
   for (int i = 0; i < 24; ++i) {
-    std::size_t const b = (std::size_t{3} + static_cast<std::size_t>(i % 5)) * MiB + 4096;
+    std::size_t const b = (std::size_t{3} + static_cast<std::size_t>(i % 5)) * mib + 4096;
     params.emplace_back(alloc.allocate_async(b, s), b);
     live.add(b);
   }
@@ -104,7 +90,6 @@ double varying_shapes_ratio(sim_runtime& sim, gpukit::caching_allocator_options 
   alloc.forget_stream(s);
   alloc.release();
   CHECK(alloc.stats().reserved_bytes.current == 0);
-  GPUKIT_CUDA_TRY(sim.stream_destroy(s));
   return static_cast<double>(st.reserved_bytes.peak) / static_cast<double>(live.peak);
 }
 
@@ -115,30 +100,30 @@ TEST_SUITE("growable_segments")
   TEST_CASE("growable conformance: round trip of many sizes")
   {
     sim_runtime sim{one_device()};
-    gpukit::test::check_alloc_roundtrip(sim, growable());
+    check_alloc_roundtrip(sim, growable());
   }
   TEST_CASE("growable conformance: same-stream reuse")
   {
     sim_runtime sim{one_device()};
-    gpukit::test::check_same_stream_reuse(sim, growable());
+    check_same_stream_reuse(sim, growable());
   }
   TEST_CASE("growable conformance: bad input gets a clear error and changes nothing")
   {
     sim_runtime sim{one_device()};
-    gpukit::test::check_bad_input(sim, growable());
+    check_bad_input(sim, growable());
   }
   TEST_CASE("growable conformance: limit and out-of-memory report")
   {
     sim_runtime sim{one_device()};
-    gpukit::test::check_limit_and_oom_report(sim, growable());
+    check_limit_and_oom_report(sim, growable());
   }
   TEST_CASE("growable stress: threads x streams x random sizes with patterns checked")
   {
-    sim_runtime sim{one_device(64 * GiB)};
-    gpukit::test::check_stress(sim, 4, 300, 48 * MiB, growable());
-    gpukit::test::check_stress(sim, 4, 300, 48 * MiB, growable_default_pages());
-    gpukit::test::check_alloc_roundtrip(sim, growable_default_pages());
-    gpukit::test::check_limit_and_oom_report(sim, growable_default_pages());
+    sim_runtime sim{one_device(64 * gib)};
+    check_stress(sim, 4, 300, 48 * mib, growable());
+    check_stress(sim, 4, 300, 48 * mib, segments_from(gpukit::segment_source::growable));
+    check_alloc_roundtrip(sim, segments_from(gpukit::segment_source::growable));
+    check_limit_and_oom_report(sim, segments_from(gpukit::segment_source::growable));
     CHECK(sim.misuse_count() == 0);
   }
 
@@ -155,35 +140,33 @@ TEST_SUITE("growable_segments")
   {
     sim_runtime sim{one_device()};
     sim_allocator alloc{sim, 0, growable()};
-    stream_t s{};
-    GPUKIT_CUDA_TRY(sim.stream_create(s));
+    stream_holder<sim_runtime> s{sim};
     // 30 MiB, then 50 MiB: the second lies right after the first, in the same address range.
-    void* a = alloc.allocate_async(30 * MiB, s);
-    void* b = alloc.allocate_async(50 * MiB, s);
-    CHECK(static_cast<char*>(b) == static_cast<char*>(a) + 30 * MiB);
+    void* a = alloc.allocate_async(30 * mib, s);
+    void* b = alloc.allocate_async(50 * mib, s);
+    CHECK(static_cast<char*>(b) == static_cast<char*>(a) + 30 * mib);
     auto st = alloc.stats();
-    CHECK(st.reserved_bytes.current == static_cast<std::int64_t>(80 * MiB));
+    CHECK(st.reserved_bytes.current == static_cast<std::int64_t>(80 * mib));
     CHECK(st.segment_count.current == 1);
     CHECK(st.num_device_allocs == 40);  // 2 MiB pages mapped
     // Free both: one free block of 80 MiB that a 70 MiB request takes without growing.
-    alloc.deallocate_async(a, 30 * MiB, s);
-    alloc.deallocate_async(b, 50 * MiB, s);
-    void* c = alloc.allocate_async(70 * MiB, s);
+    alloc.deallocate_async(a, 30 * mib, s);
+    alloc.deallocate_async(b, 50 * mib, s);
+    void* c = alloc.allocate_async(70 * mib, s);
     CHECK(c == a);
-    CHECK(alloc.stats().reserved_bytes.current == static_cast<std::int64_t>(80 * MiB));
+    CHECK(alloc.stats().reserved_bytes.current == static_cast<std::int64_t>(80 * mib));
     // A request larger than what is free: only the missing pages are mapped.
-    alloc.deallocate_async(c, 70 * MiB, s);
-    void* d = alloc.allocate_async(100 * MiB, s);
+    alloc.deallocate_async(c, 70 * mib, s);
+    void* d = alloc.allocate_async(100 * mib, s);
     CHECK(d == a);
-    CHECK(alloc.stats().reserved_bytes.current == static_cast<std::int64_t>(100 * MiB));
-    CHECK(gpukit::detail::check_invariants(alloc) == "");
-    alloc.deallocate_async(d, 100 * MiB, s);
+    CHECK(alloc.stats().reserved_bytes.current == static_cast<std::int64_t>(100 * mib));
+    gpukit::detail::check_invariants(CHECK(alloc) == "");
+    alloc.deallocate_async(d, 100 * mib, s);
     alloc.forget_stream(s);
-    CHECK(alloc.release() == 100 * MiB);
+    CHECK(alloc.release() == 100 * mib);
     CHECK(alloc.stats().reserved_bytes.current == 0);
     CHECK(alloc.stats().segment_count.current == 0);
-    CHECK(gpukit::detail::check_invariants(alloc) == "");
-    GPUKIT_CUDA_TRY(sim.stream_destroy(s));
+    gpukit::detail::check_invariants(CHECK(alloc) == "");
     CHECK(sim.used_bytes(0) == 0);
     CHECK(sim.misuse_count() == 0);
   }
@@ -192,27 +175,25 @@ TEST_SUITE("growable_segments")
   {
     sim_runtime sim{one_device()};
     sim_allocator alloc{sim, 0, growable()};
-    stream_t s{};
-    GPUKIT_CUDA_TRY(sim.stream_create(s));
-    void* a = alloc.allocate_async(40 * MiB, s);
-    void* b = alloc.allocate_async(8 * MiB, s);
-    alloc.deallocate_async(a, 40 * MiB, s);  // a 40 MiB hole before b
+    stream_holder<sim_runtime> s{sim};
+    void* a = alloc.allocate_async(40 * mib, s);
+    void* b = alloc.allocate_async(8 * mib, s);
+    alloc.deallocate_async(a, 40 * mib, s);  // a 40 MiB hole before b
     GPUKIT_CUDA_TRY(sim.stream_synchronize(s));
     // 60 MiB does not fit the hole: the hole's pages are unmapped and mapped after b.
-    void* c = alloc.allocate_async(60 * MiB, s);
-    CHECK(static_cast<char*>(c) >= static_cast<char*>(b) + 8 * MiB);
+    void* c = alloc.allocate_async(60 * mib, s);
+    CHECK(static_cast<char*>(c) >= static_cast<char*>(b) + 8 * mib);
     auto const st = alloc.stats();
     CHECK(st.num_pages_reused == 20);
-    CHECK(st.reserved_bytes.peak == static_cast<std::int64_t>(68 * MiB));
-    CHECK(gpukit::detail::check_invariants(alloc) == "");
+    CHECK(st.reserved_bytes.peak == static_cast<std::int64_t>(68 * mib));
+    gpukit::detail::check_invariants(CHECK(alloc) == "");
     // The memory is usable where it was mapped again.
-    gpukit::test::fill(sim, c, 60 * MiB, 0x3c, s);
-    CHECK(gpukit::test::holds(sim, c, 60 * MiB, 0x3c, s));
-    alloc.deallocate_async(b, 8 * MiB, s);
-    alloc.deallocate_async(c, 60 * MiB, s);
+    fill(sim, c, 60 * mib, 0x3c, s);
+    CHECK(holds(sim, c, 60 * mib, 0x3c, s));
+    alloc.deallocate_async(b, 8 * mib, s);
+    alloc.deallocate_async(c, 60 * mib, s);
     alloc.forget_stream(s);
     alloc.release();
-    GPUKIT_CUDA_TRY(sim.stream_destroy(s));
     CHECK(sim.used_bytes(0) == 0);
     CHECK(sim.misuse_count() == 0);
   }
@@ -221,24 +202,22 @@ TEST_SUITE("growable_segments")
   {
     sim_runtime sim{one_device()};
     sim_allocator alloc{sim, 0, growable()};
-    stream_t s{};
-    GPUKIT_CUDA_TRY(sim.stream_create(s));
-    void* a = alloc.allocate_async(40 * MiB, s);
-    void* b = alloc.allocate_async(8 * MiB, s);
+    stream_holder<sim_runtime> s{sim};
+    void* a = alloc.allocate_async(40 * mib, s);
+    void* b = alloc.allocate_async(8 * mib, s);
     GPUKIT_CUDA_TRY(sim.stall(s));
-    gpukit::test::fill(sim, a, 40 * MiB, 0x11, s);  // queued: a is in use until s runs
-    alloc.deallocate_async(a, 40 * MiB, s);
-    void* c = alloc.allocate_async(60 * MiB, s);  // must not unmap a's pages under the memset
+    fill(sim, a, 40 * mib, 0x11, s);  // queued: a is in use until s runs
+    alloc.deallocate_async(a, 40 * mib, s);
+    void* c = alloc.allocate_async(60 * mib, s);  // must not unmap a's pages under the memset
     CHECK(alloc.stats().num_pages_reused == 0);
-    CHECK(alloc.stats().reserved_bytes.current == static_cast<std::int64_t>(108 * MiB));
+    CHECK(alloc.stats().reserved_bytes.current == static_cast<std::int64_t>(108 * mib));
     GPUKIT_CUDA_TRY(sim.release(s));
     GPUKIT_CUDA_TRY(sim.stream_synchronize(s));
     CHECK(sim.misuse_count() == 0);
-    alloc.deallocate_async(b, 8 * MiB, s);
-    alloc.deallocate_async(c, 60 * MiB, s);
+    alloc.deallocate_async(b, 8 * mib, s);
+    alloc.deallocate_async(c, 60 * mib, s);
     alloc.forget_stream(s);
     alloc.release();
-    GPUKIT_CUDA_TRY(sim.stream_destroy(s));
     CHECK(sim.used_bytes(0) == 0);
   }
 
@@ -246,36 +225,32 @@ TEST_SUITE("growable_segments")
   {
     sim_runtime sim{one_device()};
     sim_allocator alloc{sim, 0, growable()};
-    stream_t a{}, b{};
-    GPUKIT_CUDA_TRY(sim.stream_create(a));
-    GPUKIT_CUDA_TRY(sim.stream_create(b));
-    void* pa = alloc.allocate_async(20 * MiB, a);
-    void* pb = alloc.allocate_async(20 * MiB, b);
+    stream_holder<sim_runtime> a{sim}, b{sim};
+    void* pa = alloc.allocate_async(20 * mib, a);
+    void* pb = alloc.allocate_async(20 * mib, b);
     // b is stalled with work queued, but none of its blocks is free: release must not wait on it.
     GPUKIT_CUDA_TRY(sim.stall(b));
-    gpukit::test::fill(sim, pb, 20 * MiB, 0x22, b);
-    alloc.deallocate_async(pa, 20 * MiB, a);
+    fill(sim, pb, 20 * mib, 0x22, b);
+    alloc.deallocate_async(pa, 20 * mib, a);
     auto const t0 = std::chrono::steady_clock::now();
-    CHECK(alloc.release() == 20 * MiB);
+    CHECK(alloc.release() == 20 * mib);
     CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
     // Now a's pages are in use by stalled work on a: release blocks until a runs.
-    void* pa2 = alloc.allocate_async(20 * MiB, a);
+    void* pa2 = alloc.allocate_async(20 * mib, a);
     GPUKIT_CUDA_TRY(sim.stall(a));
-    gpukit::test::fill(sim, pa2, 20 * MiB, 0x33, a);
-    alloc.deallocate_async(pa2, 20 * MiB, a);
+    fill(sim, pa2, 20 * mib, 0x33, a);
+    alloc.deallocate_async(pa2, 20 * mib, a);
     auto pending = std::async(std::launch::async, [&] { return alloc.release(); });
     CHECK(pending.wait_for(std::chrono::milliseconds(200)) == std::future_status::timeout);
     GPUKIT_CUDA_TRY(sim.release(a));
-    CHECK(pending.get() == 20 * MiB);
+    CHECK(pending.get() == 20 * mib);
     CHECK(sim.misuse_count() == 0);  // no copy ran into unmapped memory
     GPUKIT_CUDA_TRY(sim.release(b));
-    alloc.deallocate_async(pb, 20 * MiB, b);
+    alloc.deallocate_async(pb, 20 * mib, b);
     alloc.forget_stream(a);
     alloc.forget_stream(b);
     alloc.release();
-    CHECK(gpukit::detail::check_invariants(alloc) == "");
-    GPUKIT_CUDA_TRY(sim.stream_destroy(a));
-    GPUKIT_CUDA_TRY(sim.stream_destroy(b));
+    gpukit::detail::check_invariants(CHECK(alloc) == "");
     CHECK(sim.used_bytes(0) == 0);
   }
 
@@ -292,18 +267,17 @@ TEST_SUITE("growable_segments")
           CAPTURE(gpukit::to_string(op));
           CAPTURE(error);
           CAPTURE(nth);
-          sim_runtime sim{one_device(4 * GiB)};
+          sim_runtime sim{one_device(4 * gib)};
           int failures = 0;
           {
             sim_allocator alloc{sim, 0, growable()};
-            stream_t s{};
-            GPUKIT_CUDA_TRY(sim.stream_create(s));
+            stream_holder<sim_runtime> s{sim};
             sim.inject_fault(op, nth, error);
             std::vector<std::pair<void*, std::size_t>> live;
             auto attempt = [&](std::size_t bytes) {
               try {
                 void* p = alloc.allocate_async(bytes, s);
-                gpukit::test::fill(sim, p, bytes, 0x5a, s);
+                fill(sim, p, bytes, 0x5a, s);
                 live.emplace_back(p, bytes);
               } catch (gpukit::out_of_memory const&) {
                 ++failures;
@@ -313,14 +287,14 @@ TEST_SUITE("growable_segments")
               }
               CHECK(gpukit::detail::check_invariants(alloc) == "");
             };
-            for (std::size_t mb : {6, 30, 3, 50}) { attempt(mb * MiB + 4096); }
+            for (std::size_t mb : {6, 30, 3, 50}) { attempt(mb * mib + 4096); }
             // Free the middle ones: holes whose pages the next growth reuses.
             GPUKIT_CUDA_TRY(sim.stream_synchronize(s));
             for (std::size_t i = 1; i < live.size(); i += 2) {
               alloc.deallocate_async(live[i].first, live[i].second, s);
               live[i].first = nullptr;
             }
-            for (std::size_t mb : {90, 1, 20}) { attempt(mb * MiB); }
+            for (std::size_t mb : {90, 1, 20}) { attempt(mb * mib); }
             try {
               alloc.release();
             } catch (gpukit::cuda_error const& e) {
@@ -330,21 +304,20 @@ TEST_SUITE("growable_segments")
             CHECK(gpukit::detail::check_invariants(alloc) == "");
             // Whatever failed, the allocator works now.
             sim.clear_faults();
-            void* p = alloc.allocate_async(64 * MiB, s);
-            gpukit::test::fill(sim, p, 64 * MiB, 0x77, s);
-            CHECK(gpukit::test::holds(sim, p, 64 * MiB, 0x77, s));
-            alloc.deallocate_async(p, 64 * MiB, s);
+            void* p = alloc.allocate_async(64 * mib, s);
+            fill(sim, p, 64 * mib, 0x77, s);
+            CHECK(holds(sim, p, 64 * mib, 0x77, s));
+            alloc.deallocate_async(p, 64 * mib, s);
             for (auto& [q, b] : live) {
               if (q != nullptr) {
-                CHECK(gpukit::test::holds(sim, q, b, 0x5a, s));
+                CHECK(holds(sim, q, b, 0x5a, s));
                 alloc.deallocate_async(q, b, s);
               }
             }
             alloc.forget_stream(s);
             alloc.release();
             CHECK(alloc.stats().reserved_bytes.current == 0);
-            CHECK(gpukit::detail::check_invariants(alloc) == "");
-            GPUKIT_CUDA_TRY(sim.stream_destroy(s));
+            gpukit::detail::check_invariants(CHECK(alloc) == "");
           }
           CHECK(failures <= 1);
           CHECK(sim.used_bytes(0) == 0);  // every handle released
@@ -356,43 +329,38 @@ TEST_SUITE("growable_segments")
 
   TEST_CASE("a device running out of memory: the ladder unmaps free pages and the retry fits")
   {
-    sim_runtime sim{one_device(256 * MiB)};
+    sim_runtime sim{one_device(256 * mib)};
     sim_allocator alloc{sim, 0, growable()};
-    stream_t a{}, b{};
-    GPUKIT_CUDA_TRY(sim.stream_create(a));
-    GPUKIT_CUDA_TRY(sim.stream_create(b));
+    stream_holder<sim_runtime> a{sim}, b{sim};
     // Stream a maps 200 MiB and frees it; stream b then needs 150 MiB. a's pages are not b's
     // (different streams) while a is busy, so growth needs new memory, the device refuses, and
     // the ladder waits for a's work only, then gives b a's free memory.
-    void* p = alloc.allocate_async(200 * MiB, a);
-    alloc.deallocate_async(p, 200 * MiB, a);
+    void* p = alloc.allocate_async(200 * mib, a);
+    alloc.deallocate_async(p, 200 * mib, a);
     GPUKIT_CUDA_TRY(sim.stall(a));  // a still busy: no page of a's may be taken without a wait
     auto pending =
-      std::async(std::launch::async, [&] { return alloc.allocate_async(150 * MiB, b); });
+      std::async(std::launch::async, [&] { return alloc.allocate_async(150 * mib, b); });
     CHECK(pending.wait_for(std::chrono::milliseconds(200)) == std::future_status::timeout);
     GPUKIT_CUDA_TRY(sim.release(a));
     void* q       = pending.get();
     auto const st = alloc.stats();
     CHECK(st.num_alloc_retries == 1);
-    CHECK(st.reserved_bytes.current <= static_cast<std::int64_t>(256 * MiB));
-    CHECK(gpukit::detail::check_invariants(alloc) == "");
-    alloc.deallocate_async(q, 150 * MiB, b);
+    CHECK(st.reserved_bytes.current <= static_cast<std::int64_t>(256 * mib));
+    gpukit::detail::check_invariants(CHECK(alloc) == "");
+    alloc.deallocate_async(q, 150 * mib, b);
     alloc.forget_stream(a);
     alloc.forget_stream(b);
     alloc.release();
-    GPUKIT_CUDA_TRY(sim.stream_destroy(a));
-    GPUKIT_CUDA_TRY(sim.stream_destroy(b));
     CHECK(sim.used_bytes(0) == 0);
     CHECK(sim.misuse_count() == 0);
   }
 
   TEST_CASE("varying shapes: growable segments hold at most 1 percent more than peak live")
   {
-    sim_runtime sim{one_device(64 * GiB)};
+    sim_runtime sim{one_device(64 * gib)};
     double const grow = varying_shapes_ratio(sim, growable());
-    gpukit::caching_allocator_options classic;
-    classic.source     = gpukit::segment_source::stream_ordered;
-    double const fixed = varying_shapes_ratio(sim, classic);
+    double const fixed =
+      varying_shapes_ratio(sim, segments_from(gpukit::segment_source::stream_ordered));
     MESSAGE("peak reserved / peak live: growable " << grow << ", fixed segments " << fixed);
     CHECK(grow <= 1.01);
     CHECK(grow < fixed);
@@ -401,24 +369,20 @@ TEST_SUITE("growable_segments")
 
   TEST_CASE("an allocator of device 1 maps its pages on device 1 whatever device is current")
   {
-    sim_runtime sim{gpukit::sim_config{}.with_devices(2, 1 * GiB)};
+    sim_runtime sim{devices(2, gib)};
     GPUKIT_CUDA_TRY(sim.set_device(0));
     sim_allocator alloc{sim, 1, growable()};
-    stream_t s{};
-    GPUKIT_CUDA_TRY(sim.set_device(1));
-    GPUKIT_CUDA_TRY(sim.stream_create(s));
-    GPUKIT_CUDA_TRY(sim.set_device(0));
-    void* p = alloc.allocate_async(300 * MiB, s);
-    CHECK(sim.used_bytes(1) >= 300 * MiB);
+    stream_holder<sim_runtime> s{sim, 1};  // a stream of device 1; device 0 stays current
+    void* p = alloc.allocate_async(300 * mib, s);
+    CHECK(sim.used_bytes(1) >= 300 * mib);
     CHECK(sim.used_bytes(0) == 0);
     int current = -1;
     GPUKIT_CUDA_TRY(sim.get_device(current));
     CHECK(current == 0);
-    alloc.deallocate_async(p, 300 * MiB, s);
+    alloc.deallocate_async(p, 300 * mib, s);
     alloc.forget_stream(s);
     alloc.release();
     CHECK(sim.used_bytes(1) == 0);
-    GPUKIT_CUDA_TRY(sim.stream_destroy(s));
     CHECK(sim.misuse_count() == 0);
   }
 }

@@ -1,5 +1,10 @@
 // Out-of-memory recovery on the simulated GPU: the ladder, callbacks, the report, retry_on_oom,
 // and a failure injected at every runtime call the allocation path makes.
+#include "support/caching_allocator.hpp"
+#include "support/holders.hpp"
+#include "support/sim_gpu.hpp"
+#include "support/sizes.hpp"
+
 #include <gpukit/memory/caching_allocator.hpp>
 #include <gpukit/memory/detail/allocator_invariants.hpp>
 #include <gpukit/memory/retry_on_oom.hpp>
@@ -12,31 +17,10 @@
 #include <thread>
 #include <vector>
 
+using namespace gpukit::test;
 using gpukit::sim_op;
 using gpukit::sim_runtime;
 using sim_allocator = gpukit::basic_caching_allocator<sim_runtime>;
-using stream_t      = sim_runtime::stream_type;
-
-namespace {
-
-constexpr std::size_t MiB = std::size_t{1} << 20;
-
-struct two_streams {
-  sim_runtime& rt;
-  stream_t a{}, b{};
-  explicit two_streams(sim_runtime& r) : rt{r}
-  {
-    GPUKIT_CUDA_TRY(rt.stream_create(a));
-    GPUKIT_CUDA_TRY(rt.stream_create(b));
-  }
-  ~two_streams()
-  {
-    (void)rt.stream_destroy(a);
-    (void)rt.stream_destroy(b);
-  }
-};
-
-}  // namespace
 
 TEST_SUITE("oom_recovery")
 {
@@ -45,95 +29,91 @@ TEST_SUITE("oom_recovery")
   {
     for (bool const release_before_grow : {true, false}) {
       CAPTURE(release_before_grow);
-      sim_runtime sim{gpukit::sim_config{}.with_devices(1, 64 * MiB)};
+      sim_runtime sim{one_device(64 * mib)};
       gpukit::caching_allocator_options o;
       o.release_before_grow = release_before_grow;
       sim_allocator alloc{sim, 0, o};
-      two_streams s{sim};
-      GPUKIT_CUDA_TRY(sim.stall(s.a));
-      void* p = alloc.allocate_async(40 * MiB, s.a);
-      GPUKIT_CUDA_TRY(sim.memset_async(p, 1, 40 * MiB, s.a));  // queued behind the stall
-      alloc.deallocate_async(p, 40 * MiB, s.a);
+      stream_holder<sim_runtime> sa{sim}, sb{sim};
+      GPUKIT_CUDA_TRY(sim.stall(sa));
+      void* p = alloc.allocate_async(40 * mib, sa);
+      GPUKIT_CUDA_TRY(sim.memset_async(p, 1, 40 * mib, sa));  // queued behind the stall
+      alloc.deallocate_async(p, 40 * mib, sa);
       // Stream a's work finishes 50 ms from now; b needs the memory p holds.
       std::thread releaser{[&] {
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
-        (void)sim.release(s.a);
+        (void)sim.release(sa);
       }};
       sim.reset_counters();
       void* q = nullptr;
-      CHECK_NOTHROW(q = alloc.allocate_async(40 * MiB, s.b));
+      CHECK_NOTHROW(q = alloc.allocate_async(40 * mib, sb));
       releaser.join();
       CHECK(q != nullptr);
       CHECK(sim.calls(sim_op::device_synchronize) == 0);  // waited on a's work only
       auto const st = alloc.stats();
       CHECK(st.num_alloc_retries == 1);
       CHECK(st.num_ooms == 0);
-      alloc.deallocate_async(q, 40 * MiB, s.b);
-      CHECK(gpukit::detail::check_invariants(alloc) == "");
-      alloc.forget_stream(s.a);
-      alloc.forget_stream(s.b);
+      alloc.deallocate_async(q, 40 * mib, sb);
+      gpukit::detail::check_invariants(CHECK(alloc) == "");
+      alloc.forget_stream(sa);
+      alloc.forget_stream(sb);
     }
   }
 
-  TEST_CASE("callbacks run in order without the lock and can ask for another try")
+  TEST_CASE_FIXTURE(sim_allocator_fixture<64 * mib>,
+                    "callbacks run in order without the lock and can ask for another try")
   {
-    sim_runtime sim{gpukit::sim_config{}.with_devices(1, 64 * MiB)};
-    sim_allocator alloc{sim, 0};
-    two_streams s{sim};
-    void* held = alloc.allocate_async(40 * MiB, s.a);
+    void* held = alloc.allocate_async(40 * mib, sa);
     std::vector<std::string> order;
     alloc.add_oom_callback([&](gpukit::oom_context const& ctx) {
       order.push_back("first");
-      CHECK(ctx.requested == 40 * MiB);
+      CHECK(ctx.requested == 40 * mib);
       CHECK(ctx.device == 0);
       return false;  // could not help
     });
     alloc.add_oom_callback([&](gpukit::oom_context const&) {
       order.push_back("second");
-      alloc.deallocate_async(held, 40 * MiB, s.a);  // re-enters the allocator: no lock is held
+      alloc.deallocate_async(held, 40 * mib, sa);  // re-enters the allocator: no lock is held
       held = nullptr;
       return true;
     });
     CHECK_THROWS_AS(alloc.add_oom_callback(gpukit::oom_callback{}), gpukit::logic_error);
-    void* p = alloc.allocate_async(40 * MiB, s.a);
+    void* p = alloc.allocate_async(40 * mib, sa);
     CHECK(p != nullptr);
     CHECK(order == std::vector<std::string>{"first", "second"});
     auto const st = alloc.stats();
     CHECK(st.num_recovery_steps[1] == 2);
-    CHECK(st.recovery_bytes[1] >= 40 * MiB);
+    CHECK(st.recovery_bytes[1] >= 40 * mib);
     CHECK(st.num_ooms == 0);
-    alloc.deallocate_async(p, 40 * MiB, s.a);
-    CHECK(gpukit::detail::check_invariants(alloc) == "");
-    alloc.forget_stream(s.a);
+    alloc.deallocate_async(p, 40 * mib, sa);
+    gpukit::detail::check_invariants(CHECK(alloc) == "");
+    alloc.forget_stream(sa);
   }
 
-  TEST_CASE("the out-of-memory report: exact fields and a readable message")
+  TEST_CASE_FIXTURE(sim_allocator_fixture<64 * mib>,
+                    "the out-of-memory report: exact fields and a readable message")
   {
-    sim_runtime sim{gpukit::sim_config{}.with_devices(1, 64 * MiB)};
-    sim_allocator alloc{sim, 0};
-    two_streams s{sim};
     // Four 5 MiB blocks share one 20 MiB segment; freeing the 1st and 3rd leaves two 5 MiB holes.
     std::vector<void*> b;
-    for (int i = 0; i < 4; ++i) { b.push_back(alloc.allocate_async(5 * MiB, s.a)); }
-    alloc.deallocate_async(b[0], 5 * MiB, s.a);
-    alloc.deallocate_async(b[2], 5 * MiB, s.a);
+    for (int i = 0; i < 4; ++i) { b.push_back(alloc.allocate_async(5 * mib, sa)); }
+    alloc.deallocate_async(b[0], 5 * mib, sa);
+    alloc.deallocate_async(b[2], 5 * mib, sa);
     try {
-      (void)alloc.allocate_async(50 * MiB, s.a);
+      (void)alloc.allocate_async(50 * mib, sa);
       FAIL("50 MiB cannot fit beside a 20 MiB segment on a 64 MiB device");
     } catch (gpukit::out_of_memory const& e) {
       auto const& r = e.report();
-      CHECK(r.requested == 50 * MiB);
+      CHECK(r.requested == 50 * mib);
       CHECK(r.device == 0);
-      CHECK(r.device_total == 64 * MiB);
-      CHECK(r.device_free == 44 * MiB);
-      CHECK(r.allocated == 10 * MiB);
-      CHECK(r.reserved == 20 * MiB);
-      CHECK(r.total_free_in_pool == 10 * MiB);
-      CHECK(r.largest_free_block == 5 * MiB);
+      CHECK(r.device_total == 64 * mib);
+      CHECK(r.device_free == 44 * mib);
+      CHECK(r.allocated == 10 * mib);
+      CHECK(r.reserved == 20 * mib);
+      CHECK(r.total_free_in_pool == 10 * mib);
+      CHECK(r.largest_free_block == 5 * mib);
       CHECK(r.fragmentation() == doctest::Approx(0.5));
       CHECK(r.limit == 0);
       REQUIRE(r.cached_per_stream.size() == 1);
-      CHECK(r.cached_per_stream[0].bytes == 10 * MiB);
+      CHECK(r.cached_per_stream[0].bytes == 10 * mib);
       REQUIRE(r.steps.size() == 5);
       CHECK(r.steps[0].attempted);
       CHECK_FALSE(r.steps[1].attempted);  // no callbacks registered
@@ -146,25 +126,22 @@ TEST_SUITE("oom_recovery")
       CHECK(what.find("fragmentation 50%") != std::string::npos);
     }
     CHECK(alloc.stats().num_ooms == 1);
-    alloc.deallocate_async(b[1], 5 * MiB, s.a);
-    alloc.deallocate_async(b[3], 5 * MiB, s.a);
-    CHECK(gpukit::detail::check_invariants(alloc) == "");
-    alloc.forget_stream(s.a);
+    alloc.deallocate_async(b[1], 5 * mib, sa);
+    alloc.deallocate_async(b[3], 5 * mib, sa);
+    gpukit::detail::check_invariants(CHECK(alloc) == "");
+    alloc.forget_stream(sa);
   }
 
-  TEST_CASE("retry_on_oom halves the micro-batch until the step fits")
+  TEST_CASE_FIXTURE(sim_allocator_fixture<64 * mib>,
+                    "retry_on_oom halves the micro-batch until the step fits")
   {
-    sim_runtime sim{gpukit::sim_config{}.with_devices(1, 64 * MiB)};
-    sim_allocator alloc{sim, 0};
-    two_streams s{sim};
-    void* weights   = alloc.allocate_async(20 * MiB, s.a);  // what the model holds
+    void* weights   = alloc.allocate_async(20 * mib, sa);  // what the model holds
     int micro_batch = 32;
     int steps_run   = 0;
     auto step       = [&] {
       ++steps_run;
-      void* activations =
-        alloc.allocate_async(static_cast<std::size_t>(micro_batch) * 2 * MiB, s.a);
-      alloc.deallocate_async(activations, static_cast<std::size_t>(micro_batch) * 2 * MiB, s.a);
+      void* activations = alloc.allocate_async(static_cast<std::size_t>(micro_batch) * 2 * mib, sa);
+      alloc.deallocate_async(activations, static_cast<std::size_t>(micro_batch) * 2 * mib, sa);
     };
     auto halve = [&](gpukit::out_of_memory const&, int) -> std::optional<std::string> {
       if (micro_batch == 1) { return std::nullopt; }
@@ -177,14 +154,14 @@ TEST_SUITE("oom_recovery")
     CHECK(steps_run == 2);
     CHECK(report.changes == std::vector<std::string>{"micro-batch 16"});
     REQUIRE(report.failures.size() == 1);
-    CHECK(report.failures[0].requested == 64 * MiB);
+    CHECK(report.failures[0].requested == 64 * mib);
     // A policy that gives up lets the error through.
     micro_batch = 32;
     CHECK_THROWS_AS(gpukit::retry_on_oom(
                       alloc, step, [](auto const&, int) { return std::optional<std::string>{}; }),
                     gpukit::out_of_memory);
-    alloc.deallocate_async(weights, 20 * MiB, s.a);
-    alloc.forget_stream(s.a);
+    alloc.deallocate_async(weights, 20 * mib, sa);
+    alloc.forget_stream(sa);
   }
 
   TEST_CASE(
@@ -192,21 +169,21 @@ TEST_SUITE("oom_recovery")
   {
     // The workload crosses streams, records a stream, runs out of memory and recovers: it makes
     // every kind of call the allocation path makes. Each call is made to fail in turn.
-    auto workload = [](sim_runtime& sim, sim_allocator& alloc, two_streams& s,
+    auto workload = [](sim_runtime& sim, sim_allocator& alloc, sim_stream sa, sim_stream sb,
                        std::vector<std::pair<void*, std::size_t>>& live) {
-      auto keep = [&](std::size_t bytes, stream_t st) {
+      auto keep = [&](std::size_t bytes, sim_stream st) {
         live.emplace_back(alloc.allocate_async(bytes, st), bytes);
       };
-      keep(3 * MiB, s.a);
-      keep(30 * MiB, s.a);
-      alloc.record_stream(live.back().first, s.b);
-      alloc.deallocate_async(live.back().first, live.back().second, s.a);
+      keep(3 * mib, sa);
+      keep(30 * mib, sa);
+      alloc.record_stream(live.back().first, sb);
+      alloc.deallocate_async(live.back().first, live.back().second, sa);
       live.pop_back();
-      keep(30 * MiB, s.b);  // crosses streams, or needs the pending block
-      alloc.deallocate_async(live.front().first, live.front().second, s.a);  // a whole free segment
+      keep(30 * mib, sb);  // crosses streams, or needs the pending block
+      alloc.deallocate_async(live.front().first, live.front().second, sa);  // a whole free segment
       live.erase(live.begin());
-      keep(25 * MiB, s.b);  // does not fit beside what is held: segments go back, recovery
-      keep(20 * MiB, s.b);  // the 64 MiB device is full: the whole ladder, then out of memory
+      keep(25 * mib, sb);  // does not fit beside what is held: segments go back, recovery
+      keep(20 * mib, sb);  // the 64 MiB device is full: the whole ladder, then out of memory
       (void)sim;
     };
     int fired = 0;
@@ -218,14 +195,14 @@ TEST_SUITE("oom_recovery")
         std::string const op_name = gpukit::to_string(op);
         CAPTURE(op_name);
         CAPTURE(nth);
-        sim_runtime sim{gpukit::sim_config{}.with_devices(1, 64 * MiB)};
+        sim_runtime sim{one_device(64 * mib)};
         {
           sim_allocator alloc{sim, 0};
-          two_streams s{sim};
+          stream_holder<sim_runtime> sa{sim}, sb{sim};
           std::vector<std::pair<void*, std::size_t>> live;
           sim.inject_fault(op, nth, cudaErrorUnknown);
           try {
-            workload(sim, alloc, s, live);
+            workload(sim, alloc, sa, sb, live);
           } catch (gpukit::cuda_error const&) {
           } catch (gpukit::bad_alloc const&) {}
           if (nth == 1) { fired += sim.pending_faults() == 0 ? 1 : 0; }
@@ -234,18 +211,18 @@ TEST_SUITE("oom_recovery")
           // The next allocation works.
           void* after = nullptr;
           try {
-            after = alloc.allocate_async(MiB, s.a);
+            after = alloc.allocate_async(mib, sa);
           } catch (gpukit::out_of_memory const&) {  // the device may be full of live blocks
-            for (auto& [p, n] : live) { alloc.deallocate_async(p, n, s.b); }
+            for (auto& [p, n] : live) { alloc.deallocate_async(p, n, sb); }
             live.clear();
-            after = alloc.allocate_async(MiB, s.a);
+            after = alloc.allocate_async(mib, sa);
           }
           CHECK(after != nullptr);
-          alloc.deallocate_async(after, MiB, s.a);
-          for (auto& [p, n] : live) { alloc.deallocate_async(p, n, s.b); }
+          alloc.deallocate_async(after, mib, sa);
+          for (auto& [p, n] : live) { alloc.deallocate_async(p, n, sb); }
           GPUKIT_CUDA_TRY(sim.device_synchronize());
-          alloc.forget_stream(s.a);
-          alloc.forget_stream(s.b);
+          alloc.forget_stream(sa);
+          alloc.forget_stream(sb);
           alloc.release();
           CHECK(gpukit::detail::check_invariants(alloc) == "");
           CHECK(alloc.stats().reserved_bytes.current == 0);

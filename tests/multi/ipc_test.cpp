@@ -2,7 +2,10 @@
 // fork()ed child, which reads and writes its bytes. The simulated GPU's exported memory is memfd
 // memory (malloc allocations move into a memfd on their first export; virtual-memory pages are
 // memfds from the start), so the two processes really share it, as two processes share a GPU.
-#include "transfer/transfer_conformance.hpp"
+#include "support/caching_allocator.hpp"
+#include "support/pattern.hpp"
+#include "support/sim_gpu.hpp"
+#include "support/sizes.hpp"
 
 #include <gpukit/memory/caching_allocator.hpp>
 #include <gpukit/memory/detail/allocator_invariants.hpp>
@@ -21,21 +24,16 @@
 #include <string>
 #include <vector>
 
+using namespace gpukit::test;
 using gpukit::sim_runtime;
 using sim_allocator = gpukit::basic_caching_allocator<sim_runtime>;
-using stream_t      = sim_runtime::stream_type;
-using gpukit::test::fill_pattern;
-using gpukit::test::first_mismatch;
-using gpukit::test::kib;
-using gpukit::test::mib;
 
 namespace {
 
+/// Two devices of 4 GiB whose memory maps in pages of `granularity`.
 gpukit::sim_config two_gpus(std::size_t granularity = 2 * mib)
 {
-  return gpukit::sim_config{}
-    .with_devices(2, std::size_t{4} << 30)
-    .with_vm_granularity(granularity);
+  return devices(2).with_vm_granularity(granularity);
 }
 
 /// A socket pair, closed on scope exit.
@@ -55,9 +53,9 @@ std::vector<char> read_device(sim_runtime& sim, int device, void const* p, std::
 {
   gpukit::device_guard<sim_runtime> guard{sim, device};
   std::vector<char> out(bytes);
-  if (sim.memcpy_async(out.data(), p, bytes, gpukit::memcpy_kind::device_to_host, stream_t{}) !=
+  if (sim.memcpy_async(out.data(), p, bytes, gpukit::memcpy_kind::device_to_host, sim_stream{}) !=
         cudaSuccess ||
-      sim.stream_synchronize(stream_t{}) != cudaSuccess) {
+      sim.stream_synchronize(sim_stream{}) != cudaSuccess) {
     out.clear();
   }
   return out;
@@ -66,9 +64,9 @@ std::vector<char> read_device(sim_runtime& sim, int device, void const* p, std::
 bool write_device(sim_runtime& sim, int device, void* p, void const* src, std::size_t bytes)
 {
   gpukit::device_guard<sim_runtime> guard{sim, device};
-  return sim.memcpy_async(p, src, bytes, gpukit::memcpy_kind::host_to_device, stream_t{}) ==
+  return sim.memcpy_async(p, src, bytes, gpukit::memcpy_kind::host_to_device, sim_stream{}) ==
            cudaSuccess &&
-         sim.stream_synchronize(stream_t{}) == cudaSuccess;
+         sim.stream_synchronize(sim_stream{}) == cudaSuccess;
 }
 
 /// The child's side: receives a handle, opens it on a simulated GPU of its own (device 1, with
@@ -139,10 +137,8 @@ TEST_SUITE("ipc")
   TEST_CASE("ipc: a block of a growable segment is read and written by another process")
   {
     sim_runtime sim{two_gpus()};
-    gpukit::caching_allocator_options o;
-    o.source              = gpukit::segment_source::growable;
-    o.growable_shareable  = true;
-    o.growable_page_bytes = 2 * mib;
+    auto o               = segments_from(gpukit::segment_source::growable, 2 * mib);
+    o.growable_shareable = true;
     sim_allocator alloc{sim, 1, o};
     REQUIRE(sim.set_device(0) == cudaSuccess);  // not the allocator's device
     void* first                 = alloc.allocate(3 * mib);
@@ -175,11 +171,7 @@ TEST_SUITE("ipc")
   TEST_CASE("ipc: a block of a cudaMalloc segment travels as a CUDA IPC handle")
   {
     sim_runtime sim{two_gpus()};
-    sim_allocator alloc{sim, 1, [] {
-                          gpukit::caching_allocator_options o;
-                          o.source = gpukit::segment_source::synchronous;
-                          return o;
-                        }()};
+    sim_allocator alloc{sim, 1, segments_from(gpukit::segment_source::synchronous)};
     void* first                 = alloc.allocate(100 * kib);
     constexpr std::size_t bytes = 300 * kib + 256;  // a multiple of 256: the block is all of it
     void* b                     = alloc.allocate(bytes);  // same small segment, at an offset
@@ -213,10 +205,8 @@ TEST_SUITE("ipc")
   {
     // 64 KiB pages: a 10 MiB block is 160+ descriptors (sent 64 a message).
     sim_runtime a{two_gpus(64 * kib)};
-    gpukit::caching_allocator_options o;
-    o.source              = gpukit::segment_source::growable;
-    o.growable_shareable  = true;
-    o.growable_page_bytes = 64 * kib;
+    auto o               = segments_from(gpukit::segment_source::growable, 64 * kib);
+    o.growable_shareable = true;
     sim_allocator alloc{a, 0, o};
     constexpr std::size_t bytes = 10 * mib + 300;
     void* p                     = alloc.allocate(bytes);
@@ -249,11 +239,7 @@ TEST_SUITE("ipc")
   {
     sim_runtime sim{two_gpus()};
     {
-      sim_allocator pooled{sim, 0, [] {
-                             gpukit::caching_allocator_options o;
-                             o.source = gpukit::segment_source::stream_ordered;
-                             return o;
-                           }()};
+      sim_allocator pooled{sim, 0, segments_from(gpukit::segment_source::stream_ordered)};
       void* p = pooled.allocate(mib);
       CHECK_THROWS_WITH_AS((void)gpukit::export_block(pooled, p),
                            doctest::Contains("cudaMallocAsync"), gpukit::logic_error);
@@ -264,16 +250,15 @@ TEST_SUITE("ipc")
       CHECK_THROWS_AS((void)gpukit::export_block(pooled, p), gpukit::logic_error);  // freed
       // The runtime refuses cudaMallocAsync memory too.
       void* q = nullptr;
-      REQUIRE(sim.malloc_async(&q, mib, stream_t{}) == cudaSuccess);
+      REQUIRE(sim.malloc_async(&q, mib, sim_stream{}) == cudaSuccess);
       gpukit::ipc_mem_handle mh{};
       CHECK(sim.ipc_get_mem_handle(mh, q) == cudaErrorInvalidValue);
       CHECK(sim.last_misuse().find("malloc_async") != std::string::npos);
-      CHECK(sim.free_async(q, stream_t{}) == cudaSuccess);
+      CHECK(sim.free_async(q, sim_stream{}) == cudaSuccess);
     }
     {
-      gpukit::caching_allocator_options o;
-      o.source = gpukit::segment_source::growable;  // growable_shareable left off
-      sim_allocator growable{sim, 0, o};
+      // growable_shareable left off
+      sim_allocator growable{sim, 0, segments_from(gpukit::segment_source::growable)};
       void* p = growable.allocate(mib);
       CHECK_THROWS_WITH_AS((void)gpukit::export_block(growable, p),
                            doctest::Contains("growable_shareable"), gpukit::logic_error);

@@ -1,7 +1,12 @@
 // Several GPUs on the simulated GPU (sim_config::with_devices): every component acts on the device
 // it was built for, whatever device the calling thread has current; pinned memory serves every
 // device; peer copies move bytes between devices.
-#include "transfer/transfer_conformance.hpp"
+#include "support/caching_allocator.hpp"
+#include "support/holders.hpp"
+#include "support/pattern.hpp"
+#include "support/sim_gpu.hpp"
+#include "support/sizes.hpp"
+#include "support/transfer_fixture.hpp"
 
 #include <gpukit/host/pinned_pool.hpp>
 #include <gpukit/memory/caching_allocator.hpp>
@@ -17,22 +22,14 @@
 #include <thread>
 #include <vector>
 
+using namespace gpukit::test;
 using gpukit::sim_op;
 using gpukit::sim_runtime;
 using sim_allocator = gpukit::basic_caching_allocator<sim_runtime>;
 using sim_pool      = gpukit::basic_pinned_pool<sim_runtime>;
 using sim_pipeline  = gpukit::basic_transfer_pipeline<sim_runtime>;
-using stream_t      = sim_runtime::stream_type;
-using gpukit::test::fill_pattern;
-using gpukit::test::first_mismatch;
-using gpukit::test::kib;
-using gpukit::test::mib;
 
 namespace {
-
-constexpr std::size_t gib = std::size_t{1} << 30;
-
-gpukit::sim_config devices(int n) { return gpukit::sim_config{}.with_devices(n, 4 * gib); }
 
 int current(sim_runtime& sim)
 {
@@ -41,26 +38,11 @@ int current(sim_runtime& sim)
   return d;
 }
 
-stream_t stream_on(sim_runtime& sim, int device)
-{
-  gpukit::device_guard<sim_runtime> guard{sim, device};
-  stream_t s{};
-  REQUIRE(sim.stream_create(s) == cudaSuccess);
-  return s;
-}
-
 std::size_t used_elsewhere(sim_runtime const& sim, int n, int device)
 {
   std::size_t sum = 0;
   for (int d = 0; d < n; ++d) { sum += d == device ? 0 : sim.used_bytes(d); }
   return sum;
-}
-
-gpukit::caching_allocator_options source(gpukit::segment_source s)
-{
-  gpukit::caching_allocator_options o;
-  o.source = s;
-  return o;
 }
 
 char const* name_of(gpukit::segment_source s)
@@ -80,22 +62,21 @@ TEST_SUITE("multi")
   TEST_CASE("multi: the simulated GPU ties events to devices as CUDA does")
   {
     sim_runtime sim{devices(2)};
-    stream_t s1 = stream_on(sim, 1);
-    int d       = -1;
+    stream_holder<sim_runtime> s1{sim, 1};
+    int d = -1;
     CHECK(sim.stream_get_device(s1, d) == cudaSuccess);
     CHECK(d == 1);
-    CHECK(sim.stream_get_device(stream_t{}, d) == cudaSuccess);
+    CHECK(sim.stream_get_device(sim_stream{}, d) == cudaSuccess);
     CHECK(d == 0);  // the null stream: the current device's
     gpukit::sim_runtime::event_type e0{};
     REQUIRE(sim.event_create(e0) == cudaSuccess);  // device 0 is current
     CHECK(sim.event_record(e0, s1) == cudaErrorInvalidResourceHandle);
     CHECK(sim.last_misuse().find("belongs to device 0 and the stream to device 1") !=
           std::string::npos);
-    CHECK(sim.event_record(e0, stream_t{}) == cudaSuccess);
+    CHECK(sim.event_record(e0, sim_stream{}) == cudaSuccess);
     CHECK(sim.stream_wait_event(s1, e0) == cudaSuccess);  // waiting across devices is fine
     CHECK(sim.event_synchronize(e0) == cudaSuccess);
     CHECK(sim.event_destroy(e0) == cudaSuccess);
-    CHECK(sim.stream_destroy(s1) == cudaSuccess);
   }
 
   TEST_CASE("multi: allocations land on the allocator's device while another device is current")
@@ -106,12 +87,12 @@ TEST_SUITE("multi")
       constexpr int n = 4;
       sim_runtime sim{devices(n)};
       REQUIRE(sim.set_device(3) == cudaSuccess);
-      sim_allocator alloc{sim, 2, source(src)};
-      stream_t s2 = stream_on(sim, 2);
+      sim_allocator alloc{sim, 2, segments_from(src)};
+      stream_holder<sim_runtime> s2{sim, 2};
       CHECK(current(sim) == 3);
 
       // The null stream means the allocator's device's, not the current device's.
-      void* a = alloc.allocate_async(3 * mib, stream_t{});
+      void* a = alloc.allocate_async(3 * mib, sim_stream{});
       void* b = alloc.allocate_async(64 * kib, s2);
       void* c = alloc.allocate_async(40 * mib, s2);
       CHECK(current(sim) == 3);
@@ -128,10 +109,10 @@ TEST_SUITE("multi")
 
       // Cross-stream reuse records events: they must be device 2's to record on s2.
       alloc.deallocate_async(c, 40 * mib, s2);
-      void* d = alloc.allocate_async(40 * mib, stream_t{});
+      void* d = alloc.allocate_async(40 * mib, sim_stream{});
       alloc.record_stream(d, s2);
-      alloc.deallocate_async(d, 40 * mib, stream_t{});
-      alloc.deallocate_async(a, 3 * mib, stream_t{});
+      alloc.deallocate_async(d, 40 * mib, sim_stream{});
+      alloc.deallocate_async(a, 3 * mib, sim_stream{});
       alloc.deallocate_async(b, 64 * kib, s2);
       CHECK(current(sim) == 3);
 
@@ -146,8 +127,7 @@ TEST_SUITE("multi")
       }
       CHECK(sim.used_bytes(2) == 0);
       CHECK(used_elsewhere(sim, n, 2) == 0);
-      CHECK(gpukit::detail::check_invariants(alloc).empty());
-      CHECK(sim.stream_destroy(s2) == cudaSuccess);
+      gpukit::detail::check_invariants(CHECK(alloc).empty());
     }
   }
 
@@ -155,15 +135,13 @@ TEST_SUITE("multi")
   {
     sim_runtime sim{devices(2)};
     REQUIRE(sim.set_device(0) == cudaSuccess);
-    stream_t s0{};
+    sim_stream s0{};
     REQUIRE(sim.stream_create(s0) == cudaSuccess);  // a stream of device 0
     REQUIRE(sim.set_device(1) == cudaSuccess);
-    stream_t s1{};
+    sim_stream s1{};
     REQUIRE(sim.stream_create(s1) == cudaSuccess);
     for (auto source : {gpukit::segment_source::stream_ordered, gpukit::segment_source::growable}) {
-      gpukit::caching_allocator_options o;
-      o.source = source;
-      sim_allocator alloc{sim, 1, o};
+      sim_allocator alloc{sim, 1, segments_from(source)};
       void* p = alloc.allocate_async(4 * mib, s1);
       CHECK_THROWS_WITH_AS(
         (void)alloc.allocate_async(4 * mib, s0),
@@ -190,8 +168,8 @@ TEST_SUITE("multi")
     for (int d = 0; d < n; ++d) {
       allocs.push_back(std::make_unique<sim_allocator>(
         sim, d,
-        source(d % 2 == 0 ? gpukit::segment_source::growable
-                          : gpukit::segment_source::stream_ordered)));
+        segments_from(d % 2 == 0 ? gpukit::segment_source::growable
+                                 : gpukit::segment_source::stream_ordered)));
     }
     std::vector<std::thread> threads;
     std::vector<int> bad(n, 0);
@@ -200,10 +178,10 @@ TEST_SUITE("multi")
         (void)sim.set_device((t + 1) % n);  // never the device it allocates on
         for (int i = 0; i < 50; ++i) {
           std::size_t const bytes = (std::size_t{1} + static_cast<std::size_t>(i % 7)) * mib;
-          void* p                 = allocs[t]->allocate_async(bytes, stream_t{});
+          void* p                 = allocs[t]->allocate_async(bytes, sim_stream{});
           std::memset(p, t + 1, bytes);  // simulated device memory is host memory
           if (static_cast<unsigned char const*>(p)[bytes - 1] != t + 1) { ++bad[t]; }
-          allocs[t]->deallocate_async(p, bytes, stream_t{});
+          allocs[t]->deallocate_async(p, bytes, sim_stream{});
         }
         int d = -1;
         (void)sim.get_device(d);
@@ -259,8 +237,8 @@ TEST_SUITE("multi")
   {
     sim_runtime sim{devices(2)};
     sim_pool pool{sim};
-    stream_t s0 = stream_on(sim, 0);
-    stream_t s1 = stream_on(sim, 1);
+    stream_holder<sim_runtime> s0{sim, 0};
+    stream_holder<sim_runtime> s1{sim, 1};
     REQUIRE(sim.set_device(0) == cudaSuccess);
     void* p = pool.allocate(64 * kib);
     pool.record_stream(p, s1);
@@ -282,8 +260,6 @@ TEST_SUITE("multi")
     pool.deallocate_async(t, s1);
     CHECK(pool.stats().num_events_recorded == 4);
     CHECK(sim.calls(sim_op::event_create) == 2);
-    CHECK(sim.stream_destroy(s0) == cudaSuccess);
-    CHECK(sim.stream_destroy(s1) == cudaSuccess);
   }
 
   TEST_CASE("multi: a transfer pipeline acts on its device whatever device is current")
@@ -295,7 +271,7 @@ TEST_SUITE("multi")
     o.staging_threads = 3;
     o.device          = 1;
     sim_pipeline pipe{sim, pool, o};
-    stream_t s1 = stream_on(sim, 1);
+    stream_holder<sim_runtime> s1{sim, 1};
     REQUIRE(sim.set_device(0) == cudaSuccess);
     void* dev = nullptr;
     {
@@ -312,19 +288,17 @@ TEST_SUITE("multi")
     // The null stream is the pipeline's device's.
     fill_pattern(src.data(), src.size(), 8);
     pipe.copy_to_device_async(dev, src.data(), src.size(), gpukit::host_memory::pageable,
-                              stream_t{});
+                              sim_stream{});
     pipe.copy_to_host_async(back.data(), dev, back.size(), gpukit::host_memory::pageable,
-                            stream_t{});
+                            sim_stream{});
     CHECK(first_mismatch(back.data(), back.size(), 8) == back.size());
     // A stream of another device is refused, naming both devices.
-    stream_t s0 = stream_on(sim, 0);
+    stream_holder<sim_runtime> s0{sim, 0};
     CHECK_THROWS_WITH_AS(pipe.copy_to_device_async(dev, src.data(), src.size(), s0),
                          doctest::Contains("belongs to device 0, this pipeline to device 1"),
                          gpukit::logic_error);
     REQUIRE(sim.stream_synchronize(s1) == cudaSuccess);
     CHECK(sim.free(dev) == cudaSuccess);
-    CHECK(sim.stream_destroy(s0) == cudaSuccess);
-    CHECK(sim.stream_destroy(s1) == cudaSuccess);
   }
 
   TEST_CASE("multi: one pinned buffer feeds two devices")
@@ -348,42 +322,27 @@ TEST_SUITE("multi")
       // device sharing the pool (pool memory: copied directly, no staging).
       gpukit::transfer_options o;
       o.staging_threads = 1;
-      std::vector<std::unique_ptr<sim_pipeline>> pipes;
-      void* dev[2]{};
-      void* dev2[2]{};
-      stream_t s[2]{};
+      per_device_transfers<sim_runtime> t{sim, pool, 2, bytes, o};
+      device_buffer<sim_runtime> second0{sim, bytes, 0}, second1{sim, bytes, 1};
+      void* dev2[2]{second0.p, second1.p};
       for (int d = 0; d < 2; ++d) {
-        o.device = d;
-        pipes.push_back(std::make_unique<sim_pipeline>(sim, pool, o));
-        s[d] = stream_on(sim, d);
-        gpukit::device_guard<sim_runtime> guard{sim, d};
-        REQUIRE(sim.malloc(&dev[d], bytes) == cudaSuccess);
-        REQUIRE(sim.malloc(&dev2[d], bytes) == cudaSuccess);
-      }
-      for (int d = 0; d < 2; ++d) {
-        REQUIRE(sim.memcpy_async(dev[d], buf.data(), bytes, gpukit::memcpy_kind::host_to_device,
-                                 s[d]) == cudaSuccess);
-        pipes[d]->copy_to_device_async(dev2[d], buf.data(), bytes, s[d]);
-        buf.record_stream(s[d]);
+        REQUIRE(sim.memcpy_async(t.buffer(d), buf.data(), bytes,
+                                 gpukit::memcpy_kind::host_to_device, t.stream(d)) == cudaSuccess);
+        t.pipe(d).copy_to_device_async(dev2[d], buf.data(), bytes, t.stream(d));
+        buf.record_stream(t.stream(d));
       }
       for (int d = 0; d < 2; ++d) {
         CAPTURE(d);
-        REQUIRE(sim.stream_synchronize(s[d]) == cudaSuccess);
-        CHECK(pipes[d]->stats().direct_bytes == bytes);
-        CHECK(pipes[d]->stats().staged_bytes == 0);
-        for (void* p : {dev[d], dev2[d]}) {
+        REQUIRE(sim.stream_synchronize(t.stream(d)) == cudaSuccess);
+        CHECK(t.pipe(d).stats().direct_bytes == bytes);
+        CHECK(t.pipe(d).stats().staged_bytes == 0);
+        for (void* p : {t.buffer(d), dev2[d]}) {
           std::vector<char> back(bytes);
-          pipes[d]->copy_to_host_async(back.data(), p, bytes, s[d]);  // pageable: complete
+          t.pipe(d).copy_to_host_async(back.data(), p, bytes, t.stream(d));  // pageable: complete
           CHECK(first_mismatch(back.data(), bytes, 11) == bytes);
         }
       }
       buf.reset();
-      for (int d = 0; d < 2; ++d) {
-        CHECK(sim.free(dev[d]) == cudaSuccess);
-        CHECK(sim.free(dev2[d]) == cudaSuccess);
-      }
-      pipes.clear();
-      for (auto st : s) { CHECK(sim.stream_destroy(st) == cudaSuccess); }
     }
   }
 
@@ -445,40 +404,32 @@ TEST_SUITE("multi")
       sim_runtime sim{devices(2).with_peer_access(peer)};
       sim_pool pool{sim};
       gpukit::transfer_options o;
-      o.staging_threads = 2;
-      o.chunk_bytes     = 256 * kib;
-      std::vector<std::unique_ptr<sim_pipeline>> pipes;
-      stream_t s[2]{};
-      void* buf[2]{};
+      o.staging_threads           = 2;
+      o.chunk_bytes               = 256 * kib;
       constexpr std::size_t bytes = 5 * mib + 17;
-      for (int d = 0; d < 2; ++d) {
-        o.device = d;
-        pipes.push_back(std::make_unique<sim_pipeline>(sim, pool, o));
-        s[d] = stream_on(sim, d);
-        gpukit::device_guard<sim_runtime> guard{sim, d};
-        REQUIRE(sim.malloc(&buf[d], bytes) == cudaSuccess);
-      }
+      per_device_transfers<sim_runtime> t{sim, pool, 2, bytes, o};
       REQUIRE(sim.set_device(1) == cudaSuccess);  // not the device of pipes[0], which copies first
       std::vector<char> host(bytes), back(bytes);
       fill_pattern(host.data(), bytes, 21);
-      pipes[0]->copy_to_device_async(buf[0], host.data(), bytes, s[0]);
-      // Device 0 pushes to device 1, in s[0]'s order (after the upload above).
-      pipes[0]->copy_peer_async(buf[1], 1, buf[0], 0, bytes, s[0]);
-      REQUIRE(sim.stream_synchronize(s[0]) == cudaSuccess);
-      pipes[1]->copy_to_host_async(back.data(), buf[1], bytes, s[1]);
+      t.pipe(0).copy_to_device_async(t.buffer(0), host.data(), bytes, t.stream(0));
+      // Device 0 pushes to device 1, in t.stream(0)'s order (after the upload above).
+      t.pipe(0).copy_peer_async(t.buffer(1), 1, t.buffer(0), 0, bytes, t.stream(0));
+      REQUIRE(sim.stream_synchronize(t.stream(0)) == cudaSuccess);
+      t.pipe(1).copy_to_host_async(back.data(), t.buffer(1), bytes, t.stream(1));
       CHECK(first_mismatch(back.data(), bytes, 21) == bytes);
-      CHECK(pipes[0]->stats().peer_bytes == bytes);
-      CHECK(pipes[0]->stats().peer_copies == 1);
+      CHECK(t.pipe(0).stats().peer_bytes == bytes);
+      CHECK(t.pipe(0).stats().peer_copies == 1);
       CHECK(sim.peer_access_enabled(0, 1) == peer);
       CHECK(sim.staged_peer_copies() == (peer ? 0u : 1u));
 
-      // Device 1 pulls a slice back from device 0 into the middle of its buffer, in s[1]'s order.
+      // Device 1 pulls a slice back from device 0 into the middle of its buffer, in t.stream(1)'s
+      // order.
       fill_pattern(host.data(), bytes, 22);
-      pipes[0]->copy_to_device_async(buf[0], host.data(), bytes, s[0]);
-      REQUIRE(sim.stream_synchronize(s[0]) == cudaSuccess);
-      pipes[1]->copy_peer_async(static_cast<char*>(buf[1]) + 4096, 1,
-                                static_cast<char*>(buf[0]) + 4096, 0, mib, s[1]);
-      pipes[1]->copy_to_host_async(back.data(), buf[1], bytes, s[1]);
+      t.pipe(0).copy_to_device_async(t.buffer(0), host.data(), bytes, t.stream(0));
+      REQUIRE(sim.stream_synchronize(t.stream(0)) == cudaSuccess);
+      t.pipe(1).copy_peer_async(static_cast<char*>(t.buffer(1)) + 4096, 1,
+                                static_cast<char*>(t.buffer(0)) + 4096, 0, mib, t.stream(1));
+      t.pipe(1).copy_to_host_async(back.data(), t.buffer(1), bytes, t.stream(1));
       std::vector<char> want(bytes);
       fill_pattern(want.data(), bytes, 21);
       std::memcpy(want.data() + 4096, host.data() + 4096, mib);
@@ -486,30 +437,27 @@ TEST_SUITE("multi")
       CHECK(sim.peer_access_enabled(1, 0) == peer);
 
       // Bad input: clear errors, nothing copied.
+      auto& p0 = t.pipe(0);
+      void *b0 = t.buffer(0), *b1 = t.buffer(1);
+      auto const s0 = t.stream(0), s1 = t.stream(1);
       CHECK_THROWS_WITH_AS(
-        pipes[0]->copy_peer_async(buf[1], 1, buf[0], 0, bytes, s[1]),
+        p0.copy_peer_async(b1, 1, b0, 0, bytes, s1),
         doctest::Contains("stream belongs to device 1, this pipeline to device 0"),
         gpukit::logic_error);
-      CHECK_THROWS_WITH_AS(pipes[0]->copy_peer_async(buf[1], 1, buf[0], 2, bytes, s[0]),
+      CHECK_THROWS_WITH_AS(p0.copy_peer_async(b1, 1, b0, 2, bytes, s0),
                            doctest::Contains("device 2 does not exist"), gpukit::logic_error);
-      CHECK_THROWS_WITH_AS(pipes[0]->copy_peer_async(buf[1], 1, buf[1], 1, 8, s[0]),
+      CHECK_THROWS_WITH_AS(p0.copy_peer_async(b1, 1, b1, 1, 8, s0),
                            doctest::Contains("neither the source's (1) nor the destination's (1)"),
                            gpukit::logic_error);
-      CHECK_THROWS_WITH_AS(pipes[0]->copy_peer_async(buf[0], 0, buf[0], 0, bytes, s[0]),
+      CHECK_THROWS_WITH_AS(p0.copy_peer_async(b0, 0, b0, 0, bytes, s0),
                            doctest::Contains("overlap"), gpukit::logic_error);
-      CHECK_THROWS_WITH_AS(pipes[0]->copy_peer_async(buf[1], 1, buf[0], 0, 0, s[0]),
-                           doctest::Contains("0 bytes"), gpukit::logic_error);
+      CHECK_THROWS_WITH_AS(p0.copy_peer_async(b1, 1, b0, 0, 0, s0), doctest::Contains("0 bytes"),
+                           gpukit::logic_error);
       // A pointer that is not memory of the device named for it: the runtime refuses the copy.
-      CHECK_THROWS_AS(pipes[0]->copy_peer_async(buf[0], 1, buf[1], 0, bytes, s[0]),
-                      gpukit::cuda_error);
-      CHECK(pipes[0]->stats().peer_copies == 1);
+      CHECK_THROWS_AS(p0.copy_peer_async(b0, 1, b1, 0, bytes, s0), gpukit::cuda_error);
+      CHECK(t.pipe(0).stats().peer_copies == 1);
 
-      for (int d = 0; d < 2; ++d) {
-        REQUIRE(sim.stream_synchronize(s[d]) == cudaSuccess);
-        CHECK(sim.free(buf[d]) == cudaSuccess);
-      }
-      pipes.clear();
-      for (auto st : s) { CHECK(sim.stream_destroy(st) == cudaSuccess); }
+      for (int d = 0; d < 2; ++d) { REQUIRE(sim.stream_synchronize(t.stream(d)) == cudaSuccess); }
     }
   }
 }

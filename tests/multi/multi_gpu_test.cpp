@@ -1,7 +1,12 @@
 // Several GPUs on CUDA (the two-GPU machine; benchmarks/multi/run_h200x2.sh runs it): what
-// multi_device_test checks on the simulated GPU, on real devices. With one GPU each case says so
-// and checks nothing more.
-#include "transfer/transfer_conformance.hpp"
+// multi_device_test checks on the simulated GPU, on real devices. With fewer than two GPUs each
+// case skips itself (CTest reports it skipped); with none, gpu_main skips the whole binary.
+#include "support/caching_allocator.hpp"
+#include "support/holders.hpp"
+#include "support/pattern.hpp"
+#include "support/sizes.hpp"
+#include "support/skip.hpp"
+#include "support/transfer_fixture.hpp"
 
 #include <gpukit/host/pinned_pool.hpp>
 #include <gpukit/memory/caching_allocator.hpp>
@@ -16,20 +21,19 @@
 #include <memory>
 #include <vector>
 
-using gpukit::test::fill_pattern;
-using gpukit::test::first_mismatch;
-using gpukit::test::mib;
+using namespace gpukit::test;
 
 namespace {
 
-bool two_gpus()
+/// The GPUs this process sees (0 when CUDA cannot count them).
+int gpu_count()
 {
   int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess || n < 2) {
-    MESSAGE("fewer than 2 GPUs: nothing to check here");
-    return false;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
   }
-  return true;
+  return n;
 }
 
 int device_of(void const* p)
@@ -39,32 +43,22 @@ int device_of(void const* p)
   return a.device;
 }
 
-cudaStream_t stream_on(int device)
-{
-  gpukit::device_guard<gpukit::cuda_runtime> guard{gpukit::cuda_runtime::instance(), device};
-  cudaStream_t s{};
-  REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
-  return s;
-}
-
 }  // namespace
 
 TEST_SUITE("gpu")
 {
   TEST_CASE("multi on CUDA: allocations land on the allocator's device with another current")
   {
-    if (!two_gpus()) { return; }
+    GPUKIT_TEST_SKIP_UNLESS(gpu_count() >= 2, "fewer than 2 GPUs");
     auto& rt = gpukit::cuda_runtime::instance();
     for (auto const src : {gpukit::segment_source::stream_ordered,
                            gpukit::segment_source::synchronous, gpukit::segment_source::growable}) {
       CAPTURE(static_cast<int>(src));
       REQUIRE(cudaSetDevice(0) == cudaSuccess);
-      gpukit::caching_allocator_options o;
-      o.source = src;
-      gpukit::caching_allocator alloc{rt, 1, o};
-      cudaStream_t s1 = stream_on(1);
-      void* a         = alloc.allocate(3 * mib);  // the null stream: device 1's
-      void* b         = alloc.allocate_async(40 * mib, s1);
+      gpukit::caching_allocator alloc{rt, 1, segments_from(src)};
+      stream_holder<gpukit::cuda_runtime> s1{rt, 1};
+      void* a = alloc.allocate(3 * mib);  // the null stream: device 1's
+      void* b = alloc.allocate_async(40 * mib, s1);
       CHECK(device_of(a) == 1);
       CHECK(device_of(b) == 1);
       int cur = -1;
@@ -81,53 +75,39 @@ TEST_SUITE("gpu")
       alloc.deallocate_async(b, 40 * mib, s1);
       alloc.forget_stream(s1);
       alloc.release();
-      CHECK(gpukit::detail::check_invariants(alloc).empty());
-      CHECK(cudaStreamDestroy(s1) == cudaSuccess);
+      gpukit::detail::check_invariants(CHECK(alloc).empty());
     }
   }
 
   TEST_CASE("multi on CUDA: one pinned pool and a pipeline per device, peer copies")
   {
-    if (!two_gpus()) { return; }
+    GPUKIT_TEST_SKIP_UNLESS(gpu_count() >= 2, "fewer than 2 GPUs");
     auto& rt = gpukit::cuda_runtime::instance();
     gpukit::pinned_pool pool{rt};
-    std::vector<std::unique_ptr<gpukit::transfer_pipeline>> pipes;
-    cudaStream_t s[2]{};
-    void* dev[2]{};
     constexpr std::size_t bytes = 64 * mib + 4096;
-    for (int d = 0; d < 2; ++d) {
-      gpukit::transfer_options o;
-      o.device = d;
-      pipes.push_back(std::make_unique<gpukit::transfer_pipeline>(rt, pool, o));
-      s[d] = stream_on(d);
-      gpukit::device_guard<gpukit::cuda_runtime> guard{rt, d};
-      REQUIRE(cudaMalloc(&dev[d], bytes) == cudaSuccess);
-    }
+    per_device_transfers<gpukit::cuda_runtime> t{rt, pool, 2, bytes};
     REQUIRE(cudaSetDevice(1) == cudaSuccess);  // not device 0, whose pipeline starts
     std::vector<char> host(bytes), back(bytes);
     fill_pattern(host.data(), bytes, 61);
-    pipes[0]->copy_to_device_async(dev[0], host.data(), bytes, s[0]);  // pageable: staged
-    pipes[0]->copy_peer_async(dev[1], 1, dev[0], 0, bytes, s[0]);
-    REQUIRE(cudaStreamSynchronize(s[0]) == cudaSuccess);
-    pipes[1]->copy_to_host_async(back.data(), dev[1], bytes, s[1]);
+    t.pipe(0).copy_to_device_async(t.buffer(0), host.data(), bytes,
+                                   t.stream(0));  // pageable: staged
+    t.pipe(0).copy_peer_async(t.buffer(1), 1, t.buffer(0), 0, bytes, t.stream(0));
+    REQUIRE(cudaStreamSynchronize(t.stream(0)) == cudaSuccess);
+    t.pipe(1).copy_to_host_async(back.data(), t.buffer(1), bytes, t.stream(1));
     CHECK(first_mismatch(back.data(), bytes, 61) == bytes);
     // One pinned buffer to both devices; returned with a stream of each.
     auto buf = pool.acquire(bytes);
     fill_pattern(buf.data(), bytes, 62);
     for (int d = 0; d < 2; ++d) {
-      pipes[d]->copy_to_device_async(dev[d], buf.data(), bytes, s[d]);  // pinned: direct
-      buf.record_stream(s[d]);
+      t.pipe(d).copy_to_device_async(t.buffer(d), buf.data(), bytes,
+                                     t.stream(d));  // pinned: direct
+      buf.record_stream(t.stream(d));
     }
     buf.reset();
     for (int d = 0; d < 2; ++d) {
-      pipes[d]->copy_to_host_async(back.data(), dev[d], bytes, s[d]);
+      t.pipe(d).copy_to_host_async(back.data(), t.buffer(d), bytes, t.stream(d));
       CHECK(first_mismatch(back.data(), bytes, 62) == bytes);
     }
-    for (int d = 0; d < 2; ++d) {
-      REQUIRE(cudaStreamSynchronize(s[d]) == cudaSuccess);
-      CHECK(cudaFree(dev[d]) == cudaSuccess);
-    }
-    pipes.clear();
-    for (auto st : s) { CHECK(cudaStreamDestroy(st) == cudaSuccess); }
+    for (int d = 0; d < 2; ++d) { REQUIRE(cudaStreamSynchronize(t.stream(d)) == cudaSuccess); }
   }
 }

@@ -18,7 +18,7 @@ namespace {
 
 bool const tool_attached = gpukit_test::attach_nvtx_tool();
 
-std::uintptr_t addr(void const* p) { return reinterpret_cast<std::uintptr_t>(p); }
+using gpukit_test::addr;
 
 struct fake_stats {
   struct pair {

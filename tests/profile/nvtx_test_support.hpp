@@ -5,15 +5,19 @@
 //   ...
 //   auto recs = gpukit_test::nvtx_records();   // everything NVTX passed to the tool so far
 //
-// The tool is found next to the test binary (the h200 build carries bin/tests/ to another machine)
-// or at the path CMake compiled in (GPUKIT_NVTX_INJECTION_LIB).
+// The tool is found at the path CMake compiled in (GPUKIT_NVTX_INJECTION_LIB), else next to the
+// test binary (the h200 build carries bin/tests/ to another machine).
 #pragma once
 
 #include "nvtx_injection.h"
 
-#include <dlfcn.h>
-#include <unistd.h>
+#include "support/files.hpp"
 
+#include <doctest/doctest.h>
+
+#include <dlfcn.h>
+
+#include <cstdint>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
@@ -21,31 +25,25 @@
 
 namespace gpukit_test {
 
-/// The injection library's path: next to this executable, else the build path.
+/// The injection library's path: the one CMake built, or the one beside this executable.
 inline std::string nvtx_tool_path()
 {
-  char exe[4096];
-  ssize_t const n = ::readlink("/proc/self/exe", exe, sizeof exe - 1);
-  if (n > 0) {
-    exe[n]           = '\0';
-    std::string dir  = exe;
-    dir              = dir.substr(0, dir.rfind('/'));
-    std::string next = dir + "/libgpukit_nvtx_injection.so";
-    if (::access(next.c_str(), R_OK) == 0) return next;
-  }
 #ifdef GPUKIT_NVTX_INJECTION_LIB
-  return GPUKIT_NVTX_INJECTION_LIB;
+  return gpukit::test::built_file(GPUKIT_NVTX_INJECTION_LIB);
 #else
-  return {};
+  return gpukit::test::beside_executable("libgpukit_nvtx_injection.so");
 #endif
 }
+
+/// The address the tool records for `p`.
+inline std::uintptr_t addr(void const* p) { return reinterpret_cast<std::uintptr_t>(p); }
 
 /// Sets NVTX_INJECTION64_PATH to the test tool. Call before the process's first NVTX call (a
 /// namespace-scope initializer does). Returns whether the tool was found.
 inline bool attach_nvtx_tool()
 {
   std::string const path = nvtx_tool_path();
-  if (path.empty()) return false;
+  if (::access(path.c_str(), R_OK) != 0) return false;
   ::setenv("NVTX_INJECTION64_PATH", path.c_str(), 1);
   return true;
 }
@@ -80,6 +78,15 @@ inline void clear_nvtx_records()
   if (h == nullptr) return;
   reinterpret_cast<gpukit_nvtx_clear_fn>(::dlsym(h, "gpukit_nvtx_clear"))();
   ::dlclose(h);
+}
+
+/// Checks that region record `r` is `bytes` at `p` in heap `heap`.
+inline void check_region(gpukit_nvtx_record const& r, void const* p, std::size_t bytes,
+                         std::uint64_t heap)
+{
+  CHECK(r.address == addr(p));
+  CHECK(r.size == bytes);
+  CHECK(r.heap == heap);
 }
 
 /// Records of one kind, in order.

@@ -2,7 +2,11 @@
 // NVTX tool sees while CUDA runs, and the doctor's verdict on the machine.
 #include "nvtx_test_support.hpp"
 
-#include <gpukit/doctor/doctor.hpp>
+#include "support/holders.hpp"
+#include "support/range_stats.hpp"
+#include "support/sizes.hpp"
+
+#include <gpukit/doctor.hpp>
 #include <gpukit/profile/memory_annotation.hpp>
 #include <gpukit/profile/range_timer.hpp>
 #include <gpukit/runtime/cuda_runtime.hpp>
@@ -29,11 +33,10 @@ TEST_SUITE("gpu")
   TEST_CASE("gpu_timer measures device work per range on a real stream")
   {
     auto& rt = gpukit::cuda_runtime::instance();
-    cudaStream_t s{};
-    OK(rt.stream_create(s));
-    std::size_t const bytes = std::size_t{512} << 20;
-    void* d                 = nullptr;
-    OK(rt.malloc(&d, bytes));
+    gpukit::test::stream_holder<gpukit::cuda_runtime> s{rt};
+    std::size_t const bytes = 512 * gpukit::test::mib;
+    gpukit::test::device_buffer<gpukit::cuda_runtime> memory{rt, bytes};
+    void* d = memory.p;
     {
       gpukit::gpu_timer timer{rt};
       for (int i = 0; i < 5; ++i) {
@@ -46,31 +49,25 @@ TEST_SUITE("gpu")
         OK(rt.memset_async(d, i, std::size_t{1} << 20, s));
       }
       timer.flush();
-      auto const big   = timer.stats("memset_512MiB");
-      auto const small = timer.stats("memset_1MiB");
-      auto const step  = timer.stats("step");
-      REQUIRE(big);
-      REQUIRE(small);
-      REQUIRE(step);
-      CHECK(big->count == 5);
-      CHECK(big->min_ms > 0.0);
-      CHECK(big->mean_ms > small->mean_ms);
-      CHECK(step->total_ms >= big->total_ms);
-      CHECK(big->share > 0.5);
+      auto const big   = gpukit::test::stats_of(timer, "memset_512MiB");
+      auto const small = gpukit::test::stats_of(timer, "memset_1MiB");
+      auto const step  = gpukit::test::stats_of(timer, "step");
+      CHECK(big.count == 5);
+      CHECK(big.min_ms > 0.0);
+      CHECK(big.mean_ms > small.mean_ms);
+      CHECK(step.total_ms >= big.total_ms);
+      CHECK(big.share > 0.5);
       std::printf("%s", timer.report().c_str());
     }
-    OK(rt.free(d));
-    OK(rt.stream_destroy(s));
   }
 
   TEST_CASE("an NVTX tool sees the timer's ranges and a real segment's annotations")
   {
     REQUIRE(tool_attached);
     auto& rt = gpukit::cuda_runtime::instance();
-    cudaStream_t s{};
-    OK(rt.stream_create(s));
-    void* segment = nullptr;
-    OK(rt.malloc(&segment, std::size_t{2} << 20));
+    gpukit::test::stream_holder<gpukit::cuda_runtime> s{rt};
+    gpukit::test::device_buffer<gpukit::cuda_runtime> memory{rt, 2 * gpukit::test::mib};
+    void* segment = memory.p;
     gpukit_test::clear_nvtx_records();
     {
       gpukit::gpu_timer timer{rt};
@@ -91,8 +88,6 @@ TEST_SUITE("gpu")
     auto const regions = gpukit_test::nvtx_records_of(gpukit_nvtx_region_register);
     REQUIRE(regions.size() == 1);
     CHECK(regions[0].address == reinterpret_cast<std::uintptr_t>(segment));
-    OK(rt.free(segment));
-    OK(rt.stream_destroy(s));
   }
 
   TEST_CASE("the doctor finds this machine healthy")

@@ -1,6 +1,19 @@
-// The pinned pool, transfer pipeline and prefetcher cases that run on every Runtime: the
-// simulated GPU (transfer_test.cpp) and a real one (transfer_gpu_test.cpp).
+// tests/transfer/transfer_conformance.hpp: the pinned pool, transfer pipeline and prefetcher cases
+// that run on every Runtime, so that what passes on the simulated GPU in CI means the same on a
+// GPU.
+//
+// Use: in a doctest TU, after including the runtime,
+//
+//   GPUKIT_TRANSFER_CONFORMANCE_CASES(gpukit::cuda_runtime::instance(), "cuda_runtime")
+//
+// defines one TEST_CASE per check below, named "<prefix>: <what>" (support/conformance.hpp).
 #pragma once
+
+#include "support/conformance.hpp"
+#include "support/holders.hpp"
+#include "support/pattern.hpp"
+#include "support/sizes.hpp"
+#include "support/transfer_fixture.hpp"
 
 #include <gpukit/host/pinned_pool.hpp>
 #include <gpukit/memory/caching_allocator.hpp>
@@ -23,50 +36,6 @@
 #include <vector>
 
 namespace gpukit::test {
-
-inline constexpr std::size_t kib = std::size_t{1} << 10;
-inline constexpr std::size_t mib = std::size_t{1} << 20;
-
-/// Fills [p, p + bytes) with a pattern that differs per byte and per seed.
-inline void fill_pattern(void* p, std::size_t bytes, std::uint32_t seed)
-{
-  auto* b         = static_cast<unsigned char*>(p);
-  std::uint32_t x = seed * 2654435761u + 1;
-  for (std::size_t i = 0; i < bytes; ++i) {
-    x ^= x << 13;
-    x ^= x >> 17;
-    x ^= x << 5;
-    b[i] = static_cast<unsigned char>(x);
-  }
-}
-
-/// The index of the first byte that differs from the pattern, or bytes when none does.
-inline std::size_t first_mismatch(void const* p, std::size_t bytes, std::uint32_t seed)
-{
-  std::vector<unsigned char> want(bytes);
-  fill_pattern(want.data(), bytes, seed);
-  auto const* b = static_cast<unsigned char const*>(p);
-  for (std::size_t i = 0; i < bytes; ++i) {
-    if (b[i] != want[i]) { return i; }
-  }
-  return bytes;
-}
-
-template <class Runtime>
-struct stream_holder {
-  Runtime& rt;
-  typename Runtime::stream_type s{};
-  explicit stream_holder(Runtime& r) : rt{r} { GPUKIT_CUDA_TRY(rt.stream_create(s)); }
-  ~stream_holder() { (void)rt.stream_destroy(s); }
-};
-
-template <class Runtime>
-struct device_buffer {
-  Runtime& rt;
-  void* p{nullptr};
-  device_buffer(Runtime& r, std::size_t bytes) : rt{r} { GPUKIT_CUDA_TRY(rt.malloc(&p, bytes)); }
-  ~device_buffer() { (void)rt.free(p); }
-};
 
 /// Reuse, size classes and statistics of the pinned pool, growing as `options` says.
 template <class Runtime>
@@ -198,22 +167,21 @@ void check_pool_limit(Runtime& rt)
 template <class Runtime>
 void check_pool_stream_return(Runtime& rt)
 {
-  basic_pinned_pool<Runtime> pool{rt};
-  stream_holder<Runtime> s{rt};
+  transfer_fixture<Runtime> f{rt};
   device_buffer<Runtime> dev{rt, mib};
-  void* a = pool.allocate(mib);
+  void* a = f.pool.allocate(mib);
   fill_pattern(a, mib, 7);
-  GPUKIT_CUDA_TRY(rt.memcpy_async(dev.p, a, mib, memcpy_kind::host_to_device, s.s));
-  pool.deallocate_async(a, s.s);
-  CHECK(pool.stats().num_events_recorded == 1);
-  GPUKIT_CUDA_TRY(rt.stream_synchronize(s.s));
-  void* b = pool.allocate(mib);
+  GPUKIT_CUDA_TRY(rt.memcpy_async(dev.p, a, mib, memcpy_kind::host_to_device, f.s));
+  f.pool.deallocate_async(a, f.s);
+  CHECK(f.pool.stats().num_events_recorded == 1);
+  GPUKIT_CUDA_TRY(rt.stream_synchronize(f.s));
+  void* b = f.pool.allocate(mib);
   CHECK(b == a);
   std::memset(b, 0, mib);
-  GPUKIT_CUDA_TRY(rt.memcpy_async(b, dev.p, mib, memcpy_kind::device_to_host, s.s));
-  GPUKIT_CUDA_TRY(rt.stream_synchronize(s.s));
+  GPUKIT_CUDA_TRY(rt.memcpy_async(b, dev.p, mib, memcpy_kind::device_to_host, f.s));
+  GPUKIT_CUDA_TRY(rt.stream_synchronize(f.s));
   CHECK(first_mismatch(b, mib, 7) == mib);
-  pool.deallocate(b);
+  f.pool.deallocate(b);
 }
 
 /// Host to device and back through the pipeline, for sizes around the chunk size, pageable and
@@ -221,13 +189,8 @@ void check_pool_stream_return(Runtime& rt)
 template <class Runtime>
 void check_pipeline_roundtrip(Runtime& rt, int threads)
 {
-  basic_pinned_pool<Runtime> pool{rt};
-  transfer_options o;
-  o.chunk_bytes     = 64 * kib;
-  o.staging_threads = threads;
-  o.ring_chunks     = 3;
-  basic_transfer_pipeline<Runtime> pipe{rt, pool, o};
-  stream_holder<Runtime> s{rt};
+  transfer_fixture<Runtime> f{rt};
+  basic_transfer_pipeline<Runtime> pipe{rt, f.pool, chunked(64 * kib, threads, 3)};
   std::uint32_t seed = 100;
   for (std::size_t bytes : {std::size_t{1}, std::size_t{4095}, 64 * kib, 64 * kib + 1,
                             5 * 64 * kib - 17, 3 * mib + 12345}) {
@@ -241,17 +204,17 @@ void check_pipeline_roundtrip(Runtime& rt, int threads)
       void* dst = pageable_dst.data();
       pinned_buffer<Runtime> psrc, pdst;
       if (pinned) {
-        psrc = pool.acquire(bytes);
-        pdst = pool.acquire(bytes);
+        psrc = f.pool.acquire(bytes);
+        pdst = f.pool.acquire(bytes);
         src  = psrc.data();
         dst  = pdst.data();
       }
       fill_pattern(src, bytes, seed);
       auto const before = pipe.stats();
-      pipe.copy_to_device_async(dev.p, src, bytes, s.s);
+      pipe.copy_to_device_async(dev.p, src, bytes, f.s);
       if (!pinned) { std::memset(src, 0, bytes); }  // pageable: reusable once the call returns
-      pipe.copy_to_host_async(dst, dev.p, bytes, s.s);
-      if (pinned) { GPUKIT_CUDA_TRY(rt.stream_synchronize(s.s)); }
+      pipe.copy_to_host_async(dst, dev.p, bytes, f.s);
+      if (pinned) { GPUKIT_CUDA_TRY(rt.stream_synchronize(f.s)); }
       CHECK(first_mismatch(dst, bytes, seed) == bytes);
       if (!pinned) { CHECK(pageable_dst[bytes] == 0xEE); }  // nothing written past the end
       auto const after = pipe.stats();
@@ -261,24 +224,21 @@ void check_pipeline_roundtrip(Runtime& rt, int threads)
         CHECK(after.staged_bytes - before.staged_bytes == 2 * bytes);
       }
       if (pinned) {
-        psrc.record_stream(s.s);
-        pdst.record_stream(s.s);
+        psrc.record_stream(f.s);
+        pdst.record_stream(f.s);
       }
     }
   }
   CHECK(pipe.stats().staging_chunks <= 6);
-  GPUKIT_CUDA_TRY(rt.stream_synchronize(s.s));
+  GPUKIT_CUDA_TRY(rt.stream_synchronize(f.s));
 }
 
 /// A host-to-device and a device-to-host transfer at once, from two threads, several times.
 template <class Runtime>
 void check_pipeline_bidirectional(Runtime& rt)
 {
-  basic_pinned_pool<Runtime> pool{rt};
-  transfer_options o;
-  o.chunk_bytes     = 256 * kib;
-  o.staging_threads = 4;
-  basic_transfer_pipeline<Runtime> pipe{rt, pool, o};
+  transfer_fixture<Runtime> f{rt};
+  basic_transfer_pipeline<Runtime> pipe{rt, f.pool, chunked(256 * kib, 4)};
   stream_holder<Runtime> up{rt}, down{rt};
   std::size_t const bytes = 4 * mib + 777;
   device_buffer<Runtime> dev_in{rt, bytes}, dev_out{rt, bytes};
@@ -306,32 +266,28 @@ void check_pipeline_bidirectional(Runtime& rt)
 template <class Runtime>
 void check_pipeline_bad_input(Runtime& rt)
 {
-  basic_pinned_pool<Runtime> pool{rt};
-  transfer_options o;
-  o.chunk_bytes     = 64 * kib;
-  o.staging_threads = 2;
-  basic_transfer_pipeline<Runtime> pipe{rt, pool, o};
-  stream_holder<Runtime> s{rt};
+  transfer_fixture<Runtime> f{rt};
+  basic_transfer_pipeline<Runtime> pipe{rt, f.pool, chunked(64 * kib, 2)};
   device_buffer<Runtime> dev{rt, mib};
   std::vector<unsigned char> host(mib);
-  CHECK_THROWS_WITH_AS(pipe.copy_to_device_async(dev.p, host.data(), 0, s.s),
+  CHECK_THROWS_WITH_AS(pipe.copy_to_device_async(dev.p, host.data(), 0, f.s),
                        doctest::Contains("0 bytes"), gpukit::logic_error);
-  CHECK_THROWS_WITH_AS(pipe.copy_to_device_async(nullptr, host.data(), 16, s.s),
+  CHECK_THROWS_WITH_AS(pipe.copy_to_device_async(nullptr, host.data(), 16, f.s),
                        doctest::Contains("null pointer"), gpukit::logic_error);
-  CHECK_THROWS_WITH_AS(pipe.copy_to_host_async(nullptr, dev.p, 16, s.s),
+  CHECK_THROWS_WITH_AS(pipe.copy_to_host_async(nullptr, dev.p, 16, f.s),
                        doctest::Contains("null pointer"), gpukit::logic_error);
   // Every refusal names both pointers, by role, and the size.
-  CHECK_THROWS_WITH_AS(pipe.copy_to_host_async(nullptr, dev.p, 16, s.s),
+  CHECK_THROWS_WITH_AS(pipe.copy_to_host_async(nullptr, dev.p, 16, f.s),
                        doctest::Contains("(host "), gpukit::logic_error);
-  CHECK_THROWS_WITH_AS(pipe.copy_to_host_async(nullptr, dev.p, 16, s.s),
+  CHECK_THROWS_WITH_AS(pipe.copy_to_host_async(nullptr, dev.p, 16, f.s),
                        doctest::Contains(", device "), gpukit::logic_error);
-  CHECK_THROWS_WITH_AS(pipe.copy_to_device_async(dev.p, host.data(), 0, s.s),
+  CHECK_THROWS_WITH_AS(pipe.copy_to_device_async(dev.p, host.data(), 0, f.s),
                        doctest::Contains(", 0 bytes)"), gpukit::logic_error);
   CHECK_THROWS_WITH_AS(
-    pipe.copy_to_device_async(host.data() + 100, host.data(), 1000, host_memory::pageable, s.s),
+    pipe.copy_to_device_async(host.data() + 100, host.data(), 1000, host_memory::pageable, f.s),
     doctest::Contains("overlap"), gpukit::logic_error);
   CHECK_THROWS_WITH_AS(pipe.copy_to_device_async(
-                         dev.p, reinterpret_cast<void const*>(~std::uintptr_t{0} - 8), 64, s.s),
+                         dev.p, reinterpret_cast<void const*>(~std::uintptr_t{0} - 8), 64, f.s),
                        doctest::Contains("wrap"), gpukit::logic_error);
   CHECK(pipe.stats().transfers == 0);
   CHECK(pipe.stats().chunks == 0);
@@ -377,12 +333,8 @@ struct completions {
 template <class Runtime>
 void check_submitted_transfers(Runtime& rt)
 {
-  basic_pinned_pool<Runtime> pool{rt};
-  transfer_options o;
-  o.chunk_bytes     = 128 * kib;
-  o.staging_threads = 4;
-  basic_transfer_pipeline<Runtime> pipe{rt, pool, o};
-  stream_holder<Runtime> s{rt};
+  transfer_fixture<Runtime> f{rt};
+  basic_transfer_pipeline<Runtime> pipe{rt, f.pool, chunked(128 * kib, 4)};
   std::size_t const n = 8;
   std::vector<std::vector<unsigned char>> src(n), dst(n);
   std::vector<std::unique_ptr<device_buffer<Runtime>>> dev;
@@ -395,13 +347,13 @@ void check_submitted_transfers(Runtime& rt)
   }
   completions up, down;
   for (std::size_t i = 0; i < n; ++i) {
-    pipe.submit_to_device(dev[i]->p, src[i].data(), src[i].size(), host_memory::detect, s.s,
+    pipe.submit_to_device(dev[i]->p, src[i].data(), src[i].size(), host_memory::detect, f.s,
                           up.one());
   }
   REQUIRE(up.wait_for(n));
   CHECK_FALSE(up.first_error);
   for (std::size_t i = 0; i < n; ++i) {
-    pipe.submit_to_host(dst[i].data(), dev[i]->p, dst[i].size(), host_memory::detect, s.s,
+    pipe.submit_to_host(dst[i].data(), dev[i]->p, dst[i].size(), host_memory::detect, f.s,
                         down.one());
   }
   REQUIRE(down.wait_for(n));
@@ -412,13 +364,13 @@ void check_submitted_transfers(Runtime& rt)
   }
   CHECK(down.done() == n);
   // Pinned memory is copied on the stream at once, and the completion runs on the calling thread.
-  auto pinned = pool.acquire(64 * kib);
+  auto pinned = f.pool.acquire(64 * kib);
   fill_pattern(pinned.data(), 64 * kib, 9);
   completions direct;
-  pipe.submit_to_device(dev[0]->p, pinned.data(), 64 * kib, host_memory::detect, s.s, direct.one());
+  pipe.submit_to_device(dev[0]->p, pinned.data(), 64 * kib, host_memory::detect, f.s, direct.one());
   CHECK(direct.done() == 1);
   CHECK((direct.last_thread == std::this_thread::get_id()));
-  GPUKIT_CUDA_TRY(rt.stream_synchronize(s.s));
+  GPUKIT_CUDA_TRY(rt.stream_synchronize(f.s));
   auto const st = pipe.stats();
   CHECK(st.transfers == 2 * n + 1);
   CHECK(st.direct_bytes == 64 * kib);
@@ -429,11 +381,8 @@ void check_submitted_transfers(Runtime& rt)
 template <class Runtime>
 void check_prefetcher_order(Runtime& rt, int device = 0)
 {
-  basic_pinned_pool<Runtime> pool{rt};
-  transfer_options o;
-  o.chunk_bytes     = 128 * kib;
-  o.staging_threads = 3;
-  basic_transfer_pipeline<Runtime> pipe{rt, pool, o};
+  transfer_fixture<Runtime> f{rt};
+  basic_transfer_pipeline<Runtime> pipe{rt, f.pool, chunked(128 * kib, 3)};
   basic_caching_allocator<Runtime> alloc{rt, device};
   std::size_t const steps = 12;
   std::vector<std::vector<unsigned char>> data(steps);
@@ -441,7 +390,6 @@ void check_prefetcher_order(Runtime& rt, int device = 0)
     data[i].resize(300 * kib + i * 4099);
     fill_pattern(data[i].data(), data[i].size(), static_cast<std::uint32_t>(1000 + i));
   }
-  stream_holder<Runtime> compute{rt};
   std::vector<unsigned char> back;
   {
     prefetcher_options po;
@@ -453,23 +401,79 @@ void check_prefetcher_order(Runtime& rt, int device = 0)
                                      },
                                      po};
     std::size_t expect = 0;
-    while (auto b = loader.next(compute.s)) {
+    while (auto b = loader.next(f.s)) {
       CHECK(b->index == expect);
       REQUIRE(b->bytes == data[expect].size());
       back.assign(b->bytes, 0);
-      pipe.copy_to_host_async(back.data(), b->data, b->bytes, host_memory::pageable, compute.s);
+      pipe.copy_to_host_async(back.data(), b->data, b->bytes, host_memory::pageable, f.s);
       CHECK(first_mismatch(back.data(), back.size(), static_cast<std::uint32_t>(1000 + expect)) ==
             back.size());
-      loader.release(*b, compute.s);
+      loader.release(*b, f.s);
       ++expect;
     }
     CHECK(expect == steps);
     CHECK(loader.handed_out() == steps);
     CHECK_FALSE(loader.next().has_value());  // stays at the end
-    GPUKIT_CUDA_TRY(rt.stream_synchronize(compute.s));
+    GPUKIT_CUDA_TRY(rt.stream_synchronize(f.s));
   }
-  alloc.forget_stream(compute.s);
+  alloc.forget_stream(f.s);
   CHECK(alloc.stats().allocation_count.current == 0);
 }
 
+/// check_pool_basics with a pool that grows with host_alloc instead of mapping and registering.
+template <class Runtime>
+void check_pool_basics_host_alloc(Runtime& rt)
+{
+  pinned_pool_options o;
+  o.growth = pinned_growth::host_alloc;
+  check_pool_basics(rt, o);
+}
+
+template <class Runtime>
+void check_pipeline_roundtrip_calling_thread(Runtime& rt)
+{
+  check_pipeline_roundtrip(rt, 1);
+}
+
+template <class Runtime>
+void check_pipeline_roundtrip_staging_threads(Runtime& rt)
+{
+  check_pipeline_roundtrip(rt, 4);
+}
+
 }  // namespace gpukit::test
+
+/// One TEST_CASE per transfer conformance check, on the runtime `runtime_expr` yields.
+#define GPUKIT_TRANSFER_CONFORMANCE_CASES(runtime_expr, name_prefix)                               \
+  GPUKIT_TEST_CONFORMANCE_CASE(runtime_expr, name_prefix,                                          \
+                               "pinned_pool: reuse and size classes and statistics",               \
+                               check_pool_basics)                                                  \
+  GPUKIT_TEST_CONFORMANCE_CASE(runtime_expr, name_prefix,                                          \
+                               "pinned_pool: the same with host_alloc growth",                     \
+                               check_pool_basics_host_alloc)                                       \
+  GPUKIT_TEST_CONFORMANCE_CASE(runtime_expr, name_prefix,                                          \
+                               "pinned_pool: bad input gets a clear error and changes nothing",    \
+                               check_pool_bad_input)                                               \
+  GPUKIT_TEST_CONFORMANCE_CASE(runtime_expr, name_prefix, "pinned_pool: the limit refuses growth", \
+                               check_pool_limit)                                                   \
+  GPUKIT_TEST_CONFORMANCE_CASE(                                                                    \
+    runtime_expr, name_prefix,                                                                     \
+    "pinned_pool: a buffer returned with a stream comes back after its work",                      \
+    check_pool_stream_return)                                                                      \
+  GPUKIT_TEST_CONFORMANCE_CASE(runtime_expr, name_prefix,                                          \
+                               "transfer: round trips on the calling thread",                      \
+                               check_pipeline_roundtrip_calling_thread)                            \
+  GPUKIT_TEST_CONFORMANCE_CASE(runtime_expr, name_prefix,                                          \
+                               "transfer: round trips with staging threads",                       \
+                               check_pipeline_roundtrip_staging_threads)                           \
+  GPUKIT_TEST_CONFORMANCE_CASE(runtime_expr, name_prefix, "transfer: both directions at once",     \
+                               check_pipeline_bidirectional)                                       \
+  GPUKIT_TEST_CONFORMANCE_CASE(runtime_expr, name_prefix,                                          \
+                               "transfer: bad input is refused before anything is copied",         \
+                               check_pipeline_bad_input)                                           \
+  GPUKIT_TEST_CONFORMANCE_CASE(runtime_expr, name_prefix,                                          \
+                               "transfer: submitted transfers complete with their bytes",          \
+                               check_submitted_transfers)                                          \
+  GPUKIT_TEST_CONFORMANCE_CASE(runtime_expr, name_prefix,                                          \
+                               "prefetcher: batches arrive in order with their bytes",             \
+                               check_prefetcher_order)
