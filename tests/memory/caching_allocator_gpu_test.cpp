@@ -45,7 +45,7 @@ TEST_SUITE("gpu")
     auto const st = alloc.stats();
     CHECK(st.num_pages_reused == 20);
     CHECK(st.reserved_bytes.peak == static_cast<std::int64_t>(68 * mib));
-    gpukit::detail::check_invariants(CHECK(alloc) == "");
+    CHECK(gpukit::detail::check_invariants(alloc) == "");
     std::size_t free0 = 0, total = 0, free1 = 0;
     GPUKIT_CUDA_TRY(cudaMemGetInfo(&free0, &total));
     alloc.deallocate_async(b, 8 * mib, s);

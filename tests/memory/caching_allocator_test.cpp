@@ -68,7 +68,7 @@ TEST_SUITE("caching_allocator")
       void* again = alloc.allocate_async(mib, sa);
       if (!release_before_grow) { CHECK(again == p); }
       alloc.deallocate_async(again, mib, sa);
-      gpukit::detail::check_invariants(CHECK(alloc) == "");
+      CHECK(gpukit::detail::check_invariants(alloc) == "");
       // Once a's work has run, b may have it.
       GPUKIT_CUDA_TRY(sim.release(sa));
       GPUKIT_CUDA_TRY(sim.stream_synchronize(sa));
@@ -91,7 +91,7 @@ TEST_SUITE("caching_allocator")
       CHECK(seen.count(p) == 1);
       CHECK(later.size() <= 12);  // b's 8 cached blocks, then a's memory before new segments
       for (void* q : later) { alloc.deallocate_async(q, mib, sb); }
-      gpukit::detail::check_invariants(CHECK(alloc) == "");
+      CHECK(gpukit::detail::check_invariants(alloc) == "");
       alloc.forget_stream(sa);
       alloc.forget_stream(sb);
     }
@@ -120,7 +120,7 @@ TEST_SUITE("caching_allocator")
     CHECK(seen.count(p) == 1);
     for (void* x : later) { alloc.deallocate_async(x, 4 * mib, sa); }
     CHECK_THROWS_AS(alloc.record_stream(p, sb), gpukit::logic_error);  // p is free now
-    gpukit::detail::check_invariants(CHECK(alloc) == "");
+    CHECK(gpukit::detail::check_invariants(alloc) == "");
     alloc.forget_stream(sa);
     alloc.forget_stream(sb);
   }
@@ -149,7 +149,7 @@ TEST_SUITE("caching_allocator")
       CHECK(e.report().steps.size() >= 2);
     }
     alloc.deallocate_async(big, 200 * mib, sa);
-    gpukit::detail::check_invariants(CHECK(alloc) == "");
+    CHECK(gpukit::detail::check_invariants(alloc) == "");
     alloc.forget_stream(sa);
     alloc.release();
     GPUKIT_CUDA_TRY(sim.device_synchronize());  // stream-ordered frees take effect in order
@@ -292,7 +292,7 @@ TEST_SUITE("caching_allocator")
         void* q = alloc.allocate_async(64 * mib, other);
         CHECK(q == p);  // the freed block, usable by any stream now
         alloc.deallocate_async(q, 64 * mib, other);
-        gpukit::detail::check_invariants(CHECK(alloc) == "");
+        CHECK(gpukit::detail::check_invariants(alloc) == "");
         GPUKIT_CUDA_TRY(sim.stream_create(loader));  // a new stream (a new handle here)
       }
       alloc.forget_stream(other);
@@ -333,7 +333,7 @@ TEST_SUITE("caching_allocator")
     void* q = alloc.allocate_async(mib, sa);
     CHECK(alloc.stats().allocation_count.current == 1);
     alloc.deallocate_async(q, mib, sa);
-    gpukit::detail::check_invariants(CHECK(alloc) == "");
+    CHECK(gpukit::detail::check_invariants(alloc) == "");
     alloc.forget_stream(sa);
   }
 }
@@ -386,7 +386,7 @@ TEST_SUITE("caching_allocator")
     CHECK_THROWS_AS(alloc.release_capture_pool(id + 100), gpukit::logic_error);
     alloc.release_capture_pool(id);
     alloc.deallocate_async(g2, 30 * mib, sa);  // an ordinary block now
-    gpukit::detail::check_invariants(CHECK(alloc) == "");
+    CHECK(gpukit::detail::check_invariants(alloc) == "");
     // Its memory is everyone's again: released whole.
     alloc.forget_stream(sa);
     alloc.forget_stream(sb);
@@ -405,7 +405,7 @@ TEST_SUITE("caching_allocator")
       CHECK(std::string{e.what()}.find("begin_capture") != std::string::npos);
     }
     GPUKIT_CUDA_TRY(sim.end_capture(sa));
-    gpukit::detail::check_invariants(CHECK(alloc) == "");
+    CHECK(gpukit::detail::check_invariants(alloc) == "");
     alloc.forget_stream(sa);
   }
 }

@@ -160,13 +160,13 @@ TEST_SUITE("growable_segments")
     void* d = alloc.allocate_async(100 * mib, s);
     CHECK(d == a);
     CHECK(alloc.stats().reserved_bytes.current == static_cast<std::int64_t>(100 * mib));
-    gpukit::detail::check_invariants(CHECK(alloc) == "");
+    CHECK(gpukit::detail::check_invariants(alloc) == "");
     alloc.deallocate_async(d, 100 * mib, s);
     alloc.forget_stream(s);
     CHECK(alloc.release() == 100 * mib);
     CHECK(alloc.stats().reserved_bytes.current == 0);
     CHECK(alloc.stats().segment_count.current == 0);
-    gpukit::detail::check_invariants(CHECK(alloc) == "");
+    CHECK(gpukit::detail::check_invariants(alloc) == "");
     CHECK(sim.used_bytes(0) == 0);
     CHECK(sim.misuse_count() == 0);
   }
@@ -186,7 +186,7 @@ TEST_SUITE("growable_segments")
     auto const st = alloc.stats();
     CHECK(st.num_pages_reused == 20);
     CHECK(st.reserved_bytes.peak == static_cast<std::int64_t>(68 * mib));
-    gpukit::detail::check_invariants(CHECK(alloc) == "");
+    CHECK(gpukit::detail::check_invariants(alloc) == "");
     // The memory is usable where it was mapped again.
     fill(sim, c, 60 * mib, 0x3c, s);
     CHECK(holds(sim, c, 60 * mib, 0x3c, s));
@@ -250,7 +250,7 @@ TEST_SUITE("growable_segments")
     alloc.forget_stream(a);
     alloc.forget_stream(b);
     alloc.release();
-    gpukit::detail::check_invariants(CHECK(alloc) == "");
+    CHECK(gpukit::detail::check_invariants(alloc) == "");
     CHECK(sim.used_bytes(0) == 0);
   }
 
@@ -317,7 +317,7 @@ TEST_SUITE("growable_segments")
             alloc.forget_stream(s);
             alloc.release();
             CHECK(alloc.stats().reserved_bytes.current == 0);
-            gpukit::detail::check_invariants(CHECK(alloc) == "");
+            CHECK(gpukit::detail::check_invariants(alloc) == "");
           }
           CHECK(failures <= 1);
           CHECK(sim.used_bytes(0) == 0);  // every handle released
@@ -346,7 +346,7 @@ TEST_SUITE("growable_segments")
     auto const st = alloc.stats();
     CHECK(st.num_alloc_retries == 1);
     CHECK(st.reserved_bytes.current <= static_cast<std::int64_t>(256 * mib));
-    gpukit::detail::check_invariants(CHECK(alloc) == "");
+    CHECK(gpukit::detail::check_invariants(alloc) == "");
     alloc.deallocate_async(q, 150 * mib, b);
     alloc.forget_stream(a);
     alloc.forget_stream(b);
