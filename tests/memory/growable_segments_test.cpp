@@ -391,12 +391,12 @@ TEST_SUITE("growable_segments")
 {
   TEST_CASE("exported handles and imported blocks move: each descriptor and mapping has one owner")
   {
-    sim_runtime sim{gpukit::sim_config{}.with_devices(1, 1 * GiB)};
+    sim_runtime sim{gpukit::sim_config{}.with_devices(1, 1 * gib)};
     gpukit::caching_allocator_options o = growable();
     o.growable_shareable                = true;
     sim_allocator alloc{sim, 0, o};
-    void* a                     = alloc.allocate(3 * MiB);
-    void* b                     = alloc.allocate(MiB);
+    void* a                     = alloc.allocate(3 * mib);
+    void* b                     = alloc.allocate(mib);
     gpukit::ipc_block_handle ha = gpukit::export_block(alloc, a);
     gpukit::ipc_block_handle hb = gpukit::export_block(alloc, b);
     REQUIRE(!ha.fds.empty());
@@ -407,13 +407,13 @@ TEST_SUITE("growable_segments")
     gpukit::ipc_block_handle h{std::move(ha)};
     CHECK(ha.fds.empty());  // NOLINT(bugprone-use-after-move): moved-from handles own nothing
     CHECK(h.fds == a_fds);
-    CHECK(h.bytes == 3 * MiB);
+    CHECK(h.bytes == 3 * mib);
     h = std::move(hb);  // a's descriptors are closed, b's taken
     for (int fd : a_fds) { CHECK(::fcntl(fd, F_GETFD) == -1); }
     for (int fd : b_fds) { CHECK(::fcntl(fd, F_GETFD) != -1); }
     CHECK(hb.fds.empty());  // NOLINT(bugprone-use-after-move)
     CHECK(h.fds == b_fds);
-    CHECK(h.bytes == MiB);
+    CHECK(h.bytes == mib);
 
     {
       gpukit::imported_block<sim_runtime> first{sim, h, 0};
@@ -422,7 +422,7 @@ TEST_SUITE("growable_segments")
       gpukit::imported_block<sim_runtime> second{std::move(first)};
       CHECK(first.data() == nullptr);  // NOLINT(bugprone-use-after-move)
       CHECK(second.data() == data);
-      CHECK(second.size() == MiB);
+      CHECK(second.size() == mib);
       gpukit::imported_block<sim_runtime> third{sim, h, 0};
       third = std::move(second);        // third's own mapping is closed, second's taken
       CHECK(second.data() == nullptr);  // NOLINT(bugprone-use-after-move)
@@ -431,8 +431,8 @@ TEST_SUITE("growable_segments")
       CHECK(third.data() == nullptr);
     }
     h.close_fds();
-    alloc.deallocate(a, 3 * MiB);
-    alloc.deallocate(b, MiB);
+    alloc.deallocate(a, 3 * mib);
+    alloc.deallocate(b, mib);
     CHECK(gpukit::detail::check_invariants(alloc) == "");
     alloc.release();
     CHECK(sim.used_bytes(0) == 0);

@@ -6,7 +6,7 @@
 #include "support/range_stats.hpp"
 #include "support/sizes.hpp"
 
-#include <gpukit/doctor.hpp>
+#include <gpukit/doctor/doctor.hpp>
 #include <gpukit/profile/memory_annotation.hpp>
 #include <gpukit/profile/range_timer.hpp>
 #include <gpukit/runtime/cuda_runtime.hpp>
