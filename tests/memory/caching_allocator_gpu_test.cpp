@@ -116,8 +116,8 @@ TEST_SUITE("gpu")
         GPUKIT_CUDA_TRY(cudaMemGetInfo(&free, &total));
       }
     }
-    MESSAGE("device free before the allocator starts: " << free / mib << " mib of " << total / mib
-                                                        << " mib");
+    MESSAGE("device free before the allocator starts: " << free / mib << " MiB of " << total / mib
+                                                        << " MiB");
     {
       gpukit::caching_allocator_options o;
       o.release_before_grow = false;  // so that the first try really fails
@@ -135,10 +135,10 @@ TEST_SUITE("gpu")
       CHECK(st.recovery_bytes[2] + st.recovery_bytes[3] >= 2 * gib);
       MESSAGE("recovered: " << st.num_device_frees << " segments returned, " << st.num_release_waits
                             << " stream waits, reserved now " << st.reserved_bytes.current / mib
-                            << " mib");
+                            << " MiB");
       try {
         (void)alloc.allocate_async(8 * gib, s);
-        FAIL("8 gib cannot fit");
+        FAIL("8 GiB cannot fit");
       } catch (gpukit::out_of_memory const& e) {
         CHECK(e.report().requested == 8 * gib);
         CHECK(e.report().reserved == 2 * gib + 512 * mib);

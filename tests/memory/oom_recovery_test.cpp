@@ -99,7 +99,7 @@ TEST_SUITE("oom_recovery")
     alloc.deallocate_async(b[2], 5 * mib, sa);
     try {
       (void)alloc.allocate_async(50 * mib, sa);
-      FAIL("50 mib cannot fit beside a 20 mib segment on a 64 mib device");
+      FAIL("50 MiB cannot fit beside a 20 MiB segment on a 64 MiB device");
     } catch (gpukit::out_of_memory const& e) {
       auto const& r = e.report();
       CHECK(r.requested == 50 * mib);
@@ -122,7 +122,7 @@ TEST_SUITE("oom_recovery")
       CHECK_FALSE(r.steps[4].attempted);       // waiting is off by default
       CHECK(r.hint.find("batch") != std::string::npos);
       std::string const what = e.what();
-      CHECK(what.find("tried to allocate 50.0 mib") != std::string::npos);
+      CHECK(what.find("tried to allocate 50.0 MiB") != std::string::npos);
       CHECK(what.find("fragmentation 50%") != std::string::npos);
     }
     CHECK(alloc.stats().num_ooms == 1);
