@@ -20,6 +20,16 @@ constexpr std::size_t GiB = std::size_t{1} << 30;
 
 sim_runtime make_sim() { return sim_runtime{gpukit::sim_config{}.with_devices(1, 16 * GiB)}; }
 
+// A simulated GPU and a stream; an allocator declared after it goes first.
+struct sim_and_stream {
+  sim_runtime sim = make_sim();
+  stream_t s{};
+  sim_and_stream() { GPUKIT_CUDA_TRY(sim.stream_create(s)); }
+  ~sim_and_stream() { (void)sim.stream_destroy(s); }
+  sim_and_stream(sim_and_stream const&)            = delete;
+  sim_and_stream& operator=(sim_and_stream const&) = delete;
+};
+
 gpukit::caching_allocator_options debug_options(std::size_t quarantine_blocks = 4)
 {
   gpukit::caching_allocator_options o;
@@ -45,90 +55,77 @@ TEST_SUITE("caching_allocator_debug")
 {
   TEST_CASE("debug mode poisons a freed block in the freeing stream's order")
   {
-    sim_runtime sim = make_sim();
-    stream_t s{};
-    GPUKIT_CUDA_TRY(sim.stream_create(s));
-    {
-      sim_allocator alloc{sim, 0, debug_options()};
-      void* p = alloc.allocate_async(1000, s);
-      GPUKIT_CUDA_TRY(sim.memset_async(p, 0x11, 1000, s));
-      alloc.deallocate_async(p, 1000, s);
-      auto const bytes = read_back(sim, p, 1024, s);
-      for (unsigned char c : bytes) { REQUIRE(c == 0xfd); }
-      alloc.forget_stream(s);
-    }
-    GPUKIT_CUDA_TRY(sim.stream_destroy(s));
+    sim_and_stream f;
+    auto& sim = f.sim;
+    auto s    = f.s;
+    sim_allocator alloc{sim, 0, debug_options()};
+    void* p = alloc.allocate_async(1000, s);
+    GPUKIT_CUDA_TRY(sim.memset_async(p, 0x11, 1000, s));
+    alloc.deallocate_async(p, 1000, s);
+    auto const bytes = read_back(sim, p, 1024, s);
+    for (unsigned char c : bytes) { REQUIRE(c == 0xfd); }
+    alloc.forget_stream(s);
   }
 
   TEST_CASE("without debug mode a freed block keeps its bytes")
   {
-    sim_runtime sim = make_sim();
-    stream_t s{};
-    GPUKIT_CUDA_TRY(sim.stream_create(s));
-    {
-      auto o          = debug_options();
-      o.debug.enabled = false;
-      sim_allocator alloc{sim, 0, o};
-      void* p = alloc.allocate_async(1000, s);
-      GPUKIT_CUDA_TRY(sim.memset_async(p, 0x11, 1000, s));
-      alloc.deallocate_async(p, 1000, s);
-      auto const bytes = read_back(sim, p, 1000, s);
-      for (unsigned char c : bytes) { REQUIRE(c == 0x11); }
-      CHECK(alloc.debug_quarantined_blocks() == 0);
-      alloc.forget_stream(s);
-    }
-    GPUKIT_CUDA_TRY(sim.stream_destroy(s));
+    sim_and_stream f;
+    auto& sim       = f.sim;
+    auto s          = f.s;
+    auto o          = debug_options();
+    o.debug.enabled = false;
+    sim_allocator alloc{sim, 0, o};
+    void* p = alloc.allocate_async(1000, s);
+    GPUKIT_CUDA_TRY(sim.memset_async(p, 0x11, 1000, s));
+    alloc.deallocate_async(p, 1000, s);
+    auto const bytes = read_back(sim, p, 1000, s);
+    for (unsigned char c : bytes) { REQUIRE(c == 0x11); }
+    CHECK(alloc.debug_quarantined_blocks() == 0);
+    alloc.forget_stream(s);
   }
 
   TEST_CASE("the quarantine delays reuse and catches a double free inside it")
   {
-    sim_runtime sim = make_sim();
-    stream_t s{};
-    GPUKIT_CUDA_TRY(sim.stream_create(s));
-    {
-      sim_allocator alloc{sim, 0, debug_options(4)};
-      void* p = alloc.allocate_async(1000, s);
-      alloc.deallocate_async(p, 1000, s);
-      CHECK(alloc.debug_quarantined_blocks() == 1);
-      void* q = alloc.allocate_async(1000, s);
-      CHECK(q != p);  // without the quarantine the same block comes straight back
-      CHECK_THROWS_WITH_AS(alloc.deallocate_async(p, 1000, s), doctest::Contains("double free"),
-                           gpukit::logic_error);
-      CHECK(alloc.debug_quarantined_blocks() == 1);  // the failed free changed nothing
-      alloc.deallocate_async(q, 1000, s);
-      // Past its capacity the oldest blocks (p, then q) go back to the pool and are reused.
-      std::vector<void*> more;
-      for (int i = 0; i < 4; ++i) { more.push_back(alloc.allocate_async(1000, s)); }
-      for (void* m : more) { alloc.deallocate_async(m, 1000, s); }
-      CHECK(alloc.debug_quarantined_blocks() == 4);
-      void* r = alloc.allocate_async(1000, s);
-      CHECK((r == p || r == q));
-      alloc.deallocate_async(r, 1000, s);
-      alloc.forget_stream(s);  // hands the stream's quarantined blocks back while it lives
-      CHECK(alloc.debug_quarantined_blocks() == 0);
-    }
-    GPUKIT_CUDA_TRY(sim.stream_destroy(s));
+    sim_and_stream f;
+    auto& sim = f.sim;
+    auto s    = f.s;
+    sim_allocator alloc{sim, 0, debug_options(4)};
+    void* p = alloc.allocate_async(1000, s);
+    alloc.deallocate_async(p, 1000, s);
+    CHECK(alloc.debug_quarantined_blocks() == 1);
+    void* q = alloc.allocate_async(1000, s);
+    CHECK(q != p);  // without the quarantine the same block comes straight back
+    CHECK_THROWS_WITH_AS(alloc.deallocate_async(p, 1000, s), doctest::Contains("double free"),
+                         gpukit::logic_error);
+    CHECK(alloc.debug_quarantined_blocks() == 1);  // the failed free changed nothing
+    alloc.deallocate_async(q, 1000, s);
+    // Past its capacity the oldest blocks (p, then q) go back to the pool and are reused.
+    std::vector<void*> more;
+    for (int i = 0; i < 4; ++i) { more.push_back(alloc.allocate_async(1000, s)); }
+    for (void* m : more) { alloc.deallocate_async(m, 1000, s); }
+    CHECK(alloc.debug_quarantined_blocks() == 4);
+    void* r = alloc.allocate_async(1000, s);
+    CHECK((r == p || r == q));
+    alloc.deallocate_async(r, 1000, s);
+    alloc.forget_stream(s);  // hands the stream's quarantined blocks back while it lives
+    CHECK(alloc.debug_quarantined_blocks() == 0);
   }
 
   TEST_CASE("a size mismatch and a foreign pointer are refused before the quarantine")
   {
-    sim_runtime sim = make_sim();
-    stream_t s{};
-    GPUKIT_CUDA_TRY(sim.stream_create(s));
-    {
-      sim_allocator alloc{sim, 0, debug_options()};
-      void* p = alloc.allocate_async(1000, s);
-      CHECK_THROWS_WITH_AS(alloc.deallocate_async(p, 999, s), doctest::Contains("999"),
-                           gpukit::logic_error);
-      int local = 0;
-      CHECK_THROWS_WITH_AS(alloc.deallocate_async(&local, 4, s),
-                           doctest::Contains("not allocated by this allocator"),
-                           gpukit::logic_error);
-      CHECK(alloc.debug_quarantined_blocks() == 0);
-      alloc.deallocate_async(p, 1000, s);
-      alloc.forget_stream(s);
-    }
-    GPUKIT_CUDA_TRY(sim.stream_destroy(s));
+    sim_and_stream f;
+    auto& sim = f.sim;
+    auto s    = f.s;
+    sim_allocator alloc{sim, 0, debug_options()};
+    void* p = alloc.allocate_async(1000, s);
+    CHECK_THROWS_WITH_AS(alloc.deallocate_async(p, 999, s), doctest::Contains("999"),
+                         gpukit::logic_error);
+    int local = 0;
+    CHECK_THROWS_WITH_AS(alloc.deallocate_async(&local, 4, s),
+                         doctest::Contains("not allocated by this allocator"), gpukit::logic_error);
+    CHECK(alloc.debug_quarantined_blocks() == 0);
+    alloc.deallocate_async(p, 1000, s);
+    alloc.forget_stream(s);
   }
 
   TEST_CASE("debug mode with annotation takes synchronous segments whatever the source")
