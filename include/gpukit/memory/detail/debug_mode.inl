@@ -93,7 +93,8 @@ bool basic_caching_allocator<Runtime>::debug_free(void* ptr, std::size_t bytes, 
       size = b->size;
     }
     if (options_.nvtx_annotate) { unregister_memory_region(ptr); }
-    if (options_.debug.poison_byte >= 0) {
+    // Not while a graph is being captured: the memset would become a node of the user's graph.
+    if (options_.debug.poison_byte >= 0 && capture_.underway.load(std::memory_order_relaxed) == 0) {
       device_guard<Runtime> guard{runtime_, device_};
       GPUKIT_CUDA_TRY(runtime_.memset_async(ptr, options_.debug.poison_byte & 0xff, size, stream));
     }
