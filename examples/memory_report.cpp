@@ -11,12 +11,23 @@
 
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 namespace {
+
+// Writes `text` to `path`, or throws naming the file.
+void write_file(std::string const& path, std::string const& text)
+{
+  std::ofstream f{path, std::ios::binary};
+  f << text;
+  f.close();
+  if (!f) { throw std::runtime_error{"cannot write " + path}; }
+}
 
 template <class Runtime>
 int run(Runtime& rt, std::string const& out, char const* where)
@@ -49,10 +60,10 @@ int run(Runtime& rt, std::string const& out, char const* where)
   GPUKIT_CUDA_TRY(rt.stream_synchronize(compute));
   GPUKIT_CUDA_TRY(rt.stream_synchronize(copy));
   gpukit::memory_snapshot const snap = alloc.snapshot();
-  std::ofstream{out + "/memory.json"} << gpukit::to_json(snap);
-  std::ofstream{out + "/memory.trace"} << gpukit::to_trace(snap);
-  std::ofstream{out + "/memory.pickle", std::ios::binary} << gpukit::to_pytorch_pickle(snap);
-  std::ofstream{out + "/memory.html"} << gpukit::to_html(snap);
+  write_file(out + "/memory.json", gpukit::to_json(snap));
+  write_file(out + "/memory.trace", gpukit::to_trace(snap));
+  write_file(out + "/memory.pickle", gpukit::to_pytorch_pickle(snap));
+  write_file(out + "/memory.html", gpukit::to_html(snap));
   auto const st = alloc.stats();
   std::printf(
     "memory_report on %s: %zu events, %zu segments, peak allocated %.1f MiB, peak reserved %.1f "
@@ -82,6 +93,11 @@ int main(int argc, char** argv)
       std::fprintf(stderr, "usage: memory_report [--sim] [--out DIR]\n");
       return 2;
     }
+  }
+  std::error_code ec;
+  if (!std::filesystem::is_directory(out, ec)) {
+    std::fprintf(stderr, "memory_report: --out %s: not a directory\n", out.c_str());
+    return 2;
   }
   try {
     int n = 0;

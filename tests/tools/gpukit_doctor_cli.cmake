@@ -23,4 +23,12 @@ expect(arch-no-value EXIT 2 STDERR "gpukit-doctor: error: --arch needs a value" 
 expect(unknown-option EXIT 2 STDERR "unknown option \"--bogus\"" "usage: gpukit-doctor"
   ARGS --bogus)
 
+# A malformed GPUKIT_SIM_* value is a usage error naming the variable, not an abort.
+set(ENV{GPUKIT_SIM_DEVICES} "abc")
+expect(sim-bad-devices EXIT 2 STDERR "gpukit-doctor: error: GPUKIT_SIM_DEVICES=abc: expected a number of devices" ARGS --sim)
+unset(ENV{GPUKIT_SIM_DEVICES})
+set(ENV{GPUKIT_SIM_CAPACITY} "12Q")
+expect(sim-bad-capacity EXIT 2 STDERR "GPUKIT_SIM_CAPACITY=12Q: expected a number of bytes" ARGS --sim)
+unset(ENV{GPUKIT_SIM_CAPACITY})
+
 expect_summary()

@@ -103,4 +103,17 @@ expect(revolve-zero-slots EXIT 2 STDERR "--slots 0 is below 1" ARGS revolve --st
 expect(revolve-foreign-option EXIT 2 STDERR "unknown option \"--budget\" for revolve"
   ARGS revolve --steps 4 --slots 2 --budget 3)
 
+# ---- inputs whose tables would not fit (exit 1, refused before anything is allocated) ----------
+string(REPEAT "1 2 1 2\n" 16384 long_chain)
+file(WRITE "${OUT}/long16384.chain" "${long_chain}")
+expect(optimal-too-many-stages EXIT 1
+  STDERR "the optimal planner on 16384 stages needs tables of about [0-9]+ MiB, over the limit of 1024 MiB"
+  "at most [0-9]+ stages"
+  ARGS --chain "${OUT}/long16384.chain" --budget 50)
+expect(long-chain-sqrt EXIT 0 LINES 2 LAST "\"stages\": 16384,"
+  ARGS --chain "${OUT}/long16384.chain" --planner store-all)
+expect(revolve-too-much-work EXIT 1
+  STDERR "revolve with --steps 4096 and --slots 100000 takes about [0-9]+ table steps, over the limit of [0-9]+"
+  ARGS revolve --steps 4096 --slots 100000)
+
 expect_summary()

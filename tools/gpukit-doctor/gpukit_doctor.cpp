@@ -82,6 +82,17 @@ int main(int argc, char** argv)
     std::fputs(usage_text, stdout);
     return 0;
   }
+  if (c.sim) {  // GPUKIT_SIM_* configure the simulated GPU: a malformed value is a usage error
+    try {
+      (void)gpukit::sim_config::from_env();
+    } catch (gpukit::logic_error const& e) {
+      std::string message = e.what();
+      if (message.rfind("gpukit: ", 0) == 0) message.erase(0, 8);
+      if (auto const at = message.rfind(" ("); at != std::string::npos) message.erase(at);
+      std::fprintf(stderr, "gpukit-doctor: error: %s\n", message.c_str());
+      return gpukit::doctor_exit::usage;
+    }
+  }
   gpukit::doctor_options options;
   options.built_architectures = c.architectures;
   gpukit::doctor_report const report =

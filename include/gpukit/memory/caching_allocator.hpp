@@ -58,6 +58,7 @@
 #include <gpukit/error.hpp>
 #include <gpukit/memory/detail/address_map.hpp>
 #include <gpukit/memory/detail/caching_block.hpp>
+#include <gpukit/memory/detail/debug_options.hpp>
 #include <gpukit/memory/detail/tlsf_index.hpp>
 #include <gpukit/memory/memory_history.hpp>
 #include <gpukit/profile/memory_annotation.hpp>
@@ -127,9 +128,10 @@ struct caching_allocator_options {
   /// On by default when an NVTX tool is configured (NVTX_INJECTION64_PATH is set, as
   /// compute-sanitizer and Nsight Systems do), off otherwise: about 36 instructions per
   /// allocation and free even with no tool attached. Compiled out with GPUKIT_DISABLE_NVTX.
-  /// compute-sanitizer accepts heaps only over plain device allocations: pair this with
-  /// `source = segment_source::synchronous` when checking with it (seen on the H200: over
-  /// cudaMallocAsync memory it rejects nvtxMemHeapRegister as invalid).
+  /// compute-sanitizer accepts heaps only over cudaMalloc memory (seen on the H200: it rejects
+  /// nvtxMemHeapRegister over cudaMallocAsync and virtual memory), so only synchronous segments
+  /// are described; debug mode (`debug.sanitizer_segments`) takes segments from cudaMalloc for
+  /// every source, so that the tool sees every block.
   bool nvtx_annotate{nvtx_tool_configured()};
   /// Out-of-memory recovery's last step: wait up to this long for blocks other threads are
   /// returning to the pool (their cached blocks come back at their next call). 0: do not wait.
@@ -154,6 +156,8 @@ struct caching_allocator_options {
   std::size_t thread_cache_bytes{std::size_t{64} << 20};
   /// Blocks one thread keeps per size class and stream.
   int thread_cache_blocks_per_class{8};
+  /// Debug mode: poisoning and quarantine of freed blocks (on when GPUKIT_DEBUG is set).
+  caching_allocator_debug_options debug{};
 };
 
 /// The steps of the out-of-memory recovery ladder, in order (the one list of them: the count,
@@ -414,6 +418,8 @@ class basic_caching_allocator final {
   [[nodiscard]] int device() const noexcept { return device_; }
   [[nodiscard]] Runtime& runtime() const noexcept { return runtime_; }
   [[nodiscard]] caching_allocator_options const& options() const noexcept { return options_; }
+  /// Debug mode: freed blocks waiting in the quarantine (0 when debug mode is off).
+  [[nodiscard]] std::size_t debug_quarantined_blocks() const;
 
   /// Where a block handed out by this allocator lives: what gpukit/memory/ipc.hpp needs to export
   /// it to another process.
@@ -482,6 +488,15 @@ class basic_caching_allocator final {
   block* find_foreign(void* ptr);
   void count_free(thread_cache& tc, block* b, void* ptr, stream_type stream);
   void defer_free(thread_cache& tc, block* b, void* ptr, stream_type stream);
+
+  // Debug mode (detail/debug_mode.inl).
+  struct debug_state;
+  void debug_init();
+  static void const*& debug_releasing() noexcept;
+  bool debug_free(void* ptr, std::size_t bytes, bool check_size, stream_type stream);
+  void debug_flush(stream_type stream, bool all);
+  template <class Entries>
+  void debug_release(Entries const& evicted);
   // Thread caches (detail/thread_cache.inl).
   thread_cache& local_cache();
   static void on_thread_exit(void* allocator, void* cache);
@@ -642,6 +657,7 @@ class basic_caching_allocator final {
   thread_state threads_;
   recovery_state recovery_;
   capture_state capture_;
+  std::unique_ptr<debug_state> debug_;  // debug mode's quarantine (null when off)
   recording_state recording_;
   mutable caching_allocator_stats stats_{};  // pool-level counters and peaks
 };
@@ -710,6 +726,7 @@ basic_caching_allocator<Runtime>& default_caching_allocator(int device = -1)
 
 // The bodies, one seam a file (see the top of detail/caching_allocator.inl).
 #include <gpukit/memory/detail/caching_allocator.inl>
+#include <gpukit/memory/detail/debug_mode.inl>
 #include <gpukit/memory/detail/graph_capture.inl>
 #include <gpukit/memory/detail/growable_segments.inl>
 #include <gpukit/memory/detail/oom_recovery.inl>

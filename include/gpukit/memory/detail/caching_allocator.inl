@@ -59,6 +59,7 @@ basic_caching_allocator<Runtime>::basic_caching_allocator(Runtime& runtime, int 
   stream_ordered_ = options_.source == segment_source::stream_ordered ||
                     (options_.source == segment_source::automatic && props.memory_pools);
   growable_ = options_.source == segment_source::growable;
+  debug_init();  // annotation and debug mode settle the segment source (detail/debug_mode.inl)
   if (growable_) {
     GPUKIT_EXPECTS(props.virtual_memory_management,
                    "caching_allocator: segment_source::growable needs virtual memory management, "
@@ -115,6 +116,8 @@ basic_caching_allocator<Runtime>::~basic_caching_allocator()
   pool_.blocks.for_each([&](std::uintptr_t, block* b) {
     if (b->prev == nullptr) {  // first block of its segment
       auto* seg = static_cast<segment*>(b->segment);
+      // A heap is unregistered while its memory is still there: tools reject it afterwards.
+      if (options_.nvtx_annotate) { unregister_memory_heap(seg->nvtx_heap); }
       if (seg->growable) {
         for (std::size_t i = 0; i < seg->mapped.size(); ++i) {
           if (seg->mapped[i] == 0) { continue; }
@@ -127,7 +130,6 @@ basic_caching_allocator<Runtime>::~basic_caching_allocator()
       } else {
         (void)runtime_.free(seg->ptr);
       }
-      if (options_.nvtx_annotate) { unregister_memory_heap(seg->nvtx_heap); }
       delete seg;
     }
   });
@@ -251,6 +253,7 @@ void basic_caching_allocator<Runtime>::deallocate_impl(void* ptr, std::size_t by
                                                        bool check_size, stream_type stream)
 {
   if (ptr == nullptr) { return; }
+  if (debug_ != nullptr && debug_free(ptr, bytes, check_size, stream)) { return; }  // debug mode
   auto const key   = reinterpret_cast<std::uintptr_t>(ptr);
   thread_cache& tc = local_cache();
   block* b         = tc.handed_out.find(key);
@@ -313,7 +316,9 @@ template <class Runtime>
 __attribute__((always_inline)) inline void basic_caching_allocator<Runtime>::count_free(
   thread_cache& tc, block* b, void* ptr, stream_type stream)
 {
-  if (options_.nvtx_annotate) { unregister_memory_region(ptr); }
+  if (options_.nvtx_annotate && debug_ == nullptr) {
+    unregister_memory_region(ptr);
+  }  // debug: done
   tc.handed_out.erase(reinterpret_cast<std::uintptr_t>(ptr));
   tc.allocated_bytes.add(-static_cast<std::int64_t>(b->size));
   tc.requested_bytes.add(-static_cast<std::int64_t>(b->requested));

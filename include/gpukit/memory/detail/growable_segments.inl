@@ -491,8 +491,8 @@ void basic_caching_allocator<Runtime>::free_empty_ranges_locked()
       ++i;
       continue;
     }
+    if (options_.nvtx_annotate) { unregister_memory_heap(seg->nvtx_heap); }  // before the free
     GPUKIT_CUDA_TRY(runtime_.vm_free(seg->ptr, seg->size));
-    if (options_.nvtx_annotate) { unregister_memory_heap(seg->nvtx_heap); }
     auto& list = pages_.unmapped[seg->kind];
     list.erase(std::find(list.begin(), list.end(), head));
     pool_.blocks.erase(head->address());

@@ -61,6 +61,7 @@ std::size_t basic_caching_allocator<Runtime>::release_locked(std::size_t target,
     auto* seg = static_cast<segment*>(b->segment);
     // Stream-ordered: freed in the order of the stream that last used it, so no wait at all.
     stream_type const on = b->global ? stream_type{} : b->stream;
+    if (options_.nvtx_annotate) { unregister_memory_heap(seg->nvtx_heap); }  // before the free
     cudaError_t const e =
       seg->stream_ordered ? runtime_.free_async(seg->ptr, on) : runtime_.free(seg->ptr);
     GPUKIT_CUDA_TRY(e);
@@ -70,7 +71,6 @@ std::size_t basic_caching_allocator<Runtime>::release_locked(std::size_t target,
     }
     if (!seg->stream_ordered) { ++stats_.synchronizing_frees; }
     record_pool_locked(memory_event::action::segment_free, b->address(), seg->size, on);
-    if (options_.nvtx_annotate) { unregister_memory_heap(seg->nvtx_heap); }
     unindex_locked(b);
     pool_.blocks.erase(b->address());
     recycle_block_locked(b);

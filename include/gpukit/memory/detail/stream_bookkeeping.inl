@@ -182,6 +182,7 @@ std::size_t basic_caching_allocator<Runtime>::make_global_locked(stream_pool& sp
 template <class Runtime>
 void basic_caching_allocator<Runtime>::forget_stream(stream_type stream)
 {
+  debug_flush(stream, false);  // debug mode: quarantined frees on it go back while it lives
   thread_cache& tc = local_cache();
   std::lock_guard<std::mutex> lock{mutex_};
   flush_cache_locked(tc);

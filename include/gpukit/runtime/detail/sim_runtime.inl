@@ -103,6 +103,8 @@ inline sim_config&& sim_config::with_peer_access(bool on) &&
 
 namespace detail {
 
+inline sim_config sim_config_from_values(char const* devices_text, char const* capacity_text);
+
 // Parses "<digits>[K|M|G|T]" (binary multiples); false when it does not parse or overflows.
 inline bool sim_parse_bytes(char const* text, std::size_t& out)
 {
@@ -146,23 +148,34 @@ inline bool sim_parse_bytes(char const* text, std::size_t& out)
 
 inline sim_config sim_config::from_env()
 {
+  return detail::sim_config_from_values(std::getenv("GPUKIT_SIM_DEVICES"),
+                                        std::getenv("GPUKIT_SIM_CAPACITY"));
+}
+
+namespace detail {
+
+// from_env() on given values (null: unset), so that the parser can be tested and fuzzed.
+inline sim_config sim_config_from_values(char const* devices_text, char const* capacity_text)
+{
   sim_config c;
   std::size_t capacity = std::size_t{80} << 30;
-  if (char const* text = std::getenv("GPUKIT_SIM_CAPACITY"); text != nullptr && *text != '\0') {
-    GPUKIT_EXPECTS(detail::sim_parse_bytes(text, capacity),
-                   std::string{"GPUKIT_SIM_CAPACITY="} + text +
+  if (capacity_text != nullptr && *capacity_text != '\0') {
+    GPUKIT_EXPECTS(detail::sim_parse_bytes(capacity_text, capacity),
+                   std::string{"GPUKIT_SIM_CAPACITY="} + capacity_text +
                      ": expected a number of bytes, optionally with a K, M, G or T suffix");
   }
   std::size_t devices = 1;
-  if (char const* text = std::getenv("GPUKIT_SIM_DEVICES"); text != nullptr && *text != '\0') {
-    bool const ok = detail::sim_parse_bytes(text, devices) && devices >= 1 && devices <= 64 &&
-                    std::strpbrk(text, "kKmMgGtT") == nullptr;
-    GPUKIT_EXPECTS(ok, std::string{"GPUKIT_SIM_DEVICES="} + text +
+  if (devices_text != nullptr && *devices_text != '\0') {
+    bool const ok = detail::sim_parse_bytes(devices_text, devices) && devices >= 1 &&
+                    devices <= 64 && std::strpbrk(devices_text, "kKmMgGtT") == nullptr;
+    GPUKIT_EXPECTS(ok, std::string{"GPUKIT_SIM_DEVICES="} + devices_text +
                          ": expected a number of devices from 1 to 64");
   }
   c.with_devices(static_cast<int>(devices), capacity);
   return c;
 }
+
+}  // namespace detail
 
 // ---- construction -----------------------------------------------------------------------------
 
