@@ -46,7 +46,9 @@ class spin_barrier {
       gen_.fetch_add(1, std::memory_order_acq_rel);
       return;
     }
-    while (gen_.load(std::memory_order_acquire) == gen) { std::this_thread::yield(); }
+    for (int spins = 0; gen_.load(std::memory_order_acquire) == gen; ++spins) {
+      if (spins > 4096) { std::this_thread::yield(); }
+    }
   }
 
  private:
@@ -66,6 +68,25 @@ bool try_free(sim_allocator& alloc, void* p, std::size_t bytes, stream_t s)
   }
 }
 
+/// Spins until `ready()`, yielding after a while.
+template <class F>
+void wait_until(F&& ready)
+{
+  for (int spins = 0; !ready(); ++spins) {
+    if (spins > 4096) { std::this_thread::yield(); }
+  }
+}
+
+/// A random delay of a few hundred cycles, so that two racing frees' windows overlap in some
+/// rounds whatever their relative speeds.
+void jitter(std::uint64_t& rng)
+{
+  rng ^= rng << 13;
+  rng ^= rng >> 7;
+  rng ^= rng << 17;
+  for (std::uint64_t i = 0, n = rng % 1024; i < n; ++i) { asm volatile("" ::: "memory"); }
+}
+
 /// Block contents are host memory on the simulated GPU: the owner's tag lives in the first word.
 std::atomic<std::uint64_t>& tag_of(void* p) { return *static_cast<std::atomic<std::uint64_t>*>(p); }
 
@@ -73,48 +94,52 @@ std::atomic<std::uint64_t>& tag_of(void* p) { return *static_cast<std::atomic<st
 
 TEST_SUITE("ownership")
 {
-  TEST_CASE("two threads freeing one block at once: exactly one free is accepted")
+  TEST_CASE("threads freeing one block at once: exactly one free is accepted")
   {
+    // The owner frees on its lock-free path while another thread frees the same block through the
+    // pool, both released at once from a spinning gate.
     sim_runtime sim{gpukit::sim_config{}.with_devices(1, 4 * GiB)};
     sim_allocator alloc{sim, 0};
     stream_t s{};
     GPUKIT_CUDA_TRY(sim.stream_create(s));
     constexpr std::size_t bytes = 4096;
-    int const rounds            = 4000;
-    spin_barrier start{2}, done{2};
-    std::atomic<void*> shared{nullptr};
+    long const rounds           = env_or("GPUKIT_OWNERSHIP_RACE_ROUNDS", 50000);
+    std::atomic<long> go{-1};  // the round now racing
+    std::atomic<int> done{0};  // the other thread's frees finished
     std::atomic<int> accepted{0};
+    std::atomic<void*> shared{nullptr};
     std::atomic<bool> stop{false};
-    int bad_round = -1;
-    // The owner allocates and frees (its lock-free path); the other thread frees the same block
-    // (the pool path), at the same moment.
+
     std::thread other([&] {
-      for (int r = 0; r < rounds; ++r) {
-        start.arrive_and_wait();
+      std::uint64_t rng = 88172645463325252ull;
+      for (long r = 0; r < rounds; ++r) {
+        wait_until([&] { return go.load(std::memory_order_acquire) >= r || stop.load(); });
         if (stop.load()) { return; }
+        jitter(rng);
         if (try_free(alloc, shared.load(), bytes, s)) { accepted.fetch_add(1); }
-        done.arrive_and_wait();
+        done.fetch_add(1, std::memory_order_release);
       }
     });
-    for (int r = 0; r < rounds; ++r) {
+    long bad_round    = -1;
+    std::uint64_t rng = 0x2545f4914f6cdd1dull;
+    for (long r = 0; r < rounds; ++r) {
       void* p = alloc.allocate_async(bytes, s);
       shared.store(p);
       accepted.store(0);
-      start.arrive_and_wait();
+      go.store(r, std::memory_order_release);
+      jitter(rng);
       if (try_free(alloc, p, bytes, s)) { accepted.fetch_add(1); }
-      done.arrive_and_wait();
+      wait_until([&] { return done.load(std::memory_order_acquire) == r + 1; });
       if (accepted.load() != 1) {
         bad_round = r;
         break;
       }
     }
+    stop.store(true);
+    other.join();
     if (bad_round >= 0) {  // the allocator may be corrupt now: leave it without touching it more
-      stop.store(true);
-      start.arrive_and_wait();
-      other.join();
       FAIL("round " << bad_round << ": " << accepted.load() << " frees of one block accepted");
     }
-    other.join();
     CHECK(gpukit::detail::check_invariants(alloc) == "");
     CHECK(alloc.stats().allocated_bytes.current == 0);
     (void)sim.stream_destroy(s);
@@ -122,7 +147,7 @@ TEST_SUITE("ownership")
 
   TEST_CASE("a stale record of an earlier life racing with the new owner's free: one is accepted")
   {
-    // A allocates p; B frees it (legitimately, across threads); C gets p again. A's record of p
+    // A allocates p; C frees it (legitimately, across threads) and gets p again. A's record of p
     // now describes an earlier life: A freeing p again and C freeing p race. A pointer-based
     // allocator cannot tell which of the two is the bad one, but it must accept only one.
     sim_runtime sim{gpukit::sim_config{}.with_devices(1, 4 * GiB)};
@@ -130,48 +155,48 @@ TEST_SUITE("ownership")
     stream_t s{};
     GPUKIT_CUDA_TRY(sim.stream_create(s));
     constexpr std::size_t bytes = 2 << 20;  // beyond the thread caches: every block meets the pool
-    spin_barrier step{3};
+    long const rounds           = env_or("GPUKIT_OWNERSHIP_RACE_ROUNDS", 50000) / 2;
+    std::atomic<long> handed{-1}, go{-1};
+    std::atomic<int> done{0}, accepted{0};
     std::atomic<void*> p{nullptr};
-    std::atomic<int> accepted{0};
-    std::atomic<int> failures{0};
-    std::atomic<bool> same{false};
-    int const rounds = 2000;
-    auto a_thread    = [&] {
-      for (int r = 0; r < rounds; ++r) {
+    std::atomic<bool> stop{false};
+    std::thread a([&] {
+      std::uint64_t rng = 88172645463325252ull;
+      for (long r = 0; r < rounds; ++r) {
         p.store(alloc.allocate_async(bytes, s));
-        step.arrive_and_wait();  // 1: p handed out by A
-        step.arrive_and_wait();  // 2: B freed p
-        step.arrive_and_wait();  // 3: C holds p (or another block)
-        if (same.load() && try_free(alloc, p.load(), bytes, s)) { accepted.fetch_add(1); }
-        step.arrive_and_wait();  // 4: both frees done
+        handed.store(r, std::memory_order_release);
+        wait_until([&] { return go.load(std::memory_order_acquire) >= r || stop.load(); });
+        if (stop.load()) { return; }
+        jitter(rng);
+        if (try_free(alloc, p.load(), bytes, s)) { accepted.fetch_add(1); }
+        done.fetch_add(1, std::memory_order_release);
       }
-    };
-    auto b_thread = [&] {
-      for (int r = 0; r < rounds; ++r) {
-        step.arrive_and_wait();
-        alloc.deallocate_async(p.load(), bytes, s);
-        step.arrive_and_wait();
-        step.arrive_and_wait();
-        step.arrive_and_wait();
-      }
-    };
-    std::thread a{a_thread}, b{b_thread};
-    for (int r = 0; r < rounds; ++r) {
-      step.arrive_and_wait();
-      step.arrive_and_wait();
-      void* q = alloc.allocate_async(bytes, s);
-      same.store(q == p.load());
-      accepted.store(0);
-      step.arrive_and_wait();
+    });
+    long raced = 0, bad_round = -1;
+    std::uint64_t rng = 0x2545f4914f6cdd1dull;
+    for (long r = 0; r < rounds; ++r) {
+      wait_until([&] { return handed.load(std::memory_order_acquire) >= r; });
+      void* const mine_p = p.load();             // A publishes the next round's block once done
+      alloc.deallocate_async(mine_p, bytes, s);  // "B"
+      void* q         = alloc.allocate_async(bytes, s);  // C: p again (the pool's only free block)
+      bool const same = q == mine_p;
+      raced += same ? 1 : 0;
+      accepted.store(same ? 0 : 1);  // otherwise A frees a free block: refused
+      go.store(r, std::memory_order_release);
+      jitter(rng);
       bool const mine = try_free(alloc, q, bytes, s);
-      step.arrive_and_wait();
-      int const n = accepted.load() + (mine ? 1 : 0);
-      if (q == p.load() && n != 1) { failures.fetch_add(1); }
-      if (q != p.load() && !mine) { failures.fetch_add(1); }
+      wait_until([&] { return done.load(std::memory_order_acquire) == r + 1; });
+      if (accepted.load() + (mine ? 1 : 0) != (same ? 1 : 2)) {
+        bad_round = r;
+        break;
+      }
     }
+    stop.store(true);
     a.join();
-    b.join();
-    CHECK(failures.load() == 0);
+    if (bad_round >= 0) {  // the allocator may be corrupt now: leave it without touching it more
+      FAIL("round " << bad_round << ": both frees of one life were accepted");
+    }
+    CHECK(raced > rounds / 2);
     CHECK(gpukit::detail::check_invariants(alloc) == "");
     CHECK(alloc.stats().allocated_bytes.current == 0);
     (void)sim.stream_destroy(s);
@@ -185,7 +210,7 @@ TEST_SUITE("ownership")
     sim_runtime sim{gpukit::sim_config{}.with_devices(1, 4 * GiB)};
     sim_allocator alloc{sim, 0};
     constexpr std::size_t bytes = 4096;
-    void* p                     = alloc.allocate_async(bytes, stream_t{});  // A
+    void* p                     = alloc.allocate_async(bytes, stream_t{});      // A
     std::thread{[&] { alloc.deallocate_async(p, bytes, stream_t{}); }}.join();  // B
     void* q = nullptr;
     std::thread c_alloc{[&] { q = alloc.allocate_async(bytes, stream_t{}); }};  // C
@@ -254,15 +279,15 @@ TEST_SUITE("ownership")
           sl.p      = alloc.allocate_async(sl.bytes, sl.stream);
           sl.accepted.store(0, std::memory_order_relaxed);
           tag_of(sl.p).store((static_cast<std::uint64_t>(t) << 48) | static_cast<std::uint64_t>(r),
-                             std::memory_order_relaxed);
+                                     std::memory_order_relaxed);
         }
         phase.arrive_and_wait();
         // 2. Every block still carries its owner's tag (none was handed to two threads), then its
         //    owner and a neighbour both free it, racing.
         for (int k = 0; k < per_thread; ++k) {
-          slot const& sl         = slots[static_cast<std::size_t>(t * per_thread + k)];
-          std::uint64_t const tg = (static_cast<std::uint64_t>(t) << 48) |
-                                   static_cast<std::uint64_t>(r);
+          slot const& sl = slots[static_cast<std::size_t>(t * per_thread + k)];
+          std::uint64_t const tg =
+            (static_cast<std::uint64_t>(t) << 48) | static_cast<std::uint64_t>(r);
           if (tag_of(sl.p).load(std::memory_order_relaxed) != tg) { double_handouts.fetch_add(1); }
         }
         phase.arrive_and_wait();
@@ -296,9 +321,10 @@ TEST_SUITE("ownership")
     for (int t = 0; t < threads; ++t) { pool.emplace_back(worker, t); }
     for (auto& th : pool) { th.join(); }
     long const frees = rounds_run.load() * threads * per_thread;
-    std::printf("ownership stress: %ld rounds, %ld blocks each freed twice at once, %ld double "
-                "hand-outs, %ld blocks not freed exactly once\n",
-                rounds_run.load(), frees, double_handouts.load(), wrong_accepts.load());
+    std::printf(
+      "ownership stress: %ld rounds, %ld blocks each freed twice at once, %ld double "
+      "hand-outs, %ld blocks not freed exactly once\n",
+      rounds_run.load(), frees, double_handouts.load(), wrong_accepts.load());
     CHECK(double_handouts.load() == 0);
     CHECK(wrong_accepts.load() == 0);
     if (double_handouts.load() + wrong_accepts.load() == 0) {

@@ -1,5 +1,5 @@
-// The caching allocator and the pinned pool where streams die, captures run, memory comes back late,
-// the runtime fails in the destructor, and sizes or options are absurd (simulated GPU).
+// The caching allocator and the pinned pool where streams die, captures run, memory comes back
+// late, the runtime fails in the destructor, and sizes or options are absurd (simulated GPU).
 #include <gpukit/host/pinned_pool.hpp>
 #include <gpukit/memory/caching_allocator.hpp>
 #include <gpukit/memory/detail/allocator_invariants.hpp>
@@ -78,7 +78,8 @@ TEST_SUITE("robustness")
     (void)sim.stream_destroy(b);
   }
 
-  TEST_CASE("blocks cached for a stream destroyed without forget_stream do not poison the allocator")
+  TEST_CASE(
+    "blocks cached for a stream destroyed without forget_stream do not poison the allocator")
   {
     sim_runtime sim{one_device()};
     stream_t const dead = new_stream(sim), b = new_stream(sim);
@@ -221,7 +222,7 @@ TEST_SUITE("robustness")
     (void)sim.stream_destroy(other);
   }
 
-  TEST_CASE("the destructor survives a failing get_device and failing frees, returning everything")
+  TEST_CASE("the destructor survives a failing get_device or failing frees and returns everything")
   {
     for (sim_op op : {sim_op::get_device, sim_op::free_async, sim_op::device_synchronize,
                       sim_op::event_destroy}) {
@@ -262,7 +263,7 @@ TEST_SUITE("robustness")
     CHECK(gpukit::caching_allocator_teardown_failures() == before + 1);
   }
 
-  TEST_CASE("sizes near SIZE_MAX are refused, not wrapped")
+  TEST_CASE("sizes near SIZE_MAX are refused and never wrapped")
   {
     sim_runtime sim{one_device(std::numeric_limits<std::size_t>::max() / 2)};
     sim_allocator alloc{sim, 0};
@@ -272,7 +273,8 @@ TEST_SUITE("robustness")
     std::size_t out = 0;
     CHECK_FALSE(gpukit::detail::checked_round_up(huge, 256, out));
     // The TLSF classes stay inside their arrays for any size.
-    CHECK(gpukit::detail::tlsf_floor_class(std::size_t{1} << 50) < gpukit::detail::tlsf_class_count);
+    CHECK(gpukit::detail::tlsf_floor_class(std::size_t{1} << 50) <
+          gpukit::detail::tlsf_class_count);
     CHECK(gpukit::detail::tlsf_floor_class(huge) < gpukit::detail::tlsf_class_count);
     gpukit::detail::tlsf_index<gpukit::detail::caching_block<sim_runtime>> idx;
     gpukit::detail::caching_block<sim_runtime> blk;
@@ -284,7 +286,7 @@ TEST_SUITE("robustness")
     CHECK(idx.find(MiB) == &blk);
   }
 
-  TEST_CASE("absurd options are refused, naming the field and the value")
+  TEST_CASE("absurd options are refused with the field and the value named")
   {
     sim_runtime sim{one_device()};
     auto refused = [&](char const* field, auto&& set) {
@@ -308,8 +310,10 @@ TEST_SUITE("robustness")
     refused("medium_request_bytes", [&](auto& o) { o.medium_request_bytes = 1000; });
     refused("segment_rounding_bytes", [&](auto& o) { o.segment_rounding_bytes = 0; });
     refused("segment_rounding_bytes", [&](auto& o) { o.segment_rounding_bytes = max; });
-    refused("thread_cache_blocks_per_class", [&](auto& o) { o.thread_cache_blocks_per_class = 1000; });
-    refused("thread_cache_blocks_per_class", [&](auto& o) { o.thread_cache_blocks_per_class = -1; });
+    refused("thread_cache_blocks_per_class",
+            [&](auto& o) { o.thread_cache_blocks_per_class = 1000; });
+    refused("thread_cache_blocks_per_class",
+            [&](auto& o) { o.thread_cache_blocks_per_class = -1; });
     refused("oom_wait_for_frees_ms", [&](auto& o) { o.oom_wait_for_frees_ms = -5; });
     refused("limit_fraction", [&](auto& o) { o.limit_fraction = 2.0; });
     refused("source", [&](auto& o) { o.source = static_cast<gpukit::segment_source>(42); });
