@@ -4,6 +4,7 @@
 #include <gpukit/memory/caching_allocator.hpp>
 #include <gpukit/memory/detail/allocator_invariants.hpp>
 #include <gpukit/memory/detail/tlsf_index.hpp>
+#include <gpukit/memory/retry_on_oom.hpp>
 #include <gpukit/runtime/sim_runtime.hpp>
 
 #include <doctest/doctest.h>
@@ -11,8 +12,10 @@
 #include <chrono>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 using gpukit::sim_op;
 using gpukit::sim_runtime;
@@ -220,6 +223,46 @@ TEST_SUITE("robustness")
     alloc.forget_stream(other);
     (void)sim.stream_destroy(busy);
     (void)sim.stream_destroy(other);
+  }
+
+  TEST_CASE("retry_on_oom halving the micro-batch succeeds on a small GPU whose stream is busy")
+  {
+    // retry_on_oom as its header shows it: activations per step, the micro-batch halved on each
+    // out-of-memory. The stream is busy computing, so the frees release() issues land late.
+    sim_runtime sim{one_device(GiB)};
+    stream_t const s = new_stream(sim);
+    sim_allocator alloc{sim, 0, [] {
+                          gpukit::caching_allocator_options o;
+                          o.source = gpukit::segment_source::stream_ordered;
+                          return o;
+                        }()};
+    int micro_batch = 32;
+    auto step       = [&] {
+      std::vector<void*> acts;
+      try {
+        for (int i = 0; i < micro_batch; ++i) {
+          acts.push_back(alloc.allocate_async(64 * MiB, s));
+          GPUKIT_CUDA_TRY(sim.launch_host_func(
+                  s, [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(5)); }, nullptr));
+        }
+      } catch (...) {
+        for (void* p : acts) { alloc.deallocate_async(p, 64 * MiB, s); }
+        throw;
+      }
+      for (void* p : acts) { alloc.deallocate_async(p, 64 * MiB, s); }
+    };
+    gpukit::retry_report report;
+    CHECK_NOTHROW(
+      report = gpukit::retry_on_oom(
+        alloc, step, [&](gpukit::out_of_memory const&, int) -> std::optional<std::string> {
+          if (micro_batch == 1) { return std::nullopt; }
+          micro_batch /= 2;
+          return "micro-batch " + std::to_string(micro_batch);
+        }));
+    CHECK(micro_batch >= 8);  // 8 x 64 MiB fit in 1 GiB: no halving below that
+    GPUKIT_CUDA_TRY(sim.stream_synchronize(s));
+    alloc.forget_stream(s);
+    (void)sim.stream_destroy(s);
   }
 
   TEST_CASE("the destructor survives a failing get_device or failing frees and returns everything")

@@ -300,7 +300,7 @@ class basic_caching_allocator final {
   /// any stream this allocator has served (the allocator may otherwise record events on, or free
   /// segments in the order of, that stream later), from the thread that freed blocks on it last
   /// (other threads' cached blocks for it return to the pool at their next call). Synchronizes
-  /// with `stream`.
+  /// with `stream`. Called after the stream was destroyed, it synchronizes the device instead.
   void forget_stream(stream_type stream);
 
   /// Registers a callback for the out-of-memory ladder (step 2), after those registered before.
@@ -332,6 +332,8 @@ class basic_caching_allocator final {
   /// blocks to the pool (other threads return theirs at their next call). Stream-ordered segments
   /// are freed on the stream that last used them, so this waits on no other work; synchronous
   /// segments go through `free`, which may synchronize the device. Returns the bytes released.
+  /// An allocation that finds no memory waits for these frees before reporting out of memory.
+  /// During a graph capture, segments of capturing streams and synchronous segments stay.
   std::size_t release();
 
   /// Returns fully free segments until at most `target_reserved_bytes` are reserved (largest

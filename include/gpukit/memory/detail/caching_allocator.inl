@@ -1,14 +1,15 @@
 // gpukit/memory/detail/caching_allocator.inl: the front door of basic_caching_allocator: its
-// construction and destruction, allocate_async (the thread-cache fast path, then the pool under
-// the lock) and deallocate_async (the thread-cache fast path, then pending frees or the pool).
+// construction (options validated) and destruction (never throws), allocate_async (the
+// thread-cache fast path, then the pool under the lock) and deallocate_async (the claim of the
+// block, then the thread-cache fast path, pending frees or the pool).
 // Not public API; included by caching_allocator.hpp.
 //
 // The other bodies live beside it, one seam a file:
 //   caching_block.hpp       the block descriptor and its states
 //   thread_cache.inl        per-thread caches and the thread-local registry
 //   pool_segments.inl       segments, block descriptors, splitting, coalescing, free indices
-//   stream_bookkeeping.inl  stream pools, record_stream, pending frees, cross-stream migration,
-//                           forget_stream, events
+//   stream_bookkeeping.inl  stream pools, stream checks, record_stream, pending frees,
+//                           cross-stream migration, forget_stream, destroyed streams, events
 //   oom_recovery.inl        the out-of-memory ladder and the out_of_memory report
 //   release.inl             release, trim
 //   graph_capture.inl       private pools of CUDA graph captures
