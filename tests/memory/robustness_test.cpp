@@ -51,6 +51,13 @@ std::string logic_error_of(F&& f)
   return "";
 }
 
+gpukit::caching_allocator_options with_source(gpukit::segment_source source)
+{
+  gpukit::caching_allocator_options o;
+  o.source = source;
+  return o;
+}
+
 void settle(sim_runtime& sim) { GPUKIT_CUDA_TRY(sim.device_synchronize()); }
 
 }  // namespace
@@ -177,11 +184,7 @@ TEST_SUITE("robustness")
   {
     sim_runtime sim{one_device()};
     stream_t const s = new_stream(sim);
-    sim_allocator alloc{sim, 0, [] {
-                          gpukit::caching_allocator_options o;
-                          o.source = gpukit::segment_source::stream_ordered;
-                          return o;
-                        }()};
+    sim_allocator alloc{sim, 0, with_source(gpukit::segment_source::stream_ordered)};
     void* p = alloc.allocate_async(16 * MiB, s);
     alloc.deallocate_async(p, 16 * MiB, s);
     GPUKIT_CUDA_TRY(sim.begin_capture(s));
@@ -205,11 +208,7 @@ TEST_SUITE("robustness")
   {
     sim_runtime sim{one_device(GiB)};
     stream_t const busy = new_stream(sim), other = new_stream(sim);
-    sim_allocator alloc{sim, 0, [] {
-                          gpukit::caching_allocator_options o;
-                          o.source = gpukit::segment_source::stream_ordered;
-                          return o;
-                        }()};
+    sim_allocator alloc{sim, 0, with_source(gpukit::segment_source::stream_ordered)};
     void* p = alloc.allocate_async(700 * MiB, busy);
     alloc.deallocate_async(p, 700 * MiB, busy);
     // The stream is busy for a while: the free release() queues behind that work.
@@ -231,11 +230,7 @@ TEST_SUITE("robustness")
     // out-of-memory. The stream is busy computing, so the frees release() issues land late.
     sim_runtime sim{one_device(GiB)};
     stream_t const s = new_stream(sim);
-    sim_allocator alloc{sim, 0, [] {
-                          gpukit::caching_allocator_options o;
-                          o.source = gpukit::segment_source::stream_ordered;
-                          return o;
-                        }()};
+    sim_allocator alloc{sim, 0, with_source(gpukit::segment_source::stream_ordered)};
     int micro_batch = 32;
     auto step       = [&] {
       std::vector<void*> acts;
@@ -294,11 +289,7 @@ TEST_SUITE("robustness")
     sim_runtime sim{one_device()};
     auto const before = gpukit::caching_allocator_teardown_failures();
     {
-      sim_allocator alloc{sim, 0, [] {
-                            gpukit::caching_allocator_options o;
-                            o.source = gpukit::segment_source::synchronous;
-                            return o;
-                          }()};
+      sim_allocator alloc{sim, 0, with_source(gpukit::segment_source::synchronous)};
       (void)alloc.allocate_async(MiB, stream_t{});
       sim.inject_fault(sim_op::free, 1, cudaErrorUnknown);
       sim.inject_fault(sim_op::free, 2, cudaErrorUnknown);
