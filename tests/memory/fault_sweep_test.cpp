@@ -221,18 +221,22 @@ class sweep_run {
   std::uint64_t per_op_[static_cast<std::size_t>(sim_op::count_)]{};
 };
 
-/// The error a fault of `op` reports: out of memory for the calls that take memory, an invalid
-/// handle for those that name a stream or an event (as a destroyed one would), else unknown.
-cudaError_t error_for(sim_op op)
+/// The errors a fault of `op` reports: out of memory for the calls that take memory, else an
+/// unknown error; the calls that name a stream also get an invalid handle (as if the stream had
+/// been destroyed).
+std::vector<cudaError_t> errors_for(sim_op op)
 {
   switch (op) {
     case sim_op::malloc:
-    case sim_op::malloc_async:
     case sim_op::vm_create:
-    case sim_op::vm_reserve: return cudaErrorMemoryAllocation;
+    case sim_op::vm_reserve: return {cudaErrorMemoryAllocation};
+    case sim_op::malloc_async: return {cudaErrorMemoryAllocation, cudaErrorInvalidResourceHandle};
     case sim_op::stream_get_device:
-    case sim_op::stream_query: return cudaErrorInvalidResourceHandle;
-    default: return cudaErrorUnknown;
+    case sim_op::stream_query:
+    case sim_op::stream_synchronize:
+    case sim_op::event_record:
+    case sim_op::free_async: return {cudaErrorUnknown, cudaErrorInvalidResourceHandle};
+    default: return {cudaErrorUnknown};
   }
 }
 
@@ -267,17 +271,20 @@ TEST_SUITE("fault_sweep")
       }
       for (int i = 0; i < static_cast<int>(sim_op::count_); ++i) {
         auto const op = static_cast<sim_op>(i);
-        for (std::uint64_t nth = 1; nth <= baseline.calls(op);
-             nth += static_cast<std::uint64_t>(stride)) {
-          sweep_run one{source, std::make_pair(op, nth), error_for(op)};
-          run_result const r = one.run();
-          ++tried;
-          if (r.failure.empty()) {
-            ++survived;
-          } else {
-            CAPTURE(gpukit::to_string(op));
-            CAPTURE(nth);
-            CHECK(r.failure == "");
+        for (cudaError_t const error : errors_for(op)) {
+          for (std::uint64_t nth = 1; nth <= baseline.calls(op);
+               nth += static_cast<std::uint64_t>(stride)) {
+            sweep_run one{source, std::make_pair(op, nth), error};
+            run_result const r = one.run();
+            ++tried;
+            if (r.failure.empty()) {
+              ++survived;
+            } else {
+              CAPTURE(gpukit::to_string(op));
+              CAPTURE(nth);
+              CAPTURE(static_cast<int>(error));
+              CHECK(r.failure == "");
+            }
           }
         }
       }
