@@ -112,17 +112,32 @@ TEST_SUITE("robustness")
 
   TEST_CASE("release and forget_stream survive a stream destroyed while its pool held segments")
   {
-    sim_runtime sim{one_device()};
-    stream_t const dead = new_stream(sim);
-    sim_allocator alloc{sim, 0};
-    void* p = alloc.allocate_async(16 * MiB, dead);
-    alloc.deallocate_async(p, 16 * MiB, dead);
-    GPUKIT_CUDA_TRY(sim.stream_destroy(dead));
-    CHECK_NOTHROW(alloc.release());
-    CHECK_NOTHROW(alloc.forget_stream(dead));
-    CHECK(alloc.stats().reserved_bytes.current == 0);
-    settle(sim);
-    CHECK(sim.used_bytes(0) == 0);
+    for (auto source : {gpukit::segment_source::stream_ordered, gpukit::segment_source::synchronous,
+                        gpukit::segment_source::growable}) {
+      CAPTURE(static_cast<int>(source));
+      sim_runtime sim{one_device()};
+      stream_t const dead = new_stream(sim), other = new_stream(sim);
+      {
+        sim_allocator alloc{sim, 0, with_source(source)};
+        void* p = alloc.allocate_async(16 * MiB, dead);
+        void* q = alloc.allocate_async(MiB, dead);
+        alloc.deallocate_async(p, 16 * MiB, dead);
+        alloc.deallocate_async(q, MiB, dead);
+        GPUKIT_CUDA_TRY(sim.stream_destroy(dead));
+        CHECK_NOTHROW(alloc.release());
+        CHECK_NOTHROW(alloc.forget_stream(dead));
+        void* r = nullptr;
+        CHECK_NOTHROW(r = alloc.allocate_async(64 * MiB, other));
+        alloc.deallocate_async(r, 64 * MiB, other);
+        CHECK_NOTHROW(alloc.forget_stream(other));
+        CHECK_NOTHROW(alloc.release());
+        CHECK(alloc.stats().reserved_bytes.current == 0);
+        CHECK(gpukit::detail::check_invariants(alloc) == "");
+      }
+      settle(sim);
+      CHECK(sim.used_bytes(0) == 0);
+      (void)sim.stream_destroy(other);
+    }
   }
 
   TEST_CASE("a free on another device's stream is refused and changes nothing")
