@@ -40,7 +40,7 @@ caught fail_growth(sim_runtime& sim, sim_op op, std::function<void()> const& gro
   } catch (gpukit::cuda_error const& e) {
     c.call = e.call();
     c.what = e.what();
-    c.code = e.code();
+    c.code = static_cast<cudaError_t>(e.code());
   }
   return c;
 }

@@ -18,6 +18,7 @@
 #include <gpukit/memory/detail/allocator_invariants.hpp>
 #include <gpukit/memory/cuda_stream.hpp>
 #include <gpukit/memory/current_resource.hpp>
+#include <gpukit/memory/detail/allocator_invariants.hpp>
 #include <gpukit/memory/device_buffer.hpp>
 #include <gpukit/memory/device_scalar.hpp>
 #include <gpukit/memory/device_uvector.hpp>

@@ -126,7 +126,10 @@ struct pinned_pool_stats {
   std::uint64_t num_host_registers{0};    ///< host_register calls (growth and add_host_memory)
   std::uint64_t num_host_unregisters{0};  ///< host_unregister calls (release_cached only)
   std::uint64_t num_events_recorded{0};   ///< events recorded on return (one per stream)
-  std::uint64_t num_limit_refusals{0};    ///< allocations refused by the limit
+  /// Streams found destroyed when a buffer used on them came back: each cost one synchronization
+  /// of its device instead of an event, and was dropped from the buffer's streams.
+  std::uint64_t num_dead_streams{0};
+  std::uint64_t num_limit_refusals{0};  ///< allocations refused by the limit
 };
 
 template <class Runtime>
@@ -144,7 +147,8 @@ class pinned_buffer final {
       : pool_{&pool}, ptr_{ptr}, bytes_{bytes}
   {}
   /// Returns the buffer to its pool, to be reused once the work of every stream given to
-  /// record_stream has completed. Never throws (errors are asserted in debug builds).
+  /// record_stream has completed (a destroyed stream among them costs a device synchronization).
+  /// Never throws: an error is written to stderr and the buffer stays handed out.
   ~pinned_buffer() { reset(); }
   pinned_buffer(pinned_buffer const&)            = delete;
   pinned_buffer& operator=(pinned_buffer const&) = delete;
@@ -372,6 +376,7 @@ class basic_pinned_pool final {
     event_type event{};
   };
   device_event take_event_locked(int device);
+  std::vector<device_event> record_events_locked(std::vector<used_stream>& streams);
   void hand_out_locked(block& b, std::size_t bytes, bool hit);
   static void bump(stat_pair& s, std::int64_t delta) noexcept;
 

@@ -50,6 +50,16 @@
 //   allocation works. Unmapping waits only on the stream whose work used those pages (a stream
 //   synchronize on the allocator's device), never on the device. Statistics count mapped (and
 //   held) physical memory as reserved, and each page mapped or unmapped as a device alloc or free.
+// - Ownership: a free is accepted exactly once, whichever threads race (one compare-exchange on
+//   the block); the loser gets a double-free error and changes nothing. A double free is caught
+//   whenever the block has not been handed out again since, from any thread. Once it has, the
+//   stale free cannot be told from a legitimate free, by another thread, of the new owner's block
+//   (a pointer-based allocator sees only the address; PyTorch's, RMM's and cudaMallocAsync's
+//   share this): it is accepted as that, and the new owner's own free is then the one reported.
+// - Streams: frees check their stream as allocations do (device, liveness). A stream found
+//   destroyed (a free or record_stream naming it, or blocks still cached for it) costs one device
+//   synchronization (its queued work still runs on CUDA, and no event can be recorded on it), after
+//   which its blocks are usable on every stream; it never makes later operations fail.
 //
 // Thread-safe. One instance serves one device: the hot path never asks which device is current.
 #pragma once
@@ -216,7 +226,15 @@ struct caching_allocator_stats {
   /// bytes it made available (moved into the usable pool, or returned to the device).
   std::array<std::uint64_t, recovery_step_count> num_recovery_steps{};
   std::array<std::uint64_t, recovery_step_count> recovery_bytes{};
+  /// Streams found destroyed while the allocator still knew them (a free or record_stream on one,
+  /// blocks cached for one): each cost one device synchronization, and their blocks became
+  /// usable on every stream.
+  std::uint64_t num_dead_streams{0};
 };
+
+/// Runtime calls that failed while caching allocators were being destroyed, in this process
+/// (destructors never throw: each failure is counted here and the first is written to stderr).
+[[nodiscard]] std::uint64_t caching_allocator_teardown_failures() noexcept;
 
 namespace detail {
 template <class Runtime>
@@ -260,8 +278,11 @@ class basic_caching_allocator final {
   /// Frees `ptr` (of `bytes`, as allocated) in `stream` order: reusable on `stream` at once, on
   /// other streams once the work queued on `stream` before this call has completed. A null ptr is
   /// ignored. Does not synchronize.
-  /// @throws gpukit::logic_error for a pointer this allocator did not hand out, a double free, or
-  ///         a size other than the one allocated; the allocator is left unchanged
+  /// A stream this thread has not freed on before is checked first: another device's stream is an
+  /// error; a destroyed one synchronizes the device once and the block goes to every stream.
+  /// @throws gpukit::logic_error for a pointer this allocator did not hand out, a double free, a
+  ///         size other than the one allocated or another device's stream; the allocator is left
+  ///         unchanged
   void deallocate_async(void* ptr, std::size_t bytes, stream_type stream);
 
   /// As deallocate_async, without checking the size (for interfaces that do not pass it).
@@ -283,7 +304,7 @@ class basic_caching_allocator final {
   /// any stream this allocator has served (the allocator may otherwise record events on, or free
   /// segments in the order of, that stream later), from the thread that freed blocks on it last
   /// (other threads' cached blocks for it return to the pool at their next call). Synchronizes
-  /// with `stream`.
+  /// with `stream`. Called after the stream was destroyed, it synchronizes the device instead.
   void forget_stream(stream_type stream);
 
   /// Registers a callback for the out-of-memory ladder (step 2), after those registered before.
@@ -319,6 +340,8 @@ class basic_caching_allocator final {
   /// blocks to the pool (other threads return theirs at their next call). Stream-ordered segments
   /// are freed on the stream that last used them, so this waits on no other work; synchronous
   /// segments go through `free`, which may synchronize the device. Returns the bytes released.
+  /// An allocation that finds no memory waits for these frees before reporting out of memory.
+  /// During a graph capture, segments of capturing streams and synchronous segments stay.
   std::size_t release();
 
   /// Returns fully free segments until at most `target_reserved_bytes` are reserved (largest
@@ -485,9 +508,12 @@ class basic_caching_allocator final {
   void* allocate_slow(std::size_t bytes, std::size_t size, stream_type stream, thread_cache& tc);
   void* hand_out(thread_cache& tc, block* b, std::size_t bytes, stream_type stream);
   void deallocate_impl(void* ptr, std::size_t bytes, bool check_size, stream_type stream);
-  block* find_foreign(void* ptr);
+  block* claim_own(thread_cache& tc, std::uintptr_t key, std::size_t bytes, bool check_size);
+  block* claim_foreign(void* ptr, std::size_t bytes, bool check_size, void*& owner);
   void count_free(thread_cache& tc, block* b, void* ptr, stream_type stream);
-  void defer_free(thread_cache& tc, block* b, void* ptr, stream_type stream);
+  void defer_free(thread_cache& tc, block* b, void* ptr, stream_type stream, void* owner);
+  void validate_options() const;
+  void teardown() noexcept;
 
   // Debug mode (detail/debug_mode.inl).
   struct debug_state;
@@ -520,6 +546,11 @@ class basic_caching_allocator final {
   // Streams, pending frees, migration, events (detail/stream_bookkeeping.inl).
   stream_pool& stream_pool_locked(stream_type stream);
   void check_stream_locked(stream_type stream, char const* what);
+  bool check_stream_locked(stream_type stream, char const* what, bool dead_ok);
+  bool check_free_stream(thread_cache& tc, stream_type stream);
+  void retire_dead_stream_locked(stream_type stream);
+  void free_on_dead_stream(thread_cache& tc, block* b, void* ptr, stream_type stream);
+  void forget_stream_locked(stream_type stream, bool synchronized);
   std::size_t poll_pending_locked(bool wait = false);
   std::size_t migrate_locked(stream_type requester, bool wait);
   std::size_t make_global_locked(stream_pool& sp, std::uint64_t up_to_seq);
@@ -625,6 +656,7 @@ class basic_caching_allocator final {
     std::vector<oom_report::step> ladder;  // what the last recovery did
     std::condition_variable frees_cv;      // blocks came back to the pool (for step_wait)
     int waiters{0};
+    std::vector<stream_type> unsettled;  // streams of stream-ordered frees release() issued
   };
   /// Graph captures and their private pools.
   struct capture_state {

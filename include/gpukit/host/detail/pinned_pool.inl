@@ -5,7 +5,6 @@
 #include <gpukit/host/pinned_pool.hpp>
 
 #include <algorithm>
-#include <cassert>
 #include <cstdio>
 #include <cstring>
 #include <thread>
@@ -367,6 +366,39 @@ typename basic_pinned_pool<Runtime>::used_stream basic_pinned_pool<Runtime>::use
   return u;
 }
 
+// One event per stream `b` was used on, recorded there. A stream found destroyed (an invalid
+// handle) gets none: work queued on a destroyed stream still runs, so its device is synchronized
+// once instead and the stream dropped. On failure the events go back to the spares and the error
+// propagates.
+template <class Runtime>
+std::vector<typename basic_pinned_pool<Runtime>::device_event>
+basic_pinned_pool<Runtime>::record_events_locked(std::vector<used_stream>& streams)
+{
+  std::vector<device_event> events;
+  try {
+    for (std::size_t i = 0; i < streams.size();) {
+      device_event const e = take_event_locked(streams[i].device);
+      cudaError_t const r  = runtime_.event_record(e.event, streams[i].stream);
+      if (r != cudaSuccess) { spare_events_.push_back(e); }
+      if (r == cudaErrorInvalidResourceHandle) {
+        device_guard<Runtime> guard{runtime_, streams[i].device};
+        GPUKIT_CUDA_TRY(runtime_.device_synchronize());
+        ++stats_.num_dead_streams;
+        streams.erase(streams.begin() + static_cast<std::ptrdiff_t>(i));
+        continue;
+      }
+      GPUKIT_CUDA_TRY(r);
+      events.push_back(e);
+      ++stats_.num_events_recorded;
+      ++i;
+    }
+  } catch (...) {
+    spare_events_.insert(spare_events_.end(), events.begin(), events.end());
+    throw;
+  }
+  return events;
+}
+
 template <class Runtime>
 void basic_pinned_pool<Runtime>::return_locked(block& b, used_stream const* stream)
 {
@@ -375,32 +407,26 @@ void basic_pinned_pool<Runtime>::return_locked(block& b, used_stream const* stre
     stream != nullptr && std::find(streams.begin(), streams.end(), *stream) == streams.end();
   if (added) { streams.push_back(*stream); }
   auto const cls = static_cast<std::int64_t>(b.cls);
-  if (streams.empty()) {
+  std::vector<device_event> events;
+  try {
+    events = record_events_locked(streams);
+  } catch (...) {  // the buffer stays handed out
+    if (added) {
+      auto const it = std::find(streams.begin(), streams.end(), *stream);
+      if (it != streams.end()) { streams.erase(it); }
+    }
+    throw;
+  }
+  if (events.empty()) {
+    streams.clear();
     b.st = block::state::ready;
     --b.seg->live;
     ready_[b.cls].push_back(&b);
   } else {
     pending p;
-    p.b               = &b;
-    std::size_t taken = 0;
-    try {
-      for (std::size_t i = 0; i < streams.size(); ++i) {
-        device_event const e = take_event_locked(streams[i].device);
-        ++taken;
-        if (i == 0) {
-          p.first = e;
-        } else {
-          p.more.push_back(e);
-        }
-        GPUKIT_CUDA_TRY(runtime_.event_record(e.event, streams[i].stream));
-        ++stats_.num_events_recorded;
-      }
-    } catch (...) {  // the buffer stays handed out; the events go back to the spares
-      if (taken > 0) { spare_events_.push_back(p.first); }
-      spare_events_.insert(spare_events_.end(), p.more.begin(), p.more.end());
-      if (added) { streams.pop_back(); }
-      throw;
-    }
+    p.b     = &b;
+    p.first = events.front();
+    p.more.assign(events.begin() + 1, events.end());
     b.st = block::state::pending;
     stats_.pending_bytes += cls;
     pending_.push_back(std::move(p));
@@ -630,8 +656,9 @@ void pinned_buffer<Runtime>::reset() noexcept
   if (ptr_ == nullptr) { return; }
   try {
     pool_->deallocate(ptr_);
-  } catch (...) {
-    assert(false && "pinned_buffer: returning the buffer failed");
+  } catch (std::exception const& e) {  // destructors never throw: the buffer stays handed out
+    std::fprintf(stderr, "gpukit: pinned_buffer: returning %zu bytes at %p failed: %s\n", bytes_,
+                 ptr_, e.what());
   }
   pool_  = nullptr;
   ptr_   = nullptr;

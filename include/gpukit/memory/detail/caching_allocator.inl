@@ -1,14 +1,15 @@
 // gpukit/memory/detail/caching_allocator.inl: the front door of basic_caching_allocator: its
-// construction and destruction, allocate_async (the thread-cache fast path, then the pool under
-// the lock) and deallocate_async (the thread-cache fast path, then pending frees or the pool).
+// construction (options validated) and destruction (never throws), allocate_async (the
+// thread-cache fast path, then the pool under the lock) and deallocate_async (the claim of the
+// block, then the thread-cache fast path, pending frees or the pool).
 // Not public API; included by caching_allocator.hpp.
 //
 // The other bodies live beside it, one seam a file:
 //   caching_block.hpp       the block descriptor and its states
 //   thread_cache.inl        per-thread caches and the thread-local registry
 //   pool_segments.inl       segments, block descriptors, splitting, coalescing, free indices
-//   stream_bookkeeping.inl  stream pools, record_stream, pending frees, cross-stream migration,
-//                           forget_stream, events
+//   stream_bookkeeping.inl  stream pools, stream checks, record_stream, pending frees,
+//                           cross-stream migration, forget_stream, destroyed streams, events
 //   oom_recovery.inl        the out-of-memory ladder and the out_of_memory report
 //   release.inl             release, trim
 //   graph_capture.inl       private pools of CUDA graph captures
@@ -23,7 +24,10 @@
 #include <gpukit/memory/detail/thread_cache.inl>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdio>
 #include <mutex>
+#include <optional>
 #include <string>
 
 namespace gpukit {
@@ -33,21 +37,7 @@ basic_caching_allocator<Runtime>::basic_caching_allocator(Runtime& runtime, int 
                                                           caching_allocator_options options)
     : runtime_{runtime}, device_{device}, options_{options}
 {
-  GPUKIT_EXPECTS(options_.small_segment_bytes >= options_.small_request_bytes &&
-                   options_.small_request_bytes >= alignment,
-                 "caching_allocator_options: small_segment_bytes (" +
-                   std::to_string(options_.small_segment_bytes) +
-                   ") must be at least small_request_bytes (" +
-                   std::to_string(options_.small_request_bytes) + ")");
-  GPUKIT_EXPECTS(
-    options_.medium_segment_bytes >= options_.medium_request_bytes,
-    "caching_allocator_options: medium_segment_bytes must be at least medium_request_bytes");
-  GPUKIT_EXPECTS(
-    options_.segment_rounding_bytes % alignment == 0 && options_.segment_rounding_bytes > 0,
-    "caching_allocator_options: segment_rounding_bytes must be a positive multiple of 256");
-  GPUKIT_EXPECTS(options_.limit_fraction >= 0.0 && options_.limit_fraction <= 1.0,
-                 "caching_allocator_options: limit_fraction " +
-                   std::to_string(options_.limit_fraction) + " is not within [0, 1]");
+  validate_options();
   int count = 0;
   GPUKIT_CUDA_TRY(runtime_.device_count(count));
   GPUKIT_EXPECTS(device >= 0 && device < count, "caching_allocator: device " +
@@ -70,8 +60,6 @@ basic_caching_allocator<Runtime>::basic_caching_allocator(Runtime& runtime, int 
     GPUKIT_EXPECTS(granularity != 0 && granularity % alignment == 0,
                    "caching_allocator: the device reports a mapping granularity of " +
                      std::to_string(granularity) + " bytes");
-    GPUKIT_EXPECTS(options_.growable_page_bytes != 0,
-                   "caching_allocator_options: growable_page_bytes must not be 0");
     pages_.page_bytes[small_pool] = granularity;
     pages_.page_bytes[large_pool] = detail::round_up(options_.growable_page_bytes, granularity);
   }
@@ -88,6 +76,68 @@ basic_caching_allocator<Runtime>::basic_caching_allocator(Runtime& runtime, int 
   live.uids.insert(uid_);
 }
 
+// Every option, checked once: zero, huge and inconsistent values name the field and the value.
+template <class Runtime>
+void basic_caching_allocator<Runtime>::validate_options() const
+{
+  constexpr std::size_t most = std::size_t{1} << detail::tlsf_max_shift;  // beyond any device
+  auto const& o              = options_;
+  auto field                 = [](char const* name, auto value, char const* why) {
+    return std::string{"caching_allocator_options: "} + name + " = " + std::to_string(value) + " " +
+           why;
+  };
+  auto bytes = [&](char const* name, std::size_t v, std::size_t at_least) {
+    GPUKIT_EXPECTS(
+      v >= at_least && v <= most && v % alignment == 0,
+      field(
+        name, v,
+        ("is not a multiple of 256 between " + std::to_string(at_least) + " and 2^48").c_str()));
+  };
+  GPUKIT_EXPECTS(o.limit_fraction >= 0.0 && o.limit_fraction <= 1.0,
+                 field("limit_fraction", o.limit_fraction, "is not within [0, 1]"));
+  auto const src = static_cast<int>(o.source);
+  GPUKIT_EXPECTS(src >= 0 && src <= static_cast<int>(segment_source::growable),
+                 field("source", src, "is not a segment_source"));
+  bytes("small_request_bytes", o.small_request_bytes, alignment);
+  bytes("small_segment_bytes", o.small_segment_bytes, o.small_request_bytes);
+  bytes("medium_request_bytes", o.medium_request_bytes, o.small_request_bytes);
+  bytes("medium_segment_bytes", o.medium_segment_bytes, o.medium_request_bytes);
+  bytes("segment_rounding_bytes", o.segment_rounding_bytes, alignment);
+  GPUKIT_EXPECTS(o.growable_reserve_bytes <= most,
+                 field("growable_reserve_bytes", o.growable_reserve_bytes, "is more than 2^48"));
+  GPUKIT_EXPECTS(o.growable_page_bytes != 0 && o.growable_page_bytes <= most,
+                 field("growable_page_bytes", o.growable_page_bytes, "is not within [1, 2^48]"));
+  GPUKIT_EXPECTS(o.oom_wait_for_frees_ms >= 0 && o.oom_wait_for_frees_ms <= 3600000,
+                 field("oom_wait_for_frees_ms", o.oom_wait_for_frees_ms,
+                       "is not within [0, 3600000] (an hour)"));
+  GPUKIT_EXPECTS(o.thread_cache_blocks_per_class >= 0 && o.thread_cache_blocks_per_class <= 255,
+                 field("thread_cache_blocks_per_class", o.thread_cache_blocks_per_class,
+                       "is not within [0, 255]"));
+}
+
+namespace detail {
+/// Runtime calls that failed in caching allocators' destructors, process-wide.
+inline std::atomic<std::uint64_t> teardown_failures{0};
+
+/// Counts `n` failures of a destructor; the first of the process goes to stderr.
+inline void note_teardown_failures(std::uint64_t n, int device) noexcept
+{
+  if (n == 0) { return; }
+  if (teardown_failures.fetch_add(n) == 0) {
+    std::fprintf(stderr,
+                 "gpukit: caching_allocator (device %d): %llu runtime call(s) failed while it was "
+                 "destroyed; some device memory may not have been returned (counted in "
+                 "caching_allocator_teardown_failures())\n",
+                 device, static_cast<unsigned long long>(n));
+  }
+}
+}  // namespace detail
+
+inline std::uint64_t caching_allocator_teardown_failures() noexcept
+{
+  return detail::teardown_failures.load();
+}
+
 template <class Runtime>
 basic_caching_allocator<Runtime>::~basic_caching_allocator()
 {
@@ -96,43 +146,75 @@ basic_caching_allocator<Runtime>::~basic_caching_allocator()
     std::lock_guard<std::mutex> lock{live.mutex};
     live.uids.erase(uid_);
   }
+  teardown();
+}
+
+// Every segment goes back, whatever it holds. Never throws: a runtime call that fails is tried
+// once more (a stream-ordered free that fails becomes a synchronous one), and what still fails is
+// counted (caching_allocator_teardown_failures) and reported once on stderr.
+template <class Runtime>
+void basic_caching_allocator<Runtime>::teardown() noexcept
+{
   std::lock_guard<std::mutex> lock{mutex_};
-  device_guard<Runtime> guard{runtime_, device_};
-  // Every segment goes back, whatever it holds; pending events first (their streams' work).
+  std::uint64_t failed = 0;
+  auto call            = [&](auto&& f) {
+    if (f() != cudaSuccess && f() != cudaSuccess) { ++failed; }
+  };
+  std::optional<device_guard<Runtime>> guard;
+  for (int attempt = 0; attempt < 2 && !guard; ++attempt) {
+    try {
+      guard.emplace(runtime_, device_);
+    } catch (...) {  // the frees below name their memory: they go on without the guard
+    }
+  }
+  if (!guard) { ++failed; }
   for (auto& p : streams_.pending) {
-    for (event_type e : p.events) { (void)runtime_.event_destroy(e); }
+    for (event_type e : p.events) {
+      call([&] { return runtime_.event_destroy(e); });
+    }
   }
   for (auto& sp : streams_.pools) {
-    if (sp->migrating) { (void)runtime_.event_destroy(sp->migration_event); }
+    if (sp->migrating) {
+      call([&] { return runtime_.event_destroy(sp->migration_event); });
+    }
   }
-  for (event_type e : streams_.spare_events) { (void)runtime_.event_destroy(e); }
+  for (event_type e : streams_.spare_events) {
+    call([&] { return runtime_.event_destroy(e); });
+  }
   // The streams blocks were last used on may be gone by now (a stream destroyed after
   // forget_stream, or never forgotten): wait for the device once, then free everything in the
   // order of the device's null stream, which always exists.
-  if (pool_.segments != 0) { (void)runtime_.device_synchronize(); }
+  if (pool_.segments != 0) {
+    call([&] { return runtime_.device_synchronize(); });
+  }
   for (auto& spares : pages_.spare) {
-    for (physical_handle h : spares) { (void)runtime_.vm_release(h); }
+    for (physical_handle h : spares) {
+      call([&] { return runtime_.vm_release(h); });
+    }
   }
   pool_.blocks.for_each([&](std::uintptr_t, block* b) {
-    if (b->prev == nullptr) {  // first block of its segment
-      auto* seg = static_cast<segment*>(b->segment);
-      // A heap is unregistered while its memory is still there: tools reject it afterwards.
-      if (options_.nvtx_annotate) { unregister_memory_heap(seg->nvtx_heap); }
-      if (seg->growable) {
-        for (std::size_t i = 0; i < seg->mapped.size(); ++i) {
-          if (seg->mapped[i] == 0) { continue; }
-          (void)runtime_.vm_unmap(static_cast<char*>(seg->ptr) + i * seg->page, seg->page);
-          (void)runtime_.vm_release(seg->handles[i]);
-        }
-        (void)runtime_.vm_free(seg->ptr, seg->size);
-      } else if (seg->stream_ordered) {
-        (void)runtime_.free_async(seg->ptr, stream_type{});
-      } else {
-        (void)runtime_.free(seg->ptr);
+    if (b->prev != nullptr) { return; }  // not the first block of its segment
+    auto* seg = static_cast<segment*>(b->segment);
+    // A heap is unregistered while its memory is still there: tools reject it afterwards.
+    if (options_.nvtx_annotate) { unregister_memory_heap(seg->nvtx_heap); }
+    if (seg->growable) {
+      for (std::size_t i = 0; i < seg->mapped.size(); ++i) {
+        if (seg->mapped[i] == 0) { continue; }
+        void* at = static_cast<char*>(seg->ptr) + i * seg->page;
+        call([&] { return runtime_.vm_unmap(at, seg->page); });
+        call([&] { return runtime_.vm_release(seg->handles[i]); });
       }
-      delete seg;
+      call([&] { return runtime_.vm_free(seg->ptr, seg->size); });
+    } else if (seg->stream_ordered) {
+      if (runtime_.free_async(seg->ptr, stream_type{}) != cudaSuccess) {
+        call([&] { return runtime_.free(seg->ptr); });
+      }
+    } else {
+      call([&] { return runtime_.free(seg->ptr); });
     }
+    delete seg;
   });
+  detail::note_teardown_failures(failed, device_);
 }
 
 template <class Runtime>
@@ -145,8 +227,12 @@ void* basic_caching_allocator<Runtime>::allocate_async(std::size_t bytes, stream
                     " bytes is more than device " + std::to_string(device_) + " has in total (" +
                     std::to_string(device_total_) + " bytes)"};
   }
-  std::size_t const size = detail::round_up(bytes, alignment);
-  thread_cache& tc       = local_cache();
+  std::size_t size = 0;
+  if (!detail::checked_round_up(bytes, alignment, size)) {
+    throw bad_alloc{"gpukit: allocate_async: " + std::to_string(bytes) +
+                    " bytes cannot be rounded up to 256 (device " + std::to_string(device_) + ")"};
+  }
+  thread_cache& tc = local_cache();
   if (tc.flush_requested.load(std::memory_order_relaxed)) { flush_cache(tc); }
   if (size <= options_.thread_cache_max_block_bytes &&
       capture_.underway.load(std::memory_order_relaxed) == 0) {
@@ -219,6 +305,7 @@ template <class Runtime>
 __attribute__((always_inline)) inline void* basic_caching_allocator<Runtime>::hand_out(
   thread_cache& tc, block* b, std::size_t bytes, stream_type stream)
 {
+  b->owner.store(&tc, std::memory_order_release);
   tc.handed_out.insert(b->address(), b);
   if (tc.handed_out.size() > tc.purge_at) { purge_handed_out(tc); }
   tc.allocated_bytes.add(static_cast<std::int64_t>(b->size));
@@ -247,7 +334,8 @@ void basic_caching_allocator<Runtime>::deallocate_async(void* ptr, stream_type s
 
 // The fast path: a block this thread handed out goes back to its cache, with no lock. Blocks of
 // other threads, blocks used on other streams (record_stream) and blocks the cache has no room for
-// go through the pool lock.
+// go through the pool lock. Every free is accepted by one compare-exchange on the block's owner
+// (claim_own, claim_foreign): of two racing frees exactly one wins, the other is a double free.
 template <class Runtime>
 void basic_caching_allocator<Runtime>::deallocate_impl(void* ptr, std::size_t bytes,
                                                        bool check_size, stream_type stream)
@@ -256,19 +344,21 @@ void basic_caching_allocator<Runtime>::deallocate_impl(void* ptr, std::size_t by
   if (debug_ != nullptr && debug_free(ptr, bytes, check_size, stream)) { return; }  // debug mode
   auto const key   = reinterpret_cast<std::uintptr_t>(ptr);
   thread_cache& tc = local_cache();
-  block* b         = tc.handed_out.find(key);
-  if (b != nullptr && (b->address() != key || b->state.load(std::memory_order_relaxed) !=
-                                                detail::block_state::allocated)) {
-    tc.handed_out.erase(key);  // stale: freed by another thread since
-    b = nullptr;
+  // A stream this thread's cache does not know yet is checked first (device, liveness), as
+  // allocations check theirs; a known one costs one comparison.
+  bool const dead = !(stream == stream_type{}) && !(stream == tc.checked_stream) &&
+                    tc.find(stream) == nullptr && !check_free_stream(tc, stream);
+  block* b               = claim_own(tc, key, bytes, check_size);
+  bool const foreign     = b == nullptr;  // allocated by another thread (or an earlier life)
+  void* const prev_owner = foreign ? nullptr : static_cast<void*>(&tc);
+  void* owner            = prev_owner;
+  if (foreign) { b = claim_foreign(ptr, bytes, check_size, owner); }
+  if (dead) {
+    free_on_dead_stream(tc, b, ptr, stream);
+    return;
   }
-  bool const foreign = b == nullptr;  // allocated by another thread
-  if (foreign) { b = find_foreign(ptr); }
-  GPUKIT_EXPECTS(!check_size || bytes == b->requested,
-                 "deallocate: pointer " + detail::hex(ptr) + " was allocated with " +
-                   std::to_string(b->requested) + " bytes but freed with " + std::to_string(bytes));
   if (!b->recorded.empty()) {
-    defer_free(tc, b, ptr, stream);
+    defer_free(tc, b, ptr, stream, owner);
     return;
   }
   count_free(tc, b, ptr, stream);
@@ -289,25 +379,64 @@ void basic_caching_allocator<Runtime>::deallocate_impl(void* ptr, std::size_t by
   free_to_pool_locked(b, stream);
 }
 
-// A pointer this thread did not hand out (or an error): its block in the pool, still allocated.
-// @throws gpukit::logic_error for a pointer this allocator did not hand out, or a double free
+// The block this thread handed out at `key`, claimed for this free; nullptr when this thread's
+// record is missing or refers to an earlier life of the block (another thread freed it since; the
+// block may now be another thread's), which the caller treats as a free by another thread.
+// @throws gpukit::logic_error for a size other than the one allocated (nothing claimed)
 template <class Runtime>
-typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtime>::find_foreign(
-  void* ptr)
+__attribute__((always_inline)) inline typename basic_caching_allocator<Runtime>::block*
+basic_caching_allocator<Runtime>::claim_own(thread_cache& tc, std::uintptr_t key, std::size_t bytes,
+                                            bool check_size)
+{
+  block* b = tc.handed_out.find(key);
+  if (b == nullptr) { return nullptr; }
+  void* expected = &tc;
+  if (b->address() == key && b->owner.load(std::memory_order_acquire) == expected) {
+    GPUKIT_EXPECTS(!check_size || bytes == b->requested,
+                   "deallocate: pointer " + detail::hex(b->data()) + " was allocated with " +
+                     std::to_string(b->requested) + " bytes but freed with " +
+                     std::to_string(bytes));
+    if (b->owner.compare_exchange_strong(expected, nullptr, std::memory_order_acq_rel,
+                                         std::memory_order_relaxed)) {
+      return b;
+    }
+  }
+  tc.handed_out.erase(key);  // stale: the block was freed by another thread since
+  return nullptr;
+}
+
+// A pointer this thread did not hand out (or an error): its block in the pool, claimed for this
+// free; `owner` receives the cache that handed it out (to undo the claim).
+// @throws gpukit::logic_error for a pointer this allocator did not hand out, a double free or a
+//         size other than the one allocated; nothing changes then
+template <class Runtime>
+typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtime>::claim_foreign(
+  void* ptr, std::size_t bytes, bool check_size, void*& owner)
 {
   std::lock_guard<std::mutex> lock{mutex_};
   block* b = pool_.blocks.find(reinterpret_cast<std::uintptr_t>(ptr));
-  if (b != nullptr) { threads_.freed_across = true; }  // per-thread peaks no longer bound it
   if (b == nullptr) {
     GPUKIT_EXPECTS(false, "deallocate: pointer " + detail::hex(ptr) +
                             " was not allocated by this allocator (device " +
                             std::to_string(device_) + ")");
   }
-  auto const st = b->state.load(std::memory_order_relaxed);
-  GPUKIT_EXPECTS(st == detail::block_state::allocated,
-                 "deallocate: double free of " + detail::hex(ptr) + " (a block of " +
-                   std::to_string(b->size) + " bytes that is already free, device " +
-                   std::to_string(device_) + ")");
+  auto const double_free = [&] {
+    return "deallocate: double free of " + detail::hex(ptr) + " (a block of " +
+           std::to_string(b->size) + " bytes that is already free, device " +
+           std::to_string(device_) + ")";
+  };
+  owner = b->owner.load(std::memory_order_acquire);
+  GPUKIT_EXPECTS(
+    owner != nullptr && b->state.load(std::memory_order_relaxed) == detail::block_state::allocated,
+    double_free());
+  GPUKIT_EXPECTS(!check_size || bytes == b->requested,
+                 "deallocate: pointer " + detail::hex(ptr) + " was allocated with " +
+                   std::to_string(b->requested) + " bytes but freed with " + std::to_string(bytes));
+  // The owner's own free may race with this one (it takes no lock): one compare-exchange wins.
+  GPUKIT_EXPECTS(b->owner.compare_exchange_strong(owner, nullptr, std::memory_order_acq_rel,
+                                                  std::memory_order_relaxed),
+                 double_free());
+  threads_.freed_across = true;  // per-thread peaks no longer bound it
   return b;
 }
 
@@ -333,23 +462,36 @@ __attribute__((always_inline)) inline void basic_caching_allocator<Runtime>::cou
 // now has completed, so it waits as a pending free on an event per such stream.
 template <class Runtime>
 void basic_caching_allocator<Runtime>::defer_free(thread_cache& tc, block* b, void* ptr,
-                                                  stream_type stream)
+                                                  stream_type stream, void* owner)
 {
   std::lock_guard<std::mutex> lock{mutex_};
   pending_free pf;
   pf.b      = b;
   pf.stream = stream;
   device_guard<Runtime> guard{runtime_, device_};
-  for (stream_type s : b->recorded) {
-    if (s == stream) { continue; }
-    event_type e        = take_event_locked();
-    cudaError_t const r = runtime_.event_record(e, s);
-    if (r != cudaSuccess) {  // the block stays allocated, as if this call had not been made
-      streams_.spare_events.push_back(e);
-      streams_.spare_events.insert(streams_.spare_events.end(), pf.events.begin(), pf.events.end());
+  try {
+    for (stream_type s : b->recorded) {
+      if (s == stream) { continue; }
+      event_type e        = take_event_locked();
+      cudaError_t const r = runtime_.event_record(e, s);
+      if (r != cudaSuccess) { streams_.spare_events.push_back(e); }
+      if (r == cudaErrorInvalidResourceHandle) {  // s was destroyed: the device is waited for
+        retire_dead_stream_locked(s);
+        continue;
+      }
       GPUKIT_CUDA_TRY(r);
+      pf.events.push_back(e);
     }
-    pf.events.push_back(e);
+  } catch (...) {  // the block stays allocated, as if this call had not been made
+    streams_.spare_events.insert(streams_.spare_events.end(), pf.events.begin(), pf.events.end());
+    b->owner.store(owner, std::memory_order_release);
+    throw;
+  }
+  if (pf.events.empty()) {  // every other stream was destroyed and waited for
+    count_free(tc, b, ptr, stream);
+    b->recorded.clear();
+    free_to_pool_locked(b, stream);
+    return;
   }
   count_free(tc, b, ptr, stream);
   b->recorded.clear();

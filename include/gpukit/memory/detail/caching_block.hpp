@@ -10,11 +10,35 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 namespace gpukit::detail {
 
-inline std::size_t round_up(std::size_t n, std::size_t a) noexcept { return (n + a - 1) / a * a; }
+/// `n` rounded up to a multiple of `a` (a > 0); std::numeric_limits<std::size_t>::max() rounded
+/// down to a multiple of `a` when the true result does not fit (callers that can see such sizes use
+/// checked_round_up).
+inline std::size_t round_up(std::size_t n, std::size_t a) noexcept
+{
+  std::size_t const r = n % a;
+  if (r == 0) { return n; }
+  return n > std::numeric_limits<std::size_t>::max() - (a - r)
+           ? std::numeric_limits<std::size_t>::max() / a * a
+           : n + (a - r);
+}
+
+/// `n` rounded up to a multiple of `a` (a > 0) in `out`; false (out untouched) when it overflows.
+inline bool checked_round_up(std::size_t n, std::size_t a, std::size_t& out) noexcept
+{
+  std::size_t const r = n % a;
+  if (r == 0) {
+    out = n;
+    return true;
+  }
+  if (n > std::numeric_limits<std::size_t>::max() - (a - r)) { return false; }
+  out = n + (a - r);
+  return true;
+}
 
 enum class block_state : std::uint8_t {
   allocated,  // held by a user
@@ -37,6 +61,11 @@ struct caching_block {
 
   std::atomic<std::uintptr_t> ptr{0};
   std::atomic<block_state> state{block_state::dead};
+  // The thread cache whose hand-out began the block's current life; nullptr once a free claimed
+  // it. A free is accepted only by the one compare-exchange that takes it from a live owner to
+  // nullptr, so of two racing frees exactly one wins, and a thread's record of an earlier life
+  // (its owner is another cache now, or none) is recognised as stale.
+  std::atomic<void*> owner{nullptr};
   std::size_t size{0};
   std::size_t requested{0};
   stream_type stream{};           // allocated on / freed on (owner when free and not global)

@@ -153,7 +153,8 @@ std::size_t basic_caching_allocator<Runtime>::harvest_pages_locked(int kind, std
     for (int k = 0; k < nkinds; ++k) { any = any || !sp->index[kinds[k]].empty(); }
     if (!any) { continue; }
     cudaError_t const q = runtime_.stream_query(sp->stream);
-    if (q == cudaErrorNotReady) { continue; }
+    // Busy, or destroyed (retired by the next migration or release): not a donor now.
+    if (q == cudaErrorNotReady || q == cudaErrorInvalidResourceHandle) { continue; }
     GPUKIT_CUDA_TRY(q);
     for (int k = 0; k < nkinds; ++k) { sp->index[kinds[k]].for_each(consider); }
   }
@@ -457,14 +458,26 @@ void basic_caching_allocator<Runtime>::unmap_released_blocks_locked(std::size_t 
       blocks.push_back(b);
     }
   };
+  // The streams whose pages go are waited for first; destroyed ones are retired (their blocks
+  // join the global pool) before any block is collected, as retiring merges blocks.
+  std::vector<stream_type> dead;
   for (auto& sp : streams_.pools) {
     if (only_stream != nullptr && !(sp->stream == *only_stream)) { continue; }
-    std::size_t const n = blocks.size();
     for (auto& idx : sp->index) { idx.for_each(collect); }
-    if (blocks.size() != n) {
-      GPUKIT_CUDA_TRY(runtime_.stream_synchronize(sp->stream));
-      ++stats_.num_release_waits;
+    if (blocks.empty()) { continue; }
+    blocks.clear();
+    cudaError_t const e = runtime_.stream_synchronize(sp->stream);
+    if (e == cudaErrorInvalidResourceHandle) {
+      dead.push_back(sp->stream);
+    } else {
+      GPUKIT_CUDA_TRY(e);
     }
+    ++stats_.num_release_waits;
+  }
+  for (stream_type d : dead) { retire_dead_stream_locked(d); }
+  for (auto& sp : streams_.pools) {
+    if (only_stream != nullptr && !(sp->stream == *only_stream)) { continue; }
+    for (auto& idx : sp->index) { idx.for_each(collect); }
   }
   if (only_stream == nullptr) {
     for (auto& idx : pool_.global) { idx.for_each(collect); }

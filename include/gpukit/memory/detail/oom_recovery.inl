@@ -50,7 +50,11 @@ typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtim
   if (block* b = recover_release_stream_locked(r)) { return b; }
   if (block* b = recover_release_all_locked(r)) { return b; }
   // Growable segments: the two release steps unmap the free pages of the streams they release.
-  return recover_wait_locked(r);
+  if (block* b = recover_wait_locked(r)) { return b; }
+  // Never out of memory while frees this allocator issued may still be on their way.
+  if (r.capture || (r.freed_on.empty() && recovery_.unsettled.empty())) { return nullptr; }
+  settle_frees_locked(r);
+  return retry_locked(r);
 }
 
 // A fresh search of the pool, then one more try of the runtime.
@@ -78,13 +82,26 @@ void basic_caching_allocator<Runtime>::count_step_locked(recovery_step step, std
 template <class Runtime>
 void basic_caching_allocator<Runtime>::settle_frees_locked(recovery_request& r)
 {
-  if (r.freed_on.empty() || r.capture) { return; }
-  device_guard<Runtime> guard{runtime_, device_};
-  for (stream_type fs : r.freed_on) {
-    GPUKIT_CUDA_TRY(runtime_.stream_synchronize(fs));
-    ++stats_.num_release_waits;
+  if (r.capture) { return; }
+  for (stream_type fs : recovery_.unsettled) {  // issued by release() and trim()
+    if (std::find(r.freed_on.begin(), r.freed_on.end(), fs) == r.freed_on.end()) {
+      r.freed_on.push_back(fs);
+    }
   }
-  r.freed_on.clear();
+  recovery_.unsettled.clear();
+  if (r.freed_on.empty()) { return; }
+  device_guard<Runtime> guard{runtime_, device_};
+  while (!r.freed_on.empty()) {
+    stream_type const fs = r.freed_on.back();
+    cudaError_t const e  = runtime_.stream_synchronize(fs);
+    if (e == cudaErrorInvalidResourceHandle) {
+      retire_dead_stream_locked(fs);  // synchronizes the device: every free issued has landed
+    } else {
+      GPUKIT_CUDA_TRY(e);
+    }
+    ++stats_.num_release_waits;
+    r.freed_on.pop_back();
+  }
 }
 
 // (1) Blocks whose cross-stream events have completed (no waiting).

@@ -40,10 +40,19 @@ std::size_t basic_caching_allocator<Runtime>::release_locked(std::size_t target,
 {
   std::size_t released = 0;
   if (growable_ && only_kind < 0) { released += release_growable_locked(target, only_stream); }
+  // Stream-ordered frees issued here are waited for before an allocation reports out of memory.
+  std::vector<stream_type>& issued = freed_on != nullptr ? *freed_on : recovery_.unsettled;
+  bool const capture               = capture_.underway.load(std::memory_order_relaxed) != 0;
   std::vector<block*> whole;  // free blocks that span their segment
   auto collect = [&](block* b) {
-    if (b->prev == nullptr && b->next == nullptr && b->capture_pool == 0 &&
-        !static_cast<segment*>(b->segment)->growable && (only_kind < 0 || b->kind == only_kind)) {
+    auto const* seg = static_cast<segment const*>(b->segment);
+    // While a graph is captured: no free on a capturing stream (it would join the graph), and no
+    // synchronous free (illegal then).
+    if (capture && (!seg->stream_ordered || (!b->global && active_capture_locked(b->stream)))) {
+      return;
+    }
+    if (b->prev == nullptr && b->next == nullptr && b->capture_pool == 0 && !seg->growable &&
+        (only_kind < 0 || b->kind == only_kind)) {
       whole.push_back(b);
     }
   };
@@ -60,14 +69,18 @@ std::size_t basic_caching_allocator<Runtime>::release_locked(std::size_t target,
     if (pool_.reserved <= target) { break; }
     auto* seg = static_cast<segment*>(b->segment);
     // Stream-ordered: freed in the order of the stream that last used it, so no wait at all.
-    stream_type const on = b->global ? stream_type{} : b->stream;
+    stream_type on = b->global ? stream_type{} : b->stream;
     if (options_.nvtx_annotate) { unregister_memory_heap(seg->nvtx_heap); }  // before the free
-    cudaError_t const e =
+    cudaError_t e =
       seg->stream_ordered ? runtime_.free_async(seg->ptr, on) : runtime_.free(seg->ptr);
+    if (e == cudaErrorInvalidResourceHandle && seg->stream_ordered && !capture) {
+      retire_dead_stream_locked(on);  // destroyed: the device waited for, then the null stream
+      on = stream_type{};
+      e  = runtime_.free_async(seg->ptr, on);
+    }
     GPUKIT_CUDA_TRY(e);
-    if (seg->stream_ordered && freed_on != nullptr &&
-        std::find(freed_on->begin(), freed_on->end(), on) == freed_on->end()) {
-      freed_on->push_back(on);
+    if (seg->stream_ordered && std::find(issued.begin(), issued.end(), on) == issued.end()) {
+      issued.push_back(on);
     }
     if (!seg->stream_ordered) { ++stats_.synchronizing_frees; }
     record_pool_locked(memory_event::action::segment_free, b->address(), seg->size, on);

@@ -41,12 +41,26 @@ struct basic_caching_allocator<Runtime>::pending_free {
 template <class Runtime>
 void basic_caching_allocator<Runtime>::check_stream_locked(stream_type stream, char const* what)
 {
+  (void)check_stream_locked(stream, what, false);
+}
+
+// As above; with `dead_ok`, a destroyed stream (its handle invalid) is retired instead of
+// reported, and the result is false.
+template <class Runtime>
+bool basic_caching_allocator<Runtime>::check_stream_locked(stream_type stream, char const* what,
+                                                           bool dead_ok)
+{
   if (stream == stream_type{} || std::find(streams_.checked.begin(), streams_.checked.end(),
                                            stream) != streams_.checked.end()) {
-    return;
+    return true;
   }
-  int d = -1;
-  GPUKIT_CUDA_TRY(runtime_.stream_get_device(stream, d));
+  int d               = -1;
+  cudaError_t const r = runtime_.stream_get_device(stream, d);
+  if (dead_ok && r == cudaErrorInvalidResourceHandle) {
+    retire_dead_stream_locked(stream);
+    return false;
+  }
+  GPUKIT_CUDA_TRY(r);
   GPUKIT_EXPECTS(d == device_, std::string{what} + ": the stream belongs to device " +
                                  std::to_string(d) + " but this allocator serves device " +
                                  std::to_string(device_) +
@@ -56,6 +70,55 @@ void basic_caching_allocator<Runtime>::check_stream_locked(stream_type stream, c
   streams_.forgotten.erase(
     std::remove(streams_.forgotten.begin(), streams_.forgotten.end(), stream),
     streams_.forgotten.end());  // a new stream with a reused handle
+  return true;
+}
+
+// A free on a stream this thread has not used yet: true when it is a live stream of this device
+// (remembered by the thread), false when it was destroyed (then retired: see
+// retire_dead_stream_locked).
+// @throws gpukit::logic_error for another device's stream; gpukit::cuda_error when the runtime
+//         fails otherwise (nothing changes in both cases)
+template <class Runtime>
+bool basic_caching_allocator<Runtime>::check_free_stream(thread_cache& tc, stream_type stream)
+{
+  std::lock_guard<std::mutex> lock{mutex_};
+  bool const live = check_stream_locked(stream, "deallocate_async", true);
+  if (live) { tc.checked_stream = stream; }
+  return live;
+}
+
+// A stream found destroyed (the runtime calls it an invalid handle). Work queued on a destroyed
+// stream still runs to completion, and no event can be recorded on it any more, so the safe path
+// is to wait for the whole device once; then its free blocks (and blocks freed on it later) are
+// usable by every stream, as after forget_stream. Rare, and never an error of its own.
+// @throws gpukit::cuda_error when the device cannot be synchronized (nothing changes then)
+template <class Runtime>
+void basic_caching_allocator<Runtime>::retire_dead_stream_locked(stream_type stream)
+{
+  if (capture_.underway.load(std::memory_order_relaxed) != 0) {
+    GPUKIT_CUDA_TRY(cudaErrorInvalidResourceHandle);  // no synchronization during a capture
+  }
+  {
+    device_guard<Runtime> guard{runtime_, device_};
+    GPUKIT_CUDA_TRY(runtime_.device_synchronize());
+  }
+  ++stats_.num_dead_streams;
+  forget_stream_locked(stream, true);
+}
+
+// A block freed on a destroyed stream (already retired: the device has been synchronized): usable
+// by every stream at once.
+template <class Runtime>
+void basic_caching_allocator<Runtime>::free_on_dead_stream(thread_cache& tc, block* b, void* ptr,
+                                                           stream_type stream)
+{
+  std::lock_guard<std::mutex> lock{mutex_};
+  count_free(tc, b, ptr, stream);
+  b->recorded.clear();
+  b->stream = stream_type{};
+  b->global = true;
+  insert_free_locked(b);
+  if (recovery_.waiters != 0) { recovery_.frees_cv.notify_all(); }
 }
 
 template <class Runtime>
@@ -130,12 +193,17 @@ std::size_t basic_caching_allocator<Runtime>::migrate_locked(stream_type request
 {
   std::size_t moved = 0;
   device_guard<Runtime> guard{runtime_, device_};
+  std::vector<stream_type> dead;  // destroyed streams: retired after the walk
   for (auto& sp : streams_.pools) {
     if (sp->stream == requester || (sp->index[0].empty() && sp->index[1].empty())) { continue; }
     if (!sp->migrating) {
       event_type e        = take_event_locked();
       cudaError_t const r = runtime_.event_record(e, sp->stream);
       if (r != cudaSuccess) { streams_.spare_events.push_back(e); }
+      if (r == cudaErrorInvalidResourceHandle) {
+        dead.push_back(sp->stream);
+        continue;
+      }
       GPUKIT_CUDA_TRY(r);
       sp->migration_event = e;
       sp->migration_seq   = sp->free_seq;
@@ -149,6 +217,11 @@ std::size_t basic_caching_allocator<Runtime>::migrate_locked(stream_type request
     streams_.spare_events.push_back(sp->migration_event);
     sp->migrating = false;
     moved += make_global_locked(*sp, sp->migration_seq);
+  }
+  for (stream_type s : dead) {
+    std::size_t const before = pool_.global[0].bytes() + pool_.global[1].bytes();
+    retire_dead_stream_locked(s);
+    moved += pool_.global[0].bytes() + pool_.global[1].bytes() - before;
   }
   return moved;
 }
@@ -186,6 +259,15 @@ void basic_caching_allocator<Runtime>::forget_stream(stream_type stream)
   thread_cache& tc = local_cache();
   std::lock_guard<std::mutex> lock{mutex_};
   flush_cache_locked(tc);
+  if (tc.checked_stream == stream) { tc.checked_stream = stream_type{}; }
+  forget_stream_locked(stream, false);
+}
+
+// forget_stream's work; `synchronized`: the stream's work is known complete (a retired dead
+// stream). A stream already destroyed is retired (the device waited for) instead of failing.
+template <class Runtime>
+void basic_caching_allocator<Runtime>::forget_stream_locked(stream_type stream, bool synchronized)
+{
   // CUDA may hand the handle of a destroyed stream to a new one: check it again then.
   streams_.checked.erase(std::remove(streams_.checked.begin(), streams_.checked.end(), stream),
                          streams_.checked.end());
@@ -199,17 +281,26 @@ void basic_caching_allocator<Runtime>::forget_stream(stream_type stream)
     if (streams_.forgotten.size() >= 256) { streams_.forgotten.erase(streams_.forgotten.begin()); }
     streams_.forgotten.push_back(stream);
   };
-  auto it = std::find_if(streams_.pools.begin(), streams_.pools.end(),
-                         [&](auto const& sp) { return sp->stream == stream; });
+  auto has_pool = [&] {
+    return std::any_of(streams_.pools.begin(), streams_.pools.end(),
+                       [&](auto const& sp) { return sp->stream == stream; });
+  };
   bool const pending_here =
     std::any_of(streams_.pending.begin(), streams_.pending.end(),
                 [&](pending_free const& pf) { return pf.stream == stream; });
-  if (it == streams_.pools.end() && !pending_here) {
+  if (!has_pool() && !pending_here) {
     remember();
     return;
   }
-  device_guard<Runtime> guard{runtime_, device_};
-  GPUKIT_CUDA_TRY(runtime_.stream_synchronize(stream));  // the work queued on it so far
+  if (!synchronized) {
+    device_guard<Runtime> guard{runtime_, device_};
+    cudaError_t const r = runtime_.stream_synchronize(stream);  // the work queued on it so far
+    if (r == cudaErrorInvalidResourceHandle) {
+      retire_dead_stream_locked(stream);
+      return;
+    }
+    GPUKIT_CUDA_TRY(r);
+  }
   // Frees on it still waiting for other streams' events: every stream's once those complete.
   for (auto& pf : streams_.pending) {
     if (pf.stream == stream) {
@@ -217,6 +308,8 @@ void basic_caching_allocator<Runtime>::forget_stream(stream_type stream)
       pf.to_global = true;
     }
   }
+  auto it = std::find_if(streams_.pools.begin(), streams_.pools.end(),
+                         [&](auto const& sp) { return sp->stream == stream; });
   if (it != streams_.pools.end()) {
     stream_pool& sp = **it;
     if (sp.migrating) { streams_.spare_events.push_back(sp.migration_event); }  // complete now

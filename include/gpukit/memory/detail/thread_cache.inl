@@ -182,6 +182,7 @@ struct caching_thread_cache {
   slot* mru{nullptr};
   std::uint64_t tick{0};
   address_map<block> handed_out;  // blocks this thread allocated and has not freed
+  stream_type checked_stream{};   // the last stream this thread's free checked (device, liveness)
   // Blocks other threads freed stay in handed_out until their address comes back: when it holds
   // more than this, those entries are dropped (amortized: the bound doubles with what stays).
   std::size_t purge_at{4096};
@@ -288,6 +289,7 @@ void basic_caching_allocator<Runtime>::on_thread_exit(void* allocator, void* cac
   std::lock_guard<std::mutex> lock{self->mutex_};
   self->flush_cache_locked(*tc);
   tc->handed_out.erase_if([](std::uintptr_t, block*) { return true; });
+  tc->checked_stream = stream_type{};
   // The counters stay: the sums over caches stay right when another thread reuses this one.
   tc->orphaned = true;
 }
@@ -298,9 +300,8 @@ void basic_caching_allocator<Runtime>::on_thread_exit(void* allocator, void* cac
 template <class Runtime>
 void basic_caching_allocator<Runtime>::purge_handed_out(thread_cache& tc)
 {
-  tc.handed_out.erase_if([](std::uintptr_t key, block* b) {
-    return b->address() != key ||
-           b->state.load(std::memory_order_relaxed) != detail::block_state::allocated;
+  tc.handed_out.erase_if([&tc](std::uintptr_t key, block* b) {
+    return b->address() != key || b->owner.load(std::memory_order_relaxed) != &tc;
   });
   tc.purge_at = std::max<std::size_t>(4096, 2 * tc.handed_out.size());
 }

@@ -30,6 +30,7 @@ inline constexpr int tlsf_class_count = tlsf_fl_count * tlsf_sl_count;
 [[nodiscard]] inline int tlsf_floor_class(std::size_t size) noexcept
 {
   int const fl = msb(size);
+  if (fl > tlsf_max_shift) { return tlsf_class_count - 1; }  // beyond any device: the last class
   int const sl = static_cast<int>((size >> (fl - tlsf_sl_bits)) & (tlsf_sl_count - 1));
   return (fl - tlsf_min_shift) * tlsf_sl_count + sl;
 }
@@ -37,7 +38,8 @@ inline constexpr int tlsf_class_count = tlsf_fl_count * tlsf_sl_count;
 /// Smallest class all of whose blocks are >= size.
 [[nodiscard]] inline int tlsf_ceil_class(std::size_t size) noexcept
 {
-  int const fl         = msb(size);
+  int const fl = msb(size);
+  if (fl > tlsf_max_shift) { return tlsf_class_count; }  // no class holds only blocks this large
   std::size_t const ul = (std::size_t{1} << (fl - tlsf_sl_bits)) - 1;
   int const c          = tlsf_floor_class(size);
   return (size & ul) == 0 ? c : c + 1;

@@ -1,0 +1,371 @@
+// The caching allocator and the pinned pool where streams die, captures run, memory comes back
+// late, the runtime fails in the destructor, and sizes or options are absurd (simulated GPU).
+#include <gpukit/host/pinned_pool.hpp>
+#include <gpukit/memory/caching_allocator.hpp>
+#include <gpukit/memory/detail/allocator_invariants.hpp>
+#include <gpukit/memory/detail/tlsf_index.hpp>
+#include <gpukit/memory/retry_on_oom.hpp>
+#include <gpukit/runtime/sim_runtime.hpp>
+
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+using gpukit::sim_op;
+using gpukit::sim_runtime;
+using sim_allocator = gpukit::basic_caching_allocator<sim_runtime>;
+using stream_t      = sim_runtime::stream_type;
+
+namespace {
+
+constexpr std::size_t MiB = std::size_t{1} << 20;
+constexpr std::size_t GiB = std::size_t{1} << 30;
+
+gpukit::sim_config one_device(std::size_t capacity = 4 * GiB)
+{
+  return gpukit::sim_config{}.with_devices(1, capacity);
+}
+
+stream_t new_stream(sim_runtime& sim)
+{
+  stream_t s{};
+  GPUKIT_CUDA_TRY(sim.stream_create(s));
+  return s;
+}
+
+/// The logic_error message `f` throws ("" when it does not throw one).
+template <class F>
+std::string logic_error_of(F&& f)
+{
+  try {
+    f();
+  } catch (gpukit::logic_error const& e) {
+    return e.what();
+  }
+  return "";
+}
+
+gpukit::caching_allocator_options with_source(gpukit::segment_source source)
+{
+  gpukit::caching_allocator_options o;
+  o.source = source;
+  return o;
+}
+
+void settle(sim_runtime& sim) { GPUKIT_CUDA_TRY(sim.device_synchronize()); }
+
+}  // namespace
+
+TEST_SUITE("robustness")
+{
+  TEST_CASE("a free on a destroyed stream the allocator never saw leaves it serving")
+  {
+    sim_runtime sim{one_device()};
+    stream_t const a = new_stream(sim), dead = new_stream(sim), b = new_stream(sim);
+    {
+      sim_allocator alloc{sim, 0};
+      void* p = alloc.allocate_async(4 * MiB, a);
+      GPUKIT_CUDA_TRY(sim.stream_destroy(dead));
+      CHECK_NOTHROW(alloc.deallocate_async(p, 4 * MiB, dead));
+      CHECK(alloc.stats().num_dead_streams == 1);
+      void* q = nullptr;
+      CHECK_NOTHROW(q = alloc.allocate_async(4 * MiB, b));  // the cross-stream path
+      CHECK(q == p);                                        // the block came back, for everyone
+      alloc.deallocate_async(q, 4 * MiB, b);
+      CHECK_NOTHROW(alloc.forget_stream(dead));
+      CHECK_NOTHROW(alloc.release());
+      CHECK(gpukit::detail::check_invariants(alloc) == "");
+    }
+    settle(sim);
+    CHECK(sim.used_bytes(0) == 0);
+    (void)sim.stream_destroy(a);
+    (void)sim.stream_destroy(b);
+  }
+
+  TEST_CASE(
+    "blocks cached for a stream destroyed without forget_stream do not poison the allocator")
+  {
+    sim_runtime sim{one_device()};
+    stream_t const dead = new_stream(sim), b = new_stream(sim);
+    sim_allocator alloc{sim, 0};
+    void* p = alloc.allocate_async(4 * MiB, dead);
+    alloc.deallocate_async(p, 4 * MiB, dead);
+    GPUKIT_CUDA_TRY(sim.stream_destroy(dead));
+    for (int i = 0; i < 3; ++i) {  // every cross-stream allocation, not only the first
+      void* q = nullptr;
+      CHECK_NOTHROW(q = alloc.allocate_async(4 * MiB, b));
+      alloc.deallocate_async(q, 4 * MiB, b);
+      CHECK_NOTHROW(alloc.forget_stream(b));
+    }
+    CHECK_NOTHROW(alloc.forget_stream(dead));
+    CHECK_NOTHROW(alloc.release());
+    CHECK(alloc.stats().reserved_bytes.current == 0);
+    CHECK(gpukit::detail::check_invariants(alloc) == "");
+    (void)sim.stream_destroy(b);
+  }
+
+  TEST_CASE("release and forget_stream survive a stream destroyed while its pool held segments")
+  {
+    for (auto source : {gpukit::segment_source::stream_ordered, gpukit::segment_source::synchronous,
+                        gpukit::segment_source::growable}) {
+      CAPTURE(static_cast<int>(source));
+      sim_runtime sim{one_device()};
+      stream_t const dead = new_stream(sim), other = new_stream(sim);
+      {
+        sim_allocator alloc{sim, 0, with_source(source)};
+        void* p = alloc.allocate_async(16 * MiB, dead);
+        void* q = alloc.allocate_async(MiB, dead);
+        alloc.deallocate_async(p, 16 * MiB, dead);
+        alloc.deallocate_async(q, MiB, dead);
+        GPUKIT_CUDA_TRY(sim.stream_destroy(dead));
+        CHECK_NOTHROW(alloc.release());
+        CHECK_NOTHROW(alloc.forget_stream(dead));
+        void* r = nullptr;
+        CHECK_NOTHROW(r = alloc.allocate_async(64 * MiB, other));
+        alloc.deallocate_async(r, 64 * MiB, other);
+        CHECK_NOTHROW(alloc.forget_stream(other));
+        CHECK_NOTHROW(alloc.release());
+        CHECK(alloc.stats().reserved_bytes.current == 0);
+        CHECK(gpukit::detail::check_invariants(alloc) == "");
+      }
+      settle(sim);
+      CHECK(sim.used_bytes(0) == 0);
+      (void)sim.stream_destroy(other);
+    }
+  }
+
+  TEST_CASE("a free on another device's stream is refused and changes nothing")
+  {
+    sim_runtime sim{gpukit::sim_config{}.with_devices(2, 4 * GiB)};
+    GPUKIT_CUDA_TRY(sim.set_device(1));
+    stream_t const other = new_stream(sim);
+    GPUKIT_CUDA_TRY(sim.set_device(0));
+    sim_allocator alloc{sim, 0};
+    void* p                 = alloc.allocate_async(4096, stream_t{});
+    std::string const error = logic_error_of([&] { alloc.deallocate_async(p, 4096, other); });
+    CHECK(error.find("device 1") != std::string::npos);
+    CHECK(alloc.stats().allocated_bytes.current == 4096);
+    CHECK_NOTHROW(alloc.deallocate_async(p, 4096, stream_t{}));
+    CHECK(alloc.stats().allocated_bytes.current == 0);
+    (void)sim.stream_destroy(other);
+  }
+
+  TEST_CASE("a block whose record_stream stream was destroyed can be freed")
+  {
+    sim_runtime sim{one_device()};
+    stream_t const a = new_stream(sim), used = new_stream(sim);
+    {
+      sim_allocator alloc{sim, 0};
+      void* p = alloc.allocate_async(4 * MiB, a);
+      alloc.record_stream(p, used);
+      GPUKIT_CUDA_TRY(sim.stream_destroy(used));
+      CHECK_NOTHROW(alloc.deallocate_async(p, 4 * MiB, a));
+      CHECK(alloc.stats().allocated_bytes.current == 0);
+      CHECK(alloc.stats().num_dead_streams == 1);
+      void* q = alloc.allocate_async(4 * MiB, a);
+      CHECK(q == p);
+      alloc.deallocate_async(q, 4 * MiB, a);
+      CHECK(gpukit::detail::check_invariants(alloc) == "");
+    }
+    settle(sim);
+    CHECK(sim.used_bytes(0) == 0);
+    (void)sim.stream_destroy(a);
+  }
+
+  TEST_CASE("pinned_pool: a buffer whose record_stream stream was destroyed comes back")
+  {
+    sim_runtime sim{one_device()};
+    stream_t const used = new_stream(sim);
+    gpukit::basic_pinned_pool<sim_runtime> pool{sim};
+    {
+      auto buf = pool.acquire(MiB);
+      buf.record_stream(used);
+      GPUKIT_CUDA_TRY(sim.stream_destroy(used));
+    }  // ~pinned_buffer
+    CHECK(pool.stats().allocated_bytes.current == 0);
+    CHECK(pool.stats().num_dead_streams == 1);
+    void* p = pool.allocate(MiB);
+    CHECK(p != nullptr);
+    pool.deallocate(p);
+  }
+
+  TEST_CASE("release during a graph capture issues no free on the capturing stream")
+  {
+    sim_runtime sim{one_device()};
+    stream_t const s = new_stream(sim);
+    sim_allocator alloc{sim, 0, with_source(gpukit::segment_source::stream_ordered)};
+    void* p = alloc.allocate_async(16 * MiB, s);
+    alloc.deallocate_async(p, 16 * MiB, s);
+    GPUKIT_CUDA_TRY(sim.begin_capture(s));
+    auto const id        = alloc.begin_capture(s);
+    auto const frees     = sim.calls(sim_op::free_async);
+    std::size_t released = 0;
+    CHECK_NOTHROW(released = alloc.release());
+    CHECK(released == 0);
+    CHECK(sim.calls(sim_op::free_async) == frees);
+    alloc.end_capture(s);
+    GPUKIT_CUDA_TRY(sim.end_capture(s));
+    alloc.release_capture_pool(id);
+    CHECK(alloc.release() == 16 * MiB);
+    GPUKIT_CUDA_TRY(sim.stream_synchronize(s));
+    CHECK(sim.used_bytes(0) == 0);
+    alloc.forget_stream(s);
+    (void)sim.stream_destroy(s);
+  }
+
+  TEST_CASE("out of memory is never reported while frees release() issued are on their way")
+  {
+    sim_runtime sim{one_device(GiB)};
+    stream_t const busy = new_stream(sim), other = new_stream(sim);
+    sim_allocator alloc{sim, 0, with_source(gpukit::segment_source::stream_ordered)};
+    void* p = alloc.allocate_async(700 * MiB, busy);
+    alloc.deallocate_async(p, 700 * MiB, busy);
+    // The stream is busy for a while: the free release() queues behind that work.
+    GPUKIT_CUDA_TRY(sim.launch_host_func(
+      busy, [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(200)); }, nullptr));
+    CHECK(alloc.release() == 700 * MiB);
+    void* q = nullptr;
+    CHECK_NOTHROW(q = alloc.allocate_async(700 * MiB, other));
+    if (q != nullptr) { alloc.deallocate_async(q, 700 * MiB, other); }
+    alloc.forget_stream(busy);
+    alloc.forget_stream(other);
+    (void)sim.stream_destroy(busy);
+    (void)sim.stream_destroy(other);
+  }
+
+  TEST_CASE("retry_on_oom halving the micro-batch succeeds on a small GPU whose stream is busy")
+  {
+    // retry_on_oom as its header shows it: activations per step, the micro-batch halved on each
+    // out-of-memory. The stream is busy computing, so the frees release() issues land late.
+    sim_runtime sim{one_device(GiB)};
+    stream_t const s = new_stream(sim);
+    sim_allocator alloc{sim, 0, with_source(gpukit::segment_source::stream_ordered)};
+    int micro_batch = 32;
+    auto step       = [&] {
+      std::vector<void*> acts;
+      try {
+        for (int i = 0; i < micro_batch; ++i) {
+          acts.push_back(alloc.allocate_async(64 * MiB, s));
+          GPUKIT_CUDA_TRY(sim.launch_host_func(
+                  s, [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(5)); }, nullptr));
+        }
+      } catch (...) {
+        for (void* p : acts) { alloc.deallocate_async(p, 64 * MiB, s); }
+        throw;
+      }
+      for (void* p : acts) { alloc.deallocate_async(p, 64 * MiB, s); }
+    };
+    gpukit::retry_report report;
+    CHECK_NOTHROW(
+      report = gpukit::retry_on_oom(
+        alloc, step, [&](gpukit::out_of_memory const&, int) -> std::optional<std::string> {
+          if (micro_batch == 1) { return std::nullopt; }
+          micro_batch /= 2;
+          return "micro-batch " + std::to_string(micro_batch);
+        }));
+    CHECK(micro_batch >= 8);  // 8 x 64 MiB fit in 1 GiB: no halving below that
+    GPUKIT_CUDA_TRY(sim.stream_synchronize(s));
+    alloc.forget_stream(s);
+    (void)sim.stream_destroy(s);
+  }
+
+  TEST_CASE("the destructor survives a failing get_device or failing frees and returns everything")
+  {
+    for (sim_op op : {sim_op::get_device, sim_op::free_async, sim_op::device_synchronize,
+                      sim_op::event_destroy}) {
+      CAPTURE(gpukit::to_string(op));
+      sim_runtime sim{one_device()};
+      stream_t const a = new_stream(sim), b = new_stream(sim);
+      {
+        sim_allocator alloc{sim, 0};
+        void* p = alloc.allocate_async(8 * MiB, a);
+        void* q = alloc.allocate_async(8 * MiB, b);
+        alloc.deallocate_async(p, 8 * MiB, a);
+        (void)alloc.allocate_async(8 * MiB, b);  // migrates p across: an event to destroy
+        alloc.deallocate_async(q, 8 * MiB, b);
+        sim.inject_fault(op, 1, cudaErrorUnknown);
+      }  // must not throw (that would terminate)
+      sim.clear_faults();
+      settle(sim);
+      CHECK(sim.used_bytes(0) == 0);
+      (void)sim.stream_destroy(a);
+      (void)sim.stream_destroy(b);
+    }
+  }
+
+  TEST_CASE("the destructor counts what keeps failing")
+  {
+    sim_runtime sim{one_device()};
+    auto const before = gpukit::caching_allocator_teardown_failures();
+    {
+      sim_allocator alloc{sim, 0, with_source(gpukit::segment_source::synchronous)};
+      (void)alloc.allocate_async(MiB, stream_t{});
+      sim.inject_fault(sim_op::free, 1, cudaErrorUnknown);
+      sim.inject_fault(sim_op::free, 2, cudaErrorUnknown);
+    }
+    CHECK(gpukit::caching_allocator_teardown_failures() == before + 1);
+  }
+
+  TEST_CASE("sizes near SIZE_MAX are refused and never wrapped")
+  {
+    sim_runtime sim{one_device(std::numeric_limits<std::size_t>::max() / 2)};
+    sim_allocator alloc{sim, 0};
+    std::size_t const huge = std::numeric_limits<std::size_t>::max() - 10;
+    CHECK_THROWS_AS((void)alloc.allocate_async(huge, stream_t{}), gpukit::bad_alloc);
+    CHECK(gpukit::detail::round_up(huge, 256) >= std::size_t{1} << 63);
+    std::size_t out = 0;
+    CHECK_FALSE(gpukit::detail::checked_round_up(huge, 256, out));
+    // The TLSF classes stay inside their arrays for any size.
+    CHECK(gpukit::detail::tlsf_floor_class(std::size_t{1} << 50) <
+          gpukit::detail::tlsf_class_count);
+    CHECK(gpukit::detail::tlsf_floor_class(huge) < gpukit::detail::tlsf_class_count);
+    gpukit::detail::tlsf_index<gpukit::detail::caching_block<sim_runtime>> idx;
+    gpukit::detail::caching_block<sim_runtime> blk;
+    blk.size = MiB;
+    idx.insert(&blk);
+    CHECK(idx.find(std::size_t{1} << 49) == nullptr);
+    CHECK(idx.find(std::size_t{1} << 55) == nullptr);
+    CHECK(idx.find(huge) == nullptr);
+    CHECK(idx.find(MiB) == &blk);
+  }
+
+  TEST_CASE("absurd options are refused with the field and the value named")
+  {
+    sim_runtime sim{one_device()};
+    auto refused = [&](char const* field, auto&& set) {
+      gpukit::caching_allocator_options o;
+      set(o);
+      std::string const e = logic_error_of([&] { sim_allocator alloc{sim, 0, o}; });
+      CAPTURE(field);
+      CAPTURE(e);
+      CHECK(e.find(field) != std::string::npos);
+    };
+    std::size_t const max = std::numeric_limits<std::size_t>::max();
+    refused("growable_page_bytes", [&](auto& o) {
+      o.source              = gpukit::segment_source::growable;
+      o.growable_page_bytes = max;
+    });
+    refused("growable_page_bytes", [&](auto& o) { o.growable_page_bytes = 0; });
+    refused("growable_reserve_bytes", [&](auto& o) { o.growable_reserve_bytes = max; });
+    refused("small_request_bytes", [&](auto& o) { o.small_request_bytes = 100; });
+    refused("small_segment_bytes", [&](auto& o) { o.small_segment_bytes = max; });
+    refused("medium_segment_bytes", [&](auto& o) { o.medium_segment_bytes = 0; });
+    refused("medium_request_bytes", [&](auto& o) { o.medium_request_bytes = 1000; });
+    refused("segment_rounding_bytes", [&](auto& o) { o.segment_rounding_bytes = 0; });
+    refused("segment_rounding_bytes", [&](auto& o) { o.segment_rounding_bytes = max; });
+    refused("thread_cache_blocks_per_class",
+            [&](auto& o) { o.thread_cache_blocks_per_class = 1000; });
+    refused("thread_cache_blocks_per_class",
+            [&](auto& o) { o.thread_cache_blocks_per_class = -1; });
+    refused("oom_wait_for_frees_ms", [&](auto& o) { o.oom_wait_for_frees_ms = -5; });
+    refused("limit_fraction", [&](auto& o) { o.limit_fraction = 2.0; });
+    refused("source", [&](auto& o) { o.source = static_cast<gpukit::segment_source>(42); });
+    CHECK_NOTHROW(sim_allocator{sim, 0, gpukit::caching_allocator_options{}});
+  }
+}
