@@ -156,13 +156,17 @@ TEST_SUITE("ownership")
     GPUKIT_CUDA_TRY(sim.stream_create(s));
     constexpr std::size_t bytes = 2 << 20;  // beyond the thread caches: every block meets the pool
     long const rounds           = env_or("GPUKIT_OWNERSHIP_RACE_ROUNDS", 50000) / 2;
-    std::atomic<long> handed{-1}, go{-1};
+    std::atomic<long> handed{-1}, go{-1}, checked{-1};
     std::atomic<int> done{0}, accepted{0};
     std::atomic<void*> p{nullptr};
     std::atomic<bool> stop{false};
     std::thread a([&] {
       std::uint64_t rng = 88172645463325252ull;
       for (long r = 0; r < rounds; ++r) {
+        // The next life starts only once this round is judged: an allocation of A's racing with
+        // C's free would be a new life that C's free legitimately releases.
+        wait_until([&] { return checked.load(std::memory_order_acquire) >= r - 1 || stop.load(); });
+        if (stop.load()) { return; }
         p.store(alloc.allocate_async(bytes, s));
         handed.store(r, std::memory_order_release);
         wait_until([&] { return go.load(std::memory_order_acquire) >= r || stop.load(); });
@@ -190,6 +194,7 @@ TEST_SUITE("ownership")
         bad_round = r;
         break;
       }
+      checked.store(r, std::memory_order_release);
     }
     stop.store(true);
     a.join();
