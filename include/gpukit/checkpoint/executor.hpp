@@ -195,6 +195,7 @@ class ckpt_recomputing_scope {
 template <class Runtime>
 class basic_checkpoint_executor final {
  public:
+  /// The stream a step runs on (offload and prefetch streams are the executor's own).
   using stream_type    = typename Runtime::stream_type;
   using event_type     = typename Runtime::event_type;
   using allocator_type = basic_caching_allocator<Runtime>;

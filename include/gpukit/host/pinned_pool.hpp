@@ -197,8 +197,9 @@ template <class Runtime>
 class basic_pinned_pool final {
  public:
   using runtime_type = Runtime;
-  using stream_type  = typename Runtime::stream_type;
-  using event_type   = typename Runtime::event_type;
+  /// Buffers are returned, and reused, in the order of these streams (never a device sync).
+  using stream_type = typename Runtime::stream_type;
+  using event_type  = typename Runtime::event_type;  ///< one pooled event per returning stream
 
   /// Smallest size class, and the alignment of every buffer carved from reserved memory.
   static constexpr std::size_t min_class_bytes = 4096;

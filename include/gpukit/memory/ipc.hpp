@@ -208,13 +208,12 @@ class imported_block final {
     data_ = static_cast<char*>(base_) + h.offset;
   }
   ~imported_block() { close(); }
-  imported_block(imported_block const&)            = delete;
-  imported_block& operator=(imported_block const&) = delete;
+  imported_block(imported_block const&) = delete;  // one owner of each mapping
   imported_block(imported_block&& o) noexcept : rt_{o.rt_} { swap(o); }
-  imported_block& operator=(imported_block&& o) noexcept
+  /// Move-assigns (takes `o` by value, moved from): this block's mapping leaves with `o`.
+  imported_block& operator=(imported_block o) noexcept
   {
-    imported_block old{std::move(o)};
-    swap(old);  // this block's mapping goes with `old`, which unmaps it
+    swap(o);
     return *this;
   }
   /// Exchanges two mappings.

@@ -130,8 +130,9 @@ template <class Runtime>
 class basic_transfer_pipeline final {
  public:
   using runtime_type = Runtime;
-  using stream_type  = typename Runtime::stream_type;
-  using event_type   = typename Runtime::event_type;
+  /// Transfers are ordered after, and before, the work of the caller's stream of this type.
+  using stream_type = typename Runtime::stream_type;
+  using event_type  = typename Runtime::event_type;  ///< the hand-offs between streams
 
   /// Creates the two copy streams on options.device and starts staging_threads - 1 threads.
   /// Pins nothing yet (see prewarm). `pool` must outlive the pipeline.
