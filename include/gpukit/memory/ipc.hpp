@@ -277,6 +277,26 @@ struct ipc_wire_header {
 inline constexpr std::uint32_t ipc_wire_magic    = 0x67706b69;  // "gpki"
 inline constexpr std::size_t ipc_fds_per_message = 64;
 
+/// One socket message of a block handle: a one-byte payload and room for `n` descriptors.
+/// Not copyable: `msg` points into the object itself.
+struct ipc_fd_message {
+  ipc_fd_message(char payload, std::size_t n)
+      : byte{payload}, iov{&byte, 1}, control(CMSG_SPACE(sizeof(int) * n))
+  {
+    msg.msg_iov        = &iov;
+    msg.msg_iovlen     = 1;
+    msg.msg_control    = control.data();
+    msg.msg_controllen = control.size();
+  }
+  ipc_fd_message(ipc_fd_message const&)            = delete;
+  ipc_fd_message& operator=(ipc_fd_message const&) = delete;
+
+  char byte;
+  iovec iov;
+  std::vector<char> control;
+  msghdr msg{};
+};
+
 [[noreturn]] inline void throw_socket_error(char const* what, int error)
 {
   throw std::system_error{error, std::generic_category(), std::string{"gpukit: "} + what};
@@ -327,22 +347,15 @@ inline void send_block_handle(int socket, ipc_block_handle const& h)
   detail::write_all(socket, &hdr, sizeof hdr, "send_block_handle");
   for (std::size_t i = 0; i < h.fds.size(); i += detail::ipc_fds_per_message) {
     std::size_t const n = std::min(detail::ipc_fds_per_message, h.fds.size() - i);
-    char byte           = 'f';
-    iovec iov{&byte, 1};
-    std::vector<char> control(CMSG_SPACE(sizeof(int) * n));
-    msghdr msg{};
-    msg.msg_iov        = &iov;
-    msg.msg_iovlen     = 1;
-    msg.msg_control    = control.data();
-    msg.msg_controllen = control.size();
-    cmsghdr* cm        = CMSG_FIRSTHDR(&msg);
-    cm->cmsg_level     = SOL_SOCKET;
-    cm->cmsg_type      = SCM_RIGHTS;
-    cm->cmsg_len       = CMSG_LEN(sizeof(int) * n);
+    detail::ipc_fd_message m{'f', n};
+    cmsghdr* cm    = CMSG_FIRSTHDR(&m.msg);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type  = SCM_RIGHTS;
+    cm->cmsg_len   = CMSG_LEN(sizeof(int) * n);
     std::memcpy(CMSG_DATA(cm), h.fds.data() + i, sizeof(int) * n);
     ssize_t sent = -1;
     do {
-      sent = ::sendmsg(socket, &msg, MSG_NOSIGNAL);
+      sent = ::sendmsg(socket, &m.msg, MSG_NOSIGNAL);
     } while (sent < 0 && errno == EINTR);
     if (sent != 1) { detail::throw_socket_error("send_block_handle", sent < 0 ? errno : EPIPE); }
   }
@@ -369,15 +382,9 @@ inline ipc_block_handle receive_block_handle(int socket)
   while (h.fds.size() < hdr.fd_count) {
     std::size_t const n =
       std::min<std::size_t>(detail::ipc_fds_per_message, hdr.fd_count - h.fds.size());
-    char byte = 0;
-    iovec iov{&byte, 1};
-    std::vector<char> control(CMSG_SPACE(sizeof(int) * n));
-    msghdr msg{};
-    msg.msg_iov        = &iov;
-    msg.msg_iovlen     = 1;
-    msg.msg_control    = control.data();
-    msg.msg_controllen = control.size();
-    ssize_t got        = -1;
+    detail::ipc_fd_message m{0, n};
+    msghdr& msg = m.msg;
+    ssize_t got = -1;
     do {
       got = ::recvmsg(socket, &msg, MSG_CMSG_CLOEXEC);
     } while (got < 0 && errno == EINTR);
