@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # benchmarks/check_h200.sh: the checks of one H200 session in one command. Every GPU test binary
 # built into $BIN (default build/h200/bin), the demo and gpukit-doctor, the ownership stress test
 # at a larger scale (GPUKIT_OWNERSHIP_ROUNDS), and allocator_bench's gpukit rows of this tree

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # benchmarks/run_h200.sh: what gpukit runs on the GPU machine, in one command, from the repo root.
 #
 # Build here first (cmake --preset h200 && cmake --build --preset h200) and take along

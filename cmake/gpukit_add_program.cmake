@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # gpukit_add_program: one of gpukit's own programs (a test, a benchmark, an example), the way every
 # one of them is built.
 #

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // checkpoint_mlp: trains a deep MLP chain on the GPU through gpukit's checkpoint executor, under
 // every planner, and prints peak memory (the caching allocator's statistics) and step time per
 // plan. It checks what issue 8 promises and exits 1 when any check fails:

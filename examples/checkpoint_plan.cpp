@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // checkpoint_plan.cpp: plan activation checkpointing for a transformer-like chain (no GPU needed).
 // Prints the optimal plan at a few budgets, with its replayed time and peak, beside store-all,
 // Chen's sqrt(L) segments and PyTorch's checkpoint_sequential.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // demo.cpp: the first program to run. It picks the real GPU when there is one, and otherwise
 // the simulated GPU that ships with gpukit, says which, and walks through what gpukit does today:
 // a stream, a pinned host buffer, a device buffer, a host-to-device and a device-to-host copy

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // memory_report: record what the caching allocator does over a few training-like steps whose
 // shapes vary, then write what it saw: a JSON snapshot, a trace replay_trace can replay, a
 // PyTorch memory snapshot (python -m torch.cuda._memory_viz trace_plot memory.pickle -o t.html)

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // nccl_allreduce: an NCCL all-reduce (sum) over buffers from gpukit's caching allocator, one
 // process per GPU, as DistributedDataParallel runs; the sums are checked, and the bus bandwidth is
 // measured against the same all-reduce over cudaMalloc buffers in the same run.

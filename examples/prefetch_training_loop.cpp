@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // prefetch_training_loop.cpp: a training loop whose input batches arrive through gpukit's
 // prefetcher. Batches live in ordinary (pageable) host memory, as a data loader leaves them; the
 // prefetcher stages each one through pinned chunks with several host threads and copies it to a

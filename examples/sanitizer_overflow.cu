@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // sanitizer_overflow: an out-of-bounds write into a gpukit block that lies inside a larger
 // segment. compute-sanitizer sees it only because the caching allocator describes its blocks
 // through NVTX's memory API:

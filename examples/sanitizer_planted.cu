@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // sanitizer_planted: plants one-byte overruns or reads after free in 1000-byte blocks of a gpukit
 // caching allocator, for each segment source, so that compute-sanitizer's catch rate can be
 // measured (benchmarks/profile/sanitizer_table.sh runs the whole matrix):

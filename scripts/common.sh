@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Sourced by scripts/demo and scripts/test: finds (or installs) what they need.
 
 # Prints the packages the build needs that this machine lacks (names are Debian's).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // doctest's main for test binaries whose cases need a real GPU (TEST_SUITE("gpu")).
 //
 // Without a usable GPU (no driver, or no device), the binary exits with 77, which CTest reports as

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // planner_bench: planning time of the checkpoint planners (host only; instruction counts, or ratios
 // between planners in one run, are what mean something off the GPU machine).
 //

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # benchmarks/checkpoint/run_h200.sh: activation checkpointing on the GPU machine, in one command
 # from the repo root (issue 8). Finishes in about 2 minutes.
 #

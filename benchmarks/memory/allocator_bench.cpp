@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Caching allocator microbenchmarks, with the anchors in the same binary (DESIGN.md, "Benchmark
 // rules"): cudaMalloc, cudaMallocAsync (release threshold at maximum) and CUB's
 // CachingDeviceAllocator; PyTorch's allocator runs in the same command through torch_anchor.cpp.

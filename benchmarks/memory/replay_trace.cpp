@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // replay_trace: replays a PyTorch allocation trace (../shared/traces format) through an allocator
 // and reports how much memory it held and how fast it was.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // PyTorch's CUDA caching allocator on allocator_bench's workloads, for the same run on the GPU
 // machine (PyTorch is installed there, not here, so CMake does not build this file). Build there:
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // debug_off_pair: alloc+free pairs of 64 KiB on one stream, one thread, debug mode off: ns per pair
 // (median of 7 rounds of 10^6). Built twice, against two include trees, to compare them:
 //   nvcc -std=c++17 -O2 -arch=sm_90 -I<include> benchmarks/profile/debug_off_pair.cu -o pair

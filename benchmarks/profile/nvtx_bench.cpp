@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Cost of a range with no NVTX tool attached (DESIGN.md anchor: NVTX3's scoped_range, 1.7 ns on the
 // H200 host), of the memory annotation hooks, and of the range timer.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // nvtx_bench's ranges compiled out (GPUKIT_DISABLE_NVTX): what a range costs when switched off at
 // build time. Registered into nvtx_bench (see nvtx_bench.cpp).
 #define GPUKIT_DISABLE_NVTX

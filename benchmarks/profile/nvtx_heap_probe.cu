@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // nvtx_heap_probe: which NVTX heap registrations compute-sanitizer accepts, by the kind of memory
 // under the heap (raw CUDA, no gpukit). One variant per run:
 //

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # benchmarks/profile/run_h200.sh: gpukit/profile on the GPU machine, in under 2 minutes, from the
 # repo root (as benchmarks/run_h200.sh: build here with the h200 preset, carry build/h200 and
 # .device-libs). Writes to $OUT (default out/profile):

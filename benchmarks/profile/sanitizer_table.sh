@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # sanitizer_table.sh: how many planted one-byte overruns and reads after free compute-sanitizer
 # catches inside gpukit pool blocks, per segment source, with and without the allocator's debug
 # mode, and how many errors it reports on a clean run. Needs a GPU and compute-sanitizer.

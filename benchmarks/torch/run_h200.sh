@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # benchmarks/torch/run_h200.sh: gpukit as PyTorch's and CuPy's allocator on the GPU machine, in
 # about 4 minutes, from the repo root (issue 9). Build here first with the h200 preset
 # (cmake --preset h200 && cmake --build --preset h200) and carry build/h200/bin: the libraries are

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Copy plus compute: does a training loop whose batches arrive through gpukit's prefetcher
 // (pageable host batches staged by the transfer pipeline) finish within 1.05 x max(copy time,
 // compute time)? (issue 6's target). Plain main printing a table; run on the GPU machine:

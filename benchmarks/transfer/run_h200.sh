@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # benchmarks/transfer/run_h200.sh: the pinned pool and transfer pipeline on the GPU machine, in one
 # command from the repo root (issue 6). Finishes in about 6 minutes (SWEEP=0: about 3).
 #

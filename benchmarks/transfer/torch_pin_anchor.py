@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """PyTorch's answer to pageable host-to-device copies, measured as an anchor for transfer_bench.
 
     python3 benchmarks/transfer/torch_pin_anchor.py [--sizes-mib 512,1024] [--reps 5]

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Pinned pool and transfer pipeline benchmarks, with the anchors in the same binary (DESIGN.md,
 // "Benchmark rules"; issue 6):
 //

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """libgpukit_torch under real PyTorch and CuPy, on a GPU: each check in a fresh process (an
 allocator is installed once per process), printing PASS or FAIL with what PyTorch reported.
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // libgpukit_torch.so: gpukit's caching allocator behind the C ABI that PyTorch's
 // torch.cuda.memory.CUDAPluggableAllocator and CuPy (through ctypes) call. The ABI and its error
 // contract are documented in gpukit_torch.h; gpukit_torch.pluggable installs it.

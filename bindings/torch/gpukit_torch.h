@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* gpukit_torch.h: the C ABI of libgpukit_torch.so, gpukit's caching allocator as PyTorch's and
  * CuPy's device allocator (bindings/torch/gpukit_torch.pluggable installs it).
  *

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Builds gpukit_torch._C, a c10 CUDAAllocator over gpukit, with PyTorch's extension tooling.
 
 gpukit is header-only: the build needs its include/ folder. It is looked for in

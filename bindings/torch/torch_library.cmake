@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # gpukit_add_torch_library(<name> SOURCES <files...> [SIM] [OUTPUT_DIRECTORY <dir>])
 #
 # A shared library with PyTorch's pluggable-allocator ABI: hidden visibility except the C functions

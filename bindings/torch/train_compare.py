@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Trains ResNet-50 and GPT-2 small for a fixed number of steps on synthetic data under several
 CUDA allocators, one subprocess per (model, allocator), and prints the median step time and the
 peak reserved memory of each, as a table; writes the same as JSON.

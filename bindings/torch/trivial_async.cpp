@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // libgpukit_torch_trivial.so: the smallest allocator of PyTorch's pluggable ABI, straight over
 // cudaMallocAsync / cudaFreeAsync on the device's default memory pool. It measures what
 // torch.cuda.memory.CUDAPluggableAllocator costs by itself (PyTorch keeps its own pointer map under

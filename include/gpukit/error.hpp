@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit/error.hpp: the one family of errors every gpukit component throws.
 //
 // Quick start:

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit/stats.hpp: the statistic every gpukit pool reports, current and peak.
 //
 //   auto s = alloc.stats();

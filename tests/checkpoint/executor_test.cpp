@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The checkpoint executor on the simulated GPU: stages computed on the host in stream order (host
 // functions on the stream), gradients bit for bit equal under every plan, each stage's side effects
 // once per step, the order of the calls that of the schedule, and the allocator's peak requested

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The checkpoint planners against the simulator of the cost model (issue 8): hand-worked replays,
 // validation errors, the dynamic program against a brute force over its whole class, the general
 // optimum (plan_exhaustive) against both, Revolve against Griewank's bound and a search, and the

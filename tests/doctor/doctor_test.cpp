@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit::run_doctor on the simulated GPU: each diagnosis, produced by injected faults, a wrapper
 // that reports another driver version, or an injected environment.
 #include <gpukit/doctor/doctor.hpp>

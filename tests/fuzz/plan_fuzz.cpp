@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // libFuzzer harness for gpukit-plan's input (tools/gpukit-plan/plan_input.hpp): the input's first
 // line is the command line (split at spaces), the rest the chain. Every input is parsed or refused
 // with the tool's own errors (usage_error, input_error, gpukit::logic_error); nothing else may

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // libFuzzer harness for the GPUKIT_SIM_* parser (sim_config::from_env on given values): the input's
 // first line is GPUKIT_SIM_DEVICES, the rest GPUKIT_SIM_CAPACITY (a NUL in either ends it). Any
 // value is read to a configuration or refused with a logic_error; an accepted one must say what

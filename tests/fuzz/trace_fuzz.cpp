@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // libFuzzer harness for read_allocation_trace: any input is read to a trace or refused with a
 // trace_error; nothing else may escape, crash or grow without bound.
 #include <gpukit/memory/allocation_trace.hpp>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The errors a pinned pool throws when the runtime fails it, read after the throw: cuda_error keeps
 // the failed call as a pointer, which must still name text once the pool has returned.
 #include <gpukit/host/pinned_pool.hpp>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // read_allocation_trace: every value checked, ids and streams renumbered densely, nothing read
 // without bound.
 #include <gpukit/memory/allocation_trace.hpp>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tests/memory/allocator_conformance.hpp: the caching allocator conformance suite. Every segment
 // source (synchronous, stream-ordered, growable) on every runtime (simulated and CUDA) runs the
 // same cases, so that what passes on the simulator in CI means the same thing on a GPU.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The caching allocator on a real GPU (cuda_runtime): the conformance suite over every segment
 // source, as on the simulated GPU, and what only a real GPU shows (graphs, real allocation
 // failures, memory given back to the device).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The caching allocator on the simulated GPU: the conformance cases, plus what only a simulated
 // GPU can show (stalled streams, injected faults, call counters).
 #include "memory/allocator_conformance.hpp"

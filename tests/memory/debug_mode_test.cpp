@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The caching allocator's debug mode on the simulated GPU: poisoning of freed blocks, the
 // quarantine (reuse delayed, double frees caught while a block waits in it), the GPUKIT_DEBUG
 // switch, and the segment source it takes when a sanitizer is attached.

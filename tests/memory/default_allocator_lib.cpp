@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A shared library that includes gpukit, built with -fvisibility=hidden and loaded with
 // RTLD_LOCAL by default_allocator_test: its default allocator must be the test's own.
 #include <gpukit/memory/caching_allocator.hpp>

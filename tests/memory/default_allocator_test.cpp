@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The process-wide default allocator is one per device and process, also across shared libraries
 // that each include gpukit (hidden visibility, loaded with RTLD_LOCAL).
 #include "support/files.hpp"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The fault sweep: for each segment source, a fixed random workload of the caching allocator
 // (allocate, free across threads and streams, record_stream, migrate, out-of-memory recovery,
 // release, trim, graph capture, forget_stream, the destructor) is run once to count its runtime

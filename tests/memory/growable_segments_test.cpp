@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Growable segments (segment_source::growable) on the simulated GPU: the conformance cases, the
 // fragmentation they remove, transactional mapping under injected faults, and unmapping that waits
 // only on the work that used the pages.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Renders memory_report's HTML in headless Chromium and checks that its script ran: the summary
 # and the segment map at the peak are filled in. Leaves a screenshot, memory.png, to look at.
 #   cmake -DREPORT=<memory_report> -DCHROMIUM=<chromium> -DOUT=<dir> -P html_report_chromium.cmake

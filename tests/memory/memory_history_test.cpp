@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Recording, snapshots and their exports (JSON, replay trace, PyTorch pickle, HTML).
 #include <gpukit/memory/caching_allocator.hpp>
 #include <gpukit/memory/memory_history.hpp>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Out-of-memory recovery on the simulated GPU: the ladder, callbacks, the report, retry_on_oom,
 // and a failure injected at every runtime call the allocation path makes.
 #include "support/caching_allocator.hpp"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Ownership of the caching allocator's blocks under racing frees, on the simulated GPU: a free is
 // accepted exactly once whichever threads race, a thread's stale record of an earlier life of a
 // block never lets two frees of one life through, and many threads double-freeing never get one

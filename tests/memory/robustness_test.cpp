@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The caching allocator and the pinned pool where streams die, captures run, memory comes back
 // late, the runtime fails in the destructor, and sizes or options are absurd (simulated GPU).
 #include <gpukit/host/pinned_pool.hpp>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Thrust containers and algorithms, and CUB's temporary storage, on gpukit's caching allocator.
 #include <gpukit/memory/caching_allocator.hpp>
 #include <gpukit/memory/temp_storage.hpp>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit/memory/ipc.hpp on the simulated GPU: a block exported by one process and opened by a
 // fork()ed child, which reads and writes its bytes. The simulated GPU's exported memory is memfd
 // memory (malloc allocations move into a memfd on their first export; virtual-memory pages are

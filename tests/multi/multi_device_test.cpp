@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Several GPUs on the simulated GPU (sim_config::with_devices): every component acts on the device
 // it was built for, whatever device the calling thread has current; pinned memory serves every
 // device; peer copies move bytes between devices.

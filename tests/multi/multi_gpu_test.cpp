@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Several GPUs on CUDA (the two-GPU machine; benchmarks/multi/run_h200x2.sh runs it): what
 // multi_device_test checks on the simulated GPU, on real devices. With fewer than two GPUs each
 // case skips itself (CTest reports it skipped); with none, gpu_main skips the whole binary.

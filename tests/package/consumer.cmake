@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Checks shared by the consumer projects: gpukit must leave a consumer's build alone.
 get_property(consumer_languages GLOBAL PROPERTY ENABLED_LANGUAGES)
 if("CUDA" IN_LIST consumer_languages)

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The program every consumer project builds and runs: it includes gpukit's headers with the host
 // compiler only and uses them the way an application would.
 #include <gpukit/error.hpp>

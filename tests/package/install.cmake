@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # cmake -DBUILD_DIR=<gpukit build> -DPREFIX=<dir> -DINCLUDEDIR=include -DCMAKEDIR=share/cmake/gpukit
 #       -DDOCDIR=share/doc/gpukit [-DCONFIG=<config>] [-DBINDIR=bin -DTOOLS=<tool>,<tool>...]
 #       -P install.cmake

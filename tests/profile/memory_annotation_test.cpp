@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What the memory annotation hooks tell an NVTX tool (the test tool records the NVTX memory API
 // and counters calls): a pool's segment is a sub-allocator heap, its blocks are regions.
 #include "nvtx_test_support.hpp"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // NVTX's own switch, NVTX_DISABLE, compiles gpukit's ranges out too (nvtx_disabled_test.cpp runs
 // this and checks that the tool was never loaded).
 #define NVTX_DISABLE

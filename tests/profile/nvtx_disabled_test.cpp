@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Compiled out with GPUKIT_DISABLE_NVTX: with the test tool configured, nothing reaches NVTX, so
 // NVTX never even loads the tool. (nvtx_disable_macro_test.cpp: the same with NVTX_DISABLE.)
 #define GPUKIT_DISABLE_NVTX

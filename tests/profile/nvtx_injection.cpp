@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tests/profile/nvtx_injection.cpp: a minimal NVTX tool (an injection library) for gpukit's tests.
 //
 // NVTX calls InitializeInjectionNvtx2 once per NVTX instance (each binary and shared library

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tests/profile/nvtx_injection.h: what the test NVTX tool (nvtx_injection.cpp) records, and how a
 // test reads it.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What gpukit's ranges emit, as an NVTX tool sees it: the test tool (nvtx_injection.cpp) is
 // attached through NVTX_INJECTION64_PATH before the first NVTX call and records every call.
 #include "nvtx_test_support.hpp"

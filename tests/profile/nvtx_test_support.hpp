@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tests/profile/nvtx_test_support.hpp: attach the test NVTX tool to this process and read what it
 // recorded. Include in one translation unit per test binary.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The caching allocator and the pinned pool describe their memory to NVTX's memory API: each
 // segment or pinned range is a heap, each block or buffer a region of the size asked for (what lets
 // compute-sanitizer see an overflow inside a segment). Checked through the test NVTX tool.

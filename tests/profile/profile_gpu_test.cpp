@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit/profile on a real GPU: the range timer's GPU times, the ranges and memory annotations an
 // NVTX tool sees while CUDA runs, and the doctor's verdict on the machine.
 #include "nvtx_test_support.hpp"

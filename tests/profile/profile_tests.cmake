@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # gpukit/profile's tests, included from tests/CMakeLists.txt (one line there).
 #
 # libgpukit_nvtx_injection.so is an NVTX tool (nvtx_injection.cpp) that records every range, mark,

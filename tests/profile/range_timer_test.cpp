@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit::range_timer on the simulated GPU: GPU time per range from the runtime's timing events,
 // aggregated by name, harvested without blocking, and the NVTX range it emits alongside.
 #include "nvtx_test_support.hpp"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // libgpukit_torch's C ABI (bindings/torch/gpukit_torch.h), loaded with dlopen and called through
 // dlsym as PyTorch and CuPy call it, over the simulated GPU: the same source as the CUDA library,
 // built with GPUKIT_TORCH_SIM=1 (the cudaStream_t argument is a sim_runtime stream; null is the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """gpukit_torch.pluggable's ctypes layer over libgpukit_torch_sim.so (the simulated GPU): statistics
 through JSON and through the C struct (their layouts must agree), limits, history, snapshots,
 errors, and the CuPy allocator function driven through a stand-in for the part of CuPy's API it

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # libgpukit_torch (bindings/torch) tested without a GPU, included from tests/CMakeLists.txt (one
 # line there). libgpukit_torch_sim.so is the same source over the simulated GPU
 # (GPUKIT_TORCH_SIM=1); two tests load it as PyTorch and CuPy would:

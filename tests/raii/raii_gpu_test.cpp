@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The RAII conformance suite on the real GPU, plus the public aliases over the CUDA runtime with
 // their defaults (the current resource of the current device). Needs a GPU: without one the binary
 // exits 77 (skipped).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The RAII conformance suite on the simulated GPU (host-only: runs in CI without a GPU), plus what
 // only the simulator can show: no misuse reaches the runtime, and the failure the owning stream
 // prevents.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tests/runtime/conformance.hpp: the Runtime conformance suite. Every runtime (the simulated GPU
 // and the real one) runs the same cases, so that what passes on the simulator in CI means the
 // same thing on a GPU.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The Runtime conformance suite on the real GPU, plus what only cuda_runtime promises (the exact
 // CUDA calls and flags behind each member). Needs a GPU: without one the binary exits 77 (skipped).
 #include "runtime/conformance.hpp"

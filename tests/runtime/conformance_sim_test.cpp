@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The Runtime conformance suite on the simulated GPU (host-only: runs in CI without a GPU).
 #include "runtime/conformance.hpp"
 

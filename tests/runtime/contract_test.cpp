@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The Runtime contract as data: the traits it generates, the checks that hold for every operation
 // on the simulated GPU, the committed table docs/runtime_contract.md, and the error macros that
 // name a failed call.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // cuda_runtime on a machine without a driver or a GPU (CI, this project's build machines): every
 // call fails with a named error and nothing crashes. On a GPU machine the same calls work; the
 // test then checks that each either works or fails cleanly.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests of gpukit::sim_runtime, the simulated GPU: the Runtime contract's semantics (streams,
 // events, copies, memory, virtual memory) and the simulation's own controls (capacity, fault
 // injection, stalls, counters, misuse messages). Concurrency tests are in TEST_SUITE

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tests/support/caching_allocator.hpp: what caching allocator tests build on.
 //
 //   sim_allocator alloc{sim, 0, gpukit::test::segments_from(gpukit::segment_source::growable)};

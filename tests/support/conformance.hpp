@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tests/support/conformance.hpp: one doctest case of a conformance suite, for suites that run the
 // same checks on every Runtime (the simulated GPU and CUDA).
 //

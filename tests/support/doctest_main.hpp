@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tests/support/doctest_main.hpp: what gpukit's two doctest mains (tests/test_main.cpp,
 // tests/gpu_main.cpp) share. Include it in exactly one translation unit, after defining
 // DOCTEST_CONFIG_IMPLEMENT.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tests/support/files.hpp: files the build made for a test (a library it loads, a tool it
 // attaches), found also when the build tree has moved: the h200 build carries its binaries to
 // another machine, where only what lies beside the test binary is there.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tests/support/holders.hpp: RAII holders of a stream, device memory and pinned host memory, over
 // any Runtime. They free what they hold also when an assertion fails mid-test; their destructors
 // ignore errors (a test that cares checks the runtime's calls itself).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tests/support/pattern.hpp: byte patterns that show a shifted, truncated, stale or overlapping
 // copy.
 //

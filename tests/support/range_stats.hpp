@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tests/support/range_stats.hpp: a range timer's statistics of one range, which the test expects.
 //
 //   CHECK(gpukit::test::stats_of(timer, "forward").count == 3);

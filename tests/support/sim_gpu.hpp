@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tests/support/sim_gpu.hpp: the simulated GPUs gpukit's tests run on.
 //
 //   gpukit::sim_runtime sim{gpukit::test::one_device()};            // one device of 16 GiB

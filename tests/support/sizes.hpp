@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tests/support/sizes.hpp: byte sizes for gpukit's tests.
 //
 //   void* p = alloc.allocate_async(3 * mib, s);

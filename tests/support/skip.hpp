@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tests/support/skip.hpp: a case that cannot run here says so and is reported skipped.
 //
 //   TEST_CASE("two GPUs: peer copies")

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A doctest binary for tests/support/skip_test.cmake: one case that runs and one that skips
 // itself, to check the exit codes gpukit's mains give (77 only when every case that ran skipped).
 #include "support/skip.hpp"

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Checks the exit codes of a test binary whose case skips itself (tests/support/skip.hpp): CTest
 # reports a test skipped only when its process exits 77 (SKIP_RETURN_CODE).
 #

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tests/support/transfer_fixture.hpp: what a transfer test builds its pipeline on, over any
 // Runtime: a pinned pool and a stream.
 //

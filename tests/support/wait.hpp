@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tests/support/wait.hpp: waiting, with a deadline, for what another thread makes true.
 //
 //   CHECK(gpukit::test::wait_until([&] { return pipe.stats().chunks == 2; }));

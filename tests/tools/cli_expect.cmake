@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # expect(): one run of a command-line tool and what it must do, for the tool tests that run as
 # `cmake -P` scripts (gpukit_plan_cli.cmake, gpukit_doctor_cli.cmake). Set before including:
 #

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # The gpukit-doctor executable end to end, on the simulated GPU (a device of compute capability
 # 9.0): --help, the text and JSON reports, the architecture check that --arch sets, and the exit
 # codes of a failed check and of a bad command line.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # The gpukit-plan executable end to end: its output format (the schedule, then a JSON line with
 # time and peak), reading a file or standard input, the planners, revolve, and every error path
 # (exit status and a message naming the problem).

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # gpukit's command-line tools (tools/) run end to end, included from tests/CMakeLists.txt (one line
 # there) when they are built (GPUKIT_BUILD_TOOLS). Each script runs one tool through its cases
 # (cli_expect.cmake): output, error paths, exit codes.

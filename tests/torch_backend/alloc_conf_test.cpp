@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // GPUKIT_ALLOC_CONF: every key reaches its option; unknown keys and bad values are named.
 #include <gpukit/memory/alloc_conf.hpp>
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The PyTorch backend's translation layer on the simulated GPU: what the c10 CUDAAllocator
 // subclass forwards to it (allocation, private pools for graph capture and MemPool, statistics,
 // memory fraction, out-of-memory observers, history with contexts, snapshots, IPC handles).

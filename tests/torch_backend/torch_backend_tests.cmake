@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # The PyTorch backend's translation layer (bindings/torch/include) and GPUKIT_ALLOC_CONF, on the
 # simulated GPU: no PyTorch needed.
 gpukit_add_test(torch_backend_test SOURCES torch_backend/alloc_conf_test.cpp torch_backend/backend_test.cpp)

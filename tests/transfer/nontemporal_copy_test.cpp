@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The staging threads' streaming-store copy, on its own: every length and alignment around its
 // 64-byte lines copies exactly, and choosing its body leaves no macro behind for users.
 #include <gpukit/transfer/transfer_pipeline.hpp>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tests/transfer/transfer_conformance.hpp: the pinned pool, transfer pipeline and prefetcher cases
 // that run on every Runtime, so that what passes on the simulated GPU in CI means the same on a
 // GPU.

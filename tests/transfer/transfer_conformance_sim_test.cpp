@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The pinned pool, transfer pipeline and prefetcher conformance cases on the simulated GPU (a
 // fresh one per case). The simulated GPU's streams are threads, so every case is in
 // TEST_SUITE("sim_concurrency"), which the tsan preset runs under ThreadSanitizer.

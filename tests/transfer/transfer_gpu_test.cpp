@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The pinned pool, transfer pipeline and prefetcher on a real GPU (cuda_runtime): the conformance
 // cases the simulated GPU runs, plus a transfer of the size the benchmarks use.
 #include "transfer/transfer_conformance.hpp"

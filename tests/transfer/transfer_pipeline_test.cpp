@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The transfer pipeline and the prefetcher on the simulated GPU: the conformance cases, plus what
 // only a simulated GPU can show (stalled copy streams, injected faults, call counters).
 #include "transfer/transfer_conformance.hpp"

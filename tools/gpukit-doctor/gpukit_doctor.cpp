@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit-doctor: is this machine's driver, runtime and GPU right for CUDA work?
 //
 //   gpukit-doctor               checks the real GPU (cuda_runtime) and prints a report

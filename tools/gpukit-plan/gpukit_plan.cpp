@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit-plan: activation checkpointing plans from the command line. No GPU needed.
 //
 //   gpukit-plan [--chain FILE] [--budget M] [--planner optimal|sqrt|sequential:K|store-all]

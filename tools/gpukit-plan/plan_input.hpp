@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // plan_input.hpp: gpukit-plan's input, parsed and checked: the command line, the chain, and the
 // size of the tables a planner would build, refused before anything is allocated. Shared by the
 // tool (gpukit_plan.cpp) and its fuzz harness (tests/fuzz/plan_fuzz.cpp). Not installed.

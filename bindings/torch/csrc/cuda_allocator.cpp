@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit_torch/csrc/cuda_allocator.cpp: PyTorch's allocator interface, forwarded to the backend.
 #include "cuda_allocator.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit_torch/csrc/cuda_allocator.h: gpukit as PyTorch's CUDA allocator, a subclass of
 // c10::cuda::CUDACachingAllocator::CUDAAllocator built against the installed PyTorch.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit_torch/csrc/module.cpp: gpukit_torch._C, the Python side of the native backend.
 #include "cuda_allocator.h"
 

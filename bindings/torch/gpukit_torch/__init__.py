@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """gpukit's caching allocator as PyTorch's CUDA allocator, with nothing PyTorch offers lost.
 
     import gpukit_torch

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """gpukit's caching allocator as PyTorch's (and CuPy's) device allocator.
 
     from gpukit_torch import pluggable as gpukit_torch

@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: Apache-2.0
 # On a GPU machine with PyTorch: pip-installs gpukit_torch from this checkout (offline, against the
 # installed PyTorch) and runs test_compat.py. Results go to $OUT (default ./compat-out): env.txt,
 # pip.log, compat.{log,json,md} and, for the pip-built package, pip/compat.{log,json,md}.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What PyTorch's CUDA allocator offers, under PyTorch's own allocator and under gpukit's.
 
 Each row runs in a fresh process (an allocator must be chosen before CUDA is first used), once

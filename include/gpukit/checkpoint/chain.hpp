@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit/checkpoint/chain.hpp: a chain of stages to checkpoint, in the cost model of the planners.
 //
 // Quick start:

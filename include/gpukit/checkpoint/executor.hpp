@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit/checkpoint/executor.hpp: runs a chain of stages under a checkpoint schedule, with every
 // activation, tape and gradient taken from a caching allocator on one stream.
 //

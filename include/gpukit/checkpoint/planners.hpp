@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit/checkpoint/planners.hpp: activation checkpointing plans under a memory budget.
 //
 // Quick start:

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit/checkpoint/schedule.hpp: checkpoint schedules (lists of Fn<i>, Fe<i>, B<i>) and the
 // simulator that replays one under the cost model of gpukit/checkpoint/chain.hpp.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit/detail/error_macros.hpp: the macros behind gpukit's error family. Not public API.
 //
 //   GPUKIT_CUDA_TRY(call)          throws gpukit::cuda_error naming `call` when `call` (a runtime

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit/detail/hex.hpp: addresses as text ("0x7f3a2c000000") for error messages. Not public API.
 #pragma once
 

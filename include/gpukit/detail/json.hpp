@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit/detail/json.hpp: the JSON writing helpers that every gpukit report shares. Not public
 // API.
 #pragma once

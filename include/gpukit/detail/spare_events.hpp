@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit/detail/spare_events.hpp: events kept for reuse by their owner. Not public API.
 //
 // Creating an event is a runtime call; recording one that is spare is not. Components that record

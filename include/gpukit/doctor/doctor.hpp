@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit/doctor/doctor.hpp: is this machine's driver, runtime and GPU right for CUDA work? Each
 // check says ok, warn or fail, and what to do about it.
 //

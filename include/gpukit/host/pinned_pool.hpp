@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit/host/pinned_pool.hpp: a caching pool of pinned (page-locked) host buffers.
 //
 // Quick start:

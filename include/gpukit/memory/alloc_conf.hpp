@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit/memory/alloc_conf.hpp: caching allocator options from a PyTorch-style string.
 //
 // Quick start:

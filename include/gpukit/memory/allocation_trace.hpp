@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit/memory/allocation_trace.hpp: reads allocation traces (the format `to_trace` writes and
 // PyTorch traces are converted to) with every value checked, so a trace from anywhere can be
 // replayed safely.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit/memory/caching_allocator.hpp: a stream-ordered caching device allocator.
 //
 // Quick start:

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit/memory/cuda_stream.hpp: an owning stream that tells gpukit's allocators it is going away,
 // a view of a stream, and a pool of owning streams (RMM's cuda_stream, cuda_stream_view and
 // cuda_stream_pool).

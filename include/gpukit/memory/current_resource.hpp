@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit/memory/current_resource.hpp: one replaceable allocator per device, used by default by
 // gpukit's RAII types (device_buffer, device_uvector, device_scalar).
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit/memory/device_buffer.hpp: untyped, stream-ordered, owning device memory (RMM's
 // device_buffer) over any gpukit allocator.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit/memory/device_scalar.hpp: one stream-ordered value in device memory (RMM's device_scalar)
 // over any gpukit allocator.
 //

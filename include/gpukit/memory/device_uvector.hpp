@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit/memory/device_uvector.hpp: a typed, uninitialized, stream-ordered vector in device memory
 // (RMM's device_uvector) over any gpukit allocator.
 //

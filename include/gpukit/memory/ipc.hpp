@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit/memory/ipc.hpp: a block of gpukit's caching allocator, opened by another process.
 //
 // Quick start (one process per GPU, as DistributedDataParallel runs; a unix socket between them):

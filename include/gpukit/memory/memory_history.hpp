@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit/memory/memory_history.hpp: what a caching allocator did, and what it holds, exported.
 //
 // Quick start:

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit/memory/retry_on_oom.hpp: let a training loop adapt to out-of-memory instead of crashing.
 //
 // Quick start:

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit/memory/temp_storage.hpp: temporary storage for CUB's two-phase algorithms.
 //
 // Quick start:

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit/memory/thrust_allocator.cuh: Thrust containers and algorithms on a caching allocator.
 //
 // Quick start (nvcc):

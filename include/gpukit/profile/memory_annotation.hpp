@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit/profile/memory_annotation.hpp: describe a pool's memory to NVTX tools (compute-sanitizer,
 // Nsight Systems) with NVTX's memory API, and publish allocator statistics as NVTX counters.
 //

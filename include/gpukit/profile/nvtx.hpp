@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit/profile/nvtx.hpp: NVTX ranges and marks that cost nothing when no tool listens.
 //
 // Quick start:

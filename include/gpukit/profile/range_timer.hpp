@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit/profile/range_timer.hpp: GPU time per named range, without Nsight, cheap enough to leave
 // on.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit/runtime/contract.hpp: the Runtime contract, declared once.
 //
 // Quick start:

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit/runtime/cuda_runtime.hpp: the runtime policy over the real CUDA runtime.
 //
 // Quick start:

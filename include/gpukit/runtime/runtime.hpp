@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit/runtime/runtime.hpp: the runtime policy, the one seam through which gpukit reaches a GPU.
 //
 // Quick start:

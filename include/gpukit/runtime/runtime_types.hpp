@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit/runtime/runtime_types.hpp: the vocabulary types of the Runtime contract, owned by gpukit
 // (no platform header needed): copy directions, pinned-memory flags, host functions, device
 // properties.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit/runtime/sim_runtime.hpp: a simulated GPU in host memory, a Runtime for every gpukit
 // component (see gpukit/runtime/runtime.hpp for the contract).
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit/transfer/prefetcher.hpp: keeps the next training batch on its way to the GPU while the
 // current one computes.
 //

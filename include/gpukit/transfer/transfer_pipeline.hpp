@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit/transfer/transfer_pipeline.hpp: stream-ordered host<->device copies of pinned or
 // pageable host memory at the speed of the link.
 //

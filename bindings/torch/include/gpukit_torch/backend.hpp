@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit_torch/backend.hpp: what PyTorch's allocator interface asks, answered by gpukit.
 //
 // PyTorch's CUDA allocator is a C++ class (c10::cuda::CUDACachingAllocator::CUDAAllocator). The

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit/checkpoint/detail/exhaustive.hpp: the general optimum by shortest path over memory states.
 // Not public API.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit/checkpoint/detail/optimal_dp.hpp: the dynamic program behind plan_optimal. Not public API.
 //
 // Subproblem (s, t), 1 <= s <= t <= L: x_{s-1} is resident, δ_t is the current gradient, and B<t>

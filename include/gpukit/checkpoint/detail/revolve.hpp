@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit/checkpoint/detail/revolve.hpp: binomial (Revolve) schedules for homogeneous chains. Not
 // public API.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit/doctor/detail/copy_checks.inl: the [pinned] and [copy] checks: pinned host memory, a
 // round trip host -> device -> host, and the host-to-device bandwidth from pinned and pageable
 // memory. Not public API.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit/doctor/detail/device_checks.inl: the checks of each device: [device.<d>], [arch.<d>],
 // [memory.<d>], [features.<d>] and [ecc.<d>]. Not public API.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit/doctor/detail/driver_checks.inl: the [driver] and [devices] checks: is there a driver, is
 // it new enough for the runtime, and does it see a device? Not public API.
 #pragma once

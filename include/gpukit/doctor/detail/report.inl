@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit/doctor/detail/report.inl: the doctor's report (verdict, text, JSON), its version helpers,
 // and the small pieces every check uses. Not public API.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit/doctor/detail/run_doctor.inl: gpukit::run_doctor, which runs the checks of the other files
 // in doctor/detail/ in the order gpukit/doctor/doctor.hpp lists them. Not public API.
 #pragma once

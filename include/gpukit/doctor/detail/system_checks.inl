@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit/doctor/detail/system_checks.inl: the checks of the machine around the devices:
 // [pcie.<d>], [device_files], [nvtx] and [env.<NAME>]. Not public API.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit/host/detail/host_pages.hpp: ordinary host memory mapped for fast pinning: 2 MiB aligned,
 // advised to use transparent huge pages, and faulted in by several threads at once. Not public API.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit/host/detail/pinned_pool.inl: the bodies of gpukit::basic_pinned_pool. Not public API.
 #pragma once
 

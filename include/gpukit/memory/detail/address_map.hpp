@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit/memory/detail/address_map.hpp: address -> pointer hash map. Not public API.
 //
 // Open addressing with linear probing and backward-shift deletion (no tombstones, so a map that

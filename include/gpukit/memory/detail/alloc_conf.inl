@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit/memory/detail/alloc_conf.inl: the bodies of alloc_conf.hpp. Not public API.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit/memory/detail/allocator_invariants.hpp: the invariant checker of basic_caching_allocator,
 // for tests (include it explicitly). Not public API.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit/memory/detail/caching_allocator.inl: the front door of basic_caching_allocator: its
 // construction (options validated) and destruction (never throws), allocate_async (the
 // thread-cache fast path, then the pool under the lock) and deallocate_async (the claim of the

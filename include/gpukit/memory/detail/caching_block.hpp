@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit/memory/detail/caching_block.hpp: the block descriptor of basic_caching_allocator (one per
 // run of bytes inside a segment, whatever its state) and the rounding every size goes through.
 // Not public API.

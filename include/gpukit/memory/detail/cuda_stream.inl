@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Bodies of gpukit/memory/cuda_stream.hpp. Not public API.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit/memory/detail/debug_mode.inl: the caching allocator's debug mode (poisoning and the
 // quarantine of freed blocks; see caching_allocator_debug_options). Not public API; included by
 // caching_allocator.hpp.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit/memory/detail/debug_options.hpp: the caching allocator's debug-mode settings and the
 // GPUKIT_DEBUG environment switch. Not public API by itself: users name
 // `gpukit::caching_allocator_debug_options` through <gpukit/memory/caching_allocator.hpp>.

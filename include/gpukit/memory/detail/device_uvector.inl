@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Bodies of gpukit/memory/device_uvector.hpp. Not public API.
 #pragma once
 

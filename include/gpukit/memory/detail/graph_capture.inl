@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit/memory/detail/graph_capture.inl: CUDA graph capture in basic_caching_allocator: each
 // capture gets a private pool (begin_capture, end_capture, release_capture_pool); while it is under
 // way, allocations on its stream come from that pool and new segments from a synchronous malloc in

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit/memory/detail/memory_history_html.hpp: the page of gpukit::to_html (memory_history.hpp),
 // a small app that draws a snapshot's JSON with inline JavaScript (no network). to_html writes
 // memory_report_head, the snapshot as JSON (`const snapshot = {...}`), then memory_report_tail.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit/memory/detail/oom_recovery.inl: what basic_caching_allocator does when no memory is left:
 // the recovery ladder (one function a step, in the order of recovery_step_names, each followed by a
 // fresh search of the pool and one more try of the runtime), the user's callbacks, and the

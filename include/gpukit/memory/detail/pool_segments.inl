@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit/memory/detail/pool_segments.inl: the shared pool of basic_caching_allocator: segments
 // taken from the runtime (fixed ones here; growable ones in growable_segments.inl), block
 // descriptors and their spare list, splitting and coalescing, the free indices (per stream, global,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit/memory/detail/recording.inl: the allocator's history: start_recording, stop_recording,
 // the events each thread records into its own ring (and the pool's ring for segment and
 // out-of-memory events), and snapshot(), which lists segments, blocks and events

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit/memory/detail/release.inl: giving memory back: release, trim and release_locked (fully
 // free fixed segments, largest first, each freed in the order of the stream that used it last;
 // growable segments unmap their free pages in growable_segments.inl). The out-of-memory ladder

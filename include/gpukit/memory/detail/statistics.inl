@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit/memory/detail/statistics.inl: stats() and its peaks. Counters of the fast path live in
 // each thread's cache (one writer each) and are summed when read; pool-level counters live in
 // stats_ under the pool lock. Not public API; included by caching_allocator.hpp.

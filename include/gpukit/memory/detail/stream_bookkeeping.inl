@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit/memory/detail/stream_bookkeeping.inl: what basic_caching_allocator knows of streams: the
 // pool of free blocks each stream owns, the streams checked to belong to its device and those
 // forgotten, record_stream and the pending frees it causes (waiting on events of the recorded

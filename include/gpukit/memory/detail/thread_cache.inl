@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit/memory/detail/thread_cache.inl: the per-thread caches of basic_caching_allocator. Not
 // public API; included by caching_allocator.hpp.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit/memory/detail/tlsf_index.hpp: O(1) segregated-fit index of free blocks. Not public API.
 //
 // Two-level segregated fit (TLSF, Masmano et al. 2004): a size maps to a first level (its most

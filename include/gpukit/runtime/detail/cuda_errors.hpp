@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit/runtime/detail/cuda_errors.hpp: CUDA's error vocabulary, shared by the two runtimes that
 // report CUDA's codes (cuda_runtime, and sim_runtime, which simulates them). Not public API: use
 // `Runtime::error_type`, `Runtime::out_of_memory`, `Runtime::error_name` and the others.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit/runtime/detail/cuda_runtime.inl: bodies of gpukit::cuda_runtime. Not public API; include
 // <gpukit/runtime/cuda_runtime.hpp> instead.
 #pragma once

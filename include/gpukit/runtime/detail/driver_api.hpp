@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit/runtime/detail/driver_api.hpp: the few CUDA driver API entry points gpukit needs (virtual
 // memory and one device attribute), reached through cudaGetDriverEntryPointByVersion so that
 // nothing links libcuda. Not public API.

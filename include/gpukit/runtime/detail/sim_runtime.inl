@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit/runtime/detail/sim_runtime.inl: the bodies of gpukit::sim_runtime. Not public API;
 // included by gpukit/runtime/sim_runtime.hpp.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit/runtime/detail/sim_runtime_memory.inl: devices, device memory and pinned host memory of
 // gpukit::sim_runtime. Not public API; included by gpukit/runtime/detail/sim_runtime.inl (its
 // header comment describes the locking).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit/runtime/detail/sim_runtime_types.hpp: the state behind gpukit::sim_runtime (streams,
 // captures, events, devices, memory records). Not public API: names and layout change freely.
 #pragma once

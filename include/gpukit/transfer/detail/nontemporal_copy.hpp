@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit/transfer/detail/nontemporal_copy.hpp: the staging threads' copy with streaming stores
 // (staging_copy::nontemporal). Not public API.
 //

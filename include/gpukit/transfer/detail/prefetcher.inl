@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit/transfer/detail/prefetcher.inl: the bodies of gpukit::basic_prefetcher. Not public API.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit/transfer/detail/transfer_pipeline.inl: the bodies of gpukit::basic_transfer_pipeline.
 // Not public API.
 //

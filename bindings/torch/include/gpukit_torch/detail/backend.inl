@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // gpukit_torch/detail/backend.inl: the bodies of backend.hpp. Not public API.
 #pragma once
 
