@@ -13,9 +13,8 @@
 //   float const two = 2.0f;
 //   v.set_element_async(0, two, s);                  // `two` must live until s has run the copy
 //   float first = v.element(0, s);                   // copies back and synchronizes s: 2.0f
-//   v.resize(2000, s);                               // keeps the first 1000, the rest
-//   uninitialized gpukit::device_buffer raw = v.release();         // the memory as an untyped
-//   buffer
+//   v.resize(2000, s);                     // keeps the first 1000, the rest uninitialized
+//   gpukit::device_buffer raw = v.release();  // the memory, as an untyped buffer
 //
 // Elements are never constructed or destroyed (T must be trivially copyable), so creating and
 // resizing cost an allocation and at most one device-to-device copy. Stream, move and allocator
