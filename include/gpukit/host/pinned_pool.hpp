@@ -359,7 +359,7 @@ class basic_pinned_pool final {
   };
   segment& grow_locked(std::unique_lock<std::mutex>& lock, std::size_t bytes, std::size_t request,
                        growth_call call);
-  cudaError_t free_segment(segment& s) noexcept;
+  typename Runtime::error_type free_segment(segment& s) noexcept;
   /// Takes out of the pool every range none of whose buffers is handed out or pending, with its
   /// free buffers, for release_cached to give back off the lock.
   std::vector<std::unique_ptr<segment>> take_unused_segments_locked();

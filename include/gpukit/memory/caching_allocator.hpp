@@ -601,12 +601,14 @@ class basic_caching_allocator final {
   struct mapped_page;
   bool map_pages_locked(segment& seg, std::size_t first, std::size_t count, bool& oom);
   static void* page_address(segment const& seg, std::size_t i) noexcept;
-  cudaError_t take_page_locked(int kind, std::size_t page, mapped_page& m);
+  typename Runtime::error_type take_page_locked(int kind, std::size_t page, mapped_page& m);
   void give_back_page_locked(int kind, std::size_t page, mapped_page const& m);
-  bool undo_map_locked(segment& seg, std::vector<mapped_page> const& now, cudaError_t e, bool& oom);
+  bool undo_map_locked(segment& seg, std::vector<mapped_page> const& now,
+                       typename Runtime::error_type e, bool& oom);
   std::size_t harvest_pages_locked(int kind, std::size_t wanted, block const* keep);
-  cudaError_t unmap_page_locked(segment& seg, std::size_t i);
-  std::size_t unmap_free_pages_locked(block* b, std::size_t wanted, cudaError_t& error);
+  typename Runtime::error_type unmap_page_locked(segment& seg, std::size_t i);
+  std::size_t unmap_free_pages_locked(block* b, std::size_t wanted,
+                                      typename Runtime::error_type& error);
   void insert_unmapped_locked(block* b);
   std::size_t release_growable_locked(std::size_t target, stream_type const* only_stream);
   void release_spare_pages_locked(std::size_t target);

@@ -175,7 +175,7 @@ class basic_cuda_stream final {
   void synchronize() const;
   /// As synchronize(), reporting failure as an error code instead (cudaErrorInvalidResourceHandle
   /// when moved from). Never throws.
-  [[nodiscard]] cudaError_t synchronize_no_throw() const noexcept;
+  [[nodiscard]] typename Runtime::error_type synchronize_no_throw() const noexcept;
 
   /// Makes `alloc` forget this stream when it is destroyed (for memory taken with
   /// `alloc.allocate_async(bytes, s.value())` directly). `alloc` must outlive the stream.

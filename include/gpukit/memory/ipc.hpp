@@ -192,17 +192,18 @@ class imported_block final {
     };
     for (; mapped < n; ++mapped) {
       typename Runtime::physical_handle page{};
-      cudaError_t e = rt.vm_import_shareable(page, h.fds[mapped]);
-      if (e == cudaSuccess) {
+      typename Runtime::error_type e = rt.vm_import_shareable(page, h.fds[mapped]);
+      if (e == Runtime::success) {
         e = rt.vm_map(static_cast<char*>(base_) + mapped * h.page_bytes, h.page_bytes, page);
         (void)rt.vm_release(page);  // the mapping keeps the memory
       }
-      if (e != cudaSuccess) {
+      if (e != Runtime::success) {
         undo();
         GPUKIT_CUDA_TRY(e);
       }
     }
-    if (cudaError_t const e = rt.vm_set_access(base_, range_bytes_, device_); e != cudaSuccess) {
+    if (typename Runtime::error_type const e = rt.vm_set_access(base_, range_bytes_, device_);
+        e != Runtime::success) {
       undo();
       GPUKIT_CUDA_TRY(e);
     }

@@ -35,8 +35,8 @@ void with_temp_storage(basic_caching_allocator<Runtime>& alloc,
   GPUKIT_CUDA_TRY(algorithm(static_cast<void*>(nullptr), bytes));
   std::size_t const asked =
     bytes == 0 ? 1 : bytes;  // CUB may ask for none; a real pointer is safer
-  void* storage       = alloc.allocate_async(asked, stream);
-  cudaError_t const e = algorithm(storage, bytes);
+  void* storage                        = alloc.allocate_async(asked, stream);
+  typename Runtime::error_type const e = algorithm(storage, bytes);
   alloc.deallocate_async(storage, asked, stream);
   GPUKIT_CUDA_TRY(e);
 }

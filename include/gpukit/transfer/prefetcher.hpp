@@ -74,9 +74,9 @@ struct prefetcher_options {
 template <class Runtime>
 class basic_prefetcher final {
  public:
+  using batch_type  = device_batch<Runtime>;  ///< what next() hands out
   using stream_type = typename Runtime::stream_type;
   using event_type  = typename Runtime::event_type;
-  using batch_type  = device_batch<Runtime>;
   /// Called on the loader thread with 0, 1, 2, ...: the host data of that batch, which must stay
   /// valid and unchanged until next() has handed that batch out. May throw: next() rethrows.
   using source_type = std::function<host_batch(std::size_t index)>;

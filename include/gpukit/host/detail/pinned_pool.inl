@@ -74,20 +74,20 @@ basic_pinned_pool<Runtime>::basic_pinned_pool(Runtime& runtime, pinned_pool_opti
 }
 
 template <class Runtime>
-cudaError_t basic_pinned_pool<Runtime>::free_segment(segment& s) noexcept
+typename Runtime::error_type basic_pinned_pool<Runtime>::free_segment(segment& s) noexcept
 {
   if (options_.nvtx_annotate) { unregister_memory_heap(s.heap); }
   switch (s.kind) {
     case segment_kind::allocated: return runtime_.host_free(s.base);
     case segment_kind::user: return runtime_.host_unregister(s.base);
     case segment_kind::mapped: {
-      cudaError_t const r = runtime_.host_unregister(s.base);
+      typename Runtime::error_type const r = runtime_.host_unregister(s.base);
       // Unmapped even when unregistering fails: the pages are the pool's alone.
       int const e = detail::unmap_host_pages(s.base, s.map_bytes);
-      return r != cudaSuccess ? r : (e != 0 ? cudaErrorInvalidValue : cudaSuccess);
+      return r != Runtime::success ? r : (e != 0 ? Runtime::invalid_value : Runtime::success);
     }
   }
-  return cudaErrorInvalidValue;
+  return Runtime::invalid_value;
 }
 
 template <class Runtime>
@@ -171,9 +171,9 @@ typename basic_pinned_pool<Runtime>::segment& basic_pinned_pool<Runtime>::grow_l
   bool const map = options_.growth == pinned_growth::map_and_register;
   ++(map ? stats_.num_host_registers : stats_.num_host_allocs);
   lock.unlock();
-  void* p               = nullptr;
-  std::size_t map_bytes = 0;
-  cudaError_t r         = cudaSuccess;
+  void* p                        = nullptr;
+  std::size_t map_bytes          = 0;
+  typename Runtime::error_type r = Runtime::success;
   if (map) {
     detail::host_mapping const m =
       detail::map_host_pages(bytes, options_.huge_pages, options_.pin_threads);
@@ -185,14 +185,14 @@ typename basic_pinned_pool<Runtime>::segment& basic_pinned_pool<Runtime>::grow_l
                       " bytes of host memory failed: " + std::strerror(m.error)};
     }
     r = runtime_.host_register(m.base, m.bytes, options_.register_flags);
-    if (r != cudaSuccess) { (void)detail::unmap_host_pages(m.base, m.bytes); }
+    if (r != Runtime::success) { (void)detail::unmap_host_pages(m.base, m.bytes); }
     p         = m.base;
     map_bytes = m.bytes;
   } else {
     r = runtime_.host_alloc(&p, bytes, options_.alloc_flags);
   }
   lock.lock();
-  if (r != cudaSuccess) {
+  if (r != Runtime::success) {
     reserved_ -= bytes;
     detail::throw_cuda_error(r, map ? call.host_register : call.host_alloc, __FILE__, __LINE__);
   }
@@ -238,9 +238,9 @@ template <class Runtime>
 void basic_pinned_pool<Runtime>::poll_pending_locked(std::size_t cls, bool all)
 {
   auto done = [this](device_event const& e) {
-    cudaError_t const r = runtime_.event_query(e.event);
-    if (r == cudaErrorNotReady) { return false; }
-    if (r != cudaSuccess) {
+    typename Runtime::error_type const r = runtime_.event_query(e.event);
+    if (r == Runtime::not_ready) { return false; }
+    if (r != Runtime::success) {
       detail::throw_cuda_error(r, "event_query (pinned_pool)", __FILE__, __LINE__);
     }
     return true;
@@ -378,10 +378,10 @@ basic_pinned_pool<Runtime>::record_events_locked(std::vector<used_stream>& strea
   std::vector<device_event> events;
   try {
     for (std::size_t i = 0; i < streams.size();) {
-      device_event const e = take_event_locked(streams[i].device);
-      cudaError_t const r  = runtime_.event_record(e.event, streams[i].stream);
-      if (r != cudaSuccess) { spare_events_.push_back(e); }
-      if (r == cudaErrorInvalidResourceHandle) {
+      device_event const e                 = take_event_locked(streams[i].device);
+      typename Runtime::error_type const r = runtime_.event_record(e.event, streams[i].stream);
+      if (r != Runtime::success) { spare_events_.push_back(e); }
+      if (r == Runtime::invalid_resource_handle) {
         device_guard<Runtime> guard{runtime_, streams[i].device};
         GPUKIT_CUDA_TRY(runtime_.device_synchronize());
         ++stats_.num_dead_streams;
@@ -522,9 +522,10 @@ void basic_pinned_pool<Runtime>::add_host_memory(void* ptr, std::size_t bytes)
   reserved_ += bytes;
   ++stats_.num_host_registers;
   lock.unlock();
-  cudaError_t const r = runtime_.host_register(ptr, bytes, options_.register_flags);
+  typename Runtime::error_type const r =
+    runtime_.host_register(ptr, bytes, options_.register_flags);
   lock.lock();
-  if (r != cudaSuccess) {
+  if (r != Runtime::success) {
     reserved_ -= bytes;
     detail::throw_cuda_error(r, "host_register (pinned_pool::add_host_memory)", __FILE__, __LINE__);
   }
@@ -576,15 +577,15 @@ std::size_t basic_pinned_pool<Runtime>::release_cached()
   }
   std::size_t released = 0;
   // The first failure is thrown once every range has been tried.
-  cudaError_t error       = cudaSuccess;
-  char const* failed_call = nullptr;
+  typename Runtime::error_type error = Runtime::success;
+  char const* failed_call            = nullptr;
   for (auto& s : dropped) {
-    cudaError_t const r = free_segment(*s);
+    typename Runtime::error_type const r = free_segment(*s);
     std::lock_guard<std::mutex> lock{mutex_};
     bool const freed = s->kind == segment_kind::allocated;
     ++(freed ? stats_.num_host_frees : stats_.num_host_unregisters);
-    if (r != cudaSuccess) {  // keep it out of the pool: the memory state is unknown
-      if (error == cudaSuccess) {
+    if (r != Runtime::success) {  // keep it out of the pool: the memory state is unknown
+      if (error == Runtime::success) {
         error       = r;
         failed_call = freed ? "host_free (pinned_pool::release_cached)"
                             : "host_unregister (pinned_pool::release_cached)";
@@ -596,7 +597,9 @@ std::size_t basic_pinned_pool<Runtime>::release_cached()
     bump(stats_.reserved_bytes, -static_cast<std::int64_t>(s->bytes));
     bump(stats_.segment_count, -1);
   }
-  if (error != cudaSuccess) { detail::throw_cuda_error(error, failed_call, __FILE__, __LINE__); }
+  if (error != Runtime::success) {
+    detail::throw_cuda_error(error, failed_call, __FILE__, __LINE__);
+  }
   return released;
 }
 

@@ -159,7 +159,7 @@ void basic_caching_allocator<Runtime>::teardown() noexcept
   std::lock_guard<std::mutex> lock{mutex_};
   std::uint64_t failed = 0;
   auto call            = [&](auto&& f) {
-    if (f() != cudaSuccess && f() != cudaSuccess) { ++failed; }
+    if (f() != Runtime::success && f() != Runtime::success) { ++failed; }
   };
   std::optional<device_guard<Runtime>> guard;
   for (int attempt = 0; attempt < 2 && !guard; ++attempt) {
@@ -207,7 +207,7 @@ void basic_caching_allocator<Runtime>::teardown() noexcept
       }
       call([&] { return runtime_.vm_free(seg->ptr, seg->size); });
     } else if (seg->stream_ordered) {
-      if (runtime_.free_async(seg->ptr, stream_type{}) != cudaSuccess) {
+      if (runtime_.free_async(seg->ptr, stream_type{}) != Runtime::success) {
         call([&] { return runtime_.free(seg->ptr); });
       }
     } else {
@@ -473,10 +473,10 @@ void basic_caching_allocator<Runtime>::defer_free(thread_cache& tc, block* b, vo
   try {
     for (stream_type s : b->recorded) {
       if (s == stream) { continue; }
-      event_type e        = take_event_locked();
-      cudaError_t const r = runtime_.event_record(e, s);
-      if (r != cudaSuccess) { streams_.spare_events.push_back(e); }
-      if (r == cudaErrorInvalidResourceHandle) {  // s was destroyed: the device is waited for
+      event_type e                         = take_event_locked();
+      typename Runtime::error_type const r = runtime_.event_record(e, s);
+      if (r != Runtime::success) { streams_.spare_events.push_back(e); }
+      if (r == Runtime::invalid_resource_handle) {  // s was destroyed: the device is waited for
         retire_dead_stream_locked(s);
         continue;
       }

@@ -80,9 +80,9 @@ void basic_cuda_stream<Runtime>::synchronize() const
 }
 
 template <class Runtime>
-cudaError_t basic_cuda_stream<Runtime>::synchronize_no_throw() const noexcept
+typename Runtime::error_type basic_cuda_stream<Runtime>::synchronize_no_throw() const noexcept
 {
-  if (state_ == nullptr) { return cudaErrorInvalidResourceHandle; }
+  if (state_ == nullptr) { return Runtime::invalid_resource_handle; }
   return state_->runtime->stream_synchronize(state_->stream);
 }
 
@@ -121,8 +121,8 @@ void basic_cuda_stream<Runtime>::destroy() noexcept
       detail::report_in_destructor("cuda_stream: forget_stream", e.what());
     }
   }
-  cudaError_t const e = st.runtime->stream_destroy(st.stream);
-  if (e != cudaSuccess) {
+  typename Runtime::error_type const e = st.runtime->stream_destroy(st.stream);
+  if (e != Runtime::success) {
     detail::report_in_destructor("cuda_stream: stream_destroy", Runtime::error_string(e));
   }
   state_.reset();

@@ -123,10 +123,10 @@ void* basic_caching_allocator<Runtime>::allocate_captured_locked(std::size_t byt
     std::size_t const seg_size = segment_size_for(size);
     std::size_t const limit    = limit_.load(std::memory_order_relaxed);
     if (limit != 0 && pool_.reserved + seg_size > limit) { throw_oom_locked(bytes, size); }
-    auto seg      = std::make_unique<segment>();
-    block* nb     = new_block_locked();
-    void* p       = nullptr;
-    cudaError_t e = cudaSuccess;
+    auto seg                       = std::make_unique<segment>();
+    block* nb                      = new_block_locked();
+    void* p                        = nullptr;
+    typename Runtime::error_type e = Runtime::success;
     {
       device_guard<Runtime> guard{runtime_, device_};
       int mode = cudaStreamCaptureModeRelaxed;
@@ -134,9 +134,9 @@ void* basic_caching_allocator<Runtime>::allocate_captured_locked(std::size_t byt
       e = runtime_.malloc(&p, seg_size);
       (void)runtime_.exchange_capture_mode(mode);
     }
-    if (e != cudaSuccess) {
+    if (e != Runtime::success) {
       recycle_block_locked(nb);
-      if (e == cudaErrorMemoryAllocation) { throw_oom_locked(bytes, size); }
+      if (e == Runtime::out_of_memory) { throw_oom_locked(bytes, size); }
       GPUKIT_CUDA_TRY(e);
     }
     adopt_segment_locked(nb, std::move(seg), p, seg_size, kind, cp.stream, false, cp.id);

@@ -73,16 +73,18 @@ void basic_caching_allocator<Runtime>::insert_unmapped_locked(block* b)
 // Unmaps page i of seg and keeps its physical memory as a spare page. Returns the runtime's
 // error (the page then stays mapped).
 template <class Runtime>
-cudaError_t basic_caching_allocator<Runtime>::unmap_page_locked(segment& seg, std::size_t i)
+typename Runtime::error_type basic_caching_allocator<Runtime>::unmap_page_locked(segment& seg,
+                                                                                 std::size_t i)
 {
-  cudaError_t const e = runtime_.vm_unmap(static_cast<char*>(seg.ptr) + i * seg.page, seg.page);
-  if (e != cudaSuccess) { return e; }
+  typename Runtime::error_type const e =
+    runtime_.vm_unmap(static_cast<char*>(seg.ptr) + i * seg.page, seg.page);
+  if (e != Runtime::success) { return e; }
   pages_.spare[spare_kind(seg.kind)].push_back(seg.handles[i]);
   seg.handles[i] = physical_handle{};
   seg.mapped[i]  = 0;
   --seg.mapped_pages;
   ++stats_.num_device_frees;
-  return cudaSuccess;
+  return Runtime::success;
 }
 
 // Unmaps up to `wanted` fully free pages at the top of free block b (whose work has completed:
@@ -91,8 +93,8 @@ cudaError_t basic_caching_allocator<Runtime>::unmap_page_locked(segment& seg, st
 // (that page stays mapped and free; the error is returned through `error`). Returns the pages
 // unmapped.
 template <class Runtime>
-std::size_t basic_caching_allocator<Runtime>::unmap_free_pages_locked(block* b, std::size_t wanted,
-                                                                      cudaError_t& error)
+std::size_t basic_caching_allocator<Runtime>::unmap_free_pages_locked(
+  block* b, std::size_t wanted, typename Runtime::error_type& error)
 {
   auto* seg                = static_cast<segment*>(b->segment);
   std::size_t const page   = seg->page;
@@ -105,7 +107,7 @@ std::size_t basic_caching_allocator<Runtime>::unmap_free_pages_locked(block* b, 
   std::size_t const lo = pe - std::min(pe - ps, wanted);
   std::size_t done     = 0;
   for (std::size_t i = pe; i-- > lo;) {
-    if (cudaError_t const e = unmap_page_locked(*seg, i); e != cudaSuccess) {
+    if (typename Runtime::error_type const e = unmap_page_locked(*seg, i); e != Runtime::success) {
       error = e;
       break;
     }
@@ -153,9 +155,9 @@ std::size_t basic_caching_allocator<Runtime>::harvest_pages_locked(int kind, std
     bool any = false;
     for (int k = 0; k < nkinds; ++k) { any = any || !sp->index[kinds[k]].empty(); }
     if (!any) { continue; }
-    cudaError_t const q = runtime_.stream_query(sp->stream);
+    typename Runtime::error_type const q = runtime_.stream_query(sp->stream);
     // Busy, or destroyed (retired by the next migration or release): not a donor now.
-    if (q == cudaErrorNotReady || q == cudaErrorInvalidResourceHandle) { continue; }
+    if (q == Runtime::not_ready || q == Runtime::invalid_resource_handle) { continue; }
     GPUKIT_CUDA_TRY(q);
     for (int k = 0; k < nkinds; ++k) { sp->index[kinds[k]].for_each(consider); }
   }
@@ -163,9 +165,9 @@ std::size_t basic_caching_allocator<Runtime>::harvest_pages_locked(int kind, std
   std::sort(donors.begin(), donors.end(), [](block* a, block* b) { return a->size > b->size; });
   std::size_t got = 0;
   for (block* b : donors) {
-    cudaError_t error = cudaSuccess;
+    typename Runtime::error_type error = Runtime::success;
     got += unmap_free_pages_locked(b, wanted - got, error);
-    if (error != cudaSuccess || got >= wanted) { break; }  // a failed unmap: grow instead
+    if (error != Runtime::success || got >= wanted) { break; }  // a failed unmap: grow instead
   }
   return got;
 }
@@ -196,18 +198,21 @@ bool basic_caching_allocator<Runtime>::map_pages_locked(segment& seg, std::size_
   for (std::size_t i = first; i < first + count; ++i) {
     if (seg.mapped[i] != 0) { continue; }  // left mapped by an undo that failed: access only
     mapped_page m{i, physical_handle{}, false};
-    if (cudaError_t const e = take_page_locked(kind, page, m); e != cudaSuccess) {
+    if (typename Runtime::error_type const e = take_page_locked(kind, page, m);
+        e != Runtime::success) {
       return undo_map_locked(seg, now, e, oom);
     }
-    if (cudaError_t const e = runtime_.vm_map(page_address(seg, i), page, m.handle);
-        e != cudaSuccess) {
+    if (typename Runtime::error_type const e =
+          runtime_.vm_map(page_address(seg, i), page, m.handle);
+        e != Runtime::success) {
       give_back_page_locked(kind, page, m);
       return undo_map_locked(seg, now, e, oom);
     }
     now.push_back(m);
   }
-  if (cudaError_t const e = runtime_.vm_set_access(page_address(seg, first), count * page, device_);
-      e != cudaSuccess) {
+  if (typename Runtime::error_type const e =
+        runtime_.vm_set_access(page_address(seg, first), count * page, device_);
+      e != Runtime::success) {
     // Pages left mapped by an earlier failed undo are in the range too: they stay as they were.
     return undo_map_locked(seg, now, e, oom);
   }
@@ -234,22 +239,24 @@ void* basic_caching_allocator<Runtime>::page_address(segment const& seg, std::si
 // Physical memory for one page: a spare page, else a new one within the limit
 // (cudaErrorMemoryAllocation beyond it).
 template <class Runtime>
-cudaError_t basic_caching_allocator<Runtime>::take_page_locked(int kind, std::size_t page,
-                                                               mapped_page& m)
+typename Runtime::error_type basic_caching_allocator<Runtime>::take_page_locked(int kind,
+                                                                                std::size_t page,
+                                                                                mapped_page& m)
 {
   if (!pages_.spare[kind].empty()) {
     m.handle = pages_.spare[kind].back();
     pages_.spare[kind].pop_back();
-    return cudaSuccess;
+    return Runtime::success;
   }
   std::size_t const limit = limit_.load(std::memory_order_relaxed);
-  if (limit != 0 && pool_.reserved + page > limit) { return cudaErrorMemoryAllocation; }
-  cudaError_t const e = runtime_.vm_create(m.handle, page, device_, options_.growable_shareable);
-  if (e != cudaSuccess) { return e; }
+  if (limit != 0 && pool_.reserved + page > limit) { return Runtime::out_of_memory; }
+  typename Runtime::error_type const e =
+    runtime_.vm_create(m.handle, page, device_, options_.growable_shareable);
+  if (e != Runtime::success) { return e; }
   m.fresh = true;
   pool_.reserved += page;
   ++stats_.num_pages_created;
-  return cudaSuccess;
+  return Runtime::success;
 }
 
 // An unmapped page's memory: released if this transaction created it, else (or if that fails)
@@ -258,7 +265,7 @@ template <class Runtime>
 void basic_caching_allocator<Runtime>::give_back_page_locked(int kind, std::size_t page,
                                                              mapped_page const& m)
 {
-  if (m.fresh && runtime_.vm_release(m.handle) == cudaSuccess) {
+  if (m.fresh && runtime_.vm_release(m.handle) == Runtime::success) {
     pool_.reserved -= page;
     ++stats_.num_pages_released;
   } else {
@@ -271,10 +278,10 @@ void basic_caching_allocator<Runtime>::give_back_page_locked(int kind, std::size
 template <class Runtime>
 bool basic_caching_allocator<Runtime>::undo_map_locked(segment& seg,
                                                        std::vector<mapped_page> const& now,
-                                                       cudaError_t e, bool& oom)
+                                                       typename Runtime::error_type e, bool& oom)
 {
   for (auto it = now.rbegin(); it != now.rend(); ++it) {
-    if (runtime_.vm_unmap(page_address(seg, it->index), seg.page) != cudaSuccess) {
+    if (runtime_.vm_unmap(page_address(seg, it->index), seg.page) != Runtime::success) {
       seg.handles[it->index] = it->handle;  // still mapped, never made accessible
       seg.mapped[it->index]  = 1;
       ++seg.mapped_pages;
@@ -282,7 +289,7 @@ bool basic_caching_allocator<Runtime>::undo_map_locked(segment& seg,
     }
     give_back_page_locked(spare_kind(seg.kind), seg.page, *it);
   }
-  if (e == cudaErrorMemoryAllocation) {
+  if (e == Runtime::out_of_memory) {
     oom = true;
     return false;
   }
@@ -297,22 +304,22 @@ typename basic_caching_allocator<Runtime>::block*
 basic_caching_allocator<Runtime>::reserve_growable_locked(std::size_t size, int kind,
                                                           stream_type stream, bool& oom)
 {
-  std::size_t const page = pages_.page_bytes[kind];
-  std::size_t reserve    = options_.growable_reserve_bytes != 0
-                             ? detail::round_up(options_.growable_reserve_bytes, page)
-                             : detail::round_up(device_total_ / 8 * 9, page);
-  reserve                = std::max(reserve, detail::round_up(size, page));
-  auto seg               = std::make_unique<segment>();
-  block* b               = new_block_locked();
-  void* p                = nullptr;
-  cudaError_t e          = cudaSuccess;
+  std::size_t const page         = pages_.page_bytes[kind];
+  std::size_t reserve            = options_.growable_reserve_bytes != 0
+                                     ? detail::round_up(options_.growable_reserve_bytes, page)
+                                     : detail::round_up(device_total_ / 8 * 9, page);
+  reserve                        = std::max(reserve, detail::round_up(size, page));
+  auto seg                       = std::make_unique<segment>();
+  block* b                       = new_block_locked();
+  void* p                        = nullptr;
+  typename Runtime::error_type e = Runtime::success;
   {
     device_guard<Runtime> guard{runtime_, device_};
     e = runtime_.vm_reserve(&p, reserve, 0);
   }
-  if (e != cudaSuccess) {
+  if (e != Runtime::success) {
     recycle_block_locked(b);
-    if (e == cudaErrorMemoryAllocation) {
+    if (e == Runtime::out_of_memory) {
       oom = true;
       return nullptr;
     }
@@ -467,8 +474,8 @@ void basic_caching_allocator<Runtime>::unmap_released_blocks_locked(std::size_t 
     for (auto& idx : sp->index) { idx.for_each(collect); }
     if (blocks.empty()) { continue; }
     blocks.clear();
-    cudaError_t const e = runtime_.stream_synchronize(sp->stream);
-    if (e == cudaErrorInvalidResourceHandle) {
+    typename Runtime::error_type const e = runtime_.stream_synchronize(sp->stream);
+    if (e == Runtime::invalid_resource_handle) {
       dead.push_back(sp->stream);
     } else {
       GPUKIT_CUDA_TRY(e);
@@ -486,7 +493,7 @@ void basic_caching_allocator<Runtime>::unmap_released_blocks_locked(std::size_t 
   std::sort(blocks.begin(), blocks.end(), [](block* a, block* b) { return a->size > b->size; });
   for (block* b : blocks) {
     if (pool_.reserved <= target) { break; }
-    cudaError_t error = cudaSuccess;
+    typename Runtime::error_type error = Runtime::success;
     unmap_free_pages_locked(b, std::numeric_limits<std::size_t>::max(), error);
     release_spare_pages_locked(target);
     GPUKIT_CUDA_TRY(error);

@@ -93,9 +93,9 @@ void basic_caching_allocator<Runtime>::settle_frees_locked(recovery_request& r)
   if (r.freed_on.empty()) { return; }
   device_guard<Runtime> guard{runtime_, device_};
   while (!r.freed_on.empty()) {
-    stream_type const fs = r.freed_on.back();
-    cudaError_t const e  = runtime_.stream_synchronize(fs);
-    if (e == cudaErrorInvalidResourceHandle) {
+    stream_type const fs                 = r.freed_on.back();
+    typename Runtime::error_type const e = runtime_.stream_synchronize(fs);
+    if (e == Runtime::invalid_resource_handle) {
       retire_dead_stream_locked(fs);  // synchronizes the device: every free issued has landed
     } else {
       GPUKIT_CUDA_TRY(e);

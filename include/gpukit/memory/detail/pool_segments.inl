@@ -112,18 +112,18 @@ basic_caching_allocator<Runtime>::new_segment_locked(std::size_t size, int kind,
                    "begin_capture(stream) on the allocator before allocating during capture");
   }
   // Host-side bookkeeping first, so that a failure after the runtime call cannot leak memory.
-  auto seg      = std::make_unique<segment>();
-  block* b      = new_block_locked();
-  void* p       = nullptr;
-  cudaError_t e = cudaSuccess;
+  auto seg                       = std::make_unique<segment>();
+  block* b                       = new_block_locked();
+  void* p                        = nullptr;
+  typename Runtime::error_type e = Runtime::success;
   {
     device_guard<Runtime> guard{runtime_, device_};
     e =
       stream_ordered_ ? runtime_.malloc_async(&p, seg_size, stream) : runtime_.malloc(&p, seg_size);
   }
-  if (e != cudaSuccess) {
+  if (e != Runtime::success) {
     recycle_block_locked(b);
-    if (e == cudaErrorMemoryAllocation) {
+    if (e == Runtime::out_of_memory) {
       oom = true;
       return nullptr;
     }

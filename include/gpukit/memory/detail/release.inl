@@ -72,9 +72,9 @@ std::size_t basic_caching_allocator<Runtime>::release_locked(std::size_t target,
     // Stream-ordered: freed in the order of the stream that last used it, so no wait at all.
     stream_type on = b->global ? stream_type{} : b->stream;
     if (options_.nvtx_annotate) { unregister_memory_heap(seg->nvtx_heap); }  // before the free
-    cudaError_t e =
+    typename Runtime::error_type e =
       seg->stream_ordered ? runtime_.free_async(seg->ptr, on) : runtime_.free(seg->ptr);
-    if (e == cudaErrorInvalidResourceHandle && seg->stream_ordered && !capture) {
+    if (e == Runtime::invalid_resource_handle && seg->stream_ordered && !capture) {
       retire_dead_stream_locked(on);  // destroyed: the device waited for, then the null stream
       on = stream_type{};
       e  = runtime_.free_async(seg->ptr, on);

@@ -55,9 +55,9 @@ bool basic_caching_allocator<Runtime>::check_stream_locked(stream_type stream, c
                                            stream) != streams_.checked.end()) {
     return true;
   }
-  int d               = -1;
-  cudaError_t const r = runtime_.stream_get_device(stream, d);
-  if (dead_ok && r == cudaErrorInvalidResourceHandle) {
+  int d                                = -1;
+  typename Runtime::error_type const r = runtime_.stream_get_device(stream, d);
+  if (dead_ok && r == Runtime::invalid_resource_handle) {
     retire_dead_stream_locked(stream);
     return false;
   }
@@ -97,7 +97,7 @@ template <class Runtime>
 void basic_caching_allocator<Runtime>::retire_dead_stream_locked(stream_type stream)
 {
   if (capture_.underway.load(std::memory_order_relaxed) != 0) {
-    GPUKIT_CUDA_TRY(cudaErrorInvalidResourceHandle);  // no synchronization during a capture
+    GPUKIT_CUDA_TRY(Runtime::invalid_resource_handle);  // no synchronization during a capture
   }
   {
     device_guard<Runtime> guard{runtime_, device_};
@@ -160,8 +160,9 @@ std::size_t basic_caching_allocator<Runtime>::poll_pending_locked(bool wait)
     auto& pf  = streams_.pending[i];
     bool done = true;
     for (event_type e : pf.events) {
-      cudaError_t const q = wait ? runtime_.event_synchronize(e) : runtime_.event_query(e);
-      if (q == cudaErrorNotReady) {
+      typename Runtime::error_type const q =
+        wait ? runtime_.event_synchronize(e) : runtime_.event_query(e);
+      if (q == Runtime::not_ready) {
         done = false;
         break;
       }
@@ -198,10 +199,10 @@ std::size_t basic_caching_allocator<Runtime>::migrate_locked(stream_type request
   for (auto& sp : streams_.pools) {
     if (sp->stream == requester || (sp->index[0].empty() && sp->index[1].empty())) { continue; }
     if (!sp->migrating) {
-      event_type e        = take_event_locked();
-      cudaError_t const r = runtime_.event_record(e, sp->stream);
-      if (r != cudaSuccess) { streams_.spare_events.push_back(e); }
-      if (r == cudaErrorInvalidResourceHandle) {
+      event_type e                         = take_event_locked();
+      typename Runtime::error_type const r = runtime_.event_record(e, sp->stream);
+      if (r != Runtime::success) { streams_.spare_events.push_back(e); }
+      if (r == Runtime::invalid_resource_handle) {
         dead.push_back(sp->stream);
         continue;
       }
@@ -211,9 +212,9 @@ std::size_t basic_caching_allocator<Runtime>::migrate_locked(stream_type request
       sp->migrating       = true;
       ++stats_.num_cross_stream_events;
     }
-    cudaError_t const q = wait ? runtime_.event_synchronize(sp->migration_event)
-                               : runtime_.event_query(sp->migration_event);
-    if (q == cudaErrorNotReady) { continue; }
+    typename Runtime::error_type const q = wait ? runtime_.event_synchronize(sp->migration_event)
+                                                : runtime_.event_query(sp->migration_event);
+    if (q == Runtime::not_ready) { continue; }
     GPUKIT_CUDA_TRY(q);
     streams_.spare_events.push_back(sp->migration_event);
     sp->migrating = false;
@@ -295,8 +296,9 @@ void basic_caching_allocator<Runtime>::forget_stream_locked(stream_type stream, 
   }
   if (!synchronized) {
     device_guard<Runtime> guard{runtime_, device_};
-    cudaError_t const r = runtime_.stream_synchronize(stream);  // the work queued on it so far
-    if (r == cudaErrorInvalidResourceHandle) {
+    typename Runtime::error_type const r =
+      runtime_.stream_synchronize(stream);  // the work queued on it so far
+    if (r == Runtime::invalid_resource_handle) {
       retire_dead_stream_locked(stream);
       return;
     }
