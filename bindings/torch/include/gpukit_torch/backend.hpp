@@ -133,12 +133,12 @@ struct memory_state {
 
 /// What out-of-memory observers are told (PyTorch's OutOfMemoryObserver arguments, and why).
 struct oom_info {
+  std::string message;  ///< gpukit's report
   int device{0};
   std::size_t requested{0};
   std::size_t allocated{0};
   std::size_t device_total{0};
   std::size_t device_free{0};
-  std::string message;  ///< gpukit's report
 };
 
 /// PyTorch's allocator interface over gpukit caching allocators (see the top of this header).
