@@ -16,7 +16,6 @@
 #include "runtime/conformance.hpp"  // patterns, gates
 
 #include <gpukit/memory/caching_allocator.hpp>
-#include <gpukit/memory/detail/allocator_invariants.hpp>
 #include <gpukit/memory/cuda_stream.hpp>
 #include <gpukit/memory/current_resource.hpp>
 #include <gpukit/memory/detail/allocator_invariants.hpp>
