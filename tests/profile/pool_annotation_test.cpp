@@ -32,7 +32,11 @@ TEST_SUITE("profile")
   {
     REQUIRE(tool_attached);
     {
-      gpukit::basic_caching_allocator<gpukit::sim_runtime> alloc{sim, 0};
+      // compute-sanitizer takes NVTX heaps only over cudaMalloc memory: synchronous segments are
+      // described; stream-ordered and growable ones only in debug mode (debug_mode_test).
+      gpukit::caching_allocator_options sync;
+      sync.source = gpukit::segment_source::synchronous;
+      gpukit::basic_caching_allocator<gpukit::sim_runtime> alloc{sim, 0, sync};
       clear_nvtx_records();
       void* a = alloc.allocate_async(1000, s);  // a 2 MiB small segment, a 1024-byte block
       void* b = alloc.allocate_async(1000, s);  // the next block of the same segment
