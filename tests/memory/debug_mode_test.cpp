@@ -2,6 +2,8 @@
 // The caching allocator's debug mode on the simulated GPU: poisoning of freed blocks, the
 // quarantine (reuse delayed, double frees caught while a block waits in it), the GPUKIT_DEBUG
 // switch, and the segment source it takes when a sanitizer is attached.
+#include "support/caching_allocator.hpp"
+
 #include <gpukit/memory/caching_allocator.hpp>
 #include <gpukit/runtime/sim_runtime.hpp>
 
@@ -10,6 +12,7 @@
 #include <cstdlib>
 #include <vector>
 
+using namespace gpukit::test;  // one_device, mib, gib
 using gpukit::sim_op;
 using gpukit::sim_runtime;
 using sim_allocator = gpukit::basic_caching_allocator<sim_runtime>;
@@ -17,9 +20,7 @@ using stream_t      = sim_runtime::stream_type;
 
 namespace {
 
-constexpr std::size_t GiB = std::size_t{1} << 30;
-
-sim_runtime make_sim() { return sim_runtime{gpukit::sim_config{}.with_devices(1, 16 * GiB)}; }
+sim_runtime make_sim() { return sim_runtime{gpukit::sim_config{}.with_devices(1, 16 * gib)}; }
 
 // A simulated GPU and a stream; an allocator declared after it goes first.
 struct sim_and_stream {

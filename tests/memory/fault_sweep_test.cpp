@@ -8,6 +8,8 @@
 // back to zero bytes in use. Prints "fault points tried: N, survived: N".
 //
 // GPUKIT_FAULT_SWEEP_STRIDE=k tries every k-th call index only (default 1: all of them).
+#include "support/caching_allocator.hpp"
+
 #include <gpukit/memory/caching_allocator.hpp>
 #include <gpukit/memory/detail/allocator_invariants.hpp>
 #include <gpukit/runtime/sim_runtime.hpp>
@@ -22,14 +24,13 @@
 #include <thread>
 #include <vector>
 
+using namespace gpukit::test;  // one_device, mib, gib
 using gpukit::sim_op;
 using gpukit::sim_runtime;
 using sim_allocator = gpukit::basic_caching_allocator<sim_runtime>;
 using stream_t      = sim_runtime::stream_type;
 
 namespace {
-
-constexpr std::size_t MiB = std::size_t{1} << 20;
 
 struct live_block {
   void* p;
@@ -53,7 +54,7 @@ class sweep_run {
   run_result run()
   {
     run_result r;
-    sim_runtime sim{gpukit::sim_config{}.with_devices(1, 256 * MiB)};
+    sim_runtime sim{gpukit::sim_config{}.with_devices(1, 256 * mib)};
     stream_t s1{}, s2{};
     GPUKIT_CUDA_TRY(sim.stream_create(s1));
     GPUKIT_CUDA_TRY(sim.stream_create(s2));
@@ -141,7 +142,7 @@ class sweep_run {
 
   void workload(sim_runtime& sim, sim_allocator& a, run_result& r)
   {
-    std::size_t const sizes[] = {512, 4096, 200 * 1024, 3 * MiB, 12 * MiB, 40 * MiB};
+    std::size_t const sizes[] = {512, 4096, 200 * 1024, 3 * mib, 12 * mib, 40 * mib};
     // Random allocations and frees over two streams, some frees on the other stream.
     for (int i = 0; i < 24; ++i) {
       stream_t const s = streams_[next() % 2];
@@ -161,12 +162,12 @@ class sweep_run {
       t.join();
     }
     // Cross-stream reuse (migration), then out of memory and its recovery.
-    alloc_step(r, a, 40 * MiB, streams_[1]);
-    for (int i = 0; i < 6; ++i) { alloc_step(r, a, 60 * MiB, streams_[i % 2]); }
+    alloc_step(r, a, 40 * mib, streams_[1]);
+    for (int i = 0; i < 6; ++i) { alloc_step(r, a, 60 * mib, streams_[i % 2]); }
     while (live_.size() > 4) { free_step(r, a, live_.size() - 1, streams_[0]); }
-    step(r, "trim", [&] { (void)a.trim(8 * MiB); });
+    step(r, "trim", [&] { (void)a.trim(8 * mib); });
     step(r, "release", [&] { (void)a.release(); });
-    alloc_step(r, a, 100 * MiB, streams_[0]);
+    alloc_step(r, a, 100 * mib, streams_[0]);
     capture(sim, a, r);
     while (!live_.empty()) { free_step(r, a, 0, live_.front().stream); }
     step(r, "forget_stream", [&] { a.forget_stream(streams_[1]); });
@@ -180,8 +181,8 @@ class sweep_run {
     for (int attempt = 0; attempt < 2; ++attempt) {
       std::uint64_t const pending = sim.pending_faults();
       try {
-        void* p = a.allocate_async(5 * MiB, streams_[1]);
-        a.deallocate_async(p, 5 * MiB, streams_[1]);
+        void* p = a.allocate_async(5 * mib, streams_[1]);
+        a.deallocate_async(p, 5 * mib, streams_[1]);
         break;
       } catch (std::exception const& e) {
         if (attempt == 1 || sim.pending_faults() == pending) {
@@ -200,7 +201,7 @@ class sweep_run {
     step(r, "begin_capture", [&] { id = a.begin_capture(s); });
     if (id) {
       std::size_t const before = live_.size();
-      alloc_step(r, a, 2 * MiB, s);
+      alloc_step(r, a, 2 * mib, s);
       alloc_step(r, a, 4096, s);
       step(r, "release during capture", [&] { (void)a.release(); });
       while (live_.size() > before) { free_step(r, a, live_.size() - 1, s); }

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // The caching allocator and the pinned pool where streams die, captures run, memory comes back
 // late, the runtime fails in the destructor, and sizes or options are absurd (simulated GPU).
+#include "support/caching_allocator.hpp"
+
 #include <gpukit/host/pinned_pool.hpp>
 #include <gpukit/memory/caching_allocator.hpp>
 #include <gpukit/memory/detail/allocator_invariants.hpp>
@@ -18,20 +20,13 @@
 #include <thread>
 #include <vector>
 
+using namespace gpukit::test;  // one_device, mib, gib
 using gpukit::sim_op;
 using gpukit::sim_runtime;
 using sim_allocator = gpukit::basic_caching_allocator<sim_runtime>;
 using stream_t      = sim_runtime::stream_type;
 
 namespace {
-
-constexpr std::size_t MiB = std::size_t{1} << 20;
-constexpr std::size_t GiB = std::size_t{1} << 30;
-
-gpukit::sim_config one_device(std::size_t capacity = 4 * GiB)
-{
-  return gpukit::sim_config{}.with_devices(1, capacity);
-}
 
 stream_t new_stream(sim_runtime& sim)
 {
@@ -67,18 +62,18 @@ TEST_SUITE("robustness")
 {
   TEST_CASE("a free on a destroyed stream the allocator never saw leaves it serving")
   {
-    sim_runtime sim{one_device()};
+    sim_runtime sim{one_device(4 * gib)};
     stream_t const a = new_stream(sim), dead = new_stream(sim), b = new_stream(sim);
     {
       sim_allocator alloc{sim, 0};
-      void* p = alloc.allocate_async(4 * MiB, a);
+      void* p = alloc.allocate_async(4 * mib, a);
       GPUKIT_CUDA_TRY(sim.stream_destroy(dead));
-      CHECK_NOTHROW(alloc.deallocate_async(p, 4 * MiB, dead));
+      CHECK_NOTHROW(alloc.deallocate_async(p, 4 * mib, dead));
       CHECK(alloc.stats().num_dead_streams == 1);
       void* q = nullptr;
-      CHECK_NOTHROW(q = alloc.allocate_async(4 * MiB, b));  // the cross-stream path
+      CHECK_NOTHROW(q = alloc.allocate_async(4 * mib, b));  // the cross-stream path
       CHECK(q == p);                                        // the block came back, for everyone
-      alloc.deallocate_async(q, 4 * MiB, b);
+      alloc.deallocate_async(q, 4 * mib, b);
       CHECK_NOTHROW(alloc.forget_stream(dead));
       CHECK_NOTHROW(alloc.release());
       CHECK(gpukit::detail::check_invariants(alloc) == "");
@@ -92,16 +87,16 @@ TEST_SUITE("robustness")
   TEST_CASE(
     "blocks cached for a stream destroyed without forget_stream do not poison the allocator")
   {
-    sim_runtime sim{one_device()};
+    sim_runtime sim{one_device(4 * gib)};
     stream_t const dead = new_stream(sim), b = new_stream(sim);
     sim_allocator alloc{sim, 0};
-    void* p = alloc.allocate_async(4 * MiB, dead);
-    alloc.deallocate_async(p, 4 * MiB, dead);
+    void* p = alloc.allocate_async(4 * mib, dead);
+    alloc.deallocate_async(p, 4 * mib, dead);
     GPUKIT_CUDA_TRY(sim.stream_destroy(dead));
     for (int i = 0; i < 3; ++i) {  // every cross-stream allocation, not only the first
       void* q = nullptr;
-      CHECK_NOTHROW(q = alloc.allocate_async(4 * MiB, b));
-      alloc.deallocate_async(q, 4 * MiB, b);
+      CHECK_NOTHROW(q = alloc.allocate_async(4 * mib, b));
+      alloc.deallocate_async(q, 4 * mib, b);
       CHECK_NOTHROW(alloc.forget_stream(b));
     }
     CHECK_NOTHROW(alloc.forget_stream(dead));
@@ -116,20 +111,20 @@ TEST_SUITE("robustness")
     for (auto source : {gpukit::segment_source::stream_ordered, gpukit::segment_source::synchronous,
                         gpukit::segment_source::growable}) {
       CAPTURE(static_cast<int>(source));
-      sim_runtime sim{one_device()};
+      sim_runtime sim{one_device(4 * gib)};
       stream_t const dead = new_stream(sim), other = new_stream(sim);
       {
         sim_allocator alloc{sim, 0, with_source(source)};
-        void* p = alloc.allocate_async(16 * MiB, dead);
-        void* q = alloc.allocate_async(MiB, dead);
-        alloc.deallocate_async(p, 16 * MiB, dead);
-        alloc.deallocate_async(q, MiB, dead);
+        void* p = alloc.allocate_async(16 * mib, dead);
+        void* q = alloc.allocate_async(mib, dead);
+        alloc.deallocate_async(p, 16 * mib, dead);
+        alloc.deallocate_async(q, mib, dead);
         GPUKIT_CUDA_TRY(sim.stream_destroy(dead));
         CHECK_NOTHROW(alloc.release());
         CHECK_NOTHROW(alloc.forget_stream(dead));
         void* r = nullptr;
-        CHECK_NOTHROW(r = alloc.allocate_async(64 * MiB, other));
-        alloc.deallocate_async(r, 64 * MiB, other);
+        CHECK_NOTHROW(r = alloc.allocate_async(64 * mib, other));
+        alloc.deallocate_async(r, 64 * mib, other);
         CHECK_NOTHROW(alloc.forget_stream(other));
         CHECK_NOTHROW(alloc.release());
         CHECK(alloc.stats().reserved_bytes.current == 0);
@@ -143,7 +138,7 @@ TEST_SUITE("robustness")
 
   TEST_CASE("a free on another device's stream is refused and changes nothing")
   {
-    sim_runtime sim{gpukit::sim_config{}.with_devices(2, 4 * GiB)};
+    sim_runtime sim{gpukit::sim_config{}.with_devices(2, 4 * gib)};
     GPUKIT_CUDA_TRY(sim.set_device(1));
     stream_t const other = new_stream(sim);
     GPUKIT_CUDA_TRY(sim.set_device(0));
@@ -159,19 +154,19 @@ TEST_SUITE("robustness")
 
   TEST_CASE("a block whose record_stream stream was destroyed can be freed")
   {
-    sim_runtime sim{one_device()};
+    sim_runtime sim{one_device(4 * gib)};
     stream_t const a = new_stream(sim), used = new_stream(sim);
     {
       sim_allocator alloc{sim, 0};
-      void* p = alloc.allocate_async(4 * MiB, a);
+      void* p = alloc.allocate_async(4 * mib, a);
       alloc.record_stream(p, used);
       GPUKIT_CUDA_TRY(sim.stream_destroy(used));
-      CHECK_NOTHROW(alloc.deallocate_async(p, 4 * MiB, a));
+      CHECK_NOTHROW(alloc.deallocate_async(p, 4 * mib, a));
       CHECK(alloc.stats().allocated_bytes.current == 0);
       CHECK(alloc.stats().num_dead_streams == 1);
-      void* q = alloc.allocate_async(4 * MiB, a);
+      void* q = alloc.allocate_async(4 * mib, a);
       CHECK(q == p);
-      alloc.deallocate_async(q, 4 * MiB, a);
+      alloc.deallocate_async(q, 4 * mib, a);
       CHECK(gpukit::detail::check_invariants(alloc) == "");
     }
     settle(sim);
@@ -181,28 +176,28 @@ TEST_SUITE("robustness")
 
   TEST_CASE("pinned_pool: a buffer whose record_stream stream was destroyed comes back")
   {
-    sim_runtime sim{one_device()};
+    sim_runtime sim{one_device(4 * gib)};
     stream_t const used = new_stream(sim);
     gpukit::basic_pinned_pool<sim_runtime> pool{sim};
     {
-      auto buf = pool.acquire(MiB);
+      auto buf = pool.acquire(mib);
       buf.record_stream(used);
       GPUKIT_CUDA_TRY(sim.stream_destroy(used));
     }  // ~pinned_buffer
     CHECK(pool.stats().allocated_bytes.current == 0);
     CHECK(pool.stats().num_dead_streams == 1);
-    void* p = pool.allocate(MiB);
+    void* p = pool.allocate(mib);
     CHECK(p != nullptr);
     pool.deallocate(p);
   }
 
   TEST_CASE("release during a graph capture issues no free on the capturing stream")
   {
-    sim_runtime sim{one_device()};
+    sim_runtime sim{one_device(4 * gib)};
     stream_t const s = new_stream(sim);
     sim_allocator alloc{sim, 0, with_source(gpukit::segment_source::stream_ordered)};
-    void* p = alloc.allocate_async(16 * MiB, s);
-    alloc.deallocate_async(p, 16 * MiB, s);
+    void* p = alloc.allocate_async(16 * mib, s);
+    alloc.deallocate_async(p, 16 * mib, s);
     GPUKIT_CUDA_TRY(sim.begin_capture(s));
     auto const id        = alloc.begin_capture(s);
     auto const frees     = sim.calls(sim_op::free_async);
@@ -213,7 +208,7 @@ TEST_SUITE("robustness")
     alloc.end_capture(s);
     GPUKIT_CUDA_TRY(sim.end_capture(s));
     alloc.release_capture_pool(id);
-    CHECK(alloc.release() == 16 * MiB);
+    CHECK(alloc.release() == 16 * mib);
     GPUKIT_CUDA_TRY(sim.stream_synchronize(s));
     CHECK(sim.used_bytes(0) == 0);
     alloc.forget_stream(s);
@@ -222,18 +217,18 @@ TEST_SUITE("robustness")
 
   TEST_CASE("out of memory is never reported while frees release() issued are on their way")
   {
-    sim_runtime sim{one_device(GiB)};
+    sim_runtime sim{one_device(gib)};
     stream_t const busy = new_stream(sim), other = new_stream(sim);
     sim_allocator alloc{sim, 0, with_source(gpukit::segment_source::stream_ordered)};
-    void* p = alloc.allocate_async(700 * MiB, busy);
-    alloc.deallocate_async(p, 700 * MiB, busy);
+    void* p = alloc.allocate_async(700 * mib, busy);
+    alloc.deallocate_async(p, 700 * mib, busy);
     // The stream is busy for a while: the free release() queues behind that work.
     GPUKIT_CUDA_TRY(sim.launch_host_func(
       busy, [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(200)); }, nullptr));
-    CHECK(alloc.release() == 700 * MiB);
+    CHECK(alloc.release() == 700 * mib);
     void* q = nullptr;
-    CHECK_NOTHROW(q = alloc.allocate_async(700 * MiB, other));
-    if (q != nullptr) { alloc.deallocate_async(q, 700 * MiB, other); }
+    CHECK_NOTHROW(q = alloc.allocate_async(700 * mib, other));
+    if (q != nullptr) { alloc.deallocate_async(q, 700 * mib, other); }
     alloc.forget_stream(busy);
     alloc.forget_stream(other);
     (void)sim.stream_destroy(busy);
@@ -244,7 +239,7 @@ TEST_SUITE("robustness")
   {
     // retry_on_oom as its header shows it: activations per step, the micro-batch halved on each
     // out-of-memory. The stream is busy computing, so the frees release() issues land late.
-    sim_runtime sim{one_device(GiB)};
+    sim_runtime sim{one_device(gib)};
     stream_t const s = new_stream(sim);
     sim_allocator alloc{sim, 0, with_source(gpukit::segment_source::stream_ordered)};
     int micro_batch = 32;
@@ -252,15 +247,15 @@ TEST_SUITE("robustness")
       std::vector<void*> acts;
       try {
         for (int i = 0; i < micro_batch; ++i) {
-          acts.push_back(alloc.allocate_async(64 * MiB, s));
+          acts.push_back(alloc.allocate_async(64 * mib, s));
           GPUKIT_CUDA_TRY(sim.launch_host_func(
                   s, [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(5)); }, nullptr));
         }
       } catch (...) {
-        for (void* p : acts) { alloc.deallocate_async(p, 64 * MiB, s); }
+        for (void* p : acts) { alloc.deallocate_async(p, 64 * mib, s); }
         throw;
       }
-      for (void* p : acts) { alloc.deallocate_async(p, 64 * MiB, s); }
+      for (void* p : acts) { alloc.deallocate_async(p, 64 * mib, s); }
     };
     gpukit::retry_report report;
     CHECK_NOTHROW(
@@ -281,15 +276,15 @@ TEST_SUITE("robustness")
     for (sim_op op : {sim_op::get_device, sim_op::free_async, sim_op::device_synchronize,
                       sim_op::event_destroy}) {
       CAPTURE(gpukit::to_string(op));
-      sim_runtime sim{one_device()};
+      sim_runtime sim{one_device(4 * gib)};
       stream_t const a = new_stream(sim), b = new_stream(sim);
       {
         sim_allocator alloc{sim, 0};
-        void* p = alloc.allocate_async(8 * MiB, a);
-        void* q = alloc.allocate_async(8 * MiB, b);
-        alloc.deallocate_async(p, 8 * MiB, a);
-        (void)alloc.allocate_async(8 * MiB, b);  // migrates p across: an event to destroy
-        alloc.deallocate_async(q, 8 * MiB, b);
+        void* p = alloc.allocate_async(8 * mib, a);
+        void* q = alloc.allocate_async(8 * mib, b);
+        alloc.deallocate_async(p, 8 * mib, a);
+        (void)alloc.allocate_async(8 * mib, b);  // migrates p across: an event to destroy
+        alloc.deallocate_async(q, 8 * mib, b);
         sim.inject_fault(op, 1, cudaErrorUnknown);
       }  // must not throw (that would terminate)
       sim.clear_faults();
@@ -302,11 +297,11 @@ TEST_SUITE("robustness")
 
   TEST_CASE("the destructor counts what keeps failing")
   {
-    sim_runtime sim{one_device()};
+    sim_runtime sim{one_device(4 * gib)};
     auto const before = gpukit::caching_allocator_teardown_failures();
     {
       sim_allocator alloc{sim, 0, with_source(gpukit::segment_source::synchronous)};
-      (void)alloc.allocate_async(MiB, stream_t{});
+      (void)alloc.allocate_async(mib, stream_t{});
       sim.inject_fault(sim_op::free, 1, cudaErrorUnknown);
       sim.inject_fault(sim_op::free, 2, cudaErrorUnknown);
     }
@@ -328,17 +323,17 @@ TEST_SUITE("robustness")
     CHECK(gpukit::detail::tlsf_floor_class(huge) < gpukit::detail::tlsf_class_count);
     gpukit::detail::tlsf_index<gpukit::detail::caching_block<sim_runtime>> idx;
     gpukit::detail::caching_block<sim_runtime> blk;
-    blk.size = MiB;
+    blk.size = mib;
     idx.insert(&blk);
     CHECK(idx.find(std::size_t{1} << 49) == nullptr);
     CHECK(idx.find(std::size_t{1} << 55) == nullptr);
     CHECK(idx.find(huge) == nullptr);
-    CHECK(idx.find(MiB) == &blk);
+    CHECK(idx.find(mib) == &blk);
   }
 
   TEST_CASE("absurd options are refused with the field and the value named")
   {
-    sim_runtime sim{one_device()};
+    sim_runtime sim{one_device(4 * gib)};
     auto refused = [&](char const* field, auto&& set) {
       gpukit::caching_allocator_options o;
       set(o);

@@ -17,6 +17,8 @@
 // a broken runtime fails the case instead of hanging it.
 #pragma once
 
+#include "support/wait.hpp"
+
 #include <gpukit/runtime/runtime.hpp>
 
 #include <doctest/doctest.h>
@@ -91,16 +93,6 @@ inline std::size_t value_mismatch(void const* p, std::size_t n, unsigned char va
   return n;
 }
 
-template <class Pred>
-bool wait_until(Pred pred, std::chrono::milliseconds timeout = std::chrono::milliseconds{5000})
-{
-  auto const deadline = std::chrono::steady_clock::now() + timeout;
-  while (!pred()) {
-    if (std::chrono::steady_clock::now() > deadline) { return false; }
-    std::this_thread::sleep_for(std::chrono::microseconds{100});
-  }
-  return true;
-}
 
 /// A host function that holds its stream until the test opens it (or 10 s pass).
 struct gate {
