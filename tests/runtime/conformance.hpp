@@ -93,7 +93,6 @@ inline std::size_t value_mismatch(void const* p, std::size_t n, unsigned char va
   return n;
 }
 
-
 /// A host function that holds its stream until the test opens it (or 10 s pass).
 struct gate {
   std::atomic<bool> open{false};
