@@ -12,11 +12,9 @@
 #include <cstdlib>
 #include <vector>
 
-using namespace gpukit::test;  // one_device, mib, gib
+using namespace gpukit::test;  // sim_allocator, sim_stream, one_device, mib, gib
 using gpukit::sim_op;
 using gpukit::sim_runtime;
-using sim_allocator = gpukit::basic_caching_allocator<sim_runtime>;
-using stream_t      = sim_runtime::stream_type;
 
 namespace {
 
@@ -25,7 +23,7 @@ sim_runtime make_sim() { return sim_runtime{gpukit::sim_config{}.with_devices(1,
 // A simulated GPU and a stream; an allocator declared after it goes first.
 struct sim_and_stream {
   sim_runtime sim = make_sim();
-  stream_t s{};
+  sim_stream s{};
   sim_and_stream() { GPUKIT_CUDA_TRY(sim.stream_create(s)); }
   ~sim_and_stream() { (void)sim.stream_destroy(s); }
   sim_and_stream(sim_and_stream const&)            = delete;
@@ -43,7 +41,7 @@ gpukit::caching_allocator_options debug_options(std::size_t quarantine_blocks = 
   return o;
 }
 
-std::vector<unsigned char> read_back(sim_runtime& sim, void const* p, std::size_t n, stream_t s)
+std::vector<unsigned char> read_back(sim_runtime& sim, void const* p, std::size_t n, sim_stream s)
 {
   std::vector<unsigned char> host(n);
   GPUKIT_CUDA_TRY(sim.memcpy_async(host.data(), p, n, gpukit::memcpy_kind::device_to_host, s));
@@ -139,8 +137,8 @@ TEST_SUITE("caching_allocator_debug")
       o.nvtx_annotate = true;
       {
         sim_allocator alloc{sim, 0, o};
-        void* p = alloc.allocate_async(1000, stream_t{});
-        alloc.deallocate_async(p, 1000, stream_t{});
+        void* p = alloc.allocate_async(1000, sim_stream{});
+        alloc.deallocate_async(p, 1000, sim_stream{});
       }
       CHECK(sim.calls(sim_op::malloc) == 1);
       CHECK(sim.calls(sim_op::malloc_async) == 0);
@@ -150,8 +148,8 @@ TEST_SUITE("caching_allocator_debug")
       o.debug.enabled = false;
       sim_allocator plain{sim, 0, o};
       CHECK_FALSE(plain.options().nvtx_annotate);
-      void* p = plain.allocate_async(1000, stream_t{});
-      plain.deallocate_async(p, 1000, stream_t{});
+      void* p = plain.allocate_async(1000, sim_stream{});
+      plain.deallocate_async(p, 1000, sim_stream{});
       CHECK(sim.calls(sim_op::malloc) == 0);
     }
   }

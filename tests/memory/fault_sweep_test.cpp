@@ -24,18 +24,16 @@
 #include <thread>
 #include <vector>
 
-using namespace gpukit::test;  // one_device, mib, gib
+using namespace gpukit::test;  // sim_allocator, sim_stream, one_device, mib, gib
 using gpukit::sim_op;
 using gpukit::sim_runtime;
-using sim_allocator = gpukit::basic_caching_allocator<sim_runtime>;
-using stream_t      = sim_runtime::stream_type;
 
 namespace {
 
 struct live_block {
   void* p;
   std::size_t bytes;
-  stream_t stream;
+  sim_stream stream;
 };
 
 /// The outcome of one run.
@@ -55,7 +53,7 @@ class sweep_run {
   {
     run_result r;
     sim_runtime sim{gpukit::sim_config{}.with_devices(1, 256 * mib)};
-    stream_t s1{}, s2{};
+    sim_stream s1{}, s2{};
     GPUKIT_CUDA_TRY(sim.stream_create(s1));
     GPUKIT_CUDA_TRY(sim.stream_create(s2));
     streams_ = {s1, s2};
@@ -114,7 +112,7 @@ class sweep_run {
     }
   }
 
-  void alloc_step(run_result& r, sim_allocator& a, std::size_t bytes, stream_t s)
+  void alloc_step(run_result& r, sim_allocator& a, std::size_t bytes, sim_stream s)
   {
     step(r, "allocate", [&] {
       void* p = a.allocate_async(bytes, s);
@@ -122,7 +120,7 @@ class sweep_run {
     });
   }
 
-  void free_step(run_result& r, sim_allocator& a, std::size_t i, stream_t s)
+  void free_step(run_result& r, sim_allocator& a, std::size_t i, sim_stream s)
   {
     if (i >= live_.size()) { return; }
     live_block const b = live_[i];
@@ -145,7 +143,7 @@ class sweep_run {
     std::size_t const sizes[] = {512, 4096, 200 * 1024, 3 * mib, 12 * mib, 40 * mib};
     // Random allocations and frees over two streams, some frees on the other stream.
     for (int i = 0; i < 24; ++i) {
-      stream_t const s = streams_[next() % 2];
+      sim_stream const s = streams_[next() % 2];
       if (live_.size() < 3 || next() % 3 != 0) {
         alloc_step(r, a, sizes[next() % std::size(sizes)], s);
       } else {
@@ -195,7 +193,7 @@ class sweep_run {
 
   void capture(sim_runtime& sim, sim_allocator& a, run_result& r)
   {
-    stream_t const s = streams_[0];
+    sim_stream const s = streams_[0];
     if (sim.begin_capture(s) != cudaSuccess) { return; }
     std::optional<sim_allocator::capture_id> id;
     step(r, "begin_capture", [&] { id = a.begin_capture(s); });
@@ -216,7 +214,7 @@ class sweep_run {
   gpukit::segment_source source_;
   std::optional<std::pair<sim_op, std::uint64_t>> fault_;
   cudaError_t error_;
-  std::vector<stream_t> streams_;
+  std::vector<sim_stream> streams_;
   std::vector<live_block> live_;
   std::uint64_t rng_{0x9e3779b97f4a7c15ull};
   std::uint64_t calls_{0};

@@ -20,17 +20,15 @@
 #include <thread>
 #include <vector>
 
-using namespace gpukit::test;  // one_device, mib, gib
+using namespace gpukit::test;  // sim_allocator, sim_stream, one_device, mib, gib
 using gpukit::sim_op;
 using gpukit::sim_runtime;
-using sim_allocator = gpukit::basic_caching_allocator<sim_runtime>;
-using stream_t      = sim_runtime::stream_type;
 
 namespace {
 
-stream_t new_stream(sim_runtime& sim)
+sim_stream new_stream(sim_runtime& sim)
 {
-  stream_t s{};
+  sim_stream s{};
   GPUKIT_CUDA_TRY(sim.stream_create(s));
   return s;
 }
@@ -63,7 +61,7 @@ TEST_SUITE("robustness")
   TEST_CASE("a free on a destroyed stream the allocator never saw leaves it serving")
   {
     sim_runtime sim{one_device(4 * gib)};
-    stream_t const a = new_stream(sim), dead = new_stream(sim), b = new_stream(sim);
+    sim_stream const a = new_stream(sim), dead = new_stream(sim), b = new_stream(sim);
     {
       sim_allocator alloc{sim, 0};
       void* p = alloc.allocate_async(4 * mib, a);
@@ -88,7 +86,7 @@ TEST_SUITE("robustness")
     "blocks cached for a stream destroyed without forget_stream do not poison the allocator")
   {
     sim_runtime sim{one_device(4 * gib)};
-    stream_t const dead = new_stream(sim), b = new_stream(sim);
+    sim_stream const dead = new_stream(sim), b = new_stream(sim);
     sim_allocator alloc{sim, 0};
     void* p = alloc.allocate_async(4 * mib, dead);
     alloc.deallocate_async(p, 4 * mib, dead);
@@ -112,7 +110,7 @@ TEST_SUITE("robustness")
                         gpukit::segment_source::growable}) {
       CAPTURE(static_cast<int>(source));
       sim_runtime sim{one_device(4 * gib)};
-      stream_t const dead = new_stream(sim), other = new_stream(sim);
+      sim_stream const dead = new_stream(sim), other = new_stream(sim);
       {
         sim_allocator alloc{sim, 0, with_source(source)};
         void* p = alloc.allocate_async(16 * mib, dead);
@@ -140,14 +138,14 @@ TEST_SUITE("robustness")
   {
     sim_runtime sim{gpukit::sim_config{}.with_devices(2, 4 * gib)};
     GPUKIT_CUDA_TRY(sim.set_device(1));
-    stream_t const other = new_stream(sim);
+    sim_stream const other = new_stream(sim);
     GPUKIT_CUDA_TRY(sim.set_device(0));
     sim_allocator alloc{sim, 0};
-    void* p                 = alloc.allocate_async(4096, stream_t{});
+    void* p                 = alloc.allocate_async(4096, sim_stream{});
     std::string const error = logic_error_of([&] { alloc.deallocate_async(p, 4096, other); });
     CHECK(error.find("device 1") != std::string::npos);
     CHECK(alloc.stats().allocated_bytes.current == 4096);
-    CHECK_NOTHROW(alloc.deallocate_async(p, 4096, stream_t{}));
+    CHECK_NOTHROW(alloc.deallocate_async(p, 4096, sim_stream{}));
     CHECK(alloc.stats().allocated_bytes.current == 0);
     (void)sim.stream_destroy(other);
   }
@@ -155,7 +153,7 @@ TEST_SUITE("robustness")
   TEST_CASE("a block whose record_stream stream was destroyed can be freed")
   {
     sim_runtime sim{one_device(4 * gib)};
-    stream_t const a = new_stream(sim), used = new_stream(sim);
+    sim_stream const a = new_stream(sim), used = new_stream(sim);
     {
       sim_allocator alloc{sim, 0};
       void* p = alloc.allocate_async(4 * mib, a);
@@ -177,7 +175,7 @@ TEST_SUITE("robustness")
   TEST_CASE("pinned_pool: a buffer whose record_stream stream was destroyed comes back")
   {
     sim_runtime sim{one_device(4 * gib)};
-    stream_t const used = new_stream(sim);
+    sim_stream const used = new_stream(sim);
     gpukit::basic_pinned_pool<sim_runtime> pool{sim};
     {
       auto buf = pool.acquire(mib);
@@ -194,7 +192,7 @@ TEST_SUITE("robustness")
   TEST_CASE("release during a graph capture issues no free on the capturing stream")
   {
     sim_runtime sim{one_device(4 * gib)};
-    stream_t const s = new_stream(sim);
+    sim_stream const s = new_stream(sim);
     sim_allocator alloc{sim, 0, with_source(gpukit::segment_source::stream_ordered)};
     void* p = alloc.allocate_async(16 * mib, s);
     alloc.deallocate_async(p, 16 * mib, s);
@@ -218,7 +216,7 @@ TEST_SUITE("robustness")
   TEST_CASE("out of memory is never reported while frees release() issued are on their way")
   {
     sim_runtime sim{one_device(gib)};
-    stream_t const busy = new_stream(sim), other = new_stream(sim);
+    sim_stream const busy = new_stream(sim), other = new_stream(sim);
     sim_allocator alloc{sim, 0, with_source(gpukit::segment_source::stream_ordered)};
     void* p = alloc.allocate_async(700 * mib, busy);
     alloc.deallocate_async(p, 700 * mib, busy);
@@ -240,7 +238,7 @@ TEST_SUITE("robustness")
     // retry_on_oom as its header shows it: activations per step, the micro-batch halved on each
     // out-of-memory. The stream is busy computing, so the frees release() issues land late.
     sim_runtime sim{one_device(gib)};
-    stream_t const s = new_stream(sim);
+    sim_stream const s = new_stream(sim);
     sim_allocator alloc{sim, 0, with_source(gpukit::segment_source::stream_ordered)};
     int micro_batch = 32;
     auto step       = [&] {
@@ -277,7 +275,7 @@ TEST_SUITE("robustness")
                       sim_op::event_destroy}) {
       CAPTURE(gpukit::to_string(op));
       sim_runtime sim{one_device(4 * gib)};
-      stream_t const a = new_stream(sim), b = new_stream(sim);
+      sim_stream const a = new_stream(sim), b = new_stream(sim);
       {
         sim_allocator alloc{sim, 0};
         void* p = alloc.allocate_async(8 * mib, a);
@@ -301,7 +299,7 @@ TEST_SUITE("robustness")
     auto const before = gpukit::caching_allocator_teardown_failures();
     {
       sim_allocator alloc{sim, 0, with_source(gpukit::segment_source::synchronous)};
-      (void)alloc.allocate_async(mib, stream_t{});
+      (void)alloc.allocate_async(mib, sim_stream{});
       sim.inject_fault(sim_op::free, 1, cudaErrorUnknown);
       sim.inject_fault(sim_op::free, 2, cudaErrorUnknown);
     }
@@ -313,7 +311,7 @@ TEST_SUITE("robustness")
     sim_runtime sim{one_device(std::numeric_limits<std::size_t>::max() / 2)};
     sim_allocator alloc{sim, 0};
     std::size_t const huge = std::numeric_limits<std::size_t>::max() - 10;
-    CHECK_THROWS_AS((void)alloc.allocate_async(huge, stream_t{}), gpukit::bad_alloc);
+    CHECK_THROWS_AS((void)alloc.allocate_async(huge, sim_stream{}), gpukit::bad_alloc);
     CHECK(gpukit::detail::round_up(huge, 256) >= std::size_t{1} << 63);
     std::size_t out = 0;
     CHECK_FALSE(gpukit::detail::checked_round_up(huge, 256, out));

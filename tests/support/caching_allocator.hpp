@@ -21,6 +21,9 @@
 
 namespace gpukit::test {
 
+/// The caching allocator over the simulated GPU.
+using sim_allocator = basic_caching_allocator<sim_runtime>;
+
 /// Options whose segments come from `source`; for growable segments, pages of `page_bytes` (0:
 /// the default page size).
 inline caching_allocator_options segments_from(segment_source source, std::size_t page_bytes = 0)
