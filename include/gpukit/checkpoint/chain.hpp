@@ -12,7 +12,7 @@
 //   std::istringstream text{"2 4 16 48\n2 4 16 48\n1 2 64 64\n"};
 //   auto same = gpukit::parse_checkpoint_chain(text);   // one stage a line: f b a t
 //
-// ## The cost model (issue 8)
+// ## The cost model
 //
 // A chain of L stages; stage i (1-based) has forward time f_i, backward time b_i, output size a_i
 // (x_i, and its gradient δ_i has the same size) and tape size t_i. Operations:
