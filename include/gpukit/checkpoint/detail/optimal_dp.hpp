@@ -4,7 +4,8 @@
 // Subproblem (s, t), 1 <= s <= t <= L: x_{s-1} is resident, δ_t is the current gradient, and B<t>
 // ... B<s> remain; `m` is the memory the subproblem may use, counting x_{s-1} and δ_t (the caller
 // keeps the rest of the budget for what it holds). C(s, t, m) is the least time. Three moves start
-// a subproblem (rotor's, in the cost model of checkpoint/chain.hpp, where a tape does not hold x_i):
+// a subproblem (rotor's, in the cost model of checkpoint/chain.hpp, where a tape does not hold
+// x_i):
 //   record:      Fe<s>, keep tape_s and x_s; solve (s+1, t) on x_s; then B<s>.
 //                (s == t: Fe<s> B<s>.)
 //   checkpoint k (s < k <= t): Fn<s> ... Fn<k-1>, each x_j dropped once x_{j+1} exists, keep
