@@ -349,10 +349,9 @@ void basic_caching_allocator<Runtime>::deallocate_impl(void* ptr, std::size_t by
   // allocations check theirs; a known one costs one comparison.
   bool const dead = !(stream == stream_type{}) && !(stream == tc.checked_stream) &&
                     tc.find(stream) == nullptr && !check_free_stream(tc, stream);
-  block* b               = claim_own(tc, key, bytes, check_size);
-  bool const foreign     = b == nullptr;  // allocated by another thread (or an earlier life)
-  void* const prev_owner = foreign ? nullptr : static_cast<void*>(&tc);
-  void* owner            = prev_owner;
+  block* b           = claim_own(tc, key, bytes, check_size);
+  bool const foreign = b == nullptr;  // allocated by another thread (or an earlier life)
+  void* owner        = &tc;           // the cache that handed the block out (claim_foreign sets it)
   if (foreign) { b = claim_foreign(ptr, bytes, check_size, owner); }
   if (dead) {
     free_on_dead_stream(tc, b, ptr, stream);
