@@ -67,6 +67,7 @@
 
 #include <gpukit/detail/cccl_compat.hpp>  // <cuda/memory_resource>, whichever CCCL
 #include <gpukit/error.hpp>
+#include <gpukit/memory/caching_allocator_stats.hpp>
 #include <gpukit/memory/detail/address_map.hpp>
 #include <gpukit/memory/detail/caching_block.hpp>
 #include <gpukit/memory/detail/debug_options.hpp>
@@ -171,18 +172,6 @@ struct caching_allocator_options {
   caching_allocator_debug_options debug{};
 };
 
-/// The steps of the out-of-memory recovery ladder, in order (the one list of them: the count,
-/// the statistics and the report follow it).
-inline constexpr char const* recovery_step_names[] = {
-  "collect blocks whose cross-stream events have completed",
-  "user out-of-memory callbacks",
-  "release cached free segments of the requesting stream",
-  "release cached free segments of every stream (waiting only on the events that guard them)",
-  "wait for blocks other threads are returning (oom_wait_for_frees_ms)",
-};
-/// How many steps the out-of-memory recovery ladder has.
-inline constexpr int recovery_step_count = static_cast<int>(std::size(recovery_step_names));
-
 /// What an out-of-memory callback is told.
 struct oom_context {
   std::size_t requested{0};  ///< bytes of the allocation that failed (rounded to 256)
@@ -194,44 +183,6 @@ struct oom_context {
 /// Called, without the allocator's lock, when an allocation fails: free what you can (spill a
 /// cache, drop activations) and return true to have the allocation tried again.
 using oom_callback = std::function<bool(oom_context const&)>;
-
-/// Statistics of a caching allocator (PyTorch's `torch.cuda.memory_stats` vocabulary).
-struct caching_allocator_stats {
-  stat_pair allocated_bytes;       ///< bytes of blocks held by users (block sizes)
-  stat_pair requested_bytes;       ///< bytes users asked for
-  stat_pair reserved_bytes;        ///< bytes of segments held from the runtime
-  stat_pair active_bytes;          ///< allocated, plus freed blocks waiting on other streams' work
-  stat_pair inactive_split_bytes;  ///< free blocks inside partly used segments
-  stat_pair allocation_count;      ///< blocks held by users
-  stat_pair segment_count;
-  stat_pair active_count;
-  stat_pair inactive_split_count;
-  std::int64_t cached_bytes{0};  ///< free bytes held in per-thread caches (part of inactive)
-  std::uint64_t num_allocs{0};   ///< allocate calls that succeeded
-  std::uint64_t num_frees{0};
-  std::uint64_t num_cache_hits{0};     ///< allocations served by a per-thread cache
-  std::uint64_t num_device_allocs{0};  ///< segments taken from the runtime (growable: pages mapped)
-  std::uint64_t num_device_frees{0};   ///< segments returned to the runtime (growable: unmapped)
-  /// Growable segments: physical pages created (cuMemCreate) and released (cuMemRelease); pages
-  /// unmapped from a free range and mapped again where the pool grows are counted as reused.
-  std::uint64_t num_pages_created{0};
-  std::uint64_t num_pages_released{0};
-  std::uint64_t num_pages_reused{0};
-  std::uint64_t num_alloc_retries{0};  ///< allocations that needed a recovery step
-  std::uint64_t num_ooms{0};
-  std::uint64_t num_cross_stream_events{0};  ///< events recorded to move blocks across streams
-  std::uint64_t synchronizing_frees{0};      ///< segment frees that may synchronize the device
-  /// Out-of-memory recovery waits on a stream whose cached segments it returned (never the device).
-  std::uint64_t num_release_waits{0};
-  /// Out-of-memory recovery, by step (see recovery_step_names): times each step ran, and the
-  /// bytes it made available (moved into the usable pool, or returned to the device).
-  std::array<std::uint64_t, recovery_step_count> num_recovery_steps{};
-  std::array<std::uint64_t, recovery_step_count> recovery_bytes{};
-  /// Streams found destroyed while the allocator still knew them (a free or record_stream on one,
-  /// blocks cached for one): each cost one device synchronization, and their blocks became
-  /// usable on every stream.
-  std::uint64_t num_dead_streams{0};
-};
 
 /// Runtime calls that failed while caching allocators were being destroyed, in this process
 /// (destructors never throw: each failure is counted here and the first is written to stderr).
@@ -593,7 +544,11 @@ class basic_caching_allocator final {
   static std::uint64_t now_ns() noexcept;
   static std::uintptr_t stream_id(stream_type stream) noexcept;
   // Statistics (detail/statistics.inl).
+  caching_pool_stats& pool_stats_locked(int kind) const noexcept;
   void update_peaks_locked() const;
+  void update_scanned_locked() const;
+  void count_reserved_locked(int kind, std::int64_t delta) noexcept;
+  void count_segment_locked(int kind, int delta) noexcept;
   void raise_reserved_peak_locked() noexcept;
   // Growable segments (detail/growable_segments.inl).
   block* grow_locked(std::size_t size, int kind, stream_type stream, bool& oom);
@@ -601,6 +556,7 @@ class basic_caching_allocator final {
   struct mapped_page;
   bool map_pages_locked(segment& seg, std::size_t first, std::size_t count, bool& oom);
   static void* page_address(segment const& seg, std::size_t i) noexcept;
+  void count_mapped_page_locked(segment const& seg, bool fresh) noexcept;
   typename Runtime::error_type take_page_locked(int kind, std::size_t page, mapped_page& m);
   void give_back_page_locked(int kind, std::size_t page, mapped_page const& m);
   bool undo_map_locked(segment& seg, std::vector<mapped_page> const& now,

@@ -309,10 +309,7 @@ __attribute__((always_inline)) inline void* basic_caching_allocator<Runtime>::ha
   b->owner.store(&tc, std::memory_order_release);
   tc.handed_out.insert(b->address(), b);
   if (tc.handed_out.size() > tc.purge_at) { purge_handed_out(tc); }
-  tc.allocated_bytes.add(static_cast<std::int64_t>(b->size));
-  tc.requested_bytes.add(static_cast<std::int64_t>(bytes));
-  tc.allocation_count.add(1);
-  tc.num_allocs.add(1);
+  tc.count_alloc(b->kind, static_cast<std::int64_t>(b->size), static_cast<std::int64_t>(bytes));
   if (recording_.on.load(std::memory_order_relaxed)) {
     record(tc, memory_event::action::alloc, b, stream);
   }
@@ -449,10 +446,8 @@ __attribute__((always_inline)) inline void basic_caching_allocator<Runtime>::cou
     unregister_memory_region(ptr);
   }  // debug: done
   tc.handed_out.erase(reinterpret_cast<std::uintptr_t>(ptr));
-  tc.allocated_bytes.add(-static_cast<std::int64_t>(b->size));
-  tc.requested_bytes.add(-static_cast<std::int64_t>(b->requested));
-  tc.allocation_count.add(-1);
-  tc.num_frees.add(1);
+  tc.count_free(b->kind, static_cast<std::int64_t>(b->size),
+                static_cast<std::int64_t>(b->requested));
   if (recording_.on.load(std::memory_order_relaxed)) {
     record(tc, memory_event::action::free, b, stream);
   }
