@@ -393,6 +393,13 @@ class basic_caching_allocator final {
   [[nodiscard]] int device() const noexcept { return device_; }
   [[nodiscard]] Runtime& runtime() const noexcept { return runtime_; }
   [[nodiscard]] caching_allocator_options const& options() const noexcept { return options_; }
+  /// Where segments come from in fact: `options().source` with `automatic` resolved (and debug
+  /// mode's sanitizer segments, which are synchronous).
+  [[nodiscard]] segment_source segment_source_in_use() const noexcept
+  {
+    if (growable_) { return segment_source::growable; }
+    return stream_ordered_ ? segment_source::stream_ordered : segment_source::synchronous;
+  }
   /// Debug mode: freed blocks waiting in the quarantine (0 when debug mode is off).
   [[nodiscard]] std::size_t debug_quarantined_blocks() const;
 
@@ -684,17 +691,28 @@ GPUKIT_EXPORT inline void* default_allocator_registry(char const* key, int devic
   return p;
 }
 
+/// The options of the default allocator of `device`: GPUKIT_ALLOC_CONF (see
+/// gpukit/memory/alloc_conf.hpp) over the defaults, or the defaults when it is unset or empty.
+/// @throws gpukit::logic_error naming the device, the variable, the key and the value when the
+///         variable does not parse
+inline caching_allocator_options default_allocator_options(int device);
+
 }  // namespace detail
 
 /// The process-wide caching allocator of `device` (default: the calling thread's current device)
-/// over `Runtime::instance()`, created on first use with default options and never destroyed.
+/// over `Runtime::instance()`, created on first use and never destroyed. Its options are those of
+/// the environment variable GPUKIT_ALLOC_CONF when it is set (`key:value` pairs, as
+/// PYTORCH_CUDA_ALLOC_CONF: see gpukit/memory/alloc_conf.hpp), read when the device's allocator is
+/// created; else the defaults.
 ///
 /// There is one per device and Runtime in the whole process, also when several shared libraries
 /// (built with -fvisibility=hidden, loaded with RTLD_LOCAL) each include gpukit: see
 /// detail::default_allocator_registry. An executable that includes gpukit shares it with the
 /// libraries it loads when it exports its symbols (-rdynamic, CMake's ENABLE_EXPORTS).
 /// Thread-safe; the first call per device takes a lock, later ones read an atomic pointer.
-/// @throws gpukit::logic_error for a device that does not exist
+/// @throws gpukit::logic_error for a device that does not exist, or when GPUKIT_ALLOC_CONF does not
+///         parse (the message names the key and the value; no allocator is created, so every use
+///         throws until the variable is fixed)
 template <class Runtime = cuda_runtime>
 basic_caching_allocator<Runtime>& default_caching_allocator(int device = -1)
 {
@@ -707,7 +725,8 @@ basic_caching_allocator<Runtime>& default_caching_allocator(int device = -1)
   std::string const key = std::string{"gpukit-" GPUKIT_VERSION_STRING ":"} + typeid(Runtime).name();
   auto* a               = static_cast<basic_caching_allocator<Runtime>*>(
     detail::default_allocator_registry(key.c_str(), device, [](int d) -> void* {
-      return new basic_caching_allocator<Runtime>{Runtime::instance(), d};
+      return new basic_caching_allocator<Runtime>{Runtime::instance(), d,
+                                                  detail::default_allocator_options(d)};
     }));
   cache[device].store(a, std::memory_order_release);
   return *a;
@@ -727,6 +746,8 @@ basic_caching_allocator<Runtime>& default_caching_allocator(int device = -1)
 #include <gpukit/memory/detail/statistics.inl>
 #include <gpukit/memory/detail/stream_bookkeeping.inl>
 #include <gpukit/memory/detail/thread_cache.inl>
+// GPUKIT_ALLOC_CONF for the default allocators (detail::default_allocator_options).
+#include <gpukit/memory/alloc_conf.hpp>
 
 #if GPUKIT_HAS_CCCL_MEMORY_RESOURCE
 static_assert(gpukit::detail::is_device_async_resource_v<gpukit::caching_allocator>,

@@ -433,7 +433,10 @@ typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtim
   GPUKIT_EXPECTS(b->owner.compare_exchange_strong(owner, nullptr, std::memory_order_acq_rel,
                                                   std::memory_order_relaxed),
                  double_free());
-  threads_.freed_across = true;  // per-thread peaks no longer bound it
+  if (!threads_.freed_across) {
+    update_peaks_locked();         // the per-thread peaks hold until now: keep them before they go
+    threads_.freed_across = true;  // per-thread peaks no longer bound it
+  }
   return b;
 }
 
