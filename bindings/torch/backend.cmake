@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # The native PyTorch backend (bindings/torch/csrc), compiled against an installed PyTorch's headers
 # as CI does on machines without a GPU: a compile check of the c10 CUDAAllocator subclass and the
-# gpukit_torch._C module, with no link (the package itself is built by pip, see BACKEND.md).
+# gpukit_torch._C module, with no link (the package itself is built by pip, see README.md).
 #
 #   include(bindings/torch/backend.cmake)     # after gpukit::gpukit exists
 #   cmake -DGPUKIT_TORCH_ROOT=/path/to/site-packages/torch ...   (else found through Python)
