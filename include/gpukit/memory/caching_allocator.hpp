@@ -167,7 +167,7 @@ struct caching_allocator_options {
   std::size_t thread_cache_bytes{std::size_t{64} << 20};
   /// Blocks one thread keeps per size class and stream.
   int thread_cache_blocks_per_class{8};
-  /// Debug mode: poisoning and quarantine of freed blocks (on when GPUKIT_DEBUG is set).
+  /// Debug mode: poisoning and quarantine of freed blocks, guard pages (GPUKIT_DEBUG=1, =guard).
   caching_allocator_debug_options debug{};
 };
 
