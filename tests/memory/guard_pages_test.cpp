@@ -205,6 +205,29 @@ TEST_SUITE("caching_allocator_debug")
     CHECK(gpukit::detail::check_invariants(g.alloc) == "");
   }
 
+  TEST_CASE("guard pages: while a graph is captured nothing waits, and blocks take the usual way")
+  {
+    guarded g;
+    void* p = g.alloc.allocate_async(1000, g.s);  // guarded
+    GPUKIT_CUDA_TRY(g.sim.begin_capture(g.s));
+    auto const id    = g.alloc.begin_capture(g.s);
+    auto const waits = g.sim.synchronizations();
+    void* q          = g.alloc.allocate_async(1000, g.s);  // from the capture's private pool
+    CHECK_FALSE(g.alloc.extent(q).growable);
+    CHECK_NOTHROW(g.alloc.deallocate_async(p, 1000, g.s));  // no stream wait during a capture
+    CHECK(g.sim.synchronizations() == waits);
+    g.alloc.end_capture(g.s);
+    GPUKIT_CUDA_TRY(g.sim.end_capture(g.s));
+    g.alloc.deallocate_async(q, 1000, g.s);
+    g.alloc.release_capture_pool(id);
+    CHECK(gpukit::detail::check_invariants(g.alloc) == "");
+    void* r = g.alloc.allocate_async(1000, g.s);  // guarded again
+    CHECK(g.writable(static_cast<char*>(r) + 1023));
+    CHECK_FALSE(g.writable(static_cast<char*>(r) + 1024));
+    g.alloc.deallocate_async(r, 1000, g.s);
+    CHECK(gpukit::detail::check_invariants(g.alloc) == "");
+  }
+
   TEST_CASE("guard pages need growable segments; over sanitizer_segments they win")
   {
     for (auto source : {gpukit::segment_source::automatic, gpukit::segment_source::stream_ordered,
