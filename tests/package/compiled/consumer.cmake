@@ -2,10 +2,6 @@
 # What the compiled-mode consumer projects share: gpukit::compiled must exist, define
 # GPUKIT_COMPILED_LIBRARY (consumer.cpp checks), link (a missing instantiation is an undefined
 # symbol) and keep the instantiations out of the consumer's object (check_objects.cmake).
-get_property(consumer_languages GLOBAL PROPERTY ENABLED_LANGUAGES)
-if("CUDA" IN_LIST consumer_languages)
-  message(FATAL_ERROR "gpukit enabled the CUDA language in a consumer project")
-endif()
 if(NOT TARGET gpukit::compiled)
   message(FATAL_ERROR "gpukit::compiled is not defined")
 endif()

@@ -3,7 +3,7 @@
 # ../CMakeLists.txt after gpukit_add_package_test:
 #
 #   package.compiled_fetch_content  FetchContent with GPUKIT_COMPILED=ON, links gpukit::compiled
-#   package.compiled_install        installs that consumer's build of gpukit (its install rules)
+#   package.compiled_install        installs that consumer's build of gpukit (../install.cmake)
 #   package.compiled_find_package   find_package(gpukit) against that install, gpukit::compiled
 #
 # gpukit::compiled is built once, in the FetchContent consumer, and installed from there.
@@ -17,8 +17,9 @@ add_test(NAME package.compiled_install
   COMMAND "${CMAKE_COMMAND}"
     "-DBUILD_DIR=${CMAKE_CURRENT_BINARY_DIR}/compiled_fetch_content"
     "-DPREFIX=${gpukit_compiled_prefix}" "-DCONFIG=$<CONFIG>"
-    "-DCMAKEDIR=${GPUKIT_INSTALL_CMAKEDIR}"
-    -P "${CMAKE_CURRENT_LIST_DIR}/install.cmake")
+    "-DINCLUDEDIR=${CMAKE_INSTALL_INCLUDEDIR}" "-DCMAKEDIR=${GPUKIT_INSTALL_CMAKEDIR}"
+    "-DDOCDIR=${CMAKE_INSTALL_DOCDIR}"
+    -P "${CMAKE_CURRENT_LIST_DIR}/../install.cmake")
 set_tests_properties(package.compiled_install PROPERTIES
   FIXTURES_REQUIRED gpukit_compiled_build FIXTURES_SETUP gpukit_compiled_install LABELS package)
 
