@@ -3,8 +3,8 @@
 # gpukit::compiled, a small static library, holds the instantiations over cuda_runtime of the
 # caching allocator, the pinned pool, the transfer pipeline and the prefetcher (src/). Linking it
 # instead of gpukit::gpukit defines GPUKIT_COMPILED_LIBRARY, under which the headers declare those
-# instantiations `extern template`, so a consumer's translation units no longer compile them (a TU
-# using all three drops from about 12 s to about 2.5 s at -O2; scripts/compile-time measures it).
+# instantiations `extern template`, so a consumer's translation units no longer compile them
+# (scripts/compile-time measures what that saves; the README's "Compiled mode" has the figure).
 # Header-only (gpukit::gpukit) stays the default; sim_runtime's instantiations stay header-only.
 #
 #   find_package(gpukit CONFIG REQUIRED)   # of a gpukit installed with -DGPUKIT_COMPILED=ON
