@@ -777,6 +777,15 @@ basic_caching_allocator<Runtime>& default_caching_allocator(int device = -1)
 #include <gpukit/memory/detail/stream_bookkeeping.inl>
 #include <gpukit/memory/detail/thread_cache.inl>
 
+// Compiled mode (README, "Building"): gpukit::compiled holds these instantiations
+// (src/caching_allocator.cpp).
+#ifdef GPUKIT_COMPILED_LIBRARY
+namespace gpukit {
+extern template class basic_caching_allocator<cuda_runtime>;
+extern template basic_caching_allocator<cuda_runtime>& default_caching_allocator<cuda_runtime>(int);
+}  // namespace gpukit
+#endif
+
 #if GPUKIT_HAS_CCCL_MEMORY_RESOURCE
 static_assert(gpukit::detail::is_device_async_resource_v<gpukit::caching_allocator>,
               "gpukit::caching_allocator must be a CCCL stream-ordered memory resource");
