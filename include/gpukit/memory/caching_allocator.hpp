@@ -168,7 +168,7 @@ struct caching_allocator_options {
   std::size_t thread_cache_bytes{std::size_t{64} << 20};
   /// Blocks one thread keeps per size class and stream.
   int thread_cache_blocks_per_class{8};
-  /// Debug mode: poisoning and quarantine of freed blocks (on when GPUKIT_DEBUG is set).
+  /// Debug mode: poisoning and quarantine of freed blocks, guard pages (GPUKIT_DEBUG=1, =guard).
   caching_allocator_debug_options debug{};
 };
 
@@ -482,6 +482,11 @@ class basic_caching_allocator final {
   void debug_flush(stream_type stream, bool all);
   template <class Entries>
   void debug_release(Entries const& evicted);
+  void* guard_allocate_locked(std::size_t bytes, std::size_t size, int kind, stream_type stream,
+                              thread_cache& tc);
+  block* guard_place_locked(std::size_t size, int kind, stream_type stream, bool& oom);
+  block* guard_range_locked(std::size_t pages, int kind, std::uintptr_t& at);
+  void guard_free(void* ptr, std::size_t bytes, bool check_size, stream_type stream);
   // Thread caches (detail/thread_cache.inl).
   thread_cache& local_cache();
   static void on_thread_exit(void* allocator, void* cache);
@@ -567,7 +572,7 @@ class basic_caching_allocator final {
   typename Runtime::error_type take_page_locked(int kind, std::size_t page, mapped_page& m);
   void give_back_page_locked(int kind, std::size_t page, mapped_page const& m);
   bool undo_map_locked(segment& seg, std::vector<mapped_page> const& now,
-                       typename Runtime::error_type e, bool& oom);
+                       typename Runtime::error_type e, bool& oom, char const* call);
   std::size_t harvest_pages_locked(int kind, std::size_t wanted, block const* keep);
   typename Runtime::error_type unmap_page_locked(segment& seg, std::size_t i);
   std::size_t unmap_free_pages_locked(block* b, std::size_t wanted,
@@ -748,6 +753,15 @@ basic_caching_allocator<Runtime>& default_caching_allocator(int device = -1)
 #include <gpukit/memory/detail/thread_cache.inl>
 // GPUKIT_ALLOC_CONF for the default allocators (detail::default_allocator_options).
 #include <gpukit/memory/alloc_conf.hpp>
+
+// Compiled mode (README, "Building"): gpukit::compiled holds these instantiations
+// (src/caching_allocator.cpp).
+#ifdef GPUKIT_COMPILED_LIBRARY
+namespace gpukit {
+extern template class basic_caching_allocator<cuda_runtime>;
+extern template basic_caching_allocator<cuda_runtime>& default_caching_allocator<cuda_runtime>(int);
+}  // namespace gpukit
+#endif
 
 #if GPUKIT_HAS_CCCL_MEMORY_RESOURCE
 static_assert(gpukit::detail::is_device_async_resource_v<gpukit::caching_allocator>,

@@ -261,6 +261,9 @@ void* basic_caching_allocator<Runtime>::allocate_slow(std::size_t bytes, std::si
       return allocate_captured_locked(bytes, size, kind, *cp, tc);
     }
   }
+  if (debug_ != nullptr && debug_->guard && !capture) {  // guard pages (detail/debug_mode.inl)
+    return guard_allocate_locked(bytes, size, kind, stream, tc);
+  }
   // While a graph is being captured (in global mode), event queries and synchronizations are
   // illegal on every thread: blocks waiting on events stay where they are until it ends.
   if (!capture && !streams_.pending.empty()) {

@@ -202,13 +202,13 @@ bool basic_caching_allocator<Runtime>::map_pages_locked(segment& seg, std::size_
     mapped_page m{i, physical_handle{}, false};
     if (typename Runtime::error_type const e = take_page_locked(kind, page, m);
         e != Runtime::success) {
-      return undo_map_locked(seg, now, e, oom);
+      return undo_map_locked(seg, now, e, oom, "vm_create");
     }
     if (typename Runtime::error_type const e =
           runtime_.vm_map(page_address(seg, i), page, m.handle);
         e != Runtime::success) {
       give_back_page_locked(kind, page, m);
-      return undo_map_locked(seg, now, e, oom);
+      return undo_map_locked(seg, now, e, oom, "vm_map");
     }
     now.push_back(m);
   }
@@ -216,7 +216,7 @@ bool basic_caching_allocator<Runtime>::map_pages_locked(segment& seg, std::size_
         runtime_.vm_set_access(page_address(seg, first), count * page, device_);
       e != Runtime::success) {
     // Pages left mapped by an earlier failed undo are in the range too: they stay as they were.
-    return undo_map_locked(seg, now, e, oom);
+    return undo_map_locked(seg, now, e, oom, "vm_set_access");
   }
   for (auto const& m : now) {
     seg.handles[m.index] = m.handle;
@@ -288,11 +288,12 @@ void basic_caching_allocator<Runtime>::give_back_page_locked(int kind, std::size
 }
 
 // Undoes a failed transaction (the pages in `now`, last first), then reports `e`: false with `oom`
-// set when memory ran out, else throws gpukit::cuda_error.
+// set when memory ran out, else throws gpukit::cuda_error naming `call`.
 template <class Runtime>
 bool basic_caching_allocator<Runtime>::undo_map_locked(segment& seg,
                                                        std::vector<mapped_page> const& now,
-                                                       typename Runtime::error_type e, bool& oom)
+                                                       typename Runtime::error_type e, bool& oom,
+                                                       char const* call)
 {
   for (auto it = now.rbegin(); it != now.rend(); ++it) {
     if (runtime_.vm_unmap(page_address(seg, it->index), seg.page) != Runtime::success) {
@@ -308,7 +309,7 @@ bool basic_caching_allocator<Runtime>::undo_map_locked(segment& seg,
     oom = true;
     return false;
   }
-  GPUKIT_CUDA_TRY(e);
+  GPUKIT_CUDA_TRY(e, std::string{call} + " while mapping growable pages (the mapping was undone)");
   return false;
 }
 
@@ -338,7 +339,7 @@ basic_caching_allocator<Runtime>::reserve_growable_locked(std::size_t size, int 
       oom = true;
       return nullptr;
     }
-    GPUKIT_CUDA_TRY(e);
+    GPUKIT_CUDA_TRY(e, "vm_reserve of a growable segment");
   }
   seg->ptr      = p;
   seg->size     = reserve;
