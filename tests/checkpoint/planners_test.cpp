@@ -357,6 +357,111 @@ TEST_SUITE("checkpoint")
     CHECK(plan_exhaustive(chain, 15).time == 27);
   }
 
+  TEST_CASE("plan_best closes rotor's gap on the 6-stage chain a random search found")
+  {
+    // At budget 25 every persistent schedule takes 54 or more; the general optimum, 51, records
+    // tapes that it keeps while their inputs are dropped and recomputed later.
+    checkpoint_chain const chain{{5, 1, 4, 5}, {6, 1, 2, 4}, {3, 6, 5, 1},
+                                 {3, 4, 1, 5}, {3, 1, 1, 5}, {5, 2, 3, 6}};
+    auto const dp = plan_optimal(chain, 25);
+    CHECK(dp.time == 54);
+    CHECK_FALSE(dp.proven_optimal);  // what gpukit-plan prints as "exact"
+    CHECK(plan_exhaustive(chain, 25).time == 51);
+    auto const best = plan_best(chain, 25);
+    CHECK(best.time == 51);
+    CHECK(best.peak <= 25);
+    CHECK(best.proven_optimal);
+    CHECK(best.planner == "best");
+    auto const sim = simulate_checkpoint_schedule(chain, best.schedule);
+    CHECK(sim.time == 51);
+    CHECK(sim.peak == best.peak);
+  }
+
+  TEST_CASE("plan_best equals plan_exhaustive on random chains (uniform and heterogeneous)")
+  {
+    std::mt19937_64 rng{2024};
+    int cases = 0;
+    for (int trial = 0; trial < 240; ++trial) {
+      std::size_t const L = 1 + static_cast<std::size_t>(trial % 8) + (trial % 40 == 0 ? 2 : 0);
+      bool const uniform  = trial % 3 == 0;
+      auto chain = uniform ? checkpoint_chain::uniform(L, random_chain(rng, 1, 6, 6).stages()[0])
+                           : random_chain(rng, L, 9, 9);
+      std::int64_t const top = plan_store_all(chain).peak;
+      for (int k = 1; k <= 4; ++k) {
+        std::int64_t const M = top * k / 5;
+        INFO("trial " << trial << ", L = " << L << ", M = " << M);
+        std::int64_t ex = -1, ex_least = -1;
+        try {
+          ex = plan_exhaustive(chain, M).time;
+        } catch (checkpoint_infeasible const&) {}
+        try {
+          auto const p = plan_best(chain, M);
+          CHECK(p.time == ex);
+          CHECK(p.proven_optimal);
+          CHECK(p.peak <= M);
+          auto const sim = simulate_checkpoint_schedule(chain, p.schedule);
+          CHECK(sim.time == p.time);
+          CHECK(sim.peak == p.peak);
+        } catch (checkpoint_infeasible const& e) {
+          CHECK(ex == -1);
+          ex_least = e.minimum_budget();
+          // The least budget it reports is the general one: exhaustive fits there, not below.
+          CHECK(ex_least > M);
+          CHECK_NOTHROW((void)plan_exhaustive(chain, ex_least));
+          CHECK_THROWS_AS((void)plan_exhaustive(chain, ex_least - 1), checkpoint_infeasible);
+        }
+        ++cases;
+      }
+    }
+    MESSAGE(cases << " (chain, budget) cases: plan_best == plan_exhaustive on every one");
+  }
+
+  TEST_CASE("plan_best: time never rises with the budget, even where sizes are rounded")
+  {
+    std::mt19937_64 rng{31};
+    for (std::size_t L : {std::size_t{7}, std::size_t{14}, std::size_t{24}}) {
+      auto chain = random_chain(rng, L, 20, 60);
+      checkpoint_planner_options o;
+      o.slots                = 24;  // coarse: most budgets are rounded
+      std::int64_t const top = plan_store_all(chain).peak;
+      std::int64_t prev      = INT64_MAX;
+      bool rounded           = false;
+      for (std::int64_t M = optimal_min_budget(chain); M <= top + 1; ++M) {
+        INFO("L = " << L << ", M = " << M);
+        checkpoint_plan p;
+        try {
+          p = plan_best(chain, M, o);
+        } catch (checkpoint_infeasible const& e) {
+          // Rounded sizes may not fit the least budgets; once a plan fits, every larger budget has
+          // one.
+          CHECK(prev == INT64_MAX);
+          CHECK(contains(e.what(), "slots"));
+          continue;
+        }
+        CHECK(p.peak <= M);
+        CHECK(p.time <= prev);
+        CHECK(simulate_checkpoint_schedule(chain, p.schedule).time == p.time);
+        rounded = rounded || !p.exact;
+        prev    = p.time;
+      }
+      CHECK(prev == chain.compute_time());
+      if (L > 11) CHECK(rounded);
+    }
+    // plan_optimal alone, rounding at budget / slots, is not monotone on this chain.
+  }
+
+  TEST_CASE("plan_best: bad options and budgets name the value")
+  {
+    auto chain = checkpoint_chain::uniform(4, {1, 2, 1, 2});
+    CHECK(contains(error_of([&] { (void)plan_best(chain, -2); }), "budget -2 is negative"));
+    checkpoint_planner_options o;
+    o.search_max_stages = 30;
+    CHECK(contains(error_of([&] { (void)plan_best(chain, 10, o); }), "search_max_stages = 30"));
+    o.search_max_stages = 11;
+    o.slots             = 0;
+    CHECK(contains(error_of([&] { (void)plan_best(chain, 10, o); }), "slots = 0"));
+  }
+
   TEST_CASE("plan_optimal: time is non-increasing in the budget and reaches store-all")
   {
     // Exact planning (enough slots for every budget): rounding sizes would break monotonicity.

@@ -43,6 +43,7 @@
 #include <gpukit/checkpoint/detail/exhaustive.hpp>
 #include <gpukit/checkpoint/detail/optimal_dp.hpp>
 #include <gpukit/checkpoint/detail/revolve.hpp>
+#include <gpukit/checkpoint/detail/search.hpp>
 #include <gpukit/checkpoint/schedule.hpp>
 #include <gpukit/error.hpp>
 
@@ -68,6 +69,10 @@ struct checkpoint_plan {
   /// `unit` (then the plan still fits; it is optimal for the rounded chain). Others: true.
   bool exact{true};
   std::int64_t unit{1};  ///< plan_optimal: the size unit of its tables (1 when exact)
+  /// True only when the time is proven the least of any schedule that fits the budget: the
+  /// search over every schedule completed (plan_exhaustive, plan_best), or the time equals the
+  /// lower bound sum(f_i + b_i) (no schedule is faster than running each operation once).
+  bool proven_optimal{false};
 };
 
 /// Pass as a budget to mean "no budget".
@@ -83,6 +88,13 @@ struct checkpoint_planner_options {
   /// Largest number of table entries (4 bytes each, 8 when a schedule of the chain may take 2^29
   /// time units or more) plan_optimal may allocate.
   std::size_t max_table_entries{std::size_t{1} << 25};
+  /// plan_best: the longest chain on which it runs its search over every schedule (at most 29).
+  /// Up to exhaustive_max_stages the search always completes (it is exact, and the time is
+  /// monotone in the budget); beyond, it may stop at max_search_states and keep the dynamic
+  /// program's plan, so a larger budget may then get a slower plan.
+  std::size_t search_max_stages{11};
+  /// plan_best: the most states its search may store (about 50 bytes each).
+  std::size_t max_search_states{std::size_t{1} << 23};
 };
 
 namespace detail {
@@ -98,6 +110,7 @@ inline checkpoint_plan ckpt_finish(checkpoint_chain const& chain, std::string pl
   p.peak           = sim.peak;
   p.budget         = budget;
   p.recomputations = sim.recomputations;
+  p.proven_optimal = p.time == chain.compute_time();
   if (budget >= 0 && p.peak > budget) {
     throw checkpoint_infeasible{p.planner + ": the plan peaks at " + std::to_string(p.peak) +
                                   ", above the budget of " + std::to_string(budget) +
@@ -258,6 +271,110 @@ inline constexpr std::size_t exhaustive_max_stages = 11;
   }
   auto p = detail::ckpt_finish(chain, "exhaustive", std::move(r.schedule), budget);
   GPUKIT_EXPECTS(p.time == r.time, "plan_exhaustive: internal error: time mismatch");
+  p.proven_optimal = true;
+  return p;
+}
+
+namespace detail {
+
+/// plan_best's dynamic program, monotone in the budget: the best of rotor's program at the size
+/// units g 2^k (g the gcd of the sizes), each at the budget min(budget, slots g 2^k), for every k
+/// up to the first whose range covers the budget. A finer unit (a divisor) at the same budget is
+/// never slower, and each level's budget only grows with the budget, so the best over the levels
+/// never rises when the budget does. Levels below the least persistent budget are skipped, so
+/// about log2(budget / that least budget) + 1 programs run. `plan.time` is -1 when none fits.
+inline checkpoint_plan ckpt_best_persistent(checkpoint_chain const& chain, std::int64_t budget,
+                                            checkpoint_planner_options const& options)
+{
+  std::int64_t g = 0;
+  for (auto const& s : chain.stages()) g = std::gcd(std::gcd(g, s.output_size), s.tape_size);
+  if (g == 0) g = 1;
+  std::int64_t const need = ckpt_min_budget(chain);
+  checkpoint_plan best;
+  best.time = -1;
+  for (std::int64_t unit = g;; unit *= 2) {
+    bool const last        = budget / unit <= options.slots;
+    std::int64_t const cap = last ? budget : unit * options.slots;
+    if (cap >= need) {
+      ckpt_dp dp{chain, ckpt_make_units(chain, cap, unit), options.max_table_entries};
+      if (dp.time() < ckpt_dp::inf && (best.time < 0 || dp.time() < best.time)) {
+        best       = ckpt_finish(chain, "best", dp.schedule(), budget);
+        best.unit  = unit;
+        best.exact = unit == g;
+      }
+    }
+    if (last) break;
+  }
+  return best;
+}
+
+}  // namespace detail
+
+/// The fastest plan this library can find for `budget`, monotone in the budget:
+/// - a budget that fits plan_store_all gets it (no schedule is faster);
+/// - otherwise rotor's dynamic program (plan_optimal's persistent schedules), taken as the best of
+///   its size resolutions over budgets up to `budget` so that the time never rises with the budget
+///   (see detail::ckpt_best_persistent; options.slots as in plan_optimal);
+/// - then, on chains of up to options.search_max_stages stages, an A* search over every schedule
+///   (the states of plan_exhaustive), bounded by that plan's time: it finds the schedules rotor's
+///   class misses (a kept activation dropped and recomputed, a tape kept while its input is
+///   recomputed). Up to exhaustive_max_stages it always completes, so the plan is the general
+///   optimum, exactly plan_exhaustive's time.
+/// plan.proven_optimal says whether the time is proven the least of any schedule (search completed,
+/// or the time is sum(f + b)). plan.planner is "best".
+/// @throws checkpoint_infeasible when no plan fits: minimum_budget() is the least budget of any
+///         schedule when the search ran to the end, else the least persistent one
+/// @throws gpukit::logic_error as plan_optimal, or when options.search_max_stages exceeds 29
+[[nodiscard]] inline checkpoint_plan plan_best(checkpoint_chain const& chain, std::int64_t budget,
+                                               checkpoint_planner_options const& options = {})
+{
+  GPUKIT_EXPECTS(budget >= 0, "plan_best: budget " + std::to_string(budget) +
+                                " is negative; it is in the units of the chain's sizes");
+  GPUKIT_EXPECTS(budget <= checkpoint_chain::max_total * 2,
+                 "plan_best: budget " + std::to_string(budget) + " exceeds 2^47");
+  GPUKIT_EXPECTS(options.slots >= 1,
+                 "plan_best: options.slots = " + std::to_string(options.slots) + " is below 1");
+  GPUKIT_EXPECTS(
+    options.search_max_stages <= detail::ckpt_astar::max_stages,
+    "plan_best: options.search_max_stages = " + std::to_string(options.search_max_stages) +
+      " exceeds " + std::to_string(detail::ckpt_astar::max_stages));
+  auto all = plan_store_all(chain);
+  if (all.peak <= budget) {
+    all.planner = "best";
+    all.budget  = budget;
+    return all;
+  }
+  auto p                = detail::ckpt_best_persistent(chain, budget, options);
+  bool const searchable = chain.size() <= options.search_max_stages;
+  if (searchable && !(p.time >= 0 && p.proven_optimal)) {
+    std::int64_t const upper = p.time >= 0 ? p.time : std::numeric_limits<std::int64_t>::max();
+    auto r                   = detail::ckpt_search(chain, budget, upper, options.max_search_states);
+    if (r.time >= 0) {
+      auto const unit = p.time >= 0 ? p.unit : 1;
+      p               = detail::ckpt_finish(chain, "best", std::move(r.schedule), budget);
+      p.unit          = unit;
+      GPUKIT_EXPECTS(p.time == r.time, "plan_best: internal error: time mismatch");
+    }
+    p.proven_optimal = p.proven_optimal || (r.complete && p.time >= 0);
+    if (p.time < 0 && r.complete) {
+      std::int64_t const least = detail::ckpt_least_budget(chain, budget, optimal_min_budget(chain),
+                                                           options.max_search_states);
+      throw checkpoint_infeasible{"plan_best: no schedule fits a budget of " +
+                                    std::to_string(budget) + "; the least budget is " +
+                                    std::to_string(least),
+                                  least};
+    }
+  }
+  if (p.time < 0) {
+    std::int64_t const minimum = optimal_min_budget(chain);
+    throw checkpoint_infeasible{
+      "plan_best: no schedule fits a budget of " + std::to_string(budget) +
+        "; the least budget of a persistent schedule is " + std::to_string(minimum) +
+        (minimum <= budget ? " (sizes rounded to the resolution of options.slots = " +
+                               std::to_string(options.slots) + " made it infeasible: raise slots)"
+                           : std::string{}),
+      minimum};
+  }
   return p;
 }
 
