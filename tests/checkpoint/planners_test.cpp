@@ -462,6 +462,123 @@ TEST_SUITE("checkpoint")
     CHECK(contains(error_of([&] { (void)plan_best(chain, 10, o); }), "slots = 0"));
   }
 
+  TEST_CASE("simulator: offload and prefetch on two streams")
+  {
+    // x_1 (size 10) idles from Fe2 to B2; bandwidth 5: a copy takes 2.
+    checkpoint_chain chain{{1, 1, 10, 1}, {4, 4, 1, 1}, {4, 4, 1, 1}, {4, 4, 1, 1}};
+    chain.set_copy_bandwidth(5);
+    auto const plain =
+      simulate_checkpoint_schedule(chain, parse_checkpoint_schedule("Fe1 Fe2 Fe3 Fe4 B4 B3 B2 B1"));
+    auto const s = parse_checkpoint_schedule("Fe1 Fe2 O1 Fe3 Fe4 B4 P1 B3 B2 B1");
+    CHECK(to_string(s) == "Fe1 Fe2 O1 Fe3 Fe4 B4 P1 B3 B2 B1");
+    auto const r = simulate_checkpoint_schedule(chain, s);
+    CHECK(r.offloads == 1);
+    CHECK(r.copy_time == 4);
+    CHECK(r.stall == 0);                      // O1 copies during Fe3 (5..7), P1 during B3 (17..19)
+    CHECK(r.time == plain.time);              // 1 + 4 + 4 + 4 + 4 + 4 + 4 + 1
+    CHECK(r.op_peak[3] == plain.op_peak[2]);  // Fe3 starts at 5, before the copy ends
+    CHECK(r.op_peak[4] == plain.op_peak[3] - 10);  // Fe4 and B4 without x_1
+    CHECK(r.op_peak[5] == plain.op_peak[4] - 10);
+    CHECK(r.op_peak[7] == plain.op_peak[5]);  // B3 with x_1 back
+    // A copy longer than the compute it overlaps: x_1 stays through B4, and B2 waits.
+    chain.set_copy_bandwidth(1);  // 10 per copy: O1 5..15, P1 issued at 17, 17..27
+    auto const slow = simulate_checkpoint_schedule(chain, s);
+    CHECK(slow.op_peak[5] == plain.op_peak[4]);  // B4 starts at 13, before the offload ends
+    CHECK(slow.stall == 27 - 21);                // B2 would start at 21
+    CHECK(slow.time == plain.time + 6);
+    // Errors name the operation.
+    auto err = [&](std::string const& text) {
+      return error_of(
+        [&] { (void)simulate_checkpoint_schedule(chain, parse_checkpoint_schedule(text)); });
+    };
+    CHECK(contains(err("Fe1 O1 Fe2 Fe3 Fe4 B4 B3 B2 B1"),
+                   "operation 2 (Fe2): needs x_1, which is on the host"));
+    CHECK(
+      contains(err("Fe1 P1 Fe2 Fe3 Fe4 B4 B3 B2 B1"), "prefetches x_1, which is not on the host"));
+    CHECK(contains(err("Fe1 Fe2 O1 O1 Fe3 Fe4 B4 P1 B3 B2 B1"),
+                   "offloads x_1, which is not on the device"));
+    checkpoint_chain none{{1, 1, 10, 1}, {4, 4, 1, 1}};
+    CHECK(contains(error_of([&] {
+                     (void)simulate_checkpoint_schedule(
+                       none, parse_checkpoint_schedule("Fe1 O1 P1 Fe2 B2 B1"));
+                   }),
+                   "no copy bandwidth"));
+  }
+
+  TEST_CASE("chain text: a bandwidth line sets the copy bandwidth")
+  {
+    std::istringstream text{"bandwidth 7\n1 2 3 4\n"};
+    auto const chain = parse_checkpoint_chain(text);
+    CHECK(chain.copy_bandwidth() == 7);
+    CHECK(chain.copy_time(1) == 1);
+    std::istringstream inf{"1 2 3 4\n  bandwidth inf\n"};
+    CHECK(parse_checkpoint_chain(inf).copy_bandwidth() == checkpoint_chain::infinite_bandwidth);
+    CHECK(parse_checkpoint_chain(inf = std::istringstream{"1 2 3 4\n"}).copy_bandwidth() == 0);
+    std::istringstream bad{"1 2 3 4\nbandwidth 0\n"};
+    CHECK(contains(error_of([&] { (void)parse_checkpoint_chain(bad); }),
+                   "line 2: expected \"bandwidth N\""));
+  }
+
+  TEST_CASE("plan_with_offload: never slower than without, replayed, and monotone")
+  {
+    std::mt19937_64 rng{77};
+    int faster = 0, cases = 0;
+    for (int trial = 0; trial < 40; ++trial) {
+      std::size_t const L = 3 + static_cast<std::size_t>(trial % 10);
+      auto chain          = random_chain(rng, L, 12, 12);
+      chain.set_copy_bandwidth(1 + trial % 4);
+      std::int64_t const top = plan_store_all(chain).peak;
+      std::int64_t prev      = INT64_MAX;
+      for (int k = 2; k <= 10; ++k) {
+        std::int64_t const M = top * k / 10;
+        INFO("trial " << trial << ", L = " << L << ", M = " << M);
+        std::int64_t without = -1;
+        try {
+          without = plan_best(chain, M).time;
+        } catch (checkpoint_infeasible const&) {}
+        try {
+          auto const p = plan_with_offload(chain, M);
+          CHECK(p.peak <= M);
+          CHECK((without < 0 || p.time <= without));
+          CHECK(p.time <= prev);
+          prev           = p.time;
+          auto const sim = simulate_checkpoint_schedule(chain, p.schedule);
+          CHECK(sim.time == p.time);
+          CHECK(sim.peak == p.peak);
+          CHECK(sim.offloads == p.offloads);
+          faster += without < 0 || p.time < without;
+          ++cases;
+        } catch (checkpoint_infeasible const& e) {
+          CHECK(without < 0);
+          CHECK(e.minimum_budget() > M);
+          CHECK(prev == INT64_MAX);
+        }
+      }
+    }
+    MESSAGE("offload faster than (or fitting where) plan_best does not on " << faster << " of "
+                                                                            << cases << " cases");
+    CHECK(faster > 0);
+  }
+
+  TEST_CASE("plan_with_offload: at infinite bandwidth, store-all's time at a lower peak")
+  {
+    auto chain = checkpoint_chain::uniform(8, {1, 2, 4, 1});
+    chain.set_copy_bandwidth(checkpoint_chain::infinite_bandwidth);
+    auto const all = plan_store_all(chain);
+    // Only the tapes, the current gradient and a few activations stay on the device.
+    std::int64_t const M = all.peak / 2;
+    CHECK(plan_best(chain, M).time > all.time);  // without offload, recomputation is needed
+    auto const p = plan_with_offload(chain, M);
+    CHECK(p.time == all.time);
+    CHECK(p.peak <= M);
+    CHECK(p.peak < all.peak);
+    CHECK(p.offloads > 0);
+    CHECK(p.stall == 0);
+    CHECK(p.proven_optimal);
+    CHECK_THROWS_WITH_AS((void)plan_with_offload(checkpoint_chain::uniform(3, {1, 1, 1, 1}), 3),
+                         doctest::Contains("no copy bandwidth"), logic_error);
+  }
+
   TEST_CASE("plan_optimal: time is non-increasing in the budget and reaches store-all")
   {
     // Exact planning (enough slots for every budget): rounding sizes would break monotonicity.

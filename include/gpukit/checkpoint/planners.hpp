@@ -41,6 +41,7 @@
 
 #include <gpukit/checkpoint/chain.hpp>
 #include <gpukit/checkpoint/detail/exhaustive.hpp>
+#include <gpukit/checkpoint/detail/offload.hpp>
 #include <gpukit/checkpoint/detail/optimal_dp.hpp>
 #include <gpukit/checkpoint/detail/revolve.hpp>
 #include <gpukit/checkpoint/detail/search.hpp>
@@ -73,6 +74,9 @@ struct checkpoint_plan {
   /// search over every schedule completed (plan_exhaustive, plan_best), or the time equals the
   /// lower bound sum(f_i + b_i) (no schedule is faster than running each operation once).
   bool proven_optimal{false};
+  std::int64_t offloads{0};   ///< O<j> copies in the schedule (plan_with_offload)
+  std::int64_t copy_time{0};  ///< time the copy stream is busy, as the simulator replays it
+  std::int64_t stall{0};      ///< time the compute stream waits for prefetches
 };
 
 /// Pass as a budget to mean "no budget".
@@ -111,6 +115,9 @@ inline checkpoint_plan ckpt_finish(checkpoint_chain const& chain, std::string pl
   p.budget         = budget;
   p.recomputations = sim.recomputations;
   p.proven_optimal = p.time == chain.compute_time();
+  p.offloads       = sim.offloads;
+  p.copy_time      = sim.copy_time;
+  p.stall          = sim.stall;
   if (budget >= 0 && p.peak > budget) {
     throw checkpoint_infeasible{p.planner + ": the plan peaks at " + std::to_string(p.peak) +
                                   ", above the budget of " + std::to_string(budget) +
@@ -376,6 +383,59 @@ inline checkpoint_plan ckpt_best_persistent(checkpoint_chain const& chain, std::
       minimum};
   }
   return p;
+}
+
+/// plan_best with offload as a third choice for each kept activation (keep it on the device,
+/// recompute it, or copy it to pinned host memory and prefetch it before its next use), priced by
+/// chain.copy_bandwidth() in the two-stream model of simulate_checkpoint_schedule. Candidates:
+/// plan_best at `budget` (so offload never makes a plan slower), and the schedules of rotor's
+/// program at budgets k/16 of store-all's peak (k = 1..16; store-all itself at 16) with copies
+/// inserted (detail::ckpt_insert_copies: each kept activation's longest idle stretch offloaded,
+/// prefetched zero, one or three operations ahead, everywhere or only where the copies hide behind
+/// compute), each replayed; the fastest that fits wins. The candidates other than plan_best do not
+/// depend on the budget, so the time never rises with it. At infinite bandwidth the store-all
+/// candidate keeps store-all's time at a lower peak. A heuristic: proven_optimal only when the time
+/// is sum(f + b). plan.planner is "offload".
+/// @throws gpukit::logic_error when the chain has no copy bandwidth, and as plan_best
+/// @throws checkpoint_infeasible when no candidate fits (minimum_budget(): the least peak of any)
+[[nodiscard]] inline checkpoint_plan plan_with_offload(
+  checkpoint_chain const& chain, std::int64_t budget,
+  checkpoint_planner_options const& options = {})
+{
+  GPUKIT_EXPECTS(chain.copy_bandwidth() > 0,
+                 "plan_with_offload: the chain has no copy bandwidth "
+                 "(checkpoint_chain::set_copy_bandwidth, or a line \"bandwidth N\")");
+  checkpoint_plan best;
+  best.time          = -1;
+  std::int64_t least = std::numeric_limits<std::int64_t>::max();
+  try {
+    best = plan_best(chain, budget, options);
+  } catch (checkpoint_infeasible const& e) {
+    least = e.minimum_budget();
+  }
+  std::int64_t const top = plan_store_all(chain).peak;
+  for (std::int64_t k = 1; k <= 16; ++k) {
+    auto const base =
+      k == 16 ? plan_store_all(chain) : detail::ckpt_best_persistent(chain, top * k / 16, options);
+    if (base.time < 0) continue;
+    for (std::size_t variant = 0; variant < 6; ++variant) {
+      detail::ckpt_copy_policy const policy{variant % 2 == 1, std::size_t{variant / 2 * 3 / 2}};
+      auto s         = detail::ckpt_insert_copies(chain, base.schedule, policy);
+      auto const sim = simulate_checkpoint_schedule(chain, s);
+      least          = std::min(least, sim.peak);
+      if (sim.peak <= budget && (best.time < 0 || sim.time < best.time)) {
+        best = detail::ckpt_finish(chain, "offload", std::move(s), budget);
+      }
+    }
+  }
+  if (best.time < 0) {
+    throw checkpoint_infeasible{"plan_with_offload: no plan fits a budget of " +
+                                  std::to_string(budget) + "; the least budget it found is " +
+                                  std::to_string(least),
+                                least};
+  }
+  best.planner = "offload";
+  return best;
 }
 
 /// Griewank's binomial bound: the least number of forward steps without recording (the first sweep
