@@ -46,6 +46,20 @@ file(WRITE "${OUT}/gap6.chain" "5 1 4 5\n6 1 2 4\n3 6 5 1\n3 4 1 5\n3 1 1 5\n5 2
 expect(best-closes-the-gap EXIT 0 LINES 2
   LAST "\"planner\": \"best\", \"stages\": 6, \"budget\": 25, \"time\": 51, .*\"exact\": true}$"
   ARGS --chain "${OUT}/gap6.chain" --budget 25)
+# Offload: at infinite bandwidth, store-all's time (8 x 3) at budget 20, below its peak of 40.
+string(REPEAT "1 2 4 1\n" 8 chain_a4)
+file(WRITE "${OUT}/act8.chain" "${chain_a4}")
+file(WRITE "${OUT}/act8bw.chain" "bandwidth inf\n${chain_a4}")
+expect(offload-infinite-bandwidth EXIT 0 LINES 2
+  STDOUT "^Fe1 Fe2 O1 .* P1 B2 B1\n"
+  LAST "^{\"planner\": \"offload\", \"stages\": 8, \"budget\": 20, \"time\": 24, \"peak\": (1[0-9]|20), \"recomputations\": 0, \"exact\": true, \"offloads\": [1-9], \"copy_time\": 0, \"stall\": 0}$"
+  ARGS --chain "${OUT}/act8.chain" --budget 20 --planner offload --bandwidth inf)
+expect(offload-bandwidth-line EXIT 0 LINES 2 LAST "\"time\": 24, .*\"offloads\": [1-9]"
+  ARGS --chain "${OUT}/act8bw.chain" --budget 20 --planner offload)
+expect(offload-needs-bandwidth EXIT 2 STDERR "--planner offload needs a copy bandwidth"
+  ARGS --chain "${OUT}/act8.chain" --budget 20 --planner offload)
+expect(bandwidth-zero EXIT 2 STDERR "--bandwidth 0: a copy bandwidth is positive"
+  ARGS --chain "${OUT}/act8.chain" --budget 20 --planner offload --bandwidth 0)
 expect(exhaustive EXIT 0 LINES 2
   LAST "\"planner\": \"exhaustive\", \"stages\": 6, \"budget\": 25, \"time\": 51, .*\"exact\": true}$"
   ARGS --chain "${OUT}/gap6.chain" --budget 25 --planner exhaustive)
@@ -70,6 +84,7 @@ expect(revolve EXIT 0 LINES 2
   ARGS revolve --steps 10 --slots 3)
 expect(revolve-one-slot EXIT 0 LINES 2 LAST "\"advances\": 6}$" ARGS revolve --slots 1 --steps 4)
 expect(help EXIT 0 STDOUT "usage: gpukit-plan" "  best  " "  optimal  " "  exhaustive  " "sequential:K"
+  "  offload  " "--bandwidth B"
   ARGS --help)
 
 # ---- infeasible budgets (exit 3) ----------------------------------------------------------------
@@ -109,7 +124,7 @@ expect(best-needs-budget EXIT 2 STDERR "the best planner needs --budget"
 expect(exhaustive-needs-budget EXIT 2 STDERR "the exhaustive planner needs --budget"
   ARGS --chain "${OUT}/hand.chain" --planner exhaustive)
 expect(unknown-planner EXIT 2
-  STDERR "--planner \"fastest\" is not one of best, optimal, exhaustive, sqrt, sequential:K, store-all"
+  STDERR "--planner \"fastest\" is not one of best, optimal, exhaustive, sqrt, sequential:K, store-all, offload"
   ARGS --chain "${OUT}/hand.chain" --planner fastest)
 expect(sequential-zero EXIT 2 STDERR "0 segments is outside 1..5"
   ARGS --chain "${OUT}/uniform5.chain" --planner sequential:0)

@@ -23,7 +23,7 @@ inline constexpr int exit_usage      = 2;
 inline constexpr int exit_infeasible = 3;
 
 inline char const* const usage_text =
-  "usage: gpukit-plan [--chain FILE] [--budget M] [--planner NAME]\n"
+  "usage: gpukit-plan [--chain FILE] [--budget M] [--planner NAME] [--bandwidth B]\n"
   "       gpukit-plan revolve --steps L --slots C\n"
   "The chain (FILE, or standard input) has one stage a line: f b a t (forward time, backward\n"
   "time, output size, tape size; non-negative integers). The budget is in the units of the\n"
@@ -36,10 +36,15 @@ inline char const* const usage_text =
   "  exhaustive    shortest path over every memory state, up to 11 stages; needs --budget\n"
   "  sqrt          sqrt(L) equal segments\n"
   "  sequential:K  K equal segments (PyTorch's checkpoint_sequential)\n"
-  "  store-all     record every stage\n";
+  "  store-all     record every stage\n"
+  "  offload       best, with kept activations also offloaded to pinned host memory and\n"
+  "                prefetched back (ops O<j>, P<j>); needs --budget and a copy bandwidth\n"
+  "--bandwidth B: size units copied per time unit (or inf), overriding a \"bandwidth B\" line\n"
+  "of the chain; a copy overlaps compute on a stream of its own.\n";
 
 /// The planners --planner accepts, for messages.
-inline char const* const planner_names = "best, optimal, exhaustive, sqrt, sequential:K, store-all";
+inline char const* const planner_names =
+  "best, optimal, exhaustive, sqrt, sequential:K, store-all, offload";
 
 /// A bad command line: exit 2.
 struct usage_error {
@@ -85,6 +90,7 @@ struct command_line {
   std::optional<std::int64_t> budget;
   std::string planner{"best"};
   std::optional<std::int64_t> steps, slots;
+  std::optional<std::int64_t> bandwidth;  ///< --bandwidth; infinite_bandwidth for inf
 };
 
 inline command_line parse_arguments(int argc, char** argv)
@@ -105,15 +111,17 @@ inline command_line parse_arguments(int argc, char** argv)
       value = name.substr(eq + 1), name = name.substr(0, eq), has_value = true;
     }
     bool const known = c.revolve ? (name == "--steps" || name == "--slots")
-                                 : (name == "--chain" || name == "--budget" || name == "--planner");
+                                 : (name == "--chain" || name == "--budget" ||
+                                    name == "--planner" || name == "--bandwidth");
     if (!known) {
       if (name.rfind("-", 0) != 0) {
         throw usage_error{"unexpected argument \"" + name + "\"" +
                           (c.revolve || k != 0 ? "" : " (the only subcommand is revolve)")};
       }
-      throw usage_error{"unknown option \"" + name + "\"" +
-                        (c.revolve ? " for revolve (it takes --steps L --slots C)"
-                                   : " (options: --chain FILE, --budget M, --planner NAME)")};
+      throw usage_error{
+        "unknown option \"" + name + "\"" +
+        (c.revolve ? " for revolve (it takes --steps L --slots C)"
+                   : " (options: --chain FILE, --budget M, --planner NAME, --bandwidth B)")};
     }
     for (auto const& s : seen)
       if (s == name) throw usage_error{name + " is given twice"};
@@ -129,6 +137,10 @@ inline command_line parse_arguments(int argc, char** argv)
       c.budget = parse_count(name, value);
     } else if (name == "--planner") {
       c.planner = value;
+    } else if (name == "--bandwidth") {
+      c.bandwidth =
+        value == "inf" ? gpukit::checkpoint_chain::infinite_bandwidth : parse_count(name, value);
+      if (*c.bandwidth == 0) throw usage_error{"--bandwidth 0: a copy bandwidth is positive"};
     } else if (name == "--steps") {
       c.steps = parse_count(name, value);
     } else {
@@ -144,8 +156,8 @@ inline command_line parse_arguments(int argc, char** argv)
     if (*c.slots < 1) throw usage_error{"--slots 0 is below 1 (the initial state takes a slot)"};
     return c;
   }
-  bool const needs_budget =
-    c.planner == "best" || c.planner == "optimal" || c.planner == "exhaustive";
+  bool const needs_budget = c.planner == "best" || c.planner == "optimal" ||
+                            c.planner == "exhaustive" || c.planner == "offload";
   bool const known_planner = needs_budget || c.planner == "sqrt" || c.planner == "store-all" ||
                              c.planner.rfind("sequential:", 0) == 0;
   if (!known_planner) {
@@ -160,11 +172,15 @@ inline command_line parse_arguments(int argc, char** argv)
 inline gpukit::checkpoint_chain read_chain(command_line const& c)
 {
   std::string const name = c.chain_file.value_or("-");
+  auto with_bandwidth    = [&](gpukit::checkpoint_chain chain) {
+    if (c.bandwidth) chain.set_copy_bandwidth(*c.bandwidth);
+    return chain;
+  };
   try {
-    if (name == "-") return gpukit::parse_checkpoint_chain(std::cin);
+    if (name == "-") return with_bandwidth(gpukit::parse_checkpoint_chain(std::cin));
     std::ifstream in{name};
     if (!in) throw input_error{"cannot open the chain file \"" + name + "\""};
-    return gpukit::parse_checkpoint_chain(in);
+    return with_bandwidth(gpukit::parse_checkpoint_chain(in));
   } catch (gpukit::logic_error const& e) {
     throw input_error{(name == "-" ? std::string{"standard input"} : name) + ": " +
                       plain(e.what())};
@@ -176,6 +192,14 @@ inline gpukit::checkpoint_plan plan(gpukit::checkpoint_chain const& chain, comma
   std::int64_t const budget = c.budget.value_or(gpukit::no_checkpoint_budget);
   if (c.planner == "store-all") return gpukit::plan_store_all(chain, budget);
   if (c.planner == "sqrt") return gpukit::plan_sqrt(chain, budget);
+  if (c.planner == "offload") {
+    if (chain.copy_bandwidth() == 0) {
+      throw usage_error{
+        "--planner offload needs a copy bandwidth: --bandwidth B or a line "
+        "\"bandwidth B\" in the chain"};
+    }
+    return gpukit::plan_with_offload(chain, budget);
+  }
   if (c.planner == "exhaustive") {
     if (chain.size() > gpukit::exhaustive_max_stages) {
       throw usage_error{"--planner exhaustive takes chains of up to " +
@@ -260,7 +284,7 @@ inline void check_table_size(command_line const& c, std::int64_t stages)
     }
     return;
   }
-  if (c.planner != "optimal" && c.planner != "best") return;
+  if (c.planner != "optimal" && c.planner != "best" && c.planner != "offload") return;
   std::int64_t const bytes = optimal_table_bytes(stages);
   if (bytes > memory_limit_bytes) {
     std::int64_t most = 1;  // the longest chain under the limit

@@ -434,7 +434,8 @@ inline checkpoint_plan ckpt_best_persistent(checkpoint_chain const& chain, std::
                                   std::to_string(least),
                                 least};
   }
-  best.planner = "offload";
+  best.planner        = "offload";
+  best.proven_optimal = best.time == chain.compute_time();  // plan_best's proof excludes copies
   return best;
 }
 
