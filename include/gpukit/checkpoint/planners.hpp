@@ -288,8 +288,11 @@ namespace detail {
 /// units g 2^k (g the gcd of the sizes), each at the budget min(budget, slots g 2^k), for every k
 /// up to the first whose range covers the budget. A finer unit (a divisor) at the same budget is
 /// never slower, and each level's budget only grows with the budget, so the best over the levels
-/// never rises when the budget does. Levels below the least persistent budget are skipped, so
-/// about log2(budget / that least budget) + 1 programs run. `plan.time` is -1 when none fits.
+/// never rises when the budget does. Levels below the least persistent budget are skipped. When
+/// slots >= 2L + 2 only the last two levels run: a plan of level k fits level k + 1 (each of the at
+/// most 2L + 2 objects resident at once grows by less than g 2^k when rounded to the coarser unit,
+/// and level k + 1's budget is g 2^k slots more), so the levels' best times never rise with k.
+/// `plan.time` is -1 when none fits.
 inline checkpoint_plan ckpt_best_persistent(checkpoint_chain const& chain, std::int64_t budget,
                                             checkpoint_planner_options const& options)
 {
@@ -298,11 +301,13 @@ inline checkpoint_plan ckpt_best_persistent(checkpoint_chain const& chain, std::
   if (g == 0) g = 1;
   std::int64_t const need = ckpt_min_budget(chain);
   checkpoint_plan best;
-  best.time = -1;
+  best.time                     = -1;
+  bool const two_levels_suffice = options.slots >= 2 * static_cast<std::int64_t>(chain.size()) + 2;
   for (std::int64_t unit = g;; unit *= 2) {
     bool const last        = budget / unit <= options.slots;
     std::int64_t const cap = last ? budget : unit * options.slots;
-    if (cap >= need) {
+    bool const needed      = !two_levels_suffice || last || budget / (2 * unit) <= options.slots;
+    if (cap >= need && needed) {
       ckpt_dp dp{chain, ckpt_make_units(chain, cap, unit), options.max_table_entries};
       if (dp.time() < ckpt_dp::inf && (best.time < 0 || dp.time() < best.time)) {
         best       = ckpt_finish(chain, "best", dp.schedule(), budget);
