@@ -8,7 +8,7 @@
 //   // Stage i: {forward time, backward time, output size, tape size}, any integer units.
 //   gpukit::checkpoint_chain chain = gpukit::checkpoint_chain::uniform(32, {10, 20, 4, 12});
 //   gpukit::checkpoint_plan all  = gpukit::plan_store_all(chain);          // the memory to beat
-//   gpukit::checkpoint_plan best = gpukit::plan_optimal(chain, all.peak / 4);
+//   gpukit::checkpoint_plan best = gpukit::plan_best(chain, all.peak / 4);
 //   // best.schedule: "Fn1 Fn2 ... Fe32 B32 ... B1"; best.time, best.peak: replayed in the
 //   // simulator (gpukit/checkpoint/schedule.hpp), best.peak <= the budget.
 //   try {
@@ -30,13 +30,20 @@
 // | plan_exhaustive            | the least time of any schedule (shortest path over memory       |
 // |                            | states), for chains of up to 11 stages                          |
 // | plan_revolve               | Griewank's binomial schedule for homogeneous chains, c slots    |
+// | plan_best                  | the planner to use: rotor's program made monotone in the        |
+// |                            | budget, then an A* search over every schedule bounded by it:    |
+// |                            | the general optimum on chains of up to 11 stages                |
+// | plan_with_offload          | plan_best, or rotor's schedules with kept activations offloaded |
+// |                            | to pinned host memory and prefetched back (O<j>, P<j>)          |
 //
 // Persistent schedules, the class in which plan_optimal is exact: every tape is recorded once and
 // kept until its backward; every activation is either consumed by the next operation alone (a
 // forward without recording) or kept until the backward that needs it (B<j+1>), and a recording
 // forward's input and output are kept. Schedules outside the class (e.g. dropping a kept x_j and
-// recomputing it later) are sometimes faster at the same budget; plan_exhaustive finds those on
-// short chains.
+// recomputing it later, or recording a tape in the first forward and keeping it while its input is
+// dropped and recomputed) are sometimes faster at the same budget; plan_exhaustive and plan_best
+// find those on chains of up to 11 stages. plan.proven_optimal says when a plan's time is proven
+// the least of any schedule.
 #pragma once
 
 #include <gpukit/checkpoint/chain.hpp>
