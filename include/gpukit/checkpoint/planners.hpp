@@ -135,6 +135,18 @@ inline checkpoint_plan ckpt_finish(checkpoint_chain const& chain, std::string pl
   return p;
 }
 
+/// The checks of plan_optimal and plan_best: a budget in 0..2^47, at least one slot.
+inline void ckpt_check_dp_arguments(std::string const& who, std::int64_t budget,
+                                    checkpoint_planner_options const& options)
+{
+  GPUKIT_EXPECTS(budget >= 0, who + ": budget " + std::to_string(budget) +
+                                " is negative; it is in the units of the chain's sizes");
+  GPUKIT_EXPECTS(budget <= checkpoint_chain::max_total * 2,
+                 who + ": budget " + std::to_string(budget) + " exceeds 2^47");
+  GPUKIT_EXPECTS(options.slots >= 1,
+                 who + ": options.slots = " + std::to_string(options.slots) + " is below 1");
+}
+
 inline void ckpt_check_budget(char const* who, std::int64_t budget)
 {
   GPUKIT_EXPECTS(budget >= -1, std::string{who} + ": budget " + std::to_string(budget) +
@@ -222,12 +234,7 @@ inline void ckpt_check_budget(char const* who, std::int64_t budget)
                                                   std::int64_t budget,
                                                   checkpoint_planner_options const& options = {})
 {
-  GPUKIT_EXPECTS(budget >= 0, "plan_optimal: budget " + std::to_string(budget) +
-                                " is negative; it is in the units of the chain's sizes");
-  GPUKIT_EXPECTS(budget <= checkpoint_chain::max_total * 2,
-                 "plan_optimal: budget " + std::to_string(budget) + " exceeds 2^47");
-  GPUKIT_EXPECTS(options.slots >= 1,
-                 "plan_optimal: options.slots = " + std::to_string(options.slots) + " is below 1");
+  detail::ckpt_check_dp_arguments("plan_optimal", budget, options);
   std::int64_t const minimum = optimal_min_budget(chain);
   if (budget < minimum) {
     throw checkpoint_infeasible{"plan_optimal: no schedule fits a budget of " +
@@ -347,12 +354,7 @@ inline checkpoint_plan ckpt_best_persistent(checkpoint_chain const& chain, std::
 [[nodiscard]] inline checkpoint_plan plan_best(checkpoint_chain const& chain, std::int64_t budget,
                                                checkpoint_planner_options const& options = {})
 {
-  GPUKIT_EXPECTS(budget >= 0, "plan_best: budget " + std::to_string(budget) +
-                                " is negative; it is in the units of the chain's sizes");
-  GPUKIT_EXPECTS(budget <= checkpoint_chain::max_total * 2,
-                 "plan_best: budget " + std::to_string(budget) + " exceeds 2^47");
-  GPUKIT_EXPECTS(options.slots >= 1,
-                 "plan_best: options.slots = " + std::to_string(options.slots) + " is below 1");
+  detail::ckpt_check_dp_arguments("plan_best", budget, options);
   GPUKIT_EXPECTS(
     options.search_max_stages <= detail::ckpt_astar::max_stages,
     "plan_best: options.search_max_stages = " + std::to_string(options.search_max_stages) +
