@@ -448,7 +448,7 @@ TEST_SUITE("checkpoint")
       CHECK(prev == chain.compute_time());
       if (L > 11) CHECK(rounded);
     }
-    // plan_optimal alone, rounding at budget / slots, is not monotone on this chain.
+    // plan_optimal alone rounds sizes at budget / slots, so its time can rise with the budget.
   }
 
   TEST_CASE("plan_best: bad options and budgets name the value")
