@@ -306,6 +306,12 @@ TEST_SUITE("checkpoint")
     auto bad = parse_checkpoint_schedule("Fe1 Fe3");
     CHECK_THROWS_WITH_AS(exec.run_async(bad, st, st.size(), x0.data(), f.stream),
                          doctest::Contains("operation 1 (Fe3): needs x_2"), logic_error);
+    // Planned copies (plan_with_offload's O<j>/P<j>) are refused by name: the executor's own
+    // offload (enable_offload) places its copies itself.
+    auto copies = parse_checkpoint_schedule("Fe1 O1 Fe2");
+    CHECK_THROWS_WITH_AS(exec.run_async(copies, st, st.size(), x0.data(), f.stream),
+                         doctest::Contains("operation 1 (O1) is a planned offload/prefetch copy"),
+                         logic_error);
     CHECK(st.calls.empty());
     CHECK(f.alloc.stats().num_allocs == 0);
   }

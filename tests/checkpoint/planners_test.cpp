@@ -357,6 +357,229 @@ TEST_SUITE("checkpoint")
     CHECK(plan_exhaustive(chain, 15).time == 27);
   }
 
+  TEST_CASE("plan_best closes rotor's gap on the 6-stage chain a random search found")
+  {
+    // At budget 25 every persistent schedule takes 54 or more; the general optimum, 51, records
+    // tapes that it keeps while their inputs are dropped and recomputed later.
+    checkpoint_chain const chain{{5, 1, 4, 5}, {6, 1, 2, 4}, {3, 6, 5, 1},
+                                 {3, 4, 1, 5}, {3, 1, 1, 5}, {5, 2, 3, 6}};
+    auto const dp = plan_optimal(chain, 25);
+    CHECK(dp.time == 54);
+    CHECK_FALSE(dp.proven_optimal);  // what gpukit-plan prints as "exact"
+    CHECK(plan_exhaustive(chain, 25).time == 51);
+    auto const best = plan_best(chain, 25);
+    CHECK(best.time == 51);
+    CHECK(best.peak <= 25);
+    CHECK(best.proven_optimal);
+    CHECK(best.planner == "best");
+    auto const sim = simulate_checkpoint_schedule(chain, best.schedule);
+    CHECK(sim.time == 51);
+    CHECK(sim.peak == best.peak);
+  }
+
+  TEST_CASE("plan_best equals plan_exhaustive on random chains (uniform and heterogeneous)")
+  {
+    std::mt19937_64 rng{2024};
+    int cases = 0;
+    for (int trial = 0; trial < 240; ++trial) {
+      // 1..8 stages, and 9 on every 60th chain (the planner_bench gap report covers up to 11).
+      std::size_t const L = trial % 60 == 59 ? 9 : 1 + static_cast<std::size_t>(trial % 8);
+      bool const uniform  = trial % 3 == 0;
+      auto chain = uniform ? checkpoint_chain::uniform(L, random_chain(rng, 1, 6, 6).stages()[0])
+                           : random_chain(rng, L, 9, 9);
+      std::int64_t const top = plan_store_all(chain).peak;
+      for (int k = 1; k <= 4; ++k) {
+        std::int64_t const M = top * k / 5;
+        INFO("trial " << trial << ", L = " << L << ", M = " << M);
+        std::int64_t ex = -1, ex_least = -1;
+        try {
+          ex = plan_exhaustive(chain, M).time;
+        } catch (checkpoint_infeasible const&) {}
+        try {
+          auto const p = plan_best(chain, M);
+          CHECK(p.time == ex);
+          CHECK(p.proven_optimal);
+          CHECK(p.peak <= M);
+          auto const sim = simulate_checkpoint_schedule(chain, p.schedule);
+          CHECK(sim.time == p.time);
+          CHECK(sim.peak == p.peak);
+        } catch (checkpoint_infeasible const& e) {
+          CHECK(ex == -1);
+          ex_least = e.minimum_budget();
+          // The least budget it reports is the general one: exhaustive fits there, not below.
+          CHECK(ex_least > M);
+          CHECK_NOTHROW((void)plan_exhaustive(chain, ex_least));
+          CHECK_THROWS_AS((void)plan_exhaustive(chain, ex_least - 1), checkpoint_infeasible);
+        }
+        ++cases;
+      }
+    }
+    MESSAGE(cases << " (chain, budget) cases: plan_best == plan_exhaustive on every one");
+  }
+
+  TEST_CASE("plan_best: time never rises with the budget, even where sizes are rounded")
+  {
+    std::mt19937_64 rng{31};
+    for (std::size_t L : {std::size_t{7}, std::size_t{14}, std::size_t{24}}) {
+      auto chain = random_chain(rng, L, 20, 60);
+      checkpoint_planner_options o;
+      o.slots                = 24;  // coarse: most budgets are rounded
+      std::int64_t const top = plan_store_all(chain).peak;
+      std::int64_t prev      = INT64_MAX;
+      bool rounded           = false;
+      for (std::int64_t M = optimal_min_budget(chain); M <= top + 1; ++M) {
+        INFO("L = " << L << ", M = " << M);
+        checkpoint_plan p;
+        try {
+          p = plan_best(chain, M, o);
+        } catch (checkpoint_infeasible const& e) {
+          // Rounded sizes may not fit the least budgets; once a plan fits, every larger budget has
+          // one.
+          CHECK(prev == INT64_MAX);
+          CHECK(contains(e.what(), "slots"));
+          continue;
+        }
+        CHECK(p.peak <= M);
+        CHECK(p.time <= prev);
+        CHECK(simulate_checkpoint_schedule(chain, p.schedule).time == p.time);
+        rounded = rounded || !p.exact;
+        prev    = p.time;
+      }
+      CHECK(prev == chain.compute_time());
+      if (L > 11) CHECK(rounded);
+    }
+    // plan_optimal alone rounds sizes at budget / slots, so its time can rise with the budget.
+  }
+
+  TEST_CASE("plan_best: bad options and budgets name the value")
+  {
+    auto chain = checkpoint_chain::uniform(4, {1, 2, 1, 2});
+    CHECK(contains(error_of([&] { (void)plan_best(chain, -2); }), "budget -2 is negative"));
+    checkpoint_planner_options o;
+    o.search_max_stages = 30;
+    CHECK(contains(error_of([&] { (void)plan_best(chain, 10, o); }), "search_max_stages = 30"));
+    o.search_max_stages = 11;
+    o.slots             = 0;
+    CHECK(contains(error_of([&] { (void)plan_best(chain, 10, o); }), "slots = 0"));
+  }
+
+  TEST_CASE("simulator: offload and prefetch on two streams")
+  {
+    // x_1 (size 10) idles from Fe2 to B2; bandwidth 5: a copy takes 2.
+    checkpoint_chain chain{{1, 1, 10, 1}, {4, 4, 1, 1}, {4, 4, 1, 1}, {4, 4, 1, 1}};
+    chain.set_copy_bandwidth(5);
+    auto const plain =
+      simulate_checkpoint_schedule(chain, parse_checkpoint_schedule("Fe1 Fe2 Fe3 Fe4 B4 B3 B2 B1"));
+    auto const s = parse_checkpoint_schedule("Fe1 Fe2 O1 Fe3 Fe4 B4 P1 B3 B2 B1");
+    CHECK(to_string(s) == "Fe1 Fe2 O1 Fe3 Fe4 B4 P1 B3 B2 B1");
+    auto const r = simulate_checkpoint_schedule(chain, s);
+    CHECK(r.offloads == 1);
+    CHECK(r.copy_time == 4);
+    CHECK(r.stall == 0);                      // O1 copies during Fe3 (5..7), P1 during B3 (17..19)
+    CHECK(r.time == plain.time);              // 1 + 4 + 4 + 4 + 4 + 4 + 4 + 1
+    CHECK(r.op_peak[3] == plain.op_peak[2]);  // Fe3 starts at 5, before the copy ends
+    CHECK(r.op_peak[4] == plain.op_peak[3] - 10);  // Fe4 and B4 without x_1
+    CHECK(r.op_peak[5] == plain.op_peak[4] - 10);
+    CHECK(r.op_peak[7] == plain.op_peak[5]);  // B3 with x_1 back
+    // A copy longer than the compute it overlaps: x_1 stays through B4, and B2 waits.
+    chain.set_copy_bandwidth(1);  // 10 per copy: O1 5..15, P1 issued at 17, 17..27
+    auto const slow = simulate_checkpoint_schedule(chain, s);
+    CHECK(slow.op_peak[5] == plain.op_peak[4]);  // B4 starts at 13, before the offload ends
+    CHECK(slow.stall == 27 - 21);                // B2 would start at 21
+    CHECK(slow.time == plain.time + 6);
+    // Errors name the operation.
+    auto err = [&](std::string const& text) {
+      return error_of(
+        [&] { (void)simulate_checkpoint_schedule(chain, parse_checkpoint_schedule(text)); });
+    };
+    CHECK(contains(err("Fe1 O1 Fe2 Fe3 Fe4 B4 B3 B2 B1"),
+                   "operation 2 (Fe2): needs x_1, which is on the host"));
+    CHECK(
+      contains(err("Fe1 P1 Fe2 Fe3 Fe4 B4 B3 B2 B1"), "prefetches x_1, which is not on the host"));
+    CHECK(contains(err("Fe1 Fe2 O1 O1 Fe3 Fe4 B4 P1 B3 B2 B1"),
+                   "offloads x_1, which is not on the device"));
+    checkpoint_chain none{{1, 1, 10, 1}, {4, 4, 1, 1}};
+    CHECK(contains(error_of([&] {
+                     (void)simulate_checkpoint_schedule(
+                       none, parse_checkpoint_schedule("Fe1 O1 P1 Fe2 B2 B1"));
+                   }),
+                   "no copy bandwidth"));
+  }
+
+  TEST_CASE("chain text: a bandwidth line sets the copy bandwidth")
+  {
+    std::istringstream text{"bandwidth 7\n1 2 3 4\n"};
+    auto const chain = parse_checkpoint_chain(text);
+    CHECK(chain.copy_bandwidth() == 7);
+    CHECK(chain.copy_time(1) == 1);
+    std::istringstream inf{"1 2 3 4\n  bandwidth inf\n"};
+    CHECK(parse_checkpoint_chain(inf).copy_bandwidth() == checkpoint_chain::infinite_bandwidth);
+    CHECK(parse_checkpoint_chain(inf = std::istringstream{"1 2 3 4\n"}).copy_bandwidth() == 0);
+    std::istringstream bad{"1 2 3 4\nbandwidth 0\n"};
+    CHECK(contains(error_of([&] { (void)parse_checkpoint_chain(bad); }),
+                   "line 2: expected \"bandwidth N\""));
+  }
+
+  TEST_CASE("plan_with_offload: never slower than without, replayed, and monotone")
+  {
+    std::mt19937_64 rng{77};
+    int faster = 0, cases = 0;
+    for (int trial = 0; trial < 40; ++trial) {
+      std::size_t const L = 3 + static_cast<std::size_t>(trial % 10);
+      auto chain          = random_chain(rng, L, 12, 12);
+      chain.set_copy_bandwidth(1 + trial % 4);
+      std::int64_t const top = plan_store_all(chain).peak;
+      std::int64_t prev      = INT64_MAX;
+      for (int k = 2; k <= 10; ++k) {
+        std::int64_t const M = top * k / 10;
+        INFO("trial " << trial << ", L = " << L << ", M = " << M);
+        std::int64_t without = -1;
+        try {
+          without = plan_best(chain, M).time;
+        } catch (checkpoint_infeasible const&) {}
+        try {
+          auto const p = plan_with_offload(chain, M);
+          CHECK(p.peak <= M);
+          CHECK((without < 0 || p.time <= without));
+          CHECK(p.time <= prev);
+          prev           = p.time;
+          auto const sim = simulate_checkpoint_schedule(chain, p.schedule);
+          CHECK(sim.time == p.time);
+          CHECK(sim.peak == p.peak);
+          CHECK(sim.offloads == p.offloads);
+          faster += without < 0 || p.time < without;
+          ++cases;
+        } catch (checkpoint_infeasible const& e) {
+          CHECK(without < 0);
+          CHECK(e.minimum_budget() > M);
+          CHECK(prev == INT64_MAX);
+        }
+      }
+    }
+    MESSAGE("offload faster than (or fitting where) plan_best does not on " << faster << " of "
+                                                                            << cases << " cases");
+    CHECK(faster > 0);
+  }
+
+  TEST_CASE("plan_with_offload: at infinite bandwidth, store-all's time at a lower peak")
+  {
+    auto chain = checkpoint_chain::uniform(8, {1, 2, 4, 1});
+    chain.set_copy_bandwidth(checkpoint_chain::infinite_bandwidth);
+    auto const all = plan_store_all(chain);
+    // Only the tapes, the current gradient and a few activations stay on the device.
+    std::int64_t const M = all.peak / 2;
+    CHECK(plan_best(chain, M).time > all.time);  // without offload, recomputation is needed
+    auto const p = plan_with_offload(chain, M);
+    CHECK(p.time == all.time);
+    CHECK(p.peak <= M);
+    CHECK(p.peak < all.peak);
+    CHECK(p.offloads > 0);
+    CHECK(p.stall == 0);
+    CHECK(p.proven_optimal);
+    CHECK_THROWS_WITH_AS((void)plan_with_offload(checkpoint_chain::uniform(3, {1, 1, 1, 1}), 3),
+                         doctest::Contains("no copy bandwidth"), logic_error);
+  }
+
   TEST_CASE("plan_optimal: time is non-increasing in the budget and reaches store-all")
   {
     // Exact planning (enough slots for every budget): rounding sizes would break monotonicity.

@@ -1,19 +1,24 @@
 // SPDX-License-Identifier: Apache-2.0
 // gpukit-plan: activation checkpointing plans from the command line. No GPU needed.
 //
-//   gpukit-plan [--chain FILE] [--budget M] [--planner optimal|sqrt|sequential:K|store-all]
+//   gpukit-plan [--chain FILE] [--budget M]
+//               [--planner best|optimal|exhaustive|sqrt|sequential:K|store-all|offload]
+//               [--bandwidth B]
 //   gpukit-plan revolve --steps L --slots C
 //
 // The chain is read from FILE (or standard input when --chain is absent or "-"), one stage a line:
 // `f b a t` (forward time, backward time, output size, tape size; non-negative integers; blank
-// lines and lines starting with # are skipped). The cost model is that of
-// gpukit/checkpoint/chain.hpp; the budget is in the units of the sizes (required by the optimal
-// planner, a check for the others).
+// lines and lines starting with # are skipped; a line `bandwidth B` gives the copy bandwidth that
+// --planner offload needs). The cost model is that of
+// gpukit/checkpoint/chain.hpp; the budget is in the units of the sizes (required by best, the
+// default, optimal and exhaustive; a check for the others).
 //
 // Standard output: the schedule on one line (`Fn1 Fe2 ... B1`), then, as the last line, a JSON
 // object: {"planner", "stages", "budget" (null when none), "time", "peak", "recomputations",
-// "exact"}, time and peak as the simulator replays the schedule (every object dropped right after
-// its last use). `revolve` prints Griewank's binomial schedule for L homogeneous steps with C
+// "exact"} (offload adds "offloads", "copy_time" and "stall"), "exact" true only when the time is
+// proven the least of any schedule that fits (the search over every schedule completed, or the time
+// is sum(f + b)); time and peak as the simulator replays the schedule (every object dropped right
+// after its last use). `revolve` prints Griewank's binomial schedule for L homogeneous steps with C
 // checkpoint slots (an advance is Fn<i>, the reverse of step i is Fe<i> B<i>), then
 // {"steps", "slots", "advances"}: the forward steps taken without recording.
 //
@@ -69,7 +74,12 @@ int run(int argc, char** argv)
             << ", \"budget\": " << (c.budget ? std::to_string(*c.budget) : std::string{"null"})
             << ", \"time\": " << p.time << ", \"peak\": " << p.peak
             << ", \"recomputations\": " << p.recomputations
-            << ", \"exact\": " << (p.exact ? "true" : "false") << "}" << std::endl;
+            << ", \"exact\": " << (p.proven_optimal ? "true" : "false");
+  if (c.planner == "offload") {
+    std::cout << ", \"offloads\": " << p.offloads << ", \"copy_time\": " << p.copy_time
+              << ", \"stall\": " << p.stall;
+  }
+  std::cout << "}" << std::endl;
   return 0;
 }
 

@@ -23,12 +23,28 @@ inline constexpr int exit_usage      = 2;
 inline constexpr int exit_infeasible = 3;
 
 inline char const* const usage_text =
-  "usage: gpukit-plan [--chain FILE] [--budget M] "
-  "[--planner optimal|sqrt|sequential:K|store-all]\n"
+  "usage: gpukit-plan [--chain FILE] [--budget M] [--planner NAME] [--bandwidth B]\n"
   "       gpukit-plan revolve --steps L --slots C\n"
   "The chain (FILE, or standard input) has one stage a line: f b a t (forward time, backward\n"
   "time, output size, tape size; non-negative integers). The budget is in the units of the\n"
-  "sizes; the optimal planner (the default) needs one. Prints the schedule, then a JSON line.\n";
+  "sizes. Prints the schedule, then a JSON line (\"exact\": true only when the time is proven\n"
+  "the least of any schedule that fits the budget).\n"
+  "Planners (--planner NAME):\n"
+  "  best          the default: rotor's dynamic program, then a search over every schedule on\n"
+  "                chains of up to 11 stages (exact there); needs --budget\n"
+  "  optimal       rotor's dynamic program alone: the fastest persistent schedule; needs --budget\n"
+  "  exhaustive    shortest path over every memory state, up to 11 stages; needs --budget\n"
+  "  sqrt          sqrt(L) equal segments\n"
+  "  sequential:K  K equal segments (PyTorch's checkpoint_sequential)\n"
+  "  store-all     record every stage\n"
+  "  offload       best, with kept activations also offloaded to pinned host memory and\n"
+  "                prefetched back (ops O<j>, P<j>); needs --budget and a copy bandwidth\n"
+  "--bandwidth B: size units copied per time unit (or inf), overriding a \"bandwidth B\" line\n"
+  "of the chain; a copy overlaps compute on a stream of its own.\n";
+
+/// The planners --planner accepts, for messages.
+inline char const* const planner_names =
+  "best, optimal, exhaustive, sqrt, sequential:K, store-all, offload";
 
 /// A bad command line: exit 2.
 struct usage_error {
@@ -72,8 +88,9 @@ struct command_line {
   bool help{false};
   std::optional<std::string> chain_file;
   std::optional<std::int64_t> budget;
-  std::string planner{"optimal"};
+  std::string planner{"best"};
   std::optional<std::int64_t> steps, slots;
+  std::optional<std::int64_t> bandwidth;  ///< --bandwidth; infinite_bandwidth for inf
 };
 
 inline command_line parse_arguments(int argc, char** argv)
@@ -94,15 +111,17 @@ inline command_line parse_arguments(int argc, char** argv)
       value = name.substr(eq + 1), name = name.substr(0, eq), has_value = true;
     }
     bool const known = c.revolve ? (name == "--steps" || name == "--slots")
-                                 : (name == "--chain" || name == "--budget" || name == "--planner");
+                                 : (name == "--chain" || name == "--budget" ||
+                                    name == "--planner" || name == "--bandwidth");
     if (!known) {
       if (name.rfind("-", 0) != 0) {
         throw usage_error{"unexpected argument \"" + name + "\"" +
                           (c.revolve || k != 0 ? "" : " (the only subcommand is revolve)")};
       }
-      throw usage_error{"unknown option \"" + name + "\"" +
-                        (c.revolve ? " for revolve (it takes --steps L --slots C)"
-                                   : " (options: --chain FILE, --budget M, --planner NAME)")};
+      throw usage_error{
+        "unknown option \"" + name + "\"" +
+        (c.revolve ? " for revolve (it takes --steps L --slots C)"
+                   : " (options: --chain FILE, --budget M, --planner NAME, --bandwidth B)")};
     }
     for (auto const& s : seen)
       if (s == name) throw usage_error{name + " is given twice"};
@@ -118,6 +137,10 @@ inline command_line parse_arguments(int argc, char** argv)
       c.budget = parse_count(name, value);
     } else if (name == "--planner") {
       c.planner = value;
+    } else if (name == "--bandwidth") {
+      c.bandwidth =
+        value == "inf" ? gpukit::checkpoint_chain::infinite_bandwidth : parse_count(name, value);
+      if (*c.bandwidth == 0) throw usage_error{"--bandwidth 0: a copy bandwidth is positive"};
     } else if (name == "--steps") {
       c.steps = parse_count(name, value);
     } else {
@@ -133,14 +156,15 @@ inline command_line parse_arguments(int argc, char** argv)
     if (*c.slots < 1) throw usage_error{"--slots 0 is below 1 (the initial state takes a slot)"};
     return c;
   }
-  bool const known_planner = c.planner == "optimal" || c.planner == "sqrt" ||
-                             c.planner == "store-all" || c.planner.rfind("sequential:", 0) == 0;
+  bool const needs_budget = c.planner == "best" || c.planner == "optimal" ||
+                            c.planner == "exhaustive" || c.planner == "offload";
+  bool const known_planner = needs_budget || c.planner == "sqrt" || c.planner == "store-all" ||
+                             c.planner.rfind("sequential:", 0) == 0;
   if (!known_planner) {
-    throw usage_error{"--planner \"" + c.planner +
-                      "\" is not one of optimal, sqrt, sequential:K, store-all"};
+    throw usage_error{"--planner \"" + c.planner + "\" is not one of " + planner_names};
   }
-  if (c.planner == "optimal" && !c.budget) {
-    throw usage_error{"the optimal planner needs --budget M (in the units of the sizes)"};
+  if (needs_budget && !c.budget) {
+    throw usage_error{"the " + c.planner + " planner needs --budget M (in the units of the sizes)"};
   }
   return c;
 }
@@ -148,11 +172,15 @@ inline command_line parse_arguments(int argc, char** argv)
 inline gpukit::checkpoint_chain read_chain(command_line const& c)
 {
   std::string const name = c.chain_file.value_or("-");
+  auto with_bandwidth    = [&](gpukit::checkpoint_chain chain) {
+    if (c.bandwidth) chain.set_copy_bandwidth(*c.bandwidth);
+    return chain;
+  };
   try {
-    if (name == "-") return gpukit::parse_checkpoint_chain(std::cin);
+    if (name == "-") return with_bandwidth(gpukit::parse_checkpoint_chain(std::cin));
     std::ifstream in{name};
     if (!in) throw input_error{"cannot open the chain file \"" + name + "\""};
-    return gpukit::parse_checkpoint_chain(in);
+    return with_bandwidth(gpukit::parse_checkpoint_chain(in));
   } catch (gpukit::logic_error const& e) {
     throw input_error{(name == "-" ? std::string{"standard input"} : name) + ": " +
                       plain(e.what())};
@@ -164,13 +192,30 @@ inline gpukit::checkpoint_plan plan(gpukit::checkpoint_chain const& chain, comma
   std::int64_t const budget = c.budget.value_or(gpukit::no_checkpoint_budget);
   if (c.planner == "store-all") return gpukit::plan_store_all(chain, budget);
   if (c.planner == "sqrt") return gpukit::plan_sqrt(chain, budget);
-  if (c.planner == "optimal") {
+  if (c.planner == "offload") {
+    if (chain.copy_bandwidth() == 0) {
+      throw usage_error{
+        "--planner offload needs a copy bandwidth: --bandwidth B or a line "
+        "\"bandwidth B\" in the chain"};
+    }
+    return gpukit::plan_with_offload(chain, budget);
+  }
+  if (c.planner == "exhaustive") {
+    if (chain.size() > gpukit::exhaustive_max_stages) {
+      throw usage_error{"--planner exhaustive takes chains of up to " +
+                        std::to_string(gpukit::exhaustive_max_stages) + " stages; this one has " +
+                        std::to_string(chain.size()) + " (--planner best plans any length)"};
+    }
+    return gpukit::plan_exhaustive(chain, budget);
+  }
+  if (c.planner == "best" || c.planner == "optimal") {
     // Sizes are rounded to budget / slots when the budget is large in units of their gcd. Should
     // the rounding alone make the budget infeasible, plan at a finer resolution.
     gpukit::checkpoint_planner_options options;
     while (true) {
       try {
-        return gpukit::plan_optimal(chain, budget, options);
+        return c.planner == "best" ? gpukit::plan_best(chain, budget, options)
+                                   : gpukit::plan_optimal(chain, budget, options);
       } catch (gpukit::checkpoint_infeasible const& e) {
         if (e.minimum_budget() > budget || options.slots >= (std::int64_t{1} << 20)) throw;
         options.slots *= 4;
@@ -239,13 +284,13 @@ inline void check_table_size(command_line const& c, std::int64_t stages)
     }
     return;
   }
-  if (c.planner != "optimal") return;
+  if (c.planner != "optimal" && c.planner != "best" && c.planner != "offload") return;
   std::int64_t const bytes = optimal_table_bytes(stages);
   if (bytes > memory_limit_bytes) {
     std::int64_t most = 1;  // the longest chain under the limit
     while (optimal_table_bytes(most + 1) <= memory_limit_bytes) most += 1 + most / 8;
     while (optimal_table_bytes(most) > memory_limit_bytes) --most;
-    throw input_error{"the optimal planner on " + std::to_string(stages) +
+    throw input_error{"the " + c.planner + " planner on " + std::to_string(stages) +
                       " stages needs tables of about " + std::to_string(bytes / mib) +
                       " MiB, over the limit of " + std::to_string(memory_limit_bytes / mib) +
                       " MiB (at most " + std::to_string(most) +

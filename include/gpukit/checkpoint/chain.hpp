@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <istream>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -69,6 +70,8 @@ class checkpoint_chain {
   static constexpr std::int64_t max_total = std::int64_t{1} << 46;
   /// Longest chain the planners accept.
   static constexpr std::size_t max_stages = std::size_t{1} << 14;
+  /// A copy bandwidth at which every copy takes no time.
+  static constexpr std::int64_t infinite_bandwidth = std::numeric_limits<std::int64_t>::max();
 
   /// A chain of the given stages.
   /// @throws gpukit::logic_error naming the stage and the value when a time or size is negative,
@@ -115,6 +118,24 @@ class checkpoint_chain {
   {
     return (j == 0 || j >= stages_.size()) ? 0 : stages_[j - 1].output_size;
   }
+  /// Size units copied between device and pinned host memory per time unit; 0 (the default) when
+  /// the chain has none, so that schedules with offload operations are refused;
+  /// infinite_bandwidth when copies take no time.
+  [[nodiscard]] std::int64_t copy_bandwidth() const noexcept { return copy_bandwidth_; }
+  /// Sets copy_bandwidth(). @throws gpukit::logic_error naming the value when it is negative
+  void set_copy_bandwidth(std::int64_t bandwidth)
+  {
+    GPUKIT_EXPECTS(bandwidth >= 0, "checkpoint_chain: copy bandwidth " + std::to_string(bandwidth) +
+                                     " is negative");
+    copy_bandwidth_ = bandwidth;
+  }
+  /// Time of one copy of x_j (either way): ceil(a_j / copy_bandwidth()), 0 at infinite bandwidth.
+  /// Requires copy_bandwidth() > 0.
+  [[nodiscard]] std::int64_t copy_time(std::size_t j) const noexcept
+  {
+    if (copy_bandwidth_ == infinite_bandwidth) return 0;
+    return (activation_size(j) + copy_bandwidth_ - 1) / copy_bandwidth_;
+  }
   /// Sum of f_i + b_i: the time of storing everything, a lower bound for every schedule.
   [[nodiscard]] std::int64_t compute_time() const noexcept
   {
@@ -153,19 +174,46 @@ class checkpoint_chain {
   }
 
   std::vector<checkpoint_stage> stages_;
+  std::int64_t copy_bandwidth_{0};
 };
 
+namespace detail {
+
+/// The value of a `bandwidth N` line of a chain text (N a positive integer or `inf`).
+inline std::int64_t ckpt_parse_bandwidth(std::string const& line, std::size_t number)
+{
+  std::istringstream fields{line};
+  std::string name, value, extra;
+  fields >> name >> value;
+  bool const digits = !value.empty() && value.size() <= 18 &&
+                      value.find_first_not_of("0123456789") == std::string::npos;
+  GPUKIT_EXPECTS(name == "bandwidth" && (digits || value == "inf") && !(fields >> extra) &&
+                   (value == "inf" || std::stoll(value) > 0),
+                 "checkpoint chain: line " + std::to_string(number) +
+                   ": expected \"bandwidth N\" (N a positive integer below 10^18, or inf): \"" +
+                   line + "\"");
+  return value == "inf" ? checkpoint_chain::infinite_bandwidth : std::stoll(value);
+}
+
+}  // namespace detail
+
 /// Reads a chain, one stage a line: `f b a t` (four non-negative integers separated by blanks).
-/// Blank lines and lines starting with `#` are skipped.
+/// Blank lines and lines starting with `#` are skipped. A line `bandwidth N` (N a positive
+/// integer, or `inf`) sets the chain's copy bandwidth.
 /// @throws gpukit::logic_error naming the line and the offending text for malformed input or a
 ///         negative or too large value, and as checkpoint_chain's constructor for bad totals
 [[nodiscard]] inline checkpoint_chain parse_checkpoint_chain(std::istream& in)
 {
   std::vector<checkpoint_stage> stages;
   std::string line;
+  std::int64_t bandwidth = 0;
   for (std::size_t number = 1; std::getline(in, line); ++number) {
     auto const first = line.find_first_not_of(" \t\r");
     if (first == std::string::npos || line[first] == '#') continue;
+    if (line.compare(first, 9, "bandwidth") == 0) {
+      bandwidth = detail::ckpt_parse_bandwidth(line, number);
+      continue;
+    }
     std::istringstream fields{line};
     std::int64_t v[4];
     std::string word;
@@ -197,7 +245,9 @@ class checkpoint_chain {
     }
     stages.push_back({v[0], v[1], v[2], v[3]});
   }
-  return checkpoint_chain{std::move(stages)};
+  checkpoint_chain chain{std::move(stages)};
+  chain.set_copy_bandwidth(bandwidth);
+  return chain;
 }
 
 }  // namespace gpukit

@@ -262,6 +262,13 @@ class basic_checkpoint_executor final {
   {
     using state_type = typename detail::ckpt_rng_hooks<Stages, stream_type>::state_type;
     GPUKIT_EXPECTS(L >= 1, "checkpoint_executor: a chain needs at least one stage");
+    for (std::size_t k = 0; k < schedule.size(); ++k) {
+      GPUKIT_EXPECTS(
+        !is_copy(schedule[k].kind),
+        "checkpoint_executor: operation " + std::to_string(k) + " (" + to_string(schedule[k]) +
+          ") is a planned offload/prefetch copy, which this executor does not run; "
+          "plan without offload (plan_best) and use enable_offload for its own copies");
+    }
     // Sizes, validated by the simulator (zero times): also the prediction.
     checkpoint_chain const chain =
       checkpoint_chain_of(stages, L, std::vector<std::pair<std::int64_t, std::int64_t>>(L));

@@ -8,7 +8,7 @@
 //   // Stage i: {forward time, backward time, output size, tape size}, any integer units.
 //   gpukit::checkpoint_chain chain = gpukit::checkpoint_chain::uniform(32, {10, 20, 4, 12});
 //   gpukit::checkpoint_plan all  = gpukit::plan_store_all(chain);          // the memory to beat
-//   gpukit::checkpoint_plan best = gpukit::plan_optimal(chain, all.peak / 4);
+//   gpukit::checkpoint_plan best = gpukit::plan_best(chain, all.peak / 4);
 //   // best.schedule: "Fn1 Fn2 ... Fe32 B32 ... B1"; best.time, best.peak: replayed in the
 //   // simulator (gpukit/checkpoint/schedule.hpp), best.peak <= the budget.
 //   try {
@@ -30,19 +30,28 @@
 // | plan_exhaustive            | the least time of any schedule (shortest path over memory       |
 // |                            | states), for chains of up to 11 stages                          |
 // | plan_revolve               | Griewank's binomial schedule for homogeneous chains, c slots    |
+// | plan_best                  | the planner to use: rotor's program made monotone in the        |
+// |                            | budget, then an A* search over every schedule bounded by it:    |
+// |                            | the general optimum on chains of up to 11 stages                |
+// | plan_with_offload          | plan_best, or rotor's schedules with kept activations offloaded |
+// |                            | to pinned host memory and prefetched back (O<j>, P<j>)          |
 //
 // Persistent schedules, the class in which plan_optimal is exact: every tape is recorded once and
 // kept until its backward; every activation is either consumed by the next operation alone (a
 // forward without recording) or kept until the backward that needs it (B<j+1>), and a recording
 // forward's input and output are kept. Schedules outside the class (e.g. dropping a kept x_j and
-// recomputing it later) are sometimes faster at the same budget; plan_exhaustive finds those on
-// short chains.
+// recomputing it later, or recording a tape in the first forward and keeping it while its input is
+// dropped and recomputed) are sometimes faster at the same budget; plan_exhaustive and plan_best
+// find those on chains of up to 11 stages. plan.proven_optimal says when a plan's time is proven
+// the least of any schedule.
 #pragma once
 
 #include <gpukit/checkpoint/chain.hpp>
 #include <gpukit/checkpoint/detail/exhaustive.hpp>
+#include <gpukit/checkpoint/detail/offload.hpp>
 #include <gpukit/checkpoint/detail/optimal_dp.hpp>
 #include <gpukit/checkpoint/detail/revolve.hpp>
+#include <gpukit/checkpoint/detail/search.hpp>
 #include <gpukit/checkpoint/schedule.hpp>
 #include <gpukit/error.hpp>
 
@@ -68,6 +77,13 @@ struct checkpoint_plan {
   /// `unit` (then the plan still fits; it is optimal for the rounded chain). Others: true.
   bool exact{true};
   std::int64_t unit{1};  ///< plan_optimal: the size unit of its tables (1 when exact)
+  /// True only when the time is proven the least of any schedule that fits the budget: the
+  /// search over every schedule completed (plan_exhaustive, plan_best), or the time equals the
+  /// lower bound sum(f_i + b_i) (no schedule is faster than running each operation once).
+  bool proven_optimal{false};
+  std::int64_t offloads{0};   ///< O<j> copies in the schedule (plan_with_offload)
+  std::int64_t copy_time{0};  ///< time the copy stream is busy, as the simulator replays it
+  std::int64_t stall{0};      ///< time the compute stream waits for prefetches
 };
 
 /// Pass as a budget to mean "no budget".
@@ -83,6 +99,13 @@ struct checkpoint_planner_options {
   /// Largest number of table entries (4 bytes each, 8 when a schedule of the chain may take 2^29
   /// time units or more) plan_optimal may allocate.
   std::size_t max_table_entries{std::size_t{1} << 25};
+  /// plan_best: the longest chain on which it runs its search over every schedule (at most 29).
+  /// Up to exhaustive_max_stages the search always completes (it is exact, and the time is
+  /// monotone in the budget); beyond, it may stop at max_search_states and keep the dynamic
+  /// program's plan, so a larger budget may then get a slower plan.
+  std::size_t search_max_stages{11};
+  /// plan_best: the most states its search may store (about 50 bytes each).
+  std::size_t max_search_states{std::size_t{1} << 23};
 };
 
 namespace detail {
@@ -98,6 +121,10 @@ inline checkpoint_plan ckpt_finish(checkpoint_chain const& chain, std::string pl
   p.peak           = sim.peak;
   p.budget         = budget;
   p.recomputations = sim.recomputations;
+  p.proven_optimal = p.time == chain.compute_time();
+  p.offloads       = sim.offloads;
+  p.copy_time      = sim.copy_time;
+  p.stall          = sim.stall;
   if (budget >= 0 && p.peak > budget) {
     throw checkpoint_infeasible{p.planner + ": the plan peaks at " + std::to_string(p.peak) +
                                   ", above the budget of " + std::to_string(budget) +
@@ -106,6 +133,18 @@ inline checkpoint_plan ckpt_finish(checkpoint_chain const& chain, std::string pl
                                 p.peak};
   }
   return p;
+}
+
+/// The checks of plan_optimal and plan_best: a budget in 0..2^47, at least one slot.
+inline void ckpt_check_dp_arguments(std::string const& who, std::int64_t budget,
+                                    checkpoint_planner_options const& options)
+{
+  GPUKIT_EXPECTS(budget >= 0, who + ": budget " + std::to_string(budget) +
+                                " is negative; it is in the units of the chain's sizes");
+  GPUKIT_EXPECTS(budget <= checkpoint_chain::max_total * 2,
+                 who + ": budget " + std::to_string(budget) + " exceeds 2^47");
+  GPUKIT_EXPECTS(options.slots >= 1,
+                 who + ": options.slots = " + std::to_string(options.slots) + " is below 1");
 }
 
 inline void ckpt_check_budget(char const* who, std::int64_t budget)
@@ -195,12 +234,7 @@ inline void ckpt_check_budget(char const* who, std::int64_t budget)
                                                   std::int64_t budget,
                                                   checkpoint_planner_options const& options = {})
 {
-  GPUKIT_EXPECTS(budget >= 0, "plan_optimal: budget " + std::to_string(budget) +
-                                " is negative; it is in the units of the chain's sizes");
-  GPUKIT_EXPECTS(budget <= checkpoint_chain::max_total * 2,
-                 "plan_optimal: budget " + std::to_string(budget) + " exceeds 2^47");
-  GPUKIT_EXPECTS(options.slots >= 1,
-                 "plan_optimal: options.slots = " + std::to_string(options.slots) + " is below 1");
+  detail::ckpt_check_dp_arguments("plan_optimal", budget, options);
   std::int64_t const minimum = optimal_min_budget(chain);
   if (budget < minimum) {
     throw checkpoint_infeasible{"plan_optimal: no schedule fits a budget of " +
@@ -258,7 +292,165 @@ inline constexpr std::size_t exhaustive_max_stages = 11;
   }
   auto p = detail::ckpt_finish(chain, "exhaustive", std::move(r.schedule), budget);
   GPUKIT_EXPECTS(p.time == r.time, "plan_exhaustive: internal error: time mismatch");
+  p.proven_optimal = true;
   return p;
+}
+
+namespace detail {
+
+/// plan_best's dynamic program, monotone in the budget: the best of rotor's program at the size
+/// units g 2^k (g the gcd of the sizes), each at the budget min(budget, slots g 2^k), for every k
+/// up to the first whose range covers the budget. A finer unit (a divisor) at the same budget is
+/// never slower, and each level's budget only grows with the budget, so the best over the levels
+/// never rises when the budget does. Levels below the least persistent budget are skipped. When
+/// slots >= 2L + 2 only the last two levels run: a plan of level k fits level k + 1 (each of the at
+/// most 2L + 2 objects resident at once grows by less than g 2^k when rounded to the coarser unit,
+/// and level k + 1's budget is g 2^k slots more), so the levels' best times never rise with k.
+/// `plan.time` is -1 when none fits.
+inline checkpoint_plan ckpt_best_persistent(checkpoint_chain const& chain, std::int64_t budget,
+                                            checkpoint_planner_options const& options)
+{
+  std::int64_t g = 0;
+  for (auto const& s : chain.stages()) g = std::gcd(std::gcd(g, s.output_size), s.tape_size);
+  if (g == 0) g = 1;
+  std::int64_t const need = ckpt_min_budget(chain);
+  checkpoint_plan best;
+  best.time                     = -1;
+  bool const two_levels_suffice = options.slots >= 2 * static_cast<std::int64_t>(chain.size()) + 2;
+  for (std::int64_t unit = g;; unit *= 2) {
+    bool const last        = budget / unit <= options.slots;
+    std::int64_t const cap = last ? budget : unit * options.slots;
+    bool const needed      = !two_levels_suffice || last || budget / (2 * unit) <= options.slots;
+    if (cap >= need && needed) {
+      ckpt_dp dp{chain, ckpt_make_units(chain, cap, unit), options.max_table_entries};
+      if (dp.time() < ckpt_dp::inf && (best.time < 0 || dp.time() < best.time)) {
+        best       = ckpt_finish(chain, "best", dp.schedule(), budget);
+        best.unit  = unit;
+        best.exact = unit == g;
+      }
+    }
+    if (last) break;
+  }
+  return best;
+}
+
+}  // namespace detail
+
+/// The fastest plan this library can find for `budget`, monotone in the budget:
+/// - a budget that fits plan_store_all gets it (no schedule is faster);
+/// - otherwise rotor's dynamic program (plan_optimal's persistent schedules), taken as the best of
+///   its size resolutions over budgets up to `budget` so that the time never rises with the budget
+///   (see detail::ckpt_best_persistent; options.slots as in plan_optimal);
+/// - then, on chains of up to options.search_max_stages stages, an A* search over every schedule
+///   (the states of plan_exhaustive), bounded by that plan's time: it finds the schedules rotor's
+///   class misses (a kept activation dropped and recomputed, a tape kept while its input is
+///   recomputed). Up to exhaustive_max_stages it always completes, so the plan is the general
+///   optimum, exactly plan_exhaustive's time.
+/// plan.proven_optimal says whether the time is proven the least of any schedule (search completed,
+/// or the time is sum(f + b)). plan.planner is "best".
+/// @throws checkpoint_infeasible when no plan fits: minimum_budget() is the least budget of any
+///         schedule when the search ran to the end, else the least persistent one
+/// @throws gpukit::logic_error as plan_optimal, or when options.search_max_stages exceeds 29
+[[nodiscard]] inline checkpoint_plan plan_best(checkpoint_chain const& chain, std::int64_t budget,
+                                               checkpoint_planner_options const& options = {})
+{
+  detail::ckpt_check_dp_arguments("plan_best", budget, options);
+  GPUKIT_EXPECTS(
+    options.search_max_stages <= detail::ckpt_astar::max_stages,
+    "plan_best: options.search_max_stages = " + std::to_string(options.search_max_stages) +
+      " exceeds " + std::to_string(detail::ckpt_astar::max_stages));
+  auto all = plan_store_all(chain);
+  if (all.peak <= budget) {
+    all.planner = "best";
+    all.budget  = budget;
+    return all;
+  }
+  auto p                = detail::ckpt_best_persistent(chain, budget, options);
+  bool const searchable = chain.size() <= options.search_max_stages;
+  if (searchable && !(p.time >= 0 && p.proven_optimal)) {
+    std::int64_t const upper = p.time >= 0 ? p.time : std::numeric_limits<std::int64_t>::max();
+    auto r                   = detail::ckpt_search(chain, budget, upper, options.max_search_states);
+    if (r.time >= 0) {
+      auto const unit = p.time >= 0 ? p.unit : 1;
+      p               = detail::ckpt_finish(chain, "best", std::move(r.schedule), budget);
+      p.unit          = unit;
+      GPUKIT_EXPECTS(p.time == r.time, "plan_best: internal error: time mismatch");
+    }
+    p.proven_optimal = p.proven_optimal || (r.complete && p.time >= 0);
+    if (p.time < 0 && r.complete) {
+      std::int64_t const least = detail::ckpt_least_budget(chain, budget, optimal_min_budget(chain),
+                                                           options.max_search_states);
+      throw checkpoint_infeasible{"plan_best: no schedule fits a budget of " +
+                                    std::to_string(budget) + "; the least budget is " +
+                                    std::to_string(least),
+                                  least};
+    }
+  }
+  if (p.time < 0) {
+    std::int64_t const minimum = optimal_min_budget(chain);
+    throw checkpoint_infeasible{
+      "plan_best: no schedule fits a budget of " + std::to_string(budget) +
+        "; the least budget of a persistent schedule is " + std::to_string(minimum) +
+        (minimum <= budget ? " (sizes rounded to the resolution of options.slots = " +
+                               std::to_string(options.slots) + " made it infeasible: raise slots)"
+                           : std::string{}),
+      minimum};
+  }
+  return p;
+}
+
+/// plan_best with offload as a third choice for each kept activation (keep it on the device,
+/// recompute it, or copy it to pinned host memory and prefetch it before its next use), priced by
+/// chain.copy_bandwidth() in the two-stream model of simulate_checkpoint_schedule. Candidates:
+/// plan_best at `budget` (so offload never makes a plan slower), and the schedules of rotor's
+/// program at budgets k/16 of store-all's peak (k = 1..16; store-all itself at 16) with copies
+/// inserted (detail::ckpt_insert_copies: each kept activation's longest idle stretch offloaded,
+/// prefetched zero, one or three operations ahead, everywhere or only where the copies hide behind
+/// compute), each replayed; the fastest that fits wins. The candidates other than plan_best do not
+/// depend on the budget, so the time never rises with it. At infinite bandwidth the store-all
+/// candidate keeps store-all's time at a lower peak. A heuristic: proven_optimal only when the time
+/// is sum(f + b). plan.planner is "offload".
+/// @throws gpukit::logic_error when the chain has no copy bandwidth, and as plan_best
+/// @throws checkpoint_infeasible when no candidate fits (minimum_budget(): the least peak of any)
+[[nodiscard]] inline checkpoint_plan plan_with_offload(
+  checkpoint_chain const& chain, std::int64_t budget,
+  checkpoint_planner_options const& options = {})
+{
+  GPUKIT_EXPECTS(chain.copy_bandwidth() > 0,
+                 "plan_with_offload: the chain has no copy bandwidth "
+                 "(checkpoint_chain::set_copy_bandwidth, or a line \"bandwidth N\")");
+  checkpoint_plan best;
+  best.time          = -1;
+  std::int64_t least = std::numeric_limits<std::int64_t>::max();
+  try {
+    best = plan_best(chain, budget, options);
+  } catch (checkpoint_infeasible const& e) {
+    least = e.minimum_budget();
+  }
+  std::int64_t const top = plan_store_all(chain).peak;
+  for (std::int64_t k = 1; k <= 16; ++k) {
+    auto const base =
+      k == 16 ? plan_store_all(chain) : detail::ckpt_best_persistent(chain, top * k / 16, options);
+    if (base.time < 0) continue;
+    for (std::size_t variant = 0; variant < 6; ++variant) {
+      detail::ckpt_copy_policy const policy{variant % 2 == 1, std::size_t{variant / 2 * 3 / 2}};
+      auto s         = detail::ckpt_insert_copies(chain, base.schedule, policy);
+      auto const sim = simulate_checkpoint_schedule(chain, s);
+      least          = std::min(least, sim.peak);
+      if (sim.peak <= budget && (best.time < 0 || sim.time < best.time)) {
+        best = detail::ckpt_finish(chain, "offload", std::move(s), budget);
+      }
+    }
+  }
+  if (best.time < 0) {
+    throw checkpoint_infeasible{"plan_with_offload: no plan fits a budget of " +
+                                  std::to_string(budget) + "; the least budget it found is " +
+                                  std::to_string(least),
+                                least};
+  }
+  best.planner        = "offload";
+  best.proven_optimal = best.time == chain.compute_time();  // plan_best's proof excludes copies
+  return best;
 }
 
 /// Griewank's binomial bound: the least number of forward steps without recording (the first sweep

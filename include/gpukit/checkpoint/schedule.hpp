@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // gpukit/checkpoint/schedule.hpp: checkpoint schedules (lists of Fn<i>, Fe<i>, B<i>) and the
-// simulator that replays one under the cost model of gpukit/checkpoint/chain.hpp.
+// simulator that replays one under the cost model of gpukit/checkpoint/chain.hpp, offload and
+// prefetch copies (O<j>, P<j>) included.
 //
 // Quick start:
 //
@@ -30,12 +31,20 @@
 
 namespace gpukit {
 
-/// The three operations of the cost model.
+/// The operations of the cost model: three on the compute stream, two copies on the copy stream.
 enum class checkpoint_op_kind : std::uint8_t {
   forward,         ///< Fn<i>: forward without recording
   forward_record,  ///< Fe<i>: forward recording the tape
   backward,        ///< B<i>
+  offload,         ///< O<j>: copy x_j to pinned host memory; its device copy is freed after
+  prefetch,        ///< P<j>: copy x_j back to the device; its next use waits for the copy
 };
+
+/// Whether `kind` is a copy (offload or prefetch) rather than a compute operation.
+[[nodiscard]] constexpr bool is_copy(checkpoint_op_kind kind) noexcept
+{
+  return kind == checkpoint_op_kind::offload || kind == checkpoint_op_kind::prefetch;
+}
 
 /// One operation: a kind and a stage, 1 <= stage <= L.
 struct checkpoint_op {
@@ -71,12 +80,25 @@ using checkpoint_schedule = std::vector<checkpoint_op>;
   return {checkpoint_op_kind::backward, stage};
 }
 
-/// "Fn3", "Fe3" or "B3".
+/// `O<j>`, as an op.
+[[nodiscard]] constexpr checkpoint_op offload_op(std::uint32_t stage) noexcept
+{
+  return {checkpoint_op_kind::offload, stage};
+}
+/// `P<j>`, as an op.
+[[nodiscard]] constexpr checkpoint_op prefetch_op(std::uint32_t stage) noexcept
+{
+  return {checkpoint_op_kind::prefetch, stage};
+}
+
+/// "Fn3", "Fe3", "B3", "O3" or "P3".
 [[nodiscard]] inline std::string to_string(checkpoint_op op)
 {
   char const* k = op.kind == checkpoint_op_kind::forward          ? "Fn"
                   : op.kind == checkpoint_op_kind::forward_record ? "Fe"
-                                                                  : "B";
+                  : op.kind == checkpoint_op_kind::backward       ? "B"
+                  : op.kind == checkpoint_op_kind::offload        ? "O"
+                                                                  : "P";
   return k + std::to_string(op.stage);
 }
 
@@ -91,7 +113,7 @@ using checkpoint_schedule = std::vector<checkpoint_op>;
   return s;
 }
 
-/// Parses operations separated by blanks (`Fn1 Fe2 B2 ...`).
+/// Parses operations separated by blanks (`Fn1 Fe2 O1 B2 P1 ...`).
 /// @throws gpukit::logic_error naming the word that is not an operation
 [[nodiscard]] inline checkpoint_schedule parse_checkpoint_schedule(std::string const& text)
 {
@@ -107,11 +129,15 @@ using checkpoint_schedule = std::vector<checkpoint_op>;
       op.kind = checkpoint_op_kind::forward_record, digits = 2;
     } else if (word.rfind("B", 0) == 0) {
       op.kind = checkpoint_op_kind::backward, digits = 1;
+    } else if (word.rfind("O", 0) == 0) {
+      op.kind = checkpoint_op_kind::offload, digits = 1;
+    } else if (word.rfind("P", 0) == 0) {
+      op.kind = checkpoint_op_kind::prefetch, digits = 1;
     }
     bool ok = digits != 0 && word.size() > digits && word.size() - digits <= 9 &&
               word.find_first_not_of("0123456789", digits) == std::string::npos;
     GPUKIT_EXPECTS(ok, "checkpoint schedule: \"" + word +
-                         "\" is not an operation (Fn<i>, Fe<i> or B<i>, i >= 1)");
+                         "\" is not an operation (Fn<i>, Fe<i>, B<i>, O<i> or P<i>, i >= 1)");
     op.stage = static_cast<std::uint32_t>(std::stoul(word.substr(digits)));
     GPUKIT_EXPECTS(op.stage >= 1, "checkpoint schedule: \"" + word + "\": stages start at 1");
     s.push_back(op);
@@ -121,14 +147,17 @@ using checkpoint_schedule = std::vector<checkpoint_op>;
 
 /// What replaying a schedule under the cost model gives.
 struct checkpoint_simulation {
-  std::int64_t time{0};  ///< sum of the operations' times
-  std::int64_t peak{0};  ///< the largest op_peak
+  std::int64_t time{0};  ///< when the compute stream finishes (operations' times and waits)
+  std::int64_t peak{0};  ///< the largest op_peak: device memory; host copies are not counted
   /// Per operation: the memory before it plus what it creates (the peak of that operation).
   std::vector<std::int64_t> op_peak;
   /// Per operation: the memory right after it, once the objects it used last are dropped.
   std::vector<std::int64_t> after;
   /// Forward operations (Fn and Fe) beyond one per stage: the recomputations.
   std::int64_t recomputations{0};
+  std::int64_t offloads{0};   ///< O<j> operations
+  std::int64_t copy_time{0};  ///< time the copy stream is busy (offloads and prefetches)
+  std::int64_t stall{0};      ///< time the compute stream waits for prefetches
 };
 
 namespace detail {
@@ -155,88 +184,185 @@ inline void ckpt_memory_per_op(checkpoint_chain const& chain, checkpoint_schedul
   }
 }
 
+/// The replay behind simulate_checkpoint_schedule: one pass over the operations for validity and
+/// the two streams' clocks, then the memory of every object instance from when it was created
+/// (or prefetched) to its last use (or, offloaded, to the end of its copy).
+class ckpt_replay {
+ public:
+  ckpt_replay(checkpoint_chain const& chain, checkpoint_schedule const& schedule)
+      : chain_{chain}, s_{schedule}, L_{chain.size()}, n_{schedule.size()}, x_made_(L_ + 1, none),
+        tape_made_(L_ + 1, none), x_last_(L_ + 1, none), tape_last_(L_ + 1, none),
+        on_host_(L_ + 1, 0), computed_(L_ + 1, 0), ready_(L_ + 1, 0), diff_(n_ + 1, 0),
+        created_(n_, 0), start_(n_, 0)
+  {}
+
+  checkpoint_simulation run()
+  {
+    for (std::size_t k = 0; k < n_; ++k) step(k);
+    GPUKIT_EXPECTS(next_backward_ == 0, "checkpoint schedule: ends before B" +
+                                          std::to_string(next_backward_) + " (" +
+                                          std::to_string(L_ - next_backward_) + " of " +
+                                          std::to_string(L_) + " backward operations ran)");
+    for (std::size_t j = 1; j <= L_; ++j) {
+      close(x_made_[j], x_last_[j], chain_[j].output_size);
+      close(tape_made_[j], tape_last_[j], chain_[j].tape_size);
+    }
+    for (auto const& o : offloaded_) {
+      // Resident until its last use and until its copy ends: through every operation that starts
+      // before the copy's end.
+      auto const ends = static_cast<std::size_t>(
+        std::lower_bound(start_.begin(), start_.end(), o.copy_end) - start_.begin());
+      close(o.made, std::max(o.last, ends == 0 ? o.last : ends - 1), o.size);
+    }
+    r_.time = clock_;
+    detail::ckpt_memory_per_op(chain_, s_, diff_, created_, r_);
+    return r_;
+  }
+
+ private:
+  static constexpr std::size_t none = static_cast<std::size_t>(-1);
+  struct offloaded {
+    std::size_t made, last;
+    std::int64_t copy_end, size;
+  };
+
+  [[nodiscard]] std::string where(std::size_t k) const
+  {
+    return "checkpoint schedule: operation " + std::to_string(k) + " (" + to_string(s_[k]) + "): ";
+  }
+  // Each instance, once closed, adds its size to memory over (created, last use].
+  void close(std::size_t made, std::size_t last, std::int64_t size)
+  {
+    if (made == none || last == made || size == 0) return;  // unused: counted at creation only
+    diff_[made + 1] += size;
+    diff_[last + 1] -= size;  // resident before ops made+1..last
+  }
+  // x_j, on the device, read by operation k (which starts no earlier than it is there).
+  void use_x(std::size_t k, std::size_t j)
+  {
+    if (j == 0) return;
+    GPUKIT_EXPECTS(!on_host_[j], where(k) + "needs x_" + std::to_string(j) +
+                                   ", which is on the host: prefetch it (P" + std::to_string(j) +
+                                   ") first");
+    GPUKIT_EXPECTS(x_made_[j] != none, where(k) + "needs x_" + std::to_string(j) +
+                                         ", which no earlier operation computed");
+    x_last_[j] = k;
+    clock_     = std::max(clock_, ready_[j]);
+  }
+
+  void step(std::size_t k)
+  {
+    auto const op = s_[k];
+    GPUKIT_EXPECTS(op.stage >= 1 && op.stage <= L_, where(k) + "stage " + std::to_string(op.stage) +
+                                                      " is outside 1.." + std::to_string(L_));
+    GPUKIT_EXPECTS(next_backward_ >= 1, where(k) + "comes after B1, which ends the schedule");
+    std::size_t const i = op.stage;
+    if (is_copy(op.kind)) {
+      copy(k, i, op.kind == checkpoint_op_kind::offload);
+      return;
+    }
+    std::int64_t const before = clock_;
+    use_x(k, i - 1);
+    r_.stall += clock_ - before;
+    start_[k]      = clock_;
+    auto const& st = chain_[i];
+    if (op.kind == checkpoint_op_kind::backward) {
+      GPUKIT_EXPECTS(i == next_backward_, where(k) + "runs out of order: the next backward is B" +
+                                            std::to_string(next_backward_));
+      GPUKIT_EXPECTS(tape_made_[i] != none, where(k) + "needs tape_" + std::to_string(i) +
+                                              ", which no Fe" + std::to_string(i) +
+                                              " before it recorded");
+      close(tape_made_[i], k, st.tape_size);
+      tape_made_[i] = none;  // consumed; δ_i is freed and δ_{i-1} created (see ckpt_memory_per_op)
+      created_[k]   = chain_.gradient_size(i - 1);
+      clock_ += st.backward_time;
+      --next_backward_;
+      return;
+    }
+    // A new x_i replaces the previous instance (dropped at its last use) or its host copy.
+    close(x_made_[i], x_last_[i], st.output_size);
+    x_made_[i] = x_last_[i] = k;
+    on_host_[i]             = 0;
+    ready_[i]               = 0;
+    created_[k]             = st.output_size;
+    if (op.kind == checkpoint_op_kind::forward_record) {
+      close(tape_made_[i], tape_last_[i], st.tape_size);
+      tape_made_[i] = tape_last_[i] = k;
+      created_[k] += st.tape_size;
+    }
+    if (computed_[i]) ++r_.recomputations;
+    computed_[i] = 1;
+    clock_ += st.forward_time;
+  }
+
+  // O<j> (out) or P<j>: issued when the compute stream reaches it, run when the copy stream is
+  // free.
+  void copy(std::size_t k, std::size_t j, bool out)
+  {
+    GPUKIT_EXPECTS(
+      chain_.copy_bandwidth() > 0,
+      where(k) + "copies x_" + std::to_string(j) +
+        ", but the chain has no copy bandwidth (checkpoint_chain::set_copy_bandwidth)");
+    start_[k]                 = clock_;
+    std::int64_t const begins = std::max({copy_clock_, clock_, out ? ready_[j] : 0});
+    copy_clock_               = begins + chain_.copy_time(j);
+    r_.copy_time += chain_.copy_time(j);
+    if (out) {
+      GPUKIT_EXPECTS(x_made_[j] != none && !on_host_[j],
+                     where(k) + "offloads x_" + std::to_string(j) + ", which is not on the device");
+      offloaded_.push_back({x_made_[j], x_last_[j], copy_clock_, chain_[j].output_size});
+      x_made_[j] = x_last_[j] = none;
+      on_host_[j]             = 1;
+      ++r_.offloads;
+      return;
+    }
+    GPUKIT_EXPECTS(on_host_[j], where(k) + "prefetches x_" + std::to_string(j) +
+                                  ", which is not on the host (no O" + std::to_string(j) +
+                                  " since it was computed)");
+    x_made_[j] = x_last_[j] = k;  // device memory from here on
+    on_host_[j]             = 0;
+    ready_[j]               = copy_clock_;
+    created_[k]             = chain_[j].output_size;
+  }
+
+  checkpoint_chain const& chain_;
+  checkpoint_schedule const& s_;
+  std::size_t L_, n_;
+  // Latest instance of each object: the index of the operation that created it, or none.
+  std::vector<std::size_t> x_made_, tape_made_, x_last_, tape_last_;
+  std::vector<char> on_host_, computed_;
+  std::vector<std::int64_t> ready_;  ///< when a prefetched x_j is on the device
+  std::vector<std::int64_t> diff_;   ///< memory before op k = prefix sum of diff_[0..k]
+  std::vector<std::int64_t> created_;
+  std::vector<std::int64_t> start_;  ///< when each operation starts (copies: when issued)
+  std::vector<offloaded> offloaded_;
+  std::size_t next_backward_{L_};  // B<L> first
+  std::int64_t clock_{0}, copy_clock_{0};
+  checkpoint_simulation r_;
+};
+
 }  // namespace detail
 
 /// Replays `schedule` on `chain` under the cost model (objects dropped right after their last use)
 /// and returns its total time and peak memory. O(number of operations + L). Does not synchronize.
+///
+/// Copies (the two-stream model): the compute operations run one after another on the compute
+/// stream; O<j> and P<j> are issued when the compute stream reaches them and run, one at a time in
+/// issue order, on a copy stream, each taking chain.copy_time(j), so they overlap compute. An
+/// offloaded x_j stays on the device through every operation that starts before its copy ends,
+/// then only its host copy remains (not counted in the peak) until P<j> allocates it on the device
+/// again; the first operation that reads it waits for that copy (the wait adds to time and to
+/// stall). A new Fn<j>/Fe<j> replaces a host copy as it replaces a device one.
 /// @throws gpukit::logic_error naming the offending operation (its 0-based position and text) when
 ///         the schedule is invalid: a stage outside 1..L, an input that no earlier operation
-///         computed (x_{i-1} for Fn/Fe/B, tape_i for B), backward operations out of the order
-///         B<L> ... B<1>, an operation after B<1>, or a schedule that never reaches B<1>
+///         computed (x_{i-1} for Fn/Fe/B, tape_i for B) or that is on the host, backward operations
+///         out of the order B<L> ... B<1>, an operation after B<1>, a schedule that never reaches
+///         B<1>, an offload of an x_j not on the device, a prefetch of one not on the host, or a
+///         copy on a chain without copy bandwidth
 [[nodiscard]] inline checkpoint_simulation simulate_checkpoint_schedule(
   checkpoint_chain const& chain, checkpoint_schedule const& schedule)
 {
-  std::size_t const L = chain.size();
-  std::size_t const n = schedule.size();
-  auto where          = [&](std::size_t k) {
-    return "checkpoint schedule: operation " + std::to_string(k) + " (" + to_string(schedule[k]) +
-           "): ";
-  };
-  // Latest instance of each object: the index of the operation that created it, or npos.
-  constexpr std::size_t none = static_cast<std::size_t>(-1);
-  std::vector<std::size_t> x_made(L + 1, none), tape_made(L + 1, none);
-  // Each instance, once closed, adds its size to memory over (created, last use]; `last_use` of
-  // the live instance is tracked per object and flushed when it is replaced or at the end.
-  std::vector<std::size_t> x_last(L + 1, none), tape_last(L + 1, none);
-  std::vector<std::int64_t> diff(n + 1, 0);  // memory before op k = prefix sum of diff[0..k]
-  std::vector<std::int64_t> created(n, 0);
-  auto close = [&](std::size_t made, std::size_t last, std::int64_t size) {
-    if (made == none || last == made || size == 0) return;  // unused: counted at creation only
-    diff[made + 1] += size;
-    diff[last + 1] -= size;  // resident before ops made+1..last
-  };
-  std::size_t next_backward = L;  // B<L> first
-  checkpoint_simulation r;
-  std::vector<char> computed(L + 1, 0);
-  for (std::size_t k = 0; k < n; ++k) {
-    auto const op = schedule[k];
-    GPUKIT_EXPECTS(op.stage >= 1 && op.stage <= L, where(k) + "stage " + std::to_string(op.stage) +
-                                                     " is outside 1.." + std::to_string(L));
-    GPUKIT_EXPECTS(next_backward >= 1, where(k) + "comes after B1, which ends the schedule");
-    std::size_t const i = op.stage;
-    auto const& st      = chain[i];
-    // Input x_{i-1}.
-    GPUKIT_EXPECTS(i == 1 || x_made[i - 1] != none, where(k) + "needs x_" + std::to_string(i - 1) +
-                                                      ", which no earlier operation computed");
-    if (i > 1) x_last[i - 1] = k;
-    if (op.kind == checkpoint_op_kind::backward) {
-      GPUKIT_EXPECTS(i == next_backward, where(k) + "runs out of order: the next backward is B" +
-                                           std::to_string(next_backward));
-      GPUKIT_EXPECTS(tape_made[i] != none, where(k) + "needs tape_" + std::to_string(i) +
-                                             ", which no Fe" + std::to_string(i) +
-                                             " before it recorded");
-      tape_last[i] = k;
-      close(tape_made[i], tape_last[i], st.tape_size);
-      tape_made[i] = none;  // consumed
-      // δ_i is freed and δ_{i-1} created: the current δ is accounted below.
-      created[k] = chain.gradient_size(i - 1);
-      r.time += st.backward_time;
-      --next_backward;
-    } else {
-      // A new x_i replaces the previous instance (dropped at its last use).
-      close(x_made[i], x_last[i], st.output_size);
-      x_made[i] = x_last[i] = k;
-      created[k]            = st.output_size;
-      if (op.kind == checkpoint_op_kind::forward_record) {
-        close(tape_made[i], tape_last[i], st.tape_size);
-        tape_made[i] = tape_last[i] = k;
-        created[k] += st.tape_size;
-      }
-      if (computed[i]) ++r.recomputations;
-      computed[i] = 1;
-      r.time += st.forward_time;
-    }
-  }
-  GPUKIT_EXPECTS(next_backward == 0, "checkpoint schedule: ends before B" +
-                                       std::to_string(next_backward) + " (" +
-                                       std::to_string(L - next_backward) + " of " +
-                                       std::to_string(L) + " backward operations ran)");
-  for (std::size_t j = 1; j <= L; ++j) {
-    close(x_made[j], x_last[j], chain[j].output_size);
-    close(tape_made[j], tape_last[j], chain[j].tape_size);
-  }
-  detail::ckpt_memory_per_op(chain, schedule, diff, created, r);
-  return r;
+  return detail::ckpt_replay{chain, schedule}.run();
 }
 
 }  // namespace gpukit

@@ -1,0 +1,210 @@
+// SPDX-License-Identifier: Apache-2.0
+// gpukit/checkpoint/detail/search.hpp: the general optimum by A* over memory states, pruned by an
+// upper bound (the time of a plan already found). Not public API; behind plan_best.
+//
+// The states are those of detail/exhaustive.hpp: (next backward nb, resident activations
+// x_1..x_{nb-1}, resident tapes tape_1..tape_nb); edges are the operations, weighted by their time
+// and allowed when their peak fits the budget. The search differs from that Dijkstra in four
+// ways, none of which changes the least time it finds:
+// - no free drop edges: each operation chooses which of its inputs and outputs it keeps (an
+//   object dropped at its last use, the only drop that matters), and forwards that would only
+//   recreate resident objects are left out;
+// - it is guided by a lower bound of the time left: sum(b_i, i <= nb) for the backward operations,
+//   plus f_i for every stage i <= nb that must still run forward, because tape_i is missing or
+//   x_i (i < nb, needed by B<i+1>) is missing. Each forward satisfies one stage and each backward
+//   needs its inputs resident, so the bound is consistent: A* expands each state once, at its least
+//   time;
+// - a state whose time plus bound reaches `upper` is never stored: a plan of time `upper` is known,
+//   so the search only looks for strictly faster ones;
+// - states live in a hash map, so its memory follows the states the search touches, not 4^L.
+#pragma once
+
+#include <gpukit/checkpoint/chain.hpp>
+#include <gpukit/checkpoint/schedule.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <queue>
+#include <tuple>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace gpukit::detail {
+
+struct ckpt_search_result {
+  std::int64_t time{-1};  ///< -1 when no schedule faster than `upper` fits
+  checkpoint_schedule schedule;
+  std::size_t states{0};  ///< states stored
+  bool complete{true};    ///< false when the search stopped at max_states
+};
+
+class ckpt_astar {
+ public:
+  /// Longest chain the state keys hold (5 bits of nb, 29 of activations, 29 of tapes).
+  static constexpr std::size_t max_stages = 29;
+
+  ckpt_astar(checkpoint_chain const& chain, std::int64_t budget, std::int64_t upper,
+             std::size_t max_states)
+      : chain_{chain}, budget_{budget}, upper_{upper}, max_states_{max_states}
+  {}
+
+  ckpt_search_result run()
+  {
+    std::size_t const L = chain_.size();
+    key const start     = pack(L, 0, 0);
+    push(start, start, 0, {}, false);
+    ckpt_search_result r;
+    while (!queue_.empty()) {
+      auto const [f, negative_g, id] = queue_.top();
+      queue_.pop();
+      std::int64_t const g = -negative_g;
+      if (g != nodes_[id].g) continue;  // a stale entry
+      if (unpack_nb(id) == 0) {         // B1 ran: nothing after it
+        r.time = g;
+        for (key k = id; k != start; k = nodes_[k].parent)
+          if (nodes_[k].real) r.schedule.push_back(nodes_[k].op);
+        std::reverse(r.schedule.begin(), r.schedule.end());
+        break;
+      }
+      if (nodes_.size() > max_states_) {
+        r.complete = false;
+        break;
+      }
+      expand(id, g);
+    }
+    r.states = nodes_.size();
+    return r;
+  }
+
+ private:
+  using key = std::uint64_t;
+  struct node {
+    std::int64_t g;
+    key parent;
+    checkpoint_op op;
+    bool real;
+  };
+
+  static key pack(std::size_t nb, std::uint64_t X, std::uint64_t T) noexcept
+  {
+    return (static_cast<key>(nb) << 58) | (X << 29) | T;
+  }
+  static std::size_t unpack_nb(key k) noexcept { return static_cast<std::size_t>(k >> 58); }
+  static std::uint64_t bit(std::size_t j) noexcept { return std::uint64_t{1} << (j - 1); }
+
+  // The consistent lower bound of the time left (see the top of this header).
+  [[nodiscard]] std::int64_t bound(std::size_t nb, std::uint64_t X, std::uint64_t T) const noexcept
+  {
+    std::int64_t h = 0;
+    for (std::size_t i = 1; i <= nb; ++i) {
+      auto const& s = chain_[i];
+      h += s.backward_time;
+      if (!(T & bit(i)) || (i < nb && !(X & bit(i)))) h += s.forward_time;
+    }
+    return h;
+  }
+
+  [[nodiscard]] std::int64_t memory(std::size_t nb, std::uint64_t X, std::uint64_t T) const noexcept
+  {
+    std::int64_t m = chain_.gradient_size(nb);
+    for (std::size_t j = 1; j < nb; ++j)
+      if (X & bit(j)) m += chain_[j].output_size;
+    for (std::size_t i = 1; i <= nb; ++i)
+      if (T & bit(i)) m += chain_[i].tape_size;
+    return m;
+  }
+
+  void push(key to, key from, std::int64_t g, checkpoint_op op, bool real)
+  {
+    std::size_t const nb   = unpack_nb(to);
+    std::uint64_t const X  = (to >> 29) & ((std::uint64_t{1} << 29) - 1);
+    std::uint64_t const T  = to & ((std::uint64_t{1} << 29) - 1);
+    std::int64_t const est = g + bound(nb, X, T);
+    if (est >= upper_) return;
+    auto [it, fresh] = nodes_.try_emplace(to, node{g, from, op, real});
+    if (!fresh) {
+      if (it->second.g <= g) return;
+      it->second = node{g, from, op, real};
+    }
+    queue_.push({est, -g, to});
+  }
+
+  // Every edge out of state `id`, reached at time g. Drops are not edges of their own: every
+  // object is dropped right after its last use or never (dropping earlier never raises memory nor
+  // changes time), so an operation's edges choose whether to keep its input x_{i-1} and, for Fe<i>,
+  // its output x_i. Forwards that create only objects already resident are skipped.
+  void expand(key id, std::int64_t g)
+  {
+    std::size_t const nb   = unpack_nb(id);
+    std::uint64_t const X  = (id >> 29) & ((std::uint64_t{1} << 29) - 1);
+    std::uint64_t const T  = id & ((std::uint64_t{1} << 29) - 1);
+    std::int64_t const mem = memory(nb, X, T);
+    auto has_x             = [X](std::size_t j) { return j == 0 || (X & bit(j)); };
+    for (std::size_t i = 1; i <= nb; ++i) {
+      if (!has_x(i - 1)) continue;
+      auto const& st = chain_[i];
+      auto const u   = static_cast<std::uint32_t>(i);
+      // Keeping x_{i-1} or dropping it (x_0 is always resident).
+      std::uint64_t const in_kept[2] = {X, i > 1 ? X & ~bit(i - 1) : X};
+      std::size_t const ways         = i > 1 ? 2 : 1;
+      bool const x_tracked           = i < nb;
+      bool const x_there             = x_tracked && (X & bit(i));
+      if (x_tracked && !x_there && mem + st.output_size <= budget_) {
+        for (std::size_t w = 0; w < ways; ++w)
+          push(pack(nb, in_kept[w] | bit(i), T), id, g + st.forward_time, fn_op(u), true);
+      }
+      if (!(T & bit(i)) && mem + st.output_size + st.tape_size <= budget_) {
+        for (std::size_t w = 0; w < ways; ++w) {
+          push(pack(nb, in_kept[w], T | bit(i)), id, g + st.forward_time, fe_op(u), true);
+          if (x_tracked && !x_there) {
+            push(pack(nb, in_kept[w] | bit(i), T | bit(i)), id, g + st.forward_time, fe_op(u),
+                 true);
+          }
+        }
+      }
+    }
+    if ((T & bit(nb)) && has_x(nb - 1) && mem + chain_.gradient_size(nb - 1) <= budget_) {
+      std::size_t const nb2 = nb - 1;
+      // x_{nb-1} and tape_nb are no longer useful; what remains fits the smaller state.
+      std::uint64_t const X2 = nb2 == 0 ? 0 : X & ((std::uint64_t{1} << (nb2 - 1)) - 1);
+      std::uint64_t const T2 = T & ((std::uint64_t{1} << nb2) - 1);
+      push(pack(nb2, X2, T2), id, g + chain_[nb].backward_time,
+           b_op(static_cast<std::uint32_t>(nb)), true);
+    }
+  }
+
+  using item = std::tuple<std::int64_t, std::int64_t, key>;  // (g + bound, -g, state)
+
+  checkpoint_chain const& chain_;
+  std::int64_t budget_, upper_;
+  std::size_t max_states_;
+  std::unordered_map<key, node> nodes_;
+  std::priority_queue<item, std::vector<item>, std::greater<item>> queue_;
+};
+
+inline ckpt_search_result ckpt_search(checkpoint_chain const& chain, std::int64_t budget,
+                                      std::int64_t upper, std::size_t max_states)
+{
+  return ckpt_astar{chain, budget, upper, max_states}.run();
+}
+
+/// The least budget at which some schedule fits, given that none fits `infeasible` and one fits
+/// `feasible` (> infeasible): a bisection with the search as the test. A search that stops at
+/// max_states counts as feasible, so the answer never understates the least budget.
+inline std::int64_t ckpt_least_budget(checkpoint_chain const& chain, std::int64_t infeasible,
+                                      std::int64_t feasible, std::size_t max_states)
+{
+  constexpr std::int64_t none = std::numeric_limits<std::int64_t>::max();
+  while (feasible - infeasible > 1) {
+    std::int64_t const mid = infeasible + (feasible - infeasible) / 2;
+    auto const r           = ckpt_search(chain, mid, none, max_states);
+    (r.time >= 0 || !r.complete ? feasible : infeasible) = mid;
+  }
+  return feasible;
+}
+
+}  // namespace gpukit::detail
