@@ -1,8 +1,19 @@
 // SPDX-License-Identifier: Apache-2.0
 // gpukit/stats.hpp: the statistic every gpukit pool reports, current and peak.
 //
-//   auto s = alloc.stats();
-//   std::printf("allocated %lld (peak %lld)\n", s.allocated_bytes.current, s.allocated_bytes.peak);
+// Quick start:
+//
+//   #include <gpukit/memory/caching_allocator.hpp>
+//   #include <gpukit/stats.hpp>
+//
+//   #include <cstdio>
+//
+//   void print(gpukit::caching_allocator const& alloc)
+//   {
+//     gpukit::stat_pair const a = alloc.stats().allocated_bytes;
+//     std::printf("allocated %lld (peak %lld)\n", static_cast<long long>(a.current),
+//                 static_cast<long long>(a.peak));
+//   }
 #pragma once
 
 #include <cstdint>

@@ -59,7 +59,8 @@ inline cudaMemcpyKind to_cuda_memcpy_kind(memcpy_kind k) noexcept
     case memcpy_kind::device_to_device: return cudaMemcpyDeviceToDevice;
     case memcpy_kind::infer: return cudaMemcpyDefault;
   }
-  return static_cast<cudaMemcpyKind>(-1);
+  // One past cudaMemcpyDefault: not a direction, yet inside the enumeration's range of values.
+  return static_cast<cudaMemcpyKind>(static_cast<int>(cudaMemcpyDefault) + 1);
 }
 
 inline CUdeviceptr to_device_ptr(void* p) noexcept
