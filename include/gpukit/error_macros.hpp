@@ -42,6 +42,10 @@
 // already cleared from any last-error slot the platform keeps.
 #pragma once
 
+/// @file
+/// GPUKIT_CUDA_TRY, GPUKIT_EXPECTS, GPUKIT_FAIL and GPUKIT_ASSERT_CUDA_SUCCESS: the checks that
+/// throw gpukit's errors (gpukit/error.hpp). The quick start is at the top of this header.
+
 #include <gpukit/detail/error_macros.hpp>
 #include <gpukit/error.hpp>
 

@@ -163,6 +163,7 @@ class basic_transfer_pipeline final {
   /// (never for the device, never for other streams).
   /// @param dst device memory of at least `bytes`
   /// @param src host memory
+  /// @param bytes how many bytes to copy
   /// @param src_kind what src is (host_memory::detect asks the pinned pool)
   /// @param stream the consumer: its earlier work precedes the copy, its later work follows it
   /// @throws gpukit::logic_error for null pointers, zero bytes, a range that wraps around the
