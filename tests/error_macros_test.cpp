@@ -36,7 +36,7 @@ int dtype_size(int dtype)
 
 TEST_SUITE("error")
 {
-  TEST_CASE("GPUKIT_CUDA_TRY throws cuda_error naming the call, the error and where")
+  TEST_CASE("GPUKIT_CUDA_TRY throws cuda_error naming the call and the error and where")
   {
     int calls      = 0;
     int const line = __LINE__ + 2;
@@ -58,7 +58,7 @@ TEST_SUITE("error")
     }
   }
 
-  TEST_CASE("GPUKIT_CUDA_TRY(status, what) names the call that returned the status")
+  TEST_CASE("GPUKIT_CUDA_TRY with a status and a name names the call that returned the status")
   {
     cudaError_t const e = cudaErrorMemoryAllocation;
     try {
@@ -70,14 +70,14 @@ TEST_SUITE("error")
     }
   }
 
-  TEST_CASE("GPUKIT_CUDA_TRY lets success through, evaluating the call once")
+  TEST_CASE("GPUKIT_CUDA_TRY lets success through and evaluates the call once")
   {
     int calls = 0;
     CHECK_NOTHROW(GPUKIT_CUDA_TRY(fails_with(cudaSuccess, calls)));
     CHECK(calls == 1);
   }
 
-  TEST_CASE("GPUKIT_EXPECTS throws logic_error naming the message, the condition and where")
+  TEST_CASE("GPUKIT_EXPECTS throws logic_error naming the message and the condition and where")
   {
     std::size_t const bytes = 0;
     int const line          = __LINE__ + 2;
