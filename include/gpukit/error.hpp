@@ -3,13 +3,23 @@
 //
 // Quick start:
 //
-//   try {
-//     void* p = alloc.allocate_async(bytes, stream);
-//   } catch (gpukit::out_of_memory const& e) {   // the device is full: e.report() says why
-//     std::cerr << e.what();                     // readable, with a hint of what to change
-//   } catch (gpukit::bad_alloc const& e) {       // any other refused allocation
-//   } catch (gpukit::cuda_error const& e) {      // a CUDA call failed: e.code(), e.call()
-//   } catch (gpukit::logic_error const& e) {     // a precondition did not hold (bad input)
+//   #include <gpukit/error.hpp>
+//   #include <gpukit/memory/caching_allocator.hpp>
+//
+//   #include <iostream>
+//
+//   void* try_allocate(gpukit::caching_allocator& alloc, std::size_t bytes, cudaStream_t stream)
+//   {
+//     try {
+//       return alloc.allocate_async(bytes, stream);
+//     } catch (gpukit::out_of_memory const& e) {  // the device is full: e.report() says why
+//       std::cerr << e.what();                    // readable, with a hint of what to change
+//     } catch (gpukit::bad_alloc const&) {        // any other refused allocation
+//     } catch (gpukit::cuda_error const& e) {     // a CUDA call failed: e.code(), e.call()
+//       std::cerr << e.call() << " failed with " << e.name() << '\n';
+//     } catch (gpukit::logic_error const&) {      // a precondition did not hold (bad input)
+//     }
+//     return nullptr;
 //   }
 //
 // `cuda_error` keeps the error's value and name (as the failing runtime names it) and the call,
@@ -187,4 +197,4 @@ class out_of_memory : public bad_alloc {
 
 }  // namespace gpukit
 
-#include <gpukit/detail/error_macros.hpp>
+#include <gpukit/error_macros.hpp>  // GPUKIT_CUDA_TRY, GPUKIT_EXPECTS, GPUKIT_FAIL

@@ -2,8 +2,19 @@
 // gpukit/stats.hpp: the statistics every gpukit pool reports: current and peak, and (per pool of
 // the caching allocator) PyTorch's totals.
 //
-//   auto s = alloc.stats();
-//   std::printf("allocated %lld (peak %lld)\n", s.allocated_bytes.current, s.allocated_bytes.peak);
+// Quick start:
+//
+//   #include <gpukit/memory/caching_allocator.hpp>
+//   #include <gpukit/stats.hpp>
+//
+//   #include <cstdio>
+//
+//   void print(gpukit::caching_allocator const& alloc)
+//   {
+//     gpukit::stat_pair const a = alloc.stats().allocated_bytes;
+//     std::printf("allocated %lld (peak %lld)\n", static_cast<long long>(a.current),
+//                 static_cast<long long>(a.peak));
+//   }
 #pragma once
 
 #include <cstdint>

@@ -7,10 +7,16 @@
 //
 //   #include <gpukit/version.hpp>
 //
-//   #if GPUKIT_VERSION < 200   // older than 0.2.0
+//   #include <cstdio>
+//
+//   #if GPUKIT_VERSION < 200  // older than 0.2.0
 //   #error "this code needs gpukit 0.2 or later"
 //   #endif
-//   std::printf("built with gpukit %s\n", GPUKIT_VERSION_STRING);   // "0.2.0"
+//
+//   void print_version()
+//   {
+//     std::printf("built with gpukit %s\n", GPUKIT_VERSION_STRING);  // "0.2.0"
+//   }
 //
 // The numbers here are the source of truth for a build that takes the headers with a plain
 // `-I include/`; gpukit's CMakeLists.txt refuses to configure when project(VERSION) says

@@ -1,12 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// The program every consumer project builds and runs: it includes gpukit's headers with the host
-// compiler only and uses them the way an application would.
-#include <gpukit/error.hpp>
-#include <gpukit/memory/caching_allocator.hpp>
-#include <gpukit/runtime/cuda_runtime.hpp>
-#include <gpukit/runtime/runtime.hpp>
-#include <gpukit/runtime/sim_runtime.hpp>
-#include <gpukit/version.hpp>
+// The program every consumer project builds and runs: it includes gpukit's headers (all of them,
+// through gpukit/gpukit.hpp) with the host compiler only and uses them the way an application
+// would.
+#include <gpukit/gpukit.hpp>
 
 #include <cstddef>
 #include <cstdio>

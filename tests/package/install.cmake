@@ -14,6 +14,8 @@ execute_process(
 
 foreach(file IN ITEMS
     ${INCLUDEDIR}/gpukit/error.hpp
+    ${INCLUDEDIR}/gpukit/error_macros.hpp
+    ${INCLUDEDIR}/gpukit/gpukit.hpp
     ${INCLUDEDIR}/gpukit/version.hpp
     ${INCLUDEDIR}/gpukit/detail/cccl_compat.hpp
     ${INCLUDEDIR}/gpukit/detail/error_macros.hpp
@@ -30,9 +32,15 @@ foreach(file IN ITEMS
   endif()
 endforeach()
 string(REPLACE "," ";" tools "${TOOLS}")
-foreach(tool IN LISTS tools)  # the command-line tools, when the build has them
+foreach(tool IN LISTS tools)  # the command-line tools, when the build has them: each answers --help
   if(NOT EXISTS "${PREFIX}/${BINDIR}/${tool}" OR IS_DIRECTORY "${PREFIX}/${BINDIR}/${tool}")
     message(FATAL_ERROR "gpukit install: the tool ${BINDIR}/${tool} is missing under ${PREFIX}")
+  endif()
+  execute_process(COMMAND "${PREFIX}/${BINDIR}/${tool}" --help
+    RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0 OR NOT out MATCHES "${tool}")
+    message(FATAL_ERROR "gpukit install: `${BINDIR}/${tool} --help` exited with ${rc} (expected 0 "
+      "and a usage naming the tool):\n${out}${err}")
   endif()
 endforeach()
 file(GLOB_RECURSE installed_libraries "${PREFIX}/*.a" "${PREFIX}/*.so")

@@ -45,7 +45,7 @@ struct checkpoint_stage {
   std::int64_t forward_time{0};   ///< f_i
   std::int64_t backward_time{0};  ///< b_i
   std::int64_t output_size{0};    ///< a_i: the size of x_i and of δ_i
-  std::int64_t tape_size{0};      ///< t_i: what Fe<i> keeps for B<i>, not counting x_{i-1}
+  std::int64_t tape_size{0};      ///< t_i: what `Fe<i>` keeps for `B<i>`, not counting x_{i-1}
 };
 
 /// Thrown by a planner when no plan of its kind fits the memory budget. `minimum_budget()` is the

@@ -92,7 +92,7 @@ namespace gpukit {
 /// What a stage's forward or backward is told about the call.
 struct checkpoint_context {
   std::size_t stage{1};       ///< i
-  bool recording{false};      ///< Fe<i>: fill the tape
+  bool recording{false};      ///< `Fe<i>`: fill the tape
   bool recomputing{false};    ///< stage i's forward already ran in this step: skip side effects
   std::uint64_t rng_seed{0};  ///< the same on every run of stage i in one step
   std::uint64_t step{0};      ///< the step counter given to run_async
@@ -249,8 +249,11 @@ class basic_checkpoint_executor final {
   /// and backward are called in the schedule's order, on this thread, and must enqueue their work
   /// on `stream`. Every buffer is freed, stream-ordered, by the time this returns. Does not
   /// synchronize.
+  /// @param schedule  the operations to run (a plan's schedule)
+  /// @param stages    the stages' sizes, forwards and backwards
   /// @param L         the number of stages
   /// @param x0        the input, owned by the caller (not counted)
+  /// @param stream    the stream every operation is enqueued on
   /// @param step      passed to the stages in checkpoint_context::step and mixed into the seeds
   /// @throws gpukit::logic_error naming the operation when the schedule is invalid for L stages
   ///         (checked before anything is enqueued); what the allocator, the pinned pool, the

@@ -1,15 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// gpukit/detail/error_macros.hpp: the macros behind gpukit's error family. Not public API.
-//
-//   GPUKIT_CUDA_TRY(call)          throws gpukit::cuda_error naming `call` when `call` (a runtime
-//                                  call, or any expression of a type error_traits knows) fails
-//   GPUKIT_CUDA_TRY(status, what)  the same for a status obtained earlier: `what` (a string)
-//                                  names the call that returned it, e.g.
-//                                  GPUKIT_CUDA_TRY(e, "rt.stream_query(s)")
-//   GPUKIT_EXPECTS(cond, message)  throws gpukit::logic_error(message) when `cond` is false;
-//                                  `message` is any expression convertible to std::string
-//   GPUKIT_ASSERT_CUDA_SUCCESS(call)  for destructors, which never throw: asserts in debug builds
-//                                  and discards the result in release builds
+// gpukit/detail/error_macros.hpp: the functions behind gpukit's error macros, which
+// gpukit/error_macros.hpp declares and documents. Not public API.
 //
 // The error's name and description come from error_traits of the status's type, that is from the
 // runtime family that returned it; nothing here calls a platform. Runtime calls return errors
@@ -66,10 +57,22 @@ template <class E>
   return code == ::gpukit::error_traits<E>::success;
 }
 
-[[noreturn]] inline void throw_logic_error(std::string const& message, char const* file, int line)
+/// Throws gpukit::logic_error: "gpukit: <message> (<where>)", where says the condition that did
+/// not hold (when `condition` is not null) and the file and line.
+[[noreturn]] inline void throw_logic_error(std::string const& message, char const* condition,
+                                           char const* file, int line)
 {
-  throw ::gpukit::logic_error{"gpukit: " + message + " (" + file + ":" + std::to_string(line) +
-                              ")"};
+  std::string text = "gpukit: " + message + " (";
+  if (condition != nullptr) {
+    text += "precondition `";
+    text += condition;
+    text += "` failed at ";
+  }
+  text += file;
+  text += ':';
+  text += std::to_string(line);
+  text += ')';
+  throw ::gpukit::logic_error{text};
 }
 
 }  // namespace gpukit::detail
@@ -78,26 +81,3 @@ template <class E>
 #define GPUKIT_DETAIL_TRY_NAMED(status, what) \
   ::gpukit::detail::try_named_status((status), (what), __FILE__, __LINE__)
 #define GPUKIT_DETAIL_TRY_SELECT(first, second, chosen, ...) chosen
-
-#define GPUKIT_CUDA_TRY(...)                                                                   \
-  GPUKIT_DETAIL_TRY_SELECT(__VA_ARGS__, GPUKIT_DETAIL_TRY_NAMED, GPUKIT_DETAIL_TRY_CALL, none) \
-  (__VA_ARGS__)
-
-#define GPUKIT_EXPECTS(cond, message)                                                    \
-  do {                                                                                   \
-    if (!(cond)) { ::gpukit::detail::throw_logic_error((message), __FILE__, __LINE__); } \
-  } while (0)
-
-#ifdef NDEBUG
-#define GPUKIT_ASSERT_CUDA_SUCCESS(call) \
-  do {                                   \
-    (void)(call);                        \
-  } while (0)
-#else
-#define GPUKIT_ASSERT_CUDA_SUCCESS(call)                          \
-  do {                                                            \
-    bool const gpukit_ok_ = ::gpukit::detail::is_success((call)); \
-    assert(gpukit_ok_&& #call);                                   \
-    (void)gpukit_ok_;                                             \
-  } while (0)
-#endif

@@ -5,17 +5,25 @@
 // Quick start:
 //
 //   #include <gpukit/doctor/doctor.hpp>
+//   #include <gpukit/runtime/sim_runtime.hpp>
 //
-//   gpukit::doctor_options o;
-//   o.built_architectures = "90";                     // CMAKE_CUDA_ARCHITECTURES of your kernels
-//   gpukit::doctor_report r = gpukit::run_doctor(gpukit::cuda_runtime::instance(), o);
-//   std::cout << r.to_text();                         // or r.to_json()
-//   return r.exit_code();                             // 0, or the code of the first failure
+//   #include <iostream>
 //
-//   // The same checks against the simulated GPU, with a fault injected:
-//   gpukit::sim_runtime sim;
-//   sim.inject_fault(gpukit::sim_op::device_count, 1, cudaErrorNoDevice);
-//   auto verdict = gpukit::run_doctor(sim).exit_code();   // gpukit::doctor_exit::no_device
+//   int check()
+//   {
+//     gpukit::doctor_options o;
+//     o.built_architectures = "90";  // CMAKE_CUDA_ARCHITECTURES of your kernels
+//     gpukit::doctor_report r = gpukit::run_doctor(gpukit::cuda_runtime::instance(), o);
+//     std::cout << r.to_text();      // or r.to_json()
+//     return r.exit_code();          // 0, or the code of the first failure
+//   }
+//
+//   int check_simulated()  // the same checks against the simulated GPU, with a fault injected
+//   {
+//     gpukit::sim_runtime sim;
+//     sim.inject_fault(gpukit::sim_op::device_count, 1, cudaErrorNoDevice);
+//     return gpukit::run_doctor(sim).exit_code();  // gpukit::doctor_exit::no_device
+//   }
 //
 // gpukit's command-line tool `gpukit-doctor [--json] [--sim] [--arch LIST]`, installed with gpukit,
 // prints this report.

@@ -4,23 +4,30 @@
 // Quick start:
 //
 //   #include <gpukit/host/pinned_pool.hpp>
+//   #include <gpukit/runtime/sim_runtime.hpp>
 //
-//   gpukit::pinned_pool pool{gpukit::cuda_runtime::instance()};
-//   pool.reserve(std::size_t{256} << 20);           // pin 256 MiB once, carve buffers from it
+//   #include <cstring>
+//
+//   void upload(void* dev, void const* batch, std::size_t batch_bytes, cudaStream_t stream)
 //   {
-//     gpukit::pinned_buffer<gpukit::cuda_runtime> buf = pool.acquire(batch_bytes);
-//     std::memcpy(buf.data(), batch, batch_bytes);
-//     cudaMemcpyAsync(dev, buf.data(), batch_bytes, cudaMemcpyHostToDevice, stream);
-//     buf.record_stream(stream);                    // reused only after `stream` reaches here
-//   }                                               // back in the pool: no cudaFreeHost, no sync
+//     gpukit::pinned_pool pool{gpukit::cuda_runtime::instance()};
+//     pool.reserve(std::size_t{256} << 20);  // pin 256 MiB once, carve buffers from it
+//     {
+//       gpukit::pinned_buffer<gpukit::cuda_runtime> buf = pool.acquire(batch_bytes);
+//       std::memcpy(buf.data(), batch, batch_bytes);
+//       cudaMemcpyAsync(dev, buf.data(), batch_bytes, cudaMemcpyHostToDevice, stream);
+//       buf.record_stream(stream);  // reused only after `stream` reaches here
+//     }                             // back in the pool: no cudaFreeHost, no sync
 //
-//   void* p = pool.allocate(bytes);                 // the raw form
-//   pool.deallocate_async(p, stream);               // one pooled event, recorded on `stream`
-//   auto s = pool.stats();                          // allocated/reserved/cached, hits, pins, ...
+//     void* p = pool.allocate(batch_bytes);  // the raw form
+//     pool.deallocate_async(p, stream);      // one pooled event, recorded on `stream`
+//     auto s = pool.stats();                 // allocated/reserved/cached, hits, pins, ...
+//     (void)s;
 //
-//   // The same pool on a simulated GPU (CI without a GPU):
-//   gpukit::sim_runtime sim;
-//   gpukit::basic_pinned_pool<gpukit::sim_runtime> sim_pool{sim};
+//     // The same pool on a simulated GPU (CI without a GPU):
+//     gpukit::sim_runtime sim;
+//     gpukit::basic_pinned_pool<gpukit::sim_runtime> sim_pool{sim};
+//   }
 //
 // ## Design
 //

@@ -3,12 +3,18 @@
 //
 // Quick start:
 //
-//   // GPUKIT_ALLOC_CONF="segments:growable,page_size:20MiB,limit:40GiB" python train.py
-//   gpukit::caching_allocator_options o = gpukit::alloc_conf_from_env();
-//   gpukit::caching_allocator alloc{gpukit::cuda_runtime::instance(), 0, o};
+//   #include <gpukit/memory/alloc_conf.hpp>
 //
-//   // or from any string, over options of your own:
-//   auto o2 = gpukit::parse_alloc_conf("segments:synchronous, thread_cache:off", base_options);
+//   void run(gpukit::caching_allocator_options const& mine)
+//   {
+//     // GPUKIT_ALLOC_CONF="segments:growable,page_size:20MiB,limit:40GiB" python train.py
+//     gpukit::caching_allocator_options o = gpukit::alloc_conf_from_env();
+//     gpukit::caching_allocator alloc{gpukit::cuda_runtime::instance(), 0, o};
+//
+//     // or from any string, over options of your own:
+//     auto o2 = gpukit::parse_alloc_conf("segments:synchronous, thread_cache:off", mine);
+//     gpukit::caching_allocator other{gpukit::cuda_runtime::instance(), 0, o2};
+//   }
 //
 // The string is `key:value` pairs separated by commas, as PYTORCH_CUDA_ALLOC_CONF; spaces around
 // keys and values are ignored, and so are empty entries. Keys (see caching_allocator_options for

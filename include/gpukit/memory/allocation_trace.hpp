@@ -7,14 +7,19 @@
 //
 //   #include <gpukit/memory/allocation_trace.hpp>
 //
-//   std::ifstream in{"gpt2.trace"};
-//   gpukit::allocation_trace t = gpukit::read_allocation_trace(in, "gpt2.trace");
-//   for (gpukit::trace_event const& e : t.events) {
-//     if (e.alloc) { /* allocate e.bytes on stream e.stream, remember it as e.id */ }
-//     else         { /* free e.id */ }
+//   #include <fstream>
+//
+//   void replay()
+//   {
+//     std::ifstream in{"gpt2.trace"};
+//     gpukit::allocation_trace t = gpukit::read_allocation_trace(in, "gpt2.trace");
+//     for (gpukit::trace_event const& e : t.events) {
+//       if (e.alloc) { /* allocate e.bytes on stream e.stream, remember it as e.id */ }
+//       else         { /* free e.id */ }
+//     }
+//     // t.ids, t.streams: how many distinct ids and streams (both renumbered densely from 0)
+//     // t.peak_live_bytes: the most requested bytes live at once
 //   }
-//   // t.ids, t.streams: how many distinct ids and streams (both renumbered densely from 0)
-//   // t.peak_live_bytes: the most requested bytes live at once
 //
 // Format: one event a line, `a <id> <bytes> <stream>` for an allocation and `f <id>` for its free;
 // blank lines and lines whose first non-blank character is `#` are skipped. Numbers are unsigned

@@ -4,18 +4,26 @@
 // Quick start:
 //
 //   #include <gpukit/memory/caching_allocator.hpp>
+//   #include <gpukit/runtime/sim_runtime.hpp>
 //
-//   gpukit::caching_allocator& alloc = gpukit::default_caching_allocator(0);  // device 0
-//   void* p = alloc.allocate_async(bytes, stream);     // usable in `stream` order at once
-//   launch_kernel<<<grid, block, 0, stream>>>(p);
-//   alloc.deallocate_async(p, bytes, stream);          // reusable on `stream` at once, on other
-//                                                      // streams once this work has completed
-//   auto s = alloc.stats();                            // PyTorch's vocabulary: allocated,
-//                                                      // reserved, active, inactive split, ...
+//   void step(std::size_t bytes, cudaStream_t stream)
+//   {
+//     gpukit::caching_allocator& alloc = gpukit::default_caching_allocator(0);  // device 0
+//     void* p = alloc.allocate_async(bytes, stream);  // usable in `stream` order at once
+//     // launch_kernel<<<grid, block, 0, stream>>>(p);
+//     alloc.deallocate_async(p, bytes, stream);       // reusable on `stream` at once, on other
+//                                                     // streams once this work has completed
+//     auto s = alloc.stats();                         // PyTorch's vocabulary: allocated,
+//     (void)s.reserved_bytes;                         // reserved, active, inactive split, ...
+//   }
 //
-//   // The same allocator on a simulated GPU (CI without a GPU):
-//   gpukit::sim_runtime sim{gpukit::sim_config{}.with_devices(1, std::size_t{16} << 30)};
-//   gpukit::basic_caching_allocator<gpukit::sim_runtime> sim_alloc{sim, 0};
+//   void in_ci()  // the same allocator on a simulated GPU (CI without a GPU)
+//   {
+//     gpukit::sim_runtime sim{gpukit::sim_config{}.with_devices(1, std::size_t{16} << 30)};
+//     gpukit::basic_caching_allocator<gpukit::sim_runtime> sim_alloc{sim, 0};
+//     void* p = sim_alloc.allocate_async(1 << 20, {});
+//     sim_alloc.deallocate_async(p, 1 << 20, {});
+//   }
 //
 // ## Design (why it is fast, and frugal)
 //

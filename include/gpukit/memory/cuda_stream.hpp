@@ -8,15 +8,19 @@
 //   #include <gpukit/memory/cuda_stream.hpp>
 //   #include <gpukit/memory/device_buffer.hpp>
 //
+//   void run()
 //   {
-//     gpukit::cuda_stream s;                        // cudaStreamCreate on the current device
-//     gpukit::device_buffer b{1 << 20, s};          // allocated in s's order (current resource)
-//     launch_kernel<<<grid, block, 0, s.value()>>>(b.data());
-//     s.synchronize();
-//   }  // b is freed on s; then s makes every allocator it knows forget it, and is destroyed
+//     {
+//       gpukit::cuda_stream s;                // cudaStreamCreate on the current device
+//       gpukit::device_buffer b{1 << 20, s};  // allocated in s's order (current resource)
+//       // launch_kernel<<<grid, block, 0, s.value()>>>(b.data());
+//       s.synchronize();
+//     }  // b is freed on s; then s makes every allocator it knows forget it, and is destroyed
 //
-//   gpukit::stream_pool pool{4};                    // four owning streams
-//   gpukit::cuda_stream_view next = pool.get_stream();  // round robin
+//     gpukit::stream_pool pool{4};                        // four owning streams
+//     gpukit::cuda_stream_view next = pool.get_stream();  // round robin
+//     cudaStreamSynchronize(next.value());
+//   }
 //
 // ## What an owning stream makes forget it
 //

@@ -6,20 +6,23 @@
 //
 //   #include <gpukit/memory/current_resource.hpp>
 //
-//   gpukit::caching_allocator& mr = gpukit::get_current_device_resource();  // current device's
-//   void* p = mr.allocate_async(1 << 20, stream);
-//   mr.deallocate_async(p, 1 << 20, stream);
+//   void run(cudaStream_t stream)
+//   {
+//     gpukit::caching_allocator& mr = gpukit::get_current_device_resource();  // current device's
+//     void* p = mr.allocate_async(1 << 20, stream);
+//     mr.deallocate_async(p, 1 << 20, stream);
 //
-//   // Replace it for device 0 with an allocator of your own, then put the old one back:
-//   gpukit::caching_allocator mine{gpukit::cuda_runtime::instance(), 0, {}};
-//   gpukit::caching_allocator* previous = gpukit::set_current_device_resource(0, &mine);
-//   // ... every RAII type built without an allocator now allocates from `mine` ...
-//   gpukit::set_current_device_resource(0, previous);
+//     // Replace it for device 0 with an allocator of your own, then put the old one back:
+//     gpukit::caching_allocator mine{gpukit::cuda_runtime::instance(), 0, {}};
+//     gpukit::caching_allocator* previous = gpukit::set_current_device_resource(0, &mine);
+//     // ... every RAII type built without an allocator now allocates from `mine` ...
+//     gpukit::set_current_device_resource(0, previous);
 //
-//   // Or have gpukit build (and own) one with options:
-//   gpukit::caching_allocator_options o;
-//   o.limit_fraction = 0.5;
-//   gpukit::reset_current_device_resource(0, o);
+//     // Or have gpukit build (and own) one with options:
+//     gpukit::caching_allocator_options o;
+//     o.limit_fraction = 0.5;
+//     gpukit::reset_current_device_resource(0, o);
+//   }
 //
 // Until it is replaced, the current resource of a device is `default_caching_allocator(device)`.
 // There is one current resource per device and Runtime in the whole process (shared by the shared

@@ -5,20 +5,26 @@
 // Quick start:
 //
 //   #include <gpukit/memory/device_buffer.hpp>
+//   #include <gpukit/runtime/sim_runtime.hpp>
 //
-//   gpukit::cuda_stream s;
-//   gpukit::device_buffer b{1 << 20, s};   // 1 MiB from the current device's current resource,
-//                                          // usable in s's order at once (uninitialized)
-//   b.resize(2 << 20, s);                  // grows: a new block, the old bytes copied on s
-//   gpukit::device_buffer moved = std::move(b);  // b is empty now
-//   std::size_t const bytes = moved.capacity();
-//   void* raw = moved.release();           // the caller frees it now:
-//   moved.allocator().deallocate_async(raw, bytes, s);
+//   #include <utility>
 //
-//   // Any allocator, e.g. a caching allocator on the simulated GPU:
-//   gpukit::sim_runtime sim{gpukit::sim_config{}.with_devices(1, std::size_t{8} << 30)};
-//   gpukit::basic_caching_allocator<gpukit::sim_runtime> alloc{sim, 0};
-//   gpukit::basic_device_buffer<decltype(alloc)> on_sim{4096, {}, alloc};
+//   void run()
+//   {
+//     gpukit::cuda_stream s;
+//     gpukit::device_buffer b{1 << 20, s};  // 1 MiB from the current device's current resource,
+//                                           // usable in s's order at once (uninitialized)
+//     b.resize(2 << 20, s);                 // grows: a new block, the old bytes copied on s
+//     gpukit::device_buffer moved = std::move(b);  // b is empty now
+//     std::size_t const bytes = moved.capacity();
+//     void* raw = moved.release();          // the caller frees it now:
+//     moved.allocator().deallocate_async(raw, bytes, s);
+//
+//     // Any allocator, e.g. a caching allocator on the simulated GPU:
+//     gpukit::sim_runtime sim{gpukit::sim_config{}.with_devices(1, std::size_t{8} << 30)};
+//     gpukit::basic_caching_allocator<gpukit::sim_runtime> alloc{sim, 0};
+//     gpukit::basic_device_buffer<decltype(alloc)> on_sim{4096, {}, alloc};
+//   }
 //
 // ## Semantics
 //

@@ -6,10 +6,13 @@
 //
 //   #include <gpukit/memory/device_scalar.hpp>
 //
-//   gpukit::cuda_stream s;
-//   gpukit::device_scalar<int> count{0, s};      // allocated and set to 0 (synchronizes s)
-//   count_kernel<<<grid, block, 0, s.value()>>>(count.data());
-//   int n = count.value(s);                      // copies back and synchronizes s
+//   int count_on_device()
+//   {
+//     gpukit::cuda_stream s;
+//     gpukit::device_scalar<int> count{0, s};  // allocated and set to 0 (synchronizes s)
+//     // count_kernel<<<grid, block, 0, s.value()>>>(count.data());
+//     return count.value(s);                   // copies back and synchronizes s
+//   }
 //
 // A device_uvector of one element: see gpukit/memory/device_uvector.hpp for the stream, move and
 // allocator semantics.

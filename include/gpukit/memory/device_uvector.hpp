@@ -6,15 +6,21 @@
 //
 //   #include <gpukit/memory/device_uvector.hpp>
 //
-//   gpukit::cuda_stream s;
-//   gpukit::device_uvector<float> v{1000, s};        // 1000 uninitialized floats, in s's order
-//   std::vector<float> host(1000, 1.0f);
-//   v.copy_from_host_async(host.data(), host.size(), s);  // host must live until s has run it
-//   float const two = 2.0f;
-//   v.set_element_async(0, two, s);                  // `two` must live until s has run the copy
-//   float first = v.element(0, s);                   // copies back and synchronizes s: 2.0f
-//   v.resize(2000, s);                     // keeps the first 1000, the rest uninitialized
-//   gpukit::device_buffer raw = v.release();  // the memory, as an untyped buffer
+//   #include <vector>
+//
+//   float run()
+//   {
+//     gpukit::cuda_stream s;
+//     gpukit::device_uvector<float> v{1000, s};  // 1000 uninitialized floats, in s's order
+//     std::vector<float> host(1000, 1.0f);
+//     v.copy_from_host_async(host.data(), host.size(), s);  // host must live until s has run it
+//     float const two = 2.0f;
+//     v.set_element_async(0, two, s);            // `two` must live until s has run the copy
+//     float const first = v.element(0, s);       // copies back and synchronizes s: 2.0f
+//     v.resize(2000, s);                         // keeps the first 1000, the rest uninitialized
+//     gpukit::device_buffer raw = v.release();   // the memory, as an untyped buffer
+//     return first;
+//   }
 //
 // Elements are never constructed or destroyed (T must be trivially copyable), so creating and
 // resizing cost an allocation and at most one device-to-device copy. Stream, move and allocator

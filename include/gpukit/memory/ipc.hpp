@@ -5,21 +5,25 @@
 //
 //   #include <gpukit/memory/ipc.hpp>
 //
-//   // Exporting process: a block of its allocator.
-//   gpukit::caching_allocator_options o;
-//   o.source             = gpukit::segment_source::growable;  // or segment_source::synchronous
-//   o.growable_shareable = true;                              // pages exportable as descriptors
-//   gpukit::caching_allocator alloc{gpukit::cuda_runtime::instance(), 0, o};
-//   void* p = alloc.allocate_async(bytes, stream);
-//   gpukit::ipc_block_handle h = gpukit::export_block(alloc, p);
-//   gpukit::send_block_handle(sock, h);                   // the fields, and descriptors by
-//   SCM_RIGHTS
+//   // Exporting process: a block of its allocator, sent over a unix socket.
+//   void* share(gpukit::caching_allocator& alloc, std::size_t bytes, cudaStream_t stream, int sock)
+//   {
+//     // alloc was made with these options:
+//     //   o.source             = gpukit::segment_source::growable;  // or ::synchronous
+//     //   o.growable_shareable = true;                             // pages exportable
+//     void* p = alloc.allocate_async(bytes, stream);
+//     gpukit::ipc_block_handle h = gpukit::export_block(alloc, p);
+//     gpukit::send_block_handle(sock, h);  // the fields, and descriptors by SCM_RIGHTS
+//     return p;                            // keep it allocated while the importer uses it
+//   }
 //
-//   // Importing process (any device current; the block is mapped for `device`):
-//   gpukit::ipc_block_handle h = gpukit::receive_block_handle(sock);
-//   gpukit::imported_block<gpukit::cuda_runtime> block{gpukit::cuda_runtime::instance(), h, 1};
-//   kernel<<<grid, threads, 0, stream>>>(block.data(), block.size());
-//   // ~imported_block unmaps it (cudaIpcCloseMemHandle, or cuMemUnmap + cuMemAddressFree)
+//   // Importing process (any device current; the block is mapped for device 1):
+//   void use(int sock)
+//   {
+//     gpukit::ipc_block_handle h = gpukit::receive_block_handle(sock);
+//     gpukit::imported_block<gpukit::cuda_runtime> block{gpukit::cuda_runtime::instance(), h, 1};
+//     // kernel<<<grid, threads, 0, stream>>>(block.data(), block.size());
+//   }  // ~imported_block unmaps it (cudaIpcCloseMemHandle, or cuMemUnmap + cuMemAddressFree)
 //
 // How a block travels depends on its segment:
 // - Ordinary segments from cudaMalloc (segment_source::synchronous): the CUDA IPC handle of the

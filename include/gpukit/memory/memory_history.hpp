@@ -3,14 +3,22 @@
 //
 // Quick start:
 //
-//   alloc.start_recording();                    // a ring of events per thread (<= 50 ns each)
-//   train_steps();
-//   gpukit::memory_snapshot snap = alloc.snapshot();   // segments, blocks, recorded events
-//   std::ofstream{"snap.json"} << gpukit::to_json(snap);
-//   std::ofstream{"run.trace"} << gpukit::to_trace(snap);              // replay_trace's format
-//   std::ofstream{"snap.pickle", std::ios::binary} << gpukit::to_pytorch_pickle(snap);
-//   //   python -m torch.cuda._memory_viz trace_plot snap.pickle -o trace.html
-//   std::ofstream{"report.html"} << gpukit::to_html(snap);             // no network needed
+//   #include <gpukit/memory/caching_allocator.hpp>
+//   #include <gpukit/memory/memory_history.hpp>
+//
+//   #include <fstream>
+//
+//   void record(gpukit::caching_allocator& alloc, void (*train_steps)())
+//   {
+//     alloc.start_recording();                          // a ring of events per thread (<= 50 ns)
+//     train_steps();
+//     gpukit::memory_snapshot snap = alloc.snapshot();  // segments, blocks, recorded events
+//     std::ofstream{"snap.json"} << gpukit::to_json(snap);
+//     std::ofstream{"run.trace"} << gpukit::to_trace(snap);  // replay_trace's format
+//     std::ofstream{"snap.pickle", std::ios::binary} << gpukit::to_pytorch_pickle(snap);
+//     //   python -m torch.cuda._memory_viz trace_plot snap.pickle -o trace.html
+//     std::ofstream{"report.html"} << gpukit::to_html(snap);  // no network needed
+//   }
 //
 // Nothing here synchronizes or calls the runtime: a snapshot is host-side bookkeeping.
 #pragma once

@@ -5,16 +5,23 @@
 //
 //   #include <gpukit/memory/retry_on_oom.hpp>
 //
-//   int micro_batch = 64;
-//   auto report = gpukit::retry_on_oom(
-//     alloc,
-//     [&] { train_step(micro_batch); },                        // the step, run again on failure
-//     [&](gpukit::out_of_memory const& e, int attempt) -> std::optional<std::string> {
-//       if (micro_batch == 1) { return std::nullopt; }         // give up: the error propagates
-//       micro_batch /= 2;                                       // ... and accumulate gradients
-//       return "micro-batch halved to " + std::to_string(micro_batch);
-//     });
-//   // report.changes: what the policy changed; report.attempts: how many runs it took
+//   #include <optional>
+//   #include <string>
+//
+//   void train(gpukit::caching_allocator& alloc, void (*train_step)(int micro_batch))
+//   {
+//     int micro_batch = 64;
+//     auto report     = gpukit::retry_on_oom(
+//       alloc,
+//       [&] { train_step(micro_batch); },  // the step, run again on failure
+//       [&](gpukit::out_of_memory const&, int) -> std::optional<std::string> {
+//         if (micro_batch == 1) { return std::nullopt; }  // give up: the error propagates
+//         micro_batch /= 2;                                // ... and accumulate gradients
+//         return "micro-batch halved to " + std::to_string(micro_batch);
+//       });
+//     // report.changes: what the policy changed; report.attempts: how many runs it took
+//     (void)report;
+//   }
 //
 // On gpukit::out_of_memory from the step, retry_on_oom returns the allocator's cached memory to the
 // device (release()), asks the policy what to change, and runs the step again, up to

@@ -5,11 +5,20 @@
 //
 //   #include <gpukit/memory/temp_storage.hpp>
 //
-//   // CUB asks first for the size (null storage), then runs. One call does both, with the
-//   // storage taken from a caching allocator in `stream` order and returned right after:
-//   gpukit::with_temp_storage(alloc, stream, [&](void* storage, std::size_t& bytes) {
-//     return cub::DeviceReduce::Sum(storage, bytes, in, out, n, stream);
-//   });
+//   // A CUB-style algorithm (cub::DeviceReduce::Sum, say, called from a .cu file): with null
+//   // storage it only sets `bytes`.
+//   cudaError_t sum(void* storage, std::size_t& bytes, float const* in, float* out, int n,
+//                   cudaStream_t stream);
+//
+//   void sum_async(gpukit::caching_allocator& alloc, float const* in, float* out, int n,
+//                  cudaStream_t stream)
+//   {
+//     // CUB asks first for the size (null storage), then runs. One call does both, with the
+//     // storage taken from a caching allocator in `stream` order and returned right after:
+//     gpukit::with_temp_storage(alloc, stream, [&](void* storage, std::size_t& bytes) {
+//       return sum(storage, bytes, in, out, n, stream);
+//     });
+//   }
 //
 // Does not synchronize: the storage is freed in `stream` order, so the algorithm's kernels (queued
 // on `stream`) finish with it before any later work on `stream` can reuse it.

@@ -5,11 +5,18 @@
 //
 //   #include <gpukit/memory/thrust_allocator.cuh>
 //
-//   gpukit::thrust_allocator<float> alloc{gpukit::default_caching_allocator(0), stream};
-//   thrust::device_vector<float, gpukit::thrust_allocator<float>> v(n, 0.0f, alloc);
-//   // Temporary storage of Thrust algorithms, stream-ordered on `stream`:
-//   float sum = thrust::reduce(thrust::cuda::par(gpukit::thrust_allocator<char>{alloc}).on(stream),
-//                              v.begin(), v.end());
+//   #include <thrust/device_vector.h>
+//   #include <thrust/execution_policy.h>
+//   #include <thrust/reduce.h>
+//
+//   float sum_of_zeros(std::size_t n, cudaStream_t stream)
+//   {
+//     gpukit::thrust_allocator<float> alloc{gpukit::default_caching_allocator(0), stream};
+//     thrust::device_vector<float, gpukit::thrust_allocator<float>> v(n, 0.0f, alloc);
+//     // Temporary storage of Thrust algorithms, stream-ordered on `stream`:
+//     return thrust::reduce(thrust::cuda::par(gpukit::thrust_allocator<char>{alloc}).on(stream),
+//                           v.begin(), v.end());
+//   }
 //
 // Memory is allocated and freed in the order of the allocator's stream (no synchronization).
 // Zero-element requests return a null pointer, as Thrust expects, instead of the caching

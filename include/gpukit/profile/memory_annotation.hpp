@@ -4,20 +4,27 @@
 //
 // Quick start (what a pooling allocator calls):
 //
+//   #include <gpukit/memory/caching_allocator.hpp>
 //   #include <gpukit/profile/memory_annotation.hpp>
 //
-//   // A segment taken from the device becomes a heap: the tool treats it as not accessible ...
-//   gpukit::memory_heap heap = gpukit::register_memory_heap(segment, segment_bytes, "gpukit pool");
-//   // ... except for the blocks handed out from it:
-//   gpukit::register_memory_region(heap, block, block_bytes);
-//   gpukit::unregister_memory_region(block);              // the block is free again
-//   gpukit::unregister_memory_heap(heap);                 // the segment goes back to the device
+//   void annotate(void* segment, std::size_t segment_bytes, void* block, std::size_t block_bytes)
+//   {
+//     // A segment taken from the device becomes a heap: the tool treats it as not accessible ...
+//     gpukit::memory_heap heap = gpukit::register_memory_heap(segment, segment_bytes, "my pool");
+//     // ... except for the blocks handed out from it:
+//     gpukit::register_memory_region(heap, block, block_bytes);
+//     gpukit::unregister_memory_region(block);  // the block is free again
+//     gpukit::unregister_memory_heap(heap);     // the segment goes back to the device
+//   }
 //
-//   // Statistics as counters (a tool plots them over time):
-//   gpukit::nvtx_counter reserved{"gpukit reserved bytes"};
-//   reserved.sample(bytes);
-//   gpukit::allocator_counters counters{"device 0"};      // allocated, reserved, active, requested
-//   counters.sample(alloc.stats());
+//   void plot(gpukit::caching_allocator const& alloc, std::int64_t bytes)
+//   {
+//     // Statistics as counters (a tool plots them over time):
+//     gpukit::nvtx_counter reserved{"my reserved bytes"};
+//     reserved.sample(bytes);
+//     gpukit::allocator_counters counters{"device 0"};  // allocated, reserved, active, requested
+//     counters.sample(alloc.stats());
+//   }
 //
 // With compute-sanitizer (`compute-sanitizer --tool memcheck --nvtx yes ./app`) a kernel that reads
 // or writes past a block's end, inside its segment, is then reported, as it would be for a

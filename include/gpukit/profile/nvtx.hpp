@@ -5,23 +5,33 @@
 //
 //   #include <gpukit/profile/nvtx.hpp>
 //
-//   void train_step() {
-//     GPUKIT_FUNC_RANGE();                       // "train_step" in the gpukit domain, for the
-//     scope
+//   #include <string>
+//
+//   void forward();
+//
+//   void train_step(std::string const& layer_name, int layer)
+//   {
+//     GPUKIT_FUNC_RANGE();  // "train_step" in the gpukit domain, for the scope
 //     {
-//       GPUKIT_RANGE("forward");                 // a literal name: registered once, colored once
+//       GPUKIT_RANGE("forward");  // a literal name: registered once, colored once
 //       forward();
 //     }
-//     gpukit::scoped_range r{"backward"};        // nvtx3::v1::scoped_range_in<gpukit::nvtx_domain>
-//     gpukit::named_range n{layer_name, gpukit::payload{layer}};  // a color derived from the name
-//     gpukit::mark("checkpoint saved");          // an instant event
+//     gpukit::scoped_range r{"backward"};  // nvtx3::v1::scoped_range_in<gpukit::nvtx_domain>
+//     gpukit::named_range n{layer_name.c_str(), gpukit::payload{layer}};  // colored by name
+//     gpukit::mark("checkpoint saved");                            // an instant event
 //   }
 //
 //   // Ranges in your own domain (its own row in Nsight Systems):
-//   struct my_lib { static constexpr char const* name{"my_lib"}; };
-//   GPUKIT_RANGE_IN(my_lib, "decode");
-//   gpukit::named_range_in<my_lib> r{"encode",
-//   gpukit::category_of<gpukit::categories::transfer>()};
+//   struct my_lib {
+//     static constexpr char const* name{"my_lib"};
+//   };
+//
+//   void decode()
+//   {
+//     GPUKIT_RANGE_IN(my_lib, "decode");
+//     auto const transfer = gpukit::category_of<gpukit::categories::transfer>();
+//     gpukit::named_range_in<my_lib> r{"encode", transfer};
+//   }
 //
 // Everything here is NVTX3 (`nvtx3::v1::`, the versioned names, so that another copy of NVTX in the
 // program cannot clash) in a domain named "gpukit". With no tool attached (no Nsight, no

@@ -5,24 +5,31 @@
 // Quick start:
 //
 //   #include <gpukit/profile/range_timer.hpp>
+//   #include <gpukit/runtime/sim_runtime.hpp>
 //
-//   gpukit::gpu_timer timer;                         // range_timer<cuda_runtime>
-//   for (int step = 0; step < steps; ++step) {
-//     auto t = timer.time("step", stream);           // timing event recorded on `stream` now ...
-//     {
-//       auto f = timer.time("forward", stream);      // ranges nest
-//       forward<<<..., stream>>>();
-//     }                                              // ... and at the end of each scope
-//     auto b = timer.time("backward", stream);
-//     backward<<<..., stream>>>();
+//   #include <iostream>
+//   #include <string>
+//
+//   void train(int steps, cudaStream_t stream)
+//   {
+//     gpukit::gpu_timer timer;                      // range_timer<cuda_runtime>
+//     for (int step = 0; step < steps; ++step) {
+//       auto t = timer.time("step", stream);        // timing event recorded on `stream` now ...
+//       {
+//         auto f = timer.time("forward", stream);   // ranges nest
+//         // forward<<<grid, block, 0, stream>>>();
+//       }                                           // ... and at the end of each scope
+//       auto b = timer.time("backward", stream);
+//       // backward<<<grid, block, 0, stream>>>();
+//     }
+//     timer.flush();                                // waits for the last ranges' events
+//     std::cout << timer.report();                  // like torch.profiler's key_averages()
+//     std::string json = timer.report_json();
+//
+//     // The same on the simulated GPU (its events carry timestamps):
+//     gpukit::sim_runtime sim;
+//     gpukit::range_timer<gpukit::sim_runtime> sim_timer{sim};
 //   }
-//   timer.flush();                                   // waits for the last ranges' events
-//   std::cout << timer.report();                     // like torch.profiler's key_averages()
-//   std::string json = timer.report_json();
-//
-//   // The same on the simulated GPU (its events carry timestamps):
-//   gpukit::sim_runtime sim;
-//   gpukit::range_timer<gpukit::sim_runtime> sim_timer{sim};
 //
 // How it works: `time(name, stream)` records a timing event on the stream (from a pool: events are
 // created once and reused) and, unless disabled, pushes an NVTX range of the same name in the

@@ -5,14 +5,20 @@
 //
 //   #include <gpukit/runtime/contract.hpp>
 //
+//   #include <cstdio>
+//
 //   template <class Runtime>
 //   class my_pool {
 //     static_assert(gpukit::runtime_has_core_v<Runtime>, "my_pool needs the core calls");
 //   };
 //
 //   // Every operation, as data (name, parameters, one line of documentation):
+//   void print_contract()
+//   {
 //   #define PRINT(name, params, doc) std::puts(#name " " #params ": " doc);
-//   GPUKIT_RUNTIME_OPS(PRINT)
+//     GPUKIT_RUNTIME_OPS(PRINT)
+//   #undef PRINT
+//   }
 //
 // The lists below are the single source of the contract. Each entry is
 // `X(name, (parameters), "one-line doc")`; the parameter list is written as a declaration (default

@@ -5,25 +5,28 @@
 //
 //   #include <gpukit/runtime/cuda_runtime.hpp>
 //
-//   auto& rt = gpukit::cuda_runtime::instance();
-//   gpukit::cuda_runtime::stream_type s{};
-//   GPUKIT_CUDA_TRY(rt.stream_create(s));                 // non-blocking stream
-//   void* d = nullptr;
-//   GPUKIT_CUDA_TRY(rt.malloc_async(&d, 1 << 20, s));
-//   GPUKIT_CUDA_TRY(rt.memset_async(d, 0, 1 << 20, s));
-//   GPUKIT_CUDA_TRY(rt.free_async(d, s));
-//   GPUKIT_CUDA_TRY(rt.stream_synchronize(s));
-//   GPUKIT_CUDA_TRY(rt.stream_destroy(s));
+//   void run()
+//   {
+//     auto& rt = gpukit::cuda_runtime::instance();
+//     gpukit::cuda_runtime::stream_type s{};
+//     GPUKIT_CUDA_TRY(rt.stream_create(s));  // non-blocking stream
+//     void* d = nullptr;
+//     GPUKIT_CUDA_TRY(rt.malloc_async(&d, 1 << 20, s));
+//     GPUKIT_CUDA_TRY(rt.memset_async(d, 0, 1 << 20, s));
+//     GPUKIT_CUDA_TRY(rt.free_async(d, s));
+//     GPUKIT_CUDA_TRY(rt.stream_synchronize(s));
+//     GPUKIT_CUDA_TRY(rt.stream_destroy(s));
 //
-//   // Virtual memory: reserve addresses, back them with physical memory, grant access.
-//   std::size_t g = 0;
-//   GPUKIT_CUDA_TRY(rt.vm_granularity(g, 0));
-//   void* va = nullptr;
-//   GPUKIT_CUDA_TRY(rt.vm_reserve(&va, 4 * g, 0));
-//   gpukit::cuda_runtime::physical_handle h{};
-//   GPUKIT_CUDA_TRY(rt.vm_create(h, g, 0));
-//   GPUKIT_CUDA_TRY(rt.vm_map(va, g, h));
-//   GPUKIT_CUDA_TRY(rt.vm_set_access(va, g, 0));          // `va` is now usable device memory
+//     // Virtual memory: reserve addresses, back them with physical memory, grant access.
+//     std::size_t g = 0;
+//     GPUKIT_CUDA_TRY(rt.vm_granularity(g, 0));
+//     void* va = nullptr;
+//     GPUKIT_CUDA_TRY(rt.vm_reserve(&va, 4 * g, 0));
+//     gpukit::cuda_runtime::physical_handle h{};
+//     GPUKIT_CUDA_TRY(rt.vm_create(h, g, 0));
+//     GPUKIT_CUDA_TRY(rt.vm_map(va, g, h));
+//     GPUKIT_CUDA_TRY(rt.vm_set_access(va, g, 0));  // `va` is now usable device memory
+//   }
 //
 // `cuda_runtime` implements the Runtime contract of <gpukit/runtime/runtime.hpp> with the CUDA
 // runtime API, and virtual memory with the driver API reached through

@@ -3,11 +3,12 @@
 //
 // Quick start:
 //
-//   #include <gpukit/runtime/cuda_runtime.hpp>   // the real thing
-//   #include <gpukit/runtime/sim_runtime.hpp>    // a simulated GPU in host memory
+//   #include <gpukit/runtime/cuda_runtime.hpp>  // the real thing
+//   #include <gpukit/runtime/sim_runtime.hpp>   // a simulated GPU in host memory
 //
 //   template <class Runtime>
-//   void roundtrip(Runtime& rt) {
+//   void roundtrip(Runtime& rt, void const* host)
+//   {
 //     typename Runtime::stream_type s{};
 //     GPUKIT_CUDA_TRY(rt.stream_create(s));
 //     void* d = nullptr;
@@ -17,9 +18,14 @@
 //     GPUKIT_CUDA_TRY(rt.free(d));
 //     GPUKIT_CUDA_TRY(rt.stream_destroy(s));
 //   }
-//   roundtrip(gpukit::cuda_runtime::instance());
-//   gpukit::sim_runtime sim{gpukit::sim_config{}.with_devices(1, 8ull << 30)};  // one 8 GiB GPU
-//   roundtrip(sim);
+//
+//   void run(void const* host)
+//   {
+//     roundtrip(gpukit::cuda_runtime::instance(), host);
+//     // one simulated GPU of 8 GiB:
+//     gpukit::sim_runtime sim{gpukit::sim_config{}.with_devices(1, std::size_t{8} << 30)};
+//     roundtrip(sim, host);
+//   }
 //
 // Every gpukit component is a template over a Runtime, e.g.
 // `gpukit::basic_caching_allocator<Runtime>`; the public names are aliases over `cuda_runtime`

@@ -7,7 +7,7 @@
 //
 //   #include <gpukit/runtime/runtime_types.hpp>
 //
-//   auto const kind = gpukit::memcpy_kind::host_to_device;
+//   auto const kind      = gpukit::memcpy_kind::host_to_device;
 //   unsigned const flags = gpukit::host_alloc_flags::portable | gpukit::host_alloc_flags::mapped;
 //
 // Each runtime maps these to its platform's values (cuda_runtime: cudaMemcpyKind, cudaHostAlloc*).

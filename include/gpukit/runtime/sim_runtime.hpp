@@ -6,25 +6,30 @@
 //
 //   #include <gpukit/runtime/sim_runtime.hpp>
 //
-//   // Two simulated GPUs of 8 GiB each:
-//   gpukit::sim_runtime sim{gpukit::sim_config{}.with_devices(2, std::size_t{8} << 30)};
-//   gpukit::sim_runtime::stream_type s{};
-//   GPUKIT_CUDA_TRY(sim.stream_create(s));           // a worker thread, tasks run in FIFO order
-//   void* d = nullptr;
-//   GPUKIT_CUDA_TRY(sim.malloc(&d, 1 << 20));        // lazily backed: no RAM until touched
-//   std::vector<char> h(1 << 20, 'x');
-//   auto const h2d = gpukit::memcpy_kind::host_to_device;
-//   GPUKIT_CUDA_TRY(sim.memcpy_async(d, h.data(), h.size(), h2d, s));  // returns at once
-//   GPUKIT_CUDA_TRY(sim.stream_synchronize(s));      // blocks until the copy has run
+//   #include <vector>
 //
-//   // What a real GPU cannot do on demand:
-//   sim.inject_fault(gpukit::sim_op::malloc, 1, sim.out_of_memory);  // the next malloc fails
-//   sim.set_capacity(0, std::size_t{1} << 30);       // shrink device 0 to 1 GiB
-//   sim.stall(s);                                     // s runs nothing (its events stay pending)
-//   sim.release(s);                                   // ... until released
-//   sim.calls(gpukit::sim_op::malloc);                // calls made, failed ones included
-//   sim.synchronizations();                           // calls that blocked the host
-//   sim.last_misuse();                                // "free(0x7f..): double free ..."
+//   void run()
+//   {
+//     // Two simulated GPUs of 8 GiB each:
+//     gpukit::sim_runtime sim{gpukit::sim_config{}.with_devices(2, std::size_t{8} << 30)};
+//     gpukit::sim_runtime::stream_type s{};
+//     GPUKIT_CUDA_TRY(sim.stream_create(s));     // a worker thread, tasks run in FIFO order
+//     void* d = nullptr;
+//     GPUKIT_CUDA_TRY(sim.malloc(&d, 1 << 20));  // lazily backed: no RAM until touched
+//     std::vector<char> h(1 << 20, 'x');
+//     auto const h2d = gpukit::memcpy_kind::host_to_device;
+//     GPUKIT_CUDA_TRY(sim.memcpy_async(d, h.data(), h.size(), h2d, s));  // returns at once
+//     GPUKIT_CUDA_TRY(sim.stream_synchronize(s));  // blocks until the copy has run
+//
+//     // What a real GPU cannot do on demand:
+//     sim.inject_fault(gpukit::sim_op::malloc, 1, sim.out_of_memory);  // the next malloc fails
+//     GPUKIT_CUDA_TRY(sim.set_capacity(0, std::size_t{1} << 30));  // shrink device 0 to 1 GiB
+//     GPUKIT_CUDA_TRY(sim.stall(s));    // s runs nothing (its events stay pending)
+//     GPUKIT_CUDA_TRY(sim.release(s));  // ... until released
+//     (void)sim.calls(gpukit::sim_op::malloc);    // calls made, failed ones included
+//     (void)sim.synchronizations();               // calls that blocked the host
+//     (void)sim.last_misuse();                    // "free(0x7f..): double free ..."
+//   }
 //
 // ## What is simulated, and how it differs from CUDA
 //

@@ -6,17 +6,22 @@
 //
 //   #include <gpukit/transfer/prefetcher.hpp>
 //
-//   auto& rt    = gpukit::cuda_runtime::instance();
-//   auto& alloc = gpukit::default_caching_allocator(0);
-//   gpukit::pinned_pool pool{rt};
-//   gpukit::transfer_pipeline pipe{rt, pool};
-//   gpukit::prefetcher loader{pipe, alloc, [&](std::size_t i) {
-//     if (i == steps) return gpukit::host_batch{};            // the end
-//     return gpukit::host_batch{dataset[i].data(), dataset[i].size()};  // pageable is fine
-//   }};
-//   while (auto batch = loader.next(compute)) {               // compute waits on its event
-//     forward<<<grid, block, 0, compute>>>(batch->data);       // batch i+1 is loading meanwhile
-//     loader.release(*batch, compute);                        // reused after compute's work
+//   #include <vector>
+//
+//   void train(std::vector<std::vector<float>> const& dataset, cudaStream_t compute)
+//   {
+//     auto& rt    = gpukit::cuda_runtime::instance();
+//     auto& alloc = gpukit::default_caching_allocator(0);
+//     gpukit::pinned_pool pool{rt};
+//     gpukit::transfer_pipeline pipe{rt, pool};
+//     gpukit::prefetcher loader{pipe, alloc, [&](std::size_t i) {
+//       if (i == dataset.size()) { return gpukit::host_batch{}; }  // the end
+//       return gpukit::host_batch{dataset[i].data(), dataset[i].size() * sizeof(float)};
+//     }};
+//     while (auto batch = loader.next(compute)) {  // compute waits on its event
+//       // forward<<<grid, block, 0, compute>>>(batch->data);  // batch i+1 loads meanwhile
+//       loader.release(*batch, compute);           // reused after compute's work
+//     }
 //   }
 //
 // A loader thread owned by the prefetcher asks the source for batch i, takes a device buffer of

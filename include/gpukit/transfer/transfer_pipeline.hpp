@@ -6,17 +6,25 @@
 //
 //   #include <gpukit/transfer/transfer_pipeline.hpp>
 //
-//   gpukit::pinned_pool pool{gpukit::cuda_runtime::instance()};
-//   gpukit::transfer_pipeline pipe{gpukit::cuda_runtime::instance(), pool};  // 4 MiB chunks
-//   pipe.prewarm();                                  // pin the staging rings now, not mid-loop
+//   #include <exception>
+//   #include <vector>
 //
-//   std::vector<float> batch = load();               // ordinary (pageable) memory
-//   pipe.copy_to_device_async(dev, batch.data(), bytes, stream);   // staged by host threads
-//   kernel<<<grid, block, 0, stream>>>(dev);         // ordered after the copy by an event
-//   pipe.copy_to_host_async(out.data(), dev, bytes, stream);       // out is complete on return
+//   void run(float* dev, std::vector<float> const& batch, std::vector<float> const& next,
+//            cudaStream_t stream)
+//   {
+//     gpukit::pinned_pool pool{gpukit::cuda_runtime::instance()};
+//     gpukit::transfer_pipeline pipe{gpukit::cuda_runtime::instance(), pool};  // 4 MiB chunks
+//     pipe.prewarm();  // pin the staging rings now, not mid-loop
 //
-//   pipe.submit_to_device(dev, next.data(), bytes, host_memory::detect, stream,
-//                         [](std::exception_ptr e) { /* staged: next may be reused */ });
+//     std::size_t const bytes = batch.size() * sizeof(float);  // ordinary (pageable) memory
+//     pipe.copy_to_device_async(dev, batch.data(), bytes, stream);  // staged by host threads
+//     // kernel<<<grid, block, 0, stream>>>(dev);  // ordered after the copy by an event
+//     std::vector<float> out(batch.size());
+//     pipe.copy_to_host_async(out.data(), dev, bytes, stream);  // out is complete on return
+//
+//     pipe.submit_to_device(dev, next.data(), bytes, gpukit::host_memory::detect, stream,
+//                           [](std::exception_ptr) { /* staged: next may be reused */ });
+//   }
 //
 // ## Why, and how
 //
@@ -155,6 +163,7 @@ class basic_transfer_pipeline final {
   /// (never for the device, never for other streams).
   /// @param dst device memory of at least `bytes`
   /// @param src host memory
+  /// @param bytes how many bytes to copy
   /// @param src_kind what src is (host_memory::detect asks the pinned pool)
   /// @param stream the consumer: its earlier work precedes the copy, its later work follows it
   /// @throws gpukit::logic_error for null pointers, zero bytes, a range that wraps around the

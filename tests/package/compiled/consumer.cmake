@@ -9,9 +9,14 @@ if(NOT CMAKE_NM)
   message(FATAL_ERROR "no nm to check the consumer's object with (CMAKE_NM)")
 endif()
 
+# As every consumer project (../consumer.cmake): compile_commands.json and the include folders for
+# check_consumer.cmake, and a strict team's warnings.
+set(CMAKE_EXPORT_COMPILE_COMMANDS ON)
+file(GENERATE OUTPUT "${CMAKE_BINARY_DIR}/gpukit_include_dirs.txt"
+  CONTENT "$<TARGET_PROPERTY:gpukit::gpukit,INTERFACE_INCLUDE_DIRECTORIES>")
 add_library(consumer_objects OBJECT "${CMAKE_CURRENT_LIST_DIR}/consumer.cpp")
 target_link_libraries(consumer_objects PUBLIC gpukit::compiled)
-target_compile_options(consumer_objects PRIVATE -Wall -Wextra -Werror)
+target_compile_options(consumer_objects PRIVATE -Wall -Wextra -Wconversion -Wsign-conversion -Werror)
 add_executable(consumer $<TARGET_OBJECTS:consumer_objects>)
 set_target_properties(consumer PROPERTIES LINKER_LANGUAGE CXX)
 target_link_libraries(consumer PRIVATE gpukit::compiled)

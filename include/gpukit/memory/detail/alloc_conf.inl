@@ -92,9 +92,12 @@ inline segment_source conf_source(std::string_view key, std::string_view value)
 // Applies one key; false when the key is unknown.
 inline bool conf_apply(caching_allocator_options& o, std::string const& key, std::string_view value)
 {
+  // The member pointer's type named once: nvcc rewrites a `T C::*member;` declaration with
+  // parentheses, which the host compiler's -Wparentheses reports.
+  using size_member = std::size_t caching_allocator_options::*;
   struct size_key {
     char const* name;
-    std::size_t caching_allocator_options::*member;
+    size_member member;
   };
   static constexpr size_key sizes[] = {
     {"limit", &caching_allocator_options::limit_bytes},

@@ -40,7 +40,7 @@ typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtim
   thread_cache& tc, std::vector<stream_type>& freed_on, bool capture)
 {
   recovery_.ladder.assign(recovery_step_count, oom_report::step{});
-  for (int i = 0; i < recovery_step_count; ++i) {
+  for (std::size_t i = 0; i < recovery_.ladder.size(); ++i) {
     recovery_.ladder[i].name = recovery_step_names[i];
   }
   recovery_request r{lock, size, kind, stream, tc, freed_on, capture};

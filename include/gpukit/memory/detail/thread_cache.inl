@@ -77,8 +77,8 @@ struct caching_thread_cache {
     stream_type stream{};
     bool used{false};
     std::uint64_t last_use{0};
-    std::array<block*, tlsf_class_count> lists{};
-    std::array<std::uint8_t, tlsf_class_count> counts{};
+    tlsf_table<block*, tlsf_class_count> lists{};
+    tlsf_table<std::uint8_t, tlsf_class_count> counts{};
   };
 
   // Counters written by the owner thread only (relaxed load + store, no read-modify-write), read

@@ -46,6 +46,22 @@ inline constexpr int tlsf_class_count = tlsf_fl_count * tlsf_sl_count;
   return (size & ul) == 0 ? c : c + 1;
 }
 
+/// One T per class (or per first level), indexed by the int numbers above, which are never
+/// negative.
+template <class T, int N>
+struct tlsf_table {
+  std::array<T, static_cast<std::size_t>(N)> items{};
+
+  [[nodiscard]] T& operator[](int i) noexcept { return items[static_cast<std::size_t>(i)]; }
+  [[nodiscard]] T const& operator[](int i) const noexcept
+  {
+    return items[static_cast<std::size_t>(i)];
+  }
+  void fill(T const& value) noexcept { items.fill(value); }
+  [[nodiscard]] auto begin() const noexcept { return items.begin(); }
+  [[nodiscard]] auto end() const noexcept { return items.end(); }
+};
+
 template <class Block>
 class tlsf_index {
  public:
@@ -143,8 +159,8 @@ class tlsf_index {
   }
 
   std::uint64_t fl_bitmap_{0};
-  std::array<std::uint32_t, tlsf_fl_count> sl_bitmap_{};
-  std::array<Block*, tlsf_class_count> heads_{};
+  tlsf_table<std::uint32_t, tlsf_fl_count> sl_bitmap_{};
+  tlsf_table<Block*, tlsf_class_count> heads_{};
   std::size_t bytes_{0};
   std::size_t count_{0};
 };
