@@ -32,6 +32,7 @@
 #include <gpukit/memory/alloc_conf.hpp>
 #include <gpukit/memory/allocation_trace.hpp>
 #include <gpukit/memory/caching_allocator.hpp>
+#include <gpukit/memory/caching_allocator_stats.hpp>
 #include <gpukit/memory/cuda_stream.hpp>
 #include <gpukit/memory/current_resource.hpp>
 #include <gpukit/memory/device_buffer.hpp>
@@ -39,6 +40,7 @@
 #include <gpukit/memory/device_uvector.hpp>
 #include <gpukit/memory/ipc.hpp>
 #include <gpukit/memory/memory_history.hpp>
+#include <gpukit/memory/memory_summary.hpp>
 #include <gpukit/memory/retry_on_oom.hpp>
 #include <gpukit/memory/temp_storage.hpp>
 #include <gpukit/profile/memory_annotation.hpp>

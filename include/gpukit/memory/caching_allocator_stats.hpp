@@ -2,12 +2,25 @@
 // gpukit/memory/caching_allocator_stats.hpp: what basic_caching_allocator::stats() returns, in
 // PyTorch's vocabulary (torch.cuda.memory_stats), for the whole allocator and per pool kind.
 //
-//   auto const s = alloc.stats();
-//   std::int64_t live   = s.allocated_bytes.current;            // both pools
-//   std::int64_t small  = s.small_pool.allocated_bytes.current;  // requests <= 1 MiB
-//   std::int64_t handed = s.large_pool.allocated_bytes.allocated;  // total ever handed out
-//   std::puts(gpukit::memory_summary(alloc).c_str());             //
-//   gpukit/memory/memory_summary.hpp
+// Quick start:
+//
+//   #include <gpukit/memory/caching_allocator.hpp>
+//
+//   #include <cstdint>
+//   #include <cstdio>
+//
+//   void report(gpukit::caching_allocator const& alloc)
+//   {
+//     gpukit::caching_allocator_stats const s = alloc.stats();
+//     std::int64_t const live   = s.allocated_bytes.current;               // both pools
+//     std::int64_t const small  = s.small_pool.allocated_bytes.current;    // requests <= 1 MiB
+//     std::int64_t const handed = s.large_pool.allocated_bytes.allocated;  // ever handed out
+//     std::printf("%lld live, %lld small, %lld handed out by the large pool\n",
+//                 static_cast<long long>(live), static_cast<long long>(small),
+//                 static_cast<long long>(handed));
+//   }
+//
+// gpukit/memory/memory_summary.hpp prints all of them as PyTorch's memory_summary() does.
 #pragma once
 
 #include <gpukit/stats.hpp>

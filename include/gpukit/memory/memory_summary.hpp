@@ -2,9 +2,16 @@
 // gpukit/memory/memory_summary.hpp: a caching allocator's statistics as a text table, in the shape
 // of PyTorch's torch.cuda.memory_summary().
 //
+// Quick start:
+//
 //   #include <gpukit/memory/memory_summary.hpp>
 //
-//   std::fputs(gpukit::memory_summary(alloc).c_str(), stderr);  // e.g. when out of memory
+//   #include <cstdio>
+//
+//   void on_out_of_memory(gpukit::caching_allocator const& alloc)
+//   {
+//     std::fputs(gpukit::memory_summary(alloc).c_str(), stderr);
+//   }
 //
 // The table has PyTorch's rows (Allocated memory, Active memory, Requested memory, GPU reserved
 // memory, Non-releasable memory, Allocations, Active allocs, GPU reserved segments, Non-releasable
