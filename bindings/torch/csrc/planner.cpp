@@ -17,7 +17,7 @@
 
 namespace gpukit_torch {
 
-namespace py = pybind11;
+namespace py      = pybind11;
 using stage_costs = std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t>;
 
 namespace {
@@ -30,14 +30,31 @@ gpukit::checkpoint_chain to_chain(std::vector<stage_costs> const& stages)
   return gpukit::checkpoint_chain{std::move(v)};
 }
 
+// plan_optimal at a finer resolution each time rounding the sizes alone made the budget too small
+// (the budget is at or above the least one), up to `max_slots` slots.
+gpukit::checkpoint_plan plan_at_finest(gpukit::checkpoint_chain const& chain, std::int64_t budget,
+                                       std::int64_t max_slots)
+{
+  gpukit::checkpoint_planner_options o;
+  for (;;) {
+    try {
+      return gpukit::plan_optimal(chain, budget, o);
+    } catch (gpukit::checkpoint_infeasible const& e) {
+      if (budget < e.minimum_budget() || o.slots * 4 > max_slots) throw;
+      o.slots *= 4;
+    }
+  }
+}
+
 // plan_optimal as a dict: {"schedule", "time", "peak", "exact", "unit"}, or {"infeasible": True,
 // "minimum_budget"} when no schedule fits. Bad costs: ValueError naming the stage and value.
-py::dict plan_optimal(std::vector<stage_costs> const& stages, std::int64_t budget)
+py::dict plan_optimal(std::vector<stage_costs> const& stages, std::int64_t budget,
+                      std::int64_t max_slots)
 {
   py::dict d;
   try {
     auto const chain = to_chain(stages);
-    auto const plan  = gpukit::plan_optimal(chain, budget);
+    auto const plan  = plan_at_finest(chain, budget, max_slots);
     d["infeasible"]  = false;
     d["schedule"]    = gpukit::to_string(plan.schedule);
     d["time"]        = plan.time;
@@ -72,7 +89,9 @@ std::tuple<std::int64_t, std::int64_t> simulate(std::vector<stage_costs> const& 
 void bind_planner(py::module_& m)
 {
   m.def("plan_optimal", &plan_optimal, py::arg("stages"), py::arg("budget"),
-        "gpukit::plan_optimal on stages [(f, b, a, t), ...] under `budget` (same units as a, t): "
+        py::arg("max_slots") = std::int64_t{8192},
+        "gpukit::plan_optimal on stages [(f, b, a, t), ...] under `budget` (same units as a, t), "
+        "its resolution raised (up to max_slots) while rounding alone makes the budget too small: "
         "a dict with the schedule text, time, peak, exact, unit; or infeasible=True and "
         "minimum_budget");
   m.def("simulate_schedule", &simulate, py::arg("stages"), py::arg("schedule"),
