@@ -13,6 +13,8 @@
 #pragma once
 
 #include <gpukit/checkpoint/executor.hpp>
+#include <gpukit/memory/caching_allocator.hpp>
+#include <gpukit/runtime/cuda_runtime.hpp>
 
 #include <cuda_runtime.h>
 
@@ -258,6 +260,44 @@ struct mlp_stages {
                                        s);  // dx = dz W
     }
   }
+};
+
+// The allocator's settings for exact statistics: every block through the pool, none through a
+// per-thread cache.
+inline gpukit::caching_allocator_options exact_statistics()
+{
+  gpukit::caching_allocator_options options;
+  options.thread_cache_max_block_bytes = 0;
+  return options;
+}
+
+// Everything a run of the MLP on device 0 needs: an allocator with exact statistics, a stream,
+// the net and its stages, an input of zeros (not from the allocator: the caller's x_0).
+struct gpu_run {
+  gpukit::caching_allocator alloc;
+  cudaStream_t stream{nullptr};
+  mlp net;
+  mlp_stages stages;
+  float* x0{nullptr};
+
+  gpu_run(int layers, int batch, int width)
+      : alloc{gpukit::cuda_runtime::instance(), 0, exact_statistics()}, net{layers, batch, width},
+        stages{net, std::vector<int>(static_cast<std::size_t>(layers) + 1, 0)}
+  {
+    CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    CHECK_CUDA(cudaMalloc(&x0, net.out_bytes(0)));
+    CHECK_CUDA(cudaMemset(x0, 0, net.out_bytes(0)));
+  }
+  ~gpu_run()
+  {
+    (void)cudaStreamSynchronize(stream);
+    alloc.forget_stream(stream);
+    (void)cudaStreamDestroy(stream);
+    (void)cudaFree(x0);
+  }
+  gpu_run(gpu_run const&)            = delete;
+  gpu_run& operator=(gpu_run const&) = delete;
+  [[nodiscard]] std::size_t layers() const { return static_cast<std::size_t>(net.layers()); }
 };
 
 // One plan's step on the GPU: the allocator's peak requested bytes beyond what it held before

@@ -60,26 +60,16 @@ args parse(int argc, char** argv)
 int run(args const& a)
 {
   using namespace checkpoint_mlp;
-  auto& rt = gpukit::cuda_runtime::instance();
-  gpukit::caching_allocator_options options;
-  options.thread_cache_max_block_bytes = 0;  // exact statistics
-  gpukit::caching_allocator alloc{rt, 0, options};
-  cudaStream_t stream = nullptr;
-  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  mlp net{a.layers, a.batch, a.width};
-  std::size_t const L = static_cast<std::size_t>(a.layers);
-  mlp_stages stages{net, std::vector<int>(L + 1, 0)};
-  float* x0 = nullptr;
-  CHECK_CUDA(cudaMalloc(&x0, net.out_bytes(0)));
-  CHECK_CUDA(cudaMemset(x0, 0, net.out_bytes(0)));
+  gpu_run run{a.layers, a.batch, a.width};
+  std::size_t const L = run.layers();
 
   gpukit::chain_profile_options po;
-  po.warmup                = 2;
-  po.repetitions           = 7;
-  po.time_unit_ns          = 100;  // 0.1 µs
-  auto const prof          = gpukit::profile_chain(alloc, stages, L, x0, stream, po);
-  auto const chain         = prof.chain();
-  auto const all           = gpukit::plan_store_all(chain);
+  po.warmup        = 2;
+  po.repetitions   = 7;
+  po.time_unit_ns  = 100;  // 0.1 µs
+  auto const prof  = gpukit::profile_chain(run.alloc, run.stages, L, run.x0, run.stream, po);
+  auto const chain = prof.chain();
+  auto const all   = gpukit::plan_store_all(chain);
   std::int64_t const least = gpukit::optimal_min_budget(chain);
   cudaDeviceProp prop{};
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
@@ -87,7 +77,7 @@ int run(args const& a)
               4 * a.width, a.batch);
   std::printf("%-10s %12s %12s %12s %8s %10s %10s %8s %7s\n", "budget", "budget MiB", "pred MiB",
               "peak MiB", "peak err", "pred ms", "step ms", "time err", "recomp");
-  gpukit::checkpoint_executor exec{alloc};
+  gpukit::checkpoint_executor exec{run.alloc};
   double const mib = 1024.0 * 1024.0;
   double peak_err = 0.0, time_err = 0.0;
   std::vector<std::pair<char const*, std::int64_t>> const budgets{{"store-all", all.peak},
@@ -97,8 +87,8 @@ int run(args const& a)
                                                                   {"least", least}};
   for (auto const& [name, budget] : budgets) {
     if (budget < least) continue;
-    auto const plan      = gpukit::plan_optimal(chain, budget);
-    auto const m         = measure_steps(exec, plan.schedule, stages, x0, stream, a.reps);
+    auto const plan = gpukit::plan_optimal(chain, budget);
+    auto const m    = measure_steps(exec, plan.schedule, run.stages, run.x0, run.stream, a.reps);
     double const pred_ms = static_cast<double>(plan.time) * 1e-4;
     double const pe =
       std::abs(static_cast<double>(plan.peak - m.peak_bytes)) / static_cast<double>(m.peak_bytes);
@@ -114,10 +104,6 @@ int run(args const& a)
     "{\"profile_mlp\": {\"ok\": %s, \"layers\": %zu, \"batch\": %d, \"width\": %d, "
     "\"peak_error_max\": %.4f, \"time_error_max\": %.4f}}\n",
     ok ? "true" : "false", L, a.batch, a.width, peak_err, time_err);
-  CHECK_CUDA(cudaStreamSynchronize(stream));
-  alloc.forget_stream(stream);
-  CHECK_CUDA(cudaStreamDestroy(stream));
-  CHECK_CUDA(cudaFree(x0));
   return ok ? 0 : 1;
 }
 

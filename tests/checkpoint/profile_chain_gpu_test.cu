@@ -19,19 +19,9 @@ TEST_SUITE("gpu")
   TEST_CASE("profile_chain: the MLP's plans predict the executor's peak and time")
   {
     using namespace checkpoint_mlp;
-    auto& rt = gpukit::cuda_runtime::instance();
-    gpukit::caching_allocator_options options;
-    options.thread_cache_max_block_bytes = 0;  // exact statistics
-    gpukit::caching_allocator alloc{rt, 0, options};
-    cudaStream_t stream = nullptr;
-    CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    constexpr int layers = 8, batch = 512, width = 512;
-    mlp net{layers, batch, width};
-    mlp_stages stages{net, std::vector<int>(layers + 1, 0)};
-    float* x0 = nullptr;
-    CHECK_CUDA(cudaMalloc(&x0, net.out_bytes(0)));
-    CHECK_CUDA(cudaMemset(x0, 0, net.out_bytes(0)));
-
+    constexpr int layers = 8;
+    gpu_run run{layers, 512, 512};
+    auto& [alloc, stream, net, stages, x0] = run;
     auto const prof = gpukit::profile_chain(alloc, stages, layers, x0, stream);
     for (std::size_t i = 1; i <= layers; ++i) {
       INFO("stage " << i);
@@ -55,9 +45,5 @@ TEST_SUITE("gpu")
       double const predicted_ms = static_cast<double>(plan.time) * 1e-3;  // microseconds
       CHECK(std::abs(m.step_ms - predicted_ms) <= 0.25 * m.step_ms);
     }
-    CHECK_CUDA(cudaStreamSynchronize(stream));
-    alloc.forget_stream(stream);
-    CHECK_CUDA(cudaStreamDestroy(stream));
-    CHECK_CUDA(cudaFree(x0));
   }
 }

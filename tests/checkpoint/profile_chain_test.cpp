@@ -15,7 +15,6 @@
 
 #include <chrono>
 #include <cstring>
-#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -26,20 +25,27 @@ using stream_t      = sim_runtime::stream_type;
 
 namespace {
 
-void enqueue(sim_runtime& rt, stream_t s, std::function<void()> f)
-{
-  auto* task = new std::function<void()>(std::move(f));
-  GPUKIT_CUDA_TRY(rt.launch_host_func(
-    s,
-    [](void* u) {
-      auto* t = static_cast<std::function<void()>*>(u);
-      (*t)();
-      delete t;
-    },
-    task));
-}
+// A stage's work on the simulated GPU: sleep, then fill the output (when there is one), run by
+// the stream's worker in stream order.
+struct sleep_task {
+  int ms{0};
+  void* out{nullptr};
+  std::size_t bytes{0};
+  int fill{0};
 
-void sleep_ms(int ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }
+  static void run(void* self)
+  {
+    auto* t = static_cast<sleep_task*>(self);
+    std::this_thread::sleep_for(std::chrono::milliseconds(t->ms));
+    if (t->out != nullptr) std::memset(t->out, t->fill, t->bytes);
+    delete t;
+  }
+  static void enqueue(sim_runtime& rt, stream_t s, sleep_task task)
+  {
+    auto* t = new sleep_task{task};
+    GPUKIT_CUDA_TRY(rt.launch_host_func(s, &sleep_task::run, t));
+  }
+};
 
 // Stage i: out[i] bytes, a declared tape of tape[i] bytes, a forward that sleeps fwd_ms[i] and a
 // backward that sleeps bwd_ms[i]. Stage `keeper` also allocates `kept` bytes itself in a
@@ -69,13 +75,8 @@ struct sleepy_stages {
     bad_buffers +=
       (x_in == nullptr) + (x_out == nullptr) + ((t != nullptr) != (c.recording && tape[i] > 0));
     if (c.recording && i == keeper) kept_ptr = alloc.allocate_async(kept, s);
-    void* ws                = i == worker ? alloc.allocate_async(work, s) : nullptr;
-    int const ms            = fwd_ms[i];
-    std::size_t const bytes = out[i];
-    enqueue(rt, s, [=] {
-      sleep_ms(ms);
-      std::memset(x_out, static_cast<int>(i), bytes);
-    });
+    void* ws = i == worker ? alloc.allocate_async(work, s) : nullptr;
+    sleep_task::enqueue(rt, s, {fwd_ms[i], x_out, out[i], static_cast<int>(i)});
     if (ws != nullptr) alloc.deallocate_async(ws, work, s);
   }
 
@@ -87,9 +88,8 @@ struct sleepy_stages {
     std::size_t const L = out.size() - 1;
     bad_buffers += ((grad_out == nullptr) != (i == L)) + ((grad_in == nullptr) != (i == 1)) +
                    ((t == nullptr) != (tape[i] == 0));
-    void* ws     = i == 1 && bwd_work > 0 ? alloc.allocate_async(bwd_work, s) : nullptr;
-    int const ms = bwd_ms[i];
-    enqueue(rt, s, [=] { sleep_ms(ms); });
+    void* ws = i == 1 && bwd_work > 0 ? alloc.allocate_async(bwd_work, s) : nullptr;
+    sleep_task::enqueue(rt, s, {bwd_ms[i], nullptr, 0, 0});
     if (ws != nullptr) alloc.deallocate_async(ws, bwd_work, s);
     if (i == keeper && kept_ptr != nullptr) {
       alloc.deallocate_async(kept_ptr, kept, s);
