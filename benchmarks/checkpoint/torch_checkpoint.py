@@ -254,8 +254,12 @@ def main():
     if args.steps < 20:
         print("torch_checkpoint: --steps must be at least 20", file=sys.stderr)
         sys.exit(2)
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bindings", "torch"))
-    import gpukit_torch.checkpoint as ckpt  # noqa: PLC0415
+    try:  # the installed package (planner bound in gpukit_torch._C), else this checkout's
+        import gpukit_torch.checkpoint as ckpt  # noqa: PLC0415
+    except ImportError:
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bindings", "torch"))
+        import gpukit_torch.checkpoint as ckpt  # noqa: PLC0415
+    print(f"planner: {ckpt._planner().__name__}", file=sys.stderr)
 
     torch.manual_seed(0)
     torch.backends.cudnn.benchmark = True

@@ -16,8 +16,11 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-import gpukit_torch.checkpoint as ckpt  # noqa: E402
+try:  # the installed package (with gpukit_torch._C) when there is one, else this checkout's
+    import gpukit_torch.checkpoint as ckpt
+except ImportError:
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    import gpukit_torch.checkpoint as ckpt  # noqa: E402
 
 L = 8
 
@@ -187,6 +190,13 @@ def test_sequential_profiles_and_plans():
     assert_same(grads_of(planned, x), grads_of(model, x))
     with pytest.raises(TypeError):
         ckpt.sequential(nn.Linear(2, 2), 1 << 30, x)
+
+
+def test_the_planner_is_gpukits():
+    planner = ckpt._planner()
+    assert planner.__name__.endswith(("_C", "_gpukit_planner"))
+    if torch.cuda.is_available():
+        assert planner.__name__.endswith("_C")  # the extension's binding where CUDA is
 
 
 def test_a_bad_schedule_is_refused():
