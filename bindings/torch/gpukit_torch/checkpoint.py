@@ -189,6 +189,13 @@ def _grad_inputs(block, xin):
 def _measure_sizes(block, x, cuda: bool):
     """(output bytes, tape bytes, transient bytes, the output) of one block on input x."""
     if cuda:
+        # One untimed forward and backward first: libraries allocate their workspaces (cuBLAS)
+        # and tune (cuDNN) on first use, memory that belongs to no activation.
+        xin, out, _ = _recorded_forward(block, x)
+        inputs = _grad_inputs(block, xin)
+        if out.requires_grad and inputs:
+            torch.autograd.grad(out, inputs, torch.ones_like(out), allow_unused=True)
+        del xin, out, inputs
         torch.cuda.synchronize()
         before = torch.cuda.memory_allocated()
         with torch.no_grad():
