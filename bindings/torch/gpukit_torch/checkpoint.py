@@ -22,9 +22,11 @@ one autograd.Function over the whole chain:
 - ``Fn<i>``: the block's forward under no_grad;
 - ``Fe<i>``: the block's forward with autograd recording, on its input detached (the graph of that
   one block is the tape);
-- ``B<i>``: torch.autograd.grad through the block's graph: the gradient of its input, and of its
-  parameters (summed, and returned to autograd as the Function's parameter gradients, so
-  ``loss.backward()``, ``torch.autograd.grad`` and gradient hooks see them as usual).
+- ``B<i>``: torch.autograd.backward through the block's graph: the gradient of its input, and
+  its parameters' gradients accumulated into their ``.grad`` in place (as torch.utils.checkpoint's
+  reentrant variant does, and as a backward without checkpointing accumulates them: no second
+  copy of the parameter gradients is held). Use ``loss.backward()``; ``torch.autograd.grad(loss,
+  params)`` does not see parameter gradients through the planned chain.
 
 Every schedule the planner makes is therefore executed faithfully, recomputations included; no
 schedule is restricted. Each activation and tape is dropped right after its last use, as the
@@ -397,7 +399,6 @@ class _Step:
         self.tape = [None] * (L + 1)  # (input leaf, output with its graph)
         self.rng = [None] * (L + 1)
         self.grad = None  # δ of the stage whose backward runs next
-        self.param_grads = {}
         self.device = x0.device
         self.autocast = (
             torch.is_autocast_enabled(x0.device.type),
@@ -451,14 +452,11 @@ class _Step:
             self.grad = None
             return
         grad = self.grad if self.grad is not None else torch.zeros_like(out)
+        # Parameter gradients accumulate into .grad here, in place, as in a backward without
+        # checkpointing (no second copy of them lives until the end of the step).
         with torch.enable_grad():
-            grads = torch.autograd.grad(out, inputs, grad, allow_unused=True)
-        self.grad = grads[0] if xin.requires_grad else None
-        for p, g in zip(params, grads[len(inputs) - len(params):]):
-            if g is None:
-                continue
-            key = id(p)
-            self.param_grads[key] = g if key not in self.param_grads else self.param_grads[key] + g
+            torch.autograd.backward(out, grad, inputs=inputs)
+        self.grad = xin.grad if xin.requires_grad else None
 
     def run(self, ops, last, start, stop):
         for k in range(start, stop):
@@ -492,8 +490,7 @@ class _ScheduledChain(torch.autograd.Function):
         step.grad = grad_out
         step.run(owner._ops, owner._last, owner._first_backward, len(owner._ops))
         dx0 = step.grad if step.x0_needs_grad else None
-        grads = [step.param_grads.get(id(p)) for p in owner._all_params]
-        return (None, dx0, *grads)
+        return (None, dx0, *([None] * len(owner._all_params)))
 
 
 class PlannedSequential(nn.Module):
