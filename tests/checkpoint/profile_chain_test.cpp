@@ -184,9 +184,9 @@ TEST_CASE_FIXTURE(fixture, "profile_chain: times are medians of the runtime's ti
     CHECK(m.backward_samples.size() == 3);
     // A sleep lasts at least its time; a loaded machine may stretch it, never shorten it.
     CHECK(m.forward_ms >= 0.99 * st.fwd_ms[i]);
-    CHECK(m.forward_ms < st.fwd_ms[i] + 40.0);
+    CHECK(m.forward_ms < st.fwd_ms[i] + 100.0);
     CHECK(m.backward_ms >= 0.99 * st.bwd_ms[i]);
-    CHECK(m.backward_ms < st.bwd_ms[i] + 40.0);
+    CHECK(m.backward_ms < st.bwd_ms[i] + 100.0);
     CHECK(chain[i].forward_time == std::llround(m.forward_ms * 1000.0));
     CHECK(chain[i].backward_time == std::llround(m.backward_ms * 1000.0));
   }
