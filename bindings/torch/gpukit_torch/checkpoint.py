@@ -39,7 +39,6 @@ it requires grad; double backward (create_graph) is not supported; a block's sid
 BatchNorm's running statistics) happen again when it is recomputed, as with torch.utils.checkpoint.
 """
 
-import math
 import os
 import statistics
 import time
@@ -235,6 +234,19 @@ def _measure_sizes(block, x, cuda: bool):
     return _storage_bytes([y]), _storage_bytes(tape), 0, y
 
 
+def _time_block(timer, block, x):
+    """(forward ms, backward ms) of one run: the forward under no_grad, the backward through a
+    recorded forward (not timed)."""
+    with torch.no_grad():
+        ms_f = timer(lambda: block(x))[0]
+    xin, out, _ = _recorded_forward(block, x)
+    inputs = _grad_inputs(block, xin)
+    if not (out.requires_grad and inputs):
+        return ms_f, 0.0
+    g = torch.ones_like(out)
+    return ms_f, timer(lambda: torch.autograd.grad(out, inputs, g, allow_unused=True))[0]
+
+
 def profile(model, example_input: torch.Tensor, repetitions: int = 5, warmup: int = 2) -> List[BlockCost]:
     """Measures each block of `model` (an nn.Sequential or a list of blocks) on the device of
     `example_input`, each block on the previous block's output.
@@ -262,15 +274,7 @@ def profile(model, example_input: torch.Tensor, repetitions: int = 5, warmup: in
             a, t, transient, y = _measure_sizes(block, x, cuda)
             fwd, bwd = [], []
             for rep in range(warmup + repetitions):
-                with torch.no_grad():
-                    ms_f, _ = timer(lambda: block(x))
-                xin, out, _ = _recorded_forward(block, x)
-                inputs = _grad_inputs(block, xin)
-                ms_b = 0.0
-                if out.requires_grad and inputs:
-                    g = torch.ones_like(out)
-                    ms_b, _ = timer(lambda: torch.autograd.grad(out, inputs, g, allow_unused=True))
-                del xin, out, inputs
+                ms_f, ms_b = _time_block(timer, block, x)
                 if rep >= warmup:
                     fwd.append(ms_f)
                     bwd.append(ms_b)
