@@ -5,15 +5,24 @@
 //
 //   compute-sanitizer --tool memcheck --nvtx yes ./sanitizer_planted --source sync --bug overrun
 //   ./sanitizer_planted --source growable --bug uaf --debug     # debug mode (quarantine, poison)
+//   ./sanitizer_planted --guard-pages --bug overrun --bytes 1024  # no tool: the kernel faults
 //
 // --source sync|async|growable   segment source (synchronous, stream_ordered, growable)
 // --bug none|overrun|uaf         none: a clean run; overrun: each kernel writes p[1000] of its
 //                                block; uaf: each kernel reads a block after its free
 // --debug                        the allocator's debug mode (as GPUKIT_DEBUG=1)
+// --guard-pages                  debug mode with guard pages (as GPUKIT_DEBUG=guard; implies
+//                                --source growable, no NVTX annotation): each block ends at the end
+//                                of its mapped pages and the next page is unmapped
+// --bytes N                      block size (default 1000; 1..65536). The overrun writes p[N]: with
+//                                guard pages it faults when N is a multiple of 256, else it lands
+//                                in the 256-byte alignment slack before the page end
 // --index I                      plant it in the I-th of 9 blocks (0..7, default 0)
 //
-// One bug a run: compute-sanitizer may end the context after the first error it reports.
-// Prints what it planted and exits 0; without a GPU it says so and exits 0.
+// One bug a run: compute-sanitizer may end the context after the first error it reports, and a
+// kernel that faults loses the context (hence one process per bug). Prints what it planted and
+// "result: no fault" (exit 0), or "result: faulted (<error>)" when the planted access made the
+// kernel fault (exit 3, at once: the context is gone); without a GPU it says so and exits 0.
 #include <gpukit/memory/caching_allocator.hpp>
 #include <gpukit/runtime/cuda_runtime.hpp>
 
@@ -36,6 +45,8 @@ struct args {
   gpukit::segment_source source{gpukit::segment_source::synchronous};
   std::string bug{"none"};
   bool debug{false};
+  bool guard_pages{false};
+  std::size_t bytes{1000};
   int index{0};
 };
 
@@ -46,6 +57,11 @@ bool parse(int argc, char** argv, args& a)
     std::string const v = i + 1 < argc ? argv[i + 1] : "";
     if (k == "--debug") {
       a.debug = true;
+    } else if (k == "--guard-pages") {
+      a.guard_pages = true;
+    } else if (k == "--bytes" && std::atol(v.c_str()) >= 1 && std::atol(v.c_str()) <= 65536) {
+      a.bytes = static_cast<std::size_t>(std::atol(v.c_str()));
+      ++i;
     } else if (k == "--source" && (v == "sync" || v == "async" || v == "growable")) {
       a.source = v == "sync"    ? gpukit::segment_source::synchronous
                  : v == "async" ? gpukit::segment_source::stream_ordered
@@ -60,20 +76,33 @@ bool parse(int argc, char** argv, args& a)
     } else {
       std::fprintf(stderr,
                    "usage: sanitizer_planted [--source sync|async|growable] "
-                   "[--bug none|overrun|uaf] [--debug] [--index 0..7]\n");
+                   "[--bug none|overrun|uaf] [--debug] [--guard-pages] [--bytes N] "
+                   "[--index 0..7]\n");
       return false;
     }
   }
   return true;
 }
 
+// Waits for `s`; when the planted access made a kernel fault, says so and ends the process at once
+// (the context is lost: nothing can be freed any more).
+void wait_for(cudaStream_t s)
+{
+  cudaError_t const e = cudaStreamSynchronize(s);
+  if (e == cudaSuccess) { return; }
+  std::printf("result: faulted (%s: %s)\n", cudaGetErrorName(e), cudaGetErrorString(e));
+  std::fflush(stdout);
+  std::_Exit(3);
+}
+
 int run(args const& a)
 {
-  constexpr std::size_t n = 1000;
+  std::size_t const n = a.bytes;
   gpukit::caching_allocator_options o;
-  o.source        = a.source;
-  o.nvtx_annotate = true;
-  o.debug.enabled = a.debug;
+  o.source            = a.guard_pages ? gpukit::segment_source::growable : a.source;
+  o.nvtx_annotate     = !a.guard_pages;
+  o.debug.enabled     = a.debug || a.guard_pages;
+  o.debug.guard_pages = a.guard_pages;
   gpukit::caching_allocator alloc{gpukit::cuda_runtime::instance(), 0, o};
   cudaStream_t s{};
   GPUKIT_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -95,7 +124,10 @@ int run(args const& a)
     read_at<<<1, 1, 0, s>>>(p, n - 1, out);  // its last byte: in bounds
   }
   GPUKIT_CUDA_TRY(cudaGetLastError());
-  GPUKIT_CUDA_TRY(cudaStreamSynchronize(s));
+  std::printf("planted %s in block %d (%zu bytes%s)\n", a.bug.c_str(), a.index, n,
+              a.guard_pages ? ", guard pages" : "");
+  std::fflush(stdout);
+  wait_for(s);
   for (char* p : blocks) {
     if (p != nullptr) { alloc.deallocate_async(p, n, s); }
   }
@@ -103,7 +135,7 @@ int run(args const& a)
   alloc.forget_stream(s);
   GPUKIT_CUDA_TRY(cudaStreamDestroy(s));
   GPUKIT_CUDA_TRY(cudaFree(out));
-  std::printf("planted %s in block %d\n", a.bug.c_str(), a.index);
+  std::printf("result: no fault\n");
   return 0;
 }
 

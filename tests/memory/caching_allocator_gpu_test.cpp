@@ -56,6 +56,36 @@ TEST_SUITE("gpu")
     CHECK(free1 >= free0 + 60 * mib);  // the device really has the memory back
     alloc.forget_stream(s);
   }
+  TEST_CASE("guard pages on CUDA: blocks end at their page end, and their pages go at the free")
+  {
+    // The faults themselves end the context: examples/sanitizer_planted --guard-pages plants them,
+    // one process each (CTest entries example.sanitizer_planted_guard_pages_*).
+    gpukit::caching_allocator_options o;
+    o.source            = gpukit::segment_source::growable;
+    o.debug.guard_pages = true;
+    auto& rt            = gpukit::cuda_runtime::instance();
+    gpukit::basic_caching_allocator<gpukit::cuda_runtime> alloc{rt, 0, o};
+    cuda_stream s{rt};
+    std::vector<std::pair<void*, std::size_t>> live;
+    for (std::size_t bytes : {std::size_t{1000}, std::size_t{1024}, 3 * mib + 1, std::size_t{64}}) {
+      void* p      = alloc.allocate_async(bytes, s);
+      auto const e = alloc.extent(p);
+      CHECK((e.offset + e.bytes) % e.page_bytes == 0);
+      CHECK(e.bytes - bytes < alloc.alignment);
+      gpukit::test::fill(rt, p, bytes, 0x5a, s);
+      CHECK(gpukit::test::holds(rt, p, bytes, 0x5a, s));
+      live.emplace_back(p, bytes);
+    }
+    CHECK(gpukit::detail::check_invariants(alloc) == "");
+    auto const mapped = alloc.stats().num_device_allocs;
+    for (auto [p, bytes] : live) { alloc.deallocate_async(p, bytes, s); }
+    CHECK(alloc.stats().num_device_frees == mapped);  // every page of every block unmapped
+    CHECK(alloc.stats().allocated_bytes.current == 0);
+    CHECK(gpukit::detail::check_invariants(alloc) == "");
+    alloc.release();
+    CHECK(alloc.stats().reserved_bytes.current == 0);
+    alloc.forget_stream(s);
+  }
   TEST_CASE(
     "caching_allocator on CUDA: a graph captured in global mode allocates from a private pool")
   {

@@ -107,6 +107,11 @@ TEST_SUITE("caching_allocator")
     GPUKIT_CUDA_TRY(sim.memset_async(p, 7, 4 * mib, sb));  // b uses p, still queued
     alloc.deallocate_async(p, 4 * mib, sa);
     CHECK(alloc.stats().active_bytes.current == static_cast<std::int64_t>(4 * mib));  // pending
+    auto const pending = alloc.stats().large_pool;  // a pending free stays active in its pool
+    CHECK(pending.allocated_bytes.current == 0);
+    CHECK(pending.active_bytes.current == static_cast<std::int64_t>(4 * mib));
+    CHECK(pending.active_bytes.freed == 0);
+    CHECK(pending.active_count.current == 1);
     void* q = alloc.allocate_async(4 * mib, sa);
     CHECK(q != p);  // not even on a: b's work has not run
     alloc.deallocate_async(q, 4 * mib, sa);
@@ -121,6 +126,8 @@ TEST_SUITE("caching_allocator")
     CHECK(seen.count(p) == 1);
     for (void* x : later) { alloc.deallocate_async(x, 4 * mib, sa); }
     CHECK_THROWS_AS(alloc.record_stream(p, sb), gpukit::logic_error);  // p is free now
+    CHECK(alloc.stats().large_pool.active_bytes.current == 0);
+    CHECK(alloc.stats().large_pool.active_bytes.freed == static_cast<std::int64_t>(24 * mib));
     CHECK(gpukit::detail::check_invariants(alloc) == "");
     alloc.forget_stream(sa);
     alloc.forget_stream(sb);

@@ -36,6 +36,7 @@ foreach(tool IN LISTS tools)  # the command-line tools, when the build has them
   endif()
 endforeach()
 file(GLOB_RECURSE installed_libraries "${PREFIX}/*.a" "${PREFIX}/*.so")
+list(FILTER installed_libraries EXCLUDE REGEX "/libgpukit_compiled\\.a$")  # -DGPUKIT_COMPILED=ON
 if(installed_libraries)
   message(FATAL_ERROR "gpukit is header-only, yet the install holds: ${installed_libraries}")
 endif()

@@ -69,12 +69,30 @@ TEST_SUITE("torch_backend")
     CHECK(st.allocated_bytes.freed == 3 * MiB);
     CHECK(st.allocation.allocated == 2);
     CHECK(st.allocation.freed == 1);
+    // PyTorch's per-pool arrays: 1000 bytes from the small pool, 3 MiB from the large one.
+    CHECK(st.small_pool.allocated_bytes.current == 1024);
+    CHECK(st.small_pool.requested_bytes.current == 1000);
+    CHECK(st.small_pool.allocation.allocated == 1);
+    CHECK(st.small_pool.reserved_bytes.current == 2 * MiB);
+    CHECK(st.large_pool.allocated_bytes.current == 0);
+    CHECK(st.large_pool.allocated_bytes.peak == 3 * MiB);
+    CHECK(st.large_pool.allocated_bytes.allocated == 3 * MiB);
+    CHECK(st.large_pool.allocated_bytes.freed == 3 * MiB);
+    CHECK(st.large_pool.allocation.freed == 1);
+    CHECK(st.large_pool.segment.current == 1);
+    CHECK(st.segment.current == st.small_pool.segment.current + st.large_pool.segment.current);
+    CHECK(st.reserved_bytes.current ==
+          st.small_pool.reserved_bytes.current + st.large_pool.reserved_bytes.current);
+    CHECK(st.active_bytes.freed ==
+          st.small_pool.active_bytes.freed + st.large_pool.active_bytes.freed);
     b.reset_peak_stats(0);
     CHECK(b.stats(0).allocated_bytes.peak == 1024);
     b.reset_accumulated_stats(0);
     CHECK(b.stats(0).allocated_bytes.allocated == 0);
     CHECK(b.stats(0).allocation.allocated == 0);
-    CHECK(b.stats(0).allocation.current == 1);              // current values stay
+    CHECK(b.stats(0).allocation.current == 1);  // current values stay
+    CHECK(b.stats(0).small_pool.allocated_bytes.allocated == 0);
+    CHECK(b.stats(0).small_pool.allocated_bytes.current == 1024);
     CHECK_THROWS_AS(b.deallocate(q), gpukit::logic_error);  // double free
     int local = 0;
     CHECK_THROWS_AS(b.deallocate(&local), gpukit::logic_error);

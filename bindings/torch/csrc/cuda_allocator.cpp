@@ -66,11 +66,15 @@ c10::CachingAllocator::Stat to_c10(stat const& s)
   return out;
 }
 
-// gpukit does not split statistics by pool size: the aggregate holds them all.
-c10::CachingAllocator::StatArray to_c10_array(stat const& s)
+// One statistic of `s`: the aggregate and each pool kind's.
+c10::CachingAllocator::StatArray to_c10_array(device_stats const& s,
+                                              stat gpukit_torch::device_pool_stats::*member)
 {
+  using c10::CachingAllocator::StatType;
   c10::CachingAllocator::StatArray a{};
-  a[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)] = to_c10(s);
+  a[static_cast<size_t>(StatType::AGGREGATE)]  = to_c10(s.*member);
+  a[static_cast<size_t>(StatType::SMALL_POOL)] = to_c10(s.small_pool.*member);
+  a[static_cast<size_t>(StatType::LARGE_POOL)] = to_c10(s.large_pool.*member);
   return a;
 }
 
@@ -205,15 +209,16 @@ c10::CachingDeviceAllocator::DeviceStats cuda_allocator::getDeviceStats(c10::Dev
 {
   device_stats const s = backend_->stats(device);
   c10::CachingDeviceAllocator::DeviceStats out;
-  out.allocation           = to_c10_array(s.allocation);
-  out.segment              = to_c10_array(s.segment);
-  out.active               = to_c10_array(s.active);
-  out.inactive_split       = to_c10_array(s.inactive_split);
-  out.allocated_bytes      = to_c10_array(s.allocated_bytes);
-  out.reserved_bytes       = to_c10_array(s.reserved_bytes);
-  out.active_bytes         = to_c10_array(s.active_bytes);
-  out.inactive_split_bytes = to_c10_array(s.inactive_split_bytes);
-  out.requested_bytes      = to_c10_array(s.requested_bytes);
+  using m                  = gpukit_torch::device_pool_stats;
+  out.allocation           = to_c10_array(s, &m::allocation);
+  out.segment              = to_c10_array(s, &m::segment);
+  out.active               = to_c10_array(s, &m::active);
+  out.inactive_split       = to_c10_array(s, &m::inactive_split);
+  out.allocated_bytes      = to_c10_array(s, &m::allocated_bytes);
+  out.reserved_bytes       = to_c10_array(s, &m::reserved_bytes);
+  out.active_bytes         = to_c10_array(s, &m::active_bytes);
+  out.inactive_split_bytes = to_c10_array(s, &m::inactive_split_bytes);
+  out.requested_bytes      = to_c10_array(s, &m::requested_bytes);
   out.num_alloc_retries    = s.num_alloc_retries;
   out.num_ooms             = s.num_ooms;
   out.num_sync_all_streams = s.num_sync_all_streams;

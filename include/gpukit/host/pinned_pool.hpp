@@ -401,6 +401,15 @@ using pinned_pool = basic_pinned_pool<cuda_runtime>;
 
 #include <gpukit/host/detail/pinned_pool.inl>
 
+// Compiled mode (README, "Building"): gpukit::compiled holds these instantiations
+// (src/pinned_pool.cpp).
+#ifdef GPUKIT_COMPILED_LIBRARY
+namespace gpukit {
+extern template class pinned_buffer<cuda_runtime>;
+extern template class basic_pinned_pool<cuda_runtime>;
+}  // namespace gpukit
+#endif
+
 #if GPUKIT_HAS_CCCL_MEMORY_RESOURCE
 static_assert(gpukit::detail::is_host_device_sync_resource_v<gpukit::pinned_pool>,
               "gpukit::pinned_pool must be a CCCL memory resource");

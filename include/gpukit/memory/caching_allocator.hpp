@@ -67,6 +67,7 @@
 
 #include <gpukit/detail/cccl_compat.hpp>  // <cuda/memory_resource>, whichever CCCL
 #include <gpukit/error.hpp>
+#include <gpukit/memory/caching_allocator_stats.hpp>
 #include <gpukit/memory/detail/address_map.hpp>
 #include <gpukit/memory/detail/caching_block.hpp>
 #include <gpukit/memory/detail/debug_options.hpp>
@@ -167,21 +168,9 @@ struct caching_allocator_options {
   std::size_t thread_cache_bytes{std::size_t{64} << 20};
   /// Blocks one thread keeps per size class and stream.
   int thread_cache_blocks_per_class{8};
-  /// Debug mode: poisoning and quarantine of freed blocks (on when GPUKIT_DEBUG is set).
+  /// Debug mode: poisoning and quarantine of freed blocks, guard pages (GPUKIT_DEBUG=1, =guard).
   caching_allocator_debug_options debug{};
 };
-
-/// The steps of the out-of-memory recovery ladder, in order (the one list of them: the count,
-/// the statistics and the report follow it).
-inline constexpr char const* recovery_step_names[] = {
-  "collect blocks whose cross-stream events have completed",
-  "user out-of-memory callbacks",
-  "release cached free segments of the requesting stream",
-  "release cached free segments of every stream (waiting only on the events that guard them)",
-  "wait for blocks other threads are returning (oom_wait_for_frees_ms)",
-};
-/// How many steps the out-of-memory recovery ladder has.
-inline constexpr int recovery_step_count = static_cast<int>(std::size(recovery_step_names));
 
 /// What an out-of-memory callback is told.
 struct oom_context {
@@ -194,44 +183,6 @@ struct oom_context {
 /// Called, without the allocator's lock, when an allocation fails: free what you can (spill a
 /// cache, drop activations) and return true to have the allocation tried again.
 using oom_callback = std::function<bool(oom_context const&)>;
-
-/// Statistics of a caching allocator (PyTorch's `torch.cuda.memory_stats` vocabulary).
-struct caching_allocator_stats {
-  stat_pair allocated_bytes;       ///< bytes of blocks held by users (block sizes)
-  stat_pair requested_bytes;       ///< bytes users asked for
-  stat_pair reserved_bytes;        ///< bytes of segments held from the runtime
-  stat_pair active_bytes;          ///< allocated, plus freed blocks waiting on other streams' work
-  stat_pair inactive_split_bytes;  ///< free blocks inside partly used segments
-  stat_pair allocation_count;      ///< blocks held by users
-  stat_pair segment_count;
-  stat_pair active_count;
-  stat_pair inactive_split_count;
-  std::int64_t cached_bytes{0};  ///< free bytes held in per-thread caches (part of inactive)
-  std::uint64_t num_allocs{0};   ///< allocate calls that succeeded
-  std::uint64_t num_frees{0};
-  std::uint64_t num_cache_hits{0};     ///< allocations served by a per-thread cache
-  std::uint64_t num_device_allocs{0};  ///< segments taken from the runtime (growable: pages mapped)
-  std::uint64_t num_device_frees{0};   ///< segments returned to the runtime (growable: unmapped)
-  /// Growable segments: physical pages created (cuMemCreate) and released (cuMemRelease); pages
-  /// unmapped from a free range and mapped again where the pool grows are counted as reused.
-  std::uint64_t num_pages_created{0};
-  std::uint64_t num_pages_released{0};
-  std::uint64_t num_pages_reused{0};
-  std::uint64_t num_alloc_retries{0};  ///< allocations that needed a recovery step
-  std::uint64_t num_ooms{0};
-  std::uint64_t num_cross_stream_events{0};  ///< events recorded to move blocks across streams
-  std::uint64_t synchronizing_frees{0};      ///< segment frees that may synchronize the device
-  /// Out-of-memory recovery waits on a stream whose cached segments it returned (never the device).
-  std::uint64_t num_release_waits{0};
-  /// Out-of-memory recovery, by step (see recovery_step_names): times each step ran, and the
-  /// bytes it made available (moved into the usable pool, or returned to the device).
-  std::array<std::uint64_t, recovery_step_count> num_recovery_steps{};
-  std::array<std::uint64_t, recovery_step_count> recovery_bytes{};
-  /// Streams found destroyed while the allocator still knew them (a free or record_stream on one,
-  /// blocks cached for one): each cost one device synchronization, and their blocks became
-  /// usable on every stream.
-  std::uint64_t num_dead_streams{0};
-};
 
 /// Runtime calls that failed while caching allocators were being destroyed, in this process
 /// (destructors never throw: each failure is counted here and the first is written to stderr).
@@ -442,6 +393,13 @@ class basic_caching_allocator final {
   [[nodiscard]] int device() const noexcept { return device_; }
   [[nodiscard]] Runtime& runtime() const noexcept { return runtime_; }
   [[nodiscard]] caching_allocator_options const& options() const noexcept { return options_; }
+  /// Where segments come from in fact: `options().source` with `automatic` resolved (and debug
+  /// mode's sanitizer segments, which are synchronous).
+  [[nodiscard]] segment_source segment_source_in_use() const noexcept
+  {
+    if (growable_) { return segment_source::growable; }
+    return stream_ordered_ ? segment_source::stream_ordered : segment_source::synchronous;
+  }
   /// Debug mode: freed blocks waiting in the quarantine (0 when debug mode is off).
   [[nodiscard]] std::size_t debug_quarantined_blocks() const;
 
@@ -524,6 +482,11 @@ class basic_caching_allocator final {
   void debug_flush(stream_type stream, bool all);
   template <class Entries>
   void debug_release(Entries const& evicted);
+  void* guard_allocate_locked(std::size_t bytes, std::size_t size, int kind, stream_type stream,
+                              thread_cache& tc);
+  block* guard_place_locked(std::size_t size, int kind, stream_type stream, bool& oom);
+  block* guard_range_locked(std::size_t pages, int kind, std::uintptr_t& at);
+  void guard_free(void* ptr, std::size_t bytes, bool check_size, stream_type stream);
   // Thread caches (detail/thread_cache.inl).
   thread_cache& local_cache();
   static void on_thread_exit(void* allocator, void* cache);
@@ -593,7 +556,11 @@ class basic_caching_allocator final {
   static std::uint64_t now_ns() noexcept;
   static std::uintptr_t stream_id(stream_type stream) noexcept;
   // Statistics (detail/statistics.inl).
+  caching_pool_stats& pool_stats_locked(int kind) const noexcept;
   void update_peaks_locked() const;
+  void update_scanned_locked() const;
+  void count_reserved_locked(int kind, std::int64_t delta) noexcept;
+  void count_segment_locked(int kind, int delta) noexcept;
   void raise_reserved_peak_locked() noexcept;
   // Growable segments (detail/growable_segments.inl).
   block* grow_locked(std::size_t size, int kind, stream_type stream, bool& oom);
@@ -601,10 +568,11 @@ class basic_caching_allocator final {
   struct mapped_page;
   bool map_pages_locked(segment& seg, std::size_t first, std::size_t count, bool& oom);
   static void* page_address(segment const& seg, std::size_t i) noexcept;
+  void count_mapped_page_locked(segment const& seg, bool fresh) noexcept;
   typename Runtime::error_type take_page_locked(int kind, std::size_t page, mapped_page& m);
   void give_back_page_locked(int kind, std::size_t page, mapped_page const& m);
   bool undo_map_locked(segment& seg, std::vector<mapped_page> const& now,
-                       typename Runtime::error_type e, bool& oom);
+                       typename Runtime::error_type e, bool& oom, char const* call);
   std::size_t harvest_pages_locked(int kind, std::size_t wanted, block const* keep);
   typename Runtime::error_type unmap_page_locked(segment& seg, std::size_t i);
   std::size_t unmap_free_pages_locked(block* b, std::size_t wanted,
@@ -728,17 +696,28 @@ GPUKIT_EXPORT inline void* default_allocator_registry(char const* key, int devic
   return p;
 }
 
+/// The options of the default allocator of `device`: GPUKIT_ALLOC_CONF (see
+/// gpukit/memory/alloc_conf.hpp) over the defaults, or the defaults when it is unset or empty.
+/// @throws gpukit::logic_error naming the device, the variable, the key and the value when the
+///         variable does not parse
+inline caching_allocator_options default_allocator_options(int device);
+
 }  // namespace detail
 
 /// The process-wide caching allocator of `device` (default: the calling thread's current device)
-/// over `Runtime::instance()`, created on first use with default options and never destroyed.
+/// over `Runtime::instance()`, created on first use and never destroyed. Its options are those of
+/// the environment variable GPUKIT_ALLOC_CONF when it is set (`key:value` pairs, as
+/// PYTORCH_CUDA_ALLOC_CONF: see gpukit/memory/alloc_conf.hpp), read when the device's allocator is
+/// created; else the defaults.
 ///
 /// There is one per device and Runtime in the whole process, also when several shared libraries
 /// (built with -fvisibility=hidden, loaded with RTLD_LOCAL) each include gpukit: see
 /// detail::default_allocator_registry. An executable that includes gpukit shares it with the
 /// libraries it loads when it exports its symbols (-rdynamic, CMake's ENABLE_EXPORTS).
 /// Thread-safe; the first call per device takes a lock, later ones read an atomic pointer.
-/// @throws gpukit::logic_error for a device that does not exist
+/// @throws gpukit::logic_error for a device that does not exist, or when GPUKIT_ALLOC_CONF does not
+///         parse (the message names the key and the value; no allocator is created, so every use
+///         throws until the variable is fixed)
 template <class Runtime = cuda_runtime>
 basic_caching_allocator<Runtime>& default_caching_allocator(int device = -1)
 {
@@ -751,7 +730,8 @@ basic_caching_allocator<Runtime>& default_caching_allocator(int device = -1)
   std::string const key = std::string{"gpukit-" GPUKIT_VERSION_STRING ":"} + typeid(Runtime).name();
   auto* a               = static_cast<basic_caching_allocator<Runtime>*>(
     detail::default_allocator_registry(key.c_str(), device, [](int d) -> void* {
-      return new basic_caching_allocator<Runtime>{Runtime::instance(), d};
+      return new basic_caching_allocator<Runtime>{Runtime::instance(), d,
+                                                  detail::default_allocator_options(d)};
     }));
   cache[device].store(a, std::memory_order_release);
   return *a;
@@ -771,6 +751,17 @@ basic_caching_allocator<Runtime>& default_caching_allocator(int device = -1)
 #include <gpukit/memory/detail/statistics.inl>
 #include <gpukit/memory/detail/stream_bookkeeping.inl>
 #include <gpukit/memory/detail/thread_cache.inl>
+// GPUKIT_ALLOC_CONF for the default allocators (detail::default_allocator_options).
+#include <gpukit/memory/alloc_conf.hpp>
+
+// Compiled mode (README, "Building"): gpukit::compiled holds these instantiations
+// (src/caching_allocator.cpp).
+#ifdef GPUKIT_COMPILED_LIBRARY
+namespace gpukit {
+extern template class basic_caching_allocator<cuda_runtime>;
+extern template basic_caching_allocator<cuda_runtime>& default_caching_allocator<cuda_runtime>(int);
+}  // namespace gpukit
+#endif
 
 #if GPUKIT_HAS_CCCL_MEMORY_RESOURCE
 static_assert(gpukit::detail::is_device_async_resource_v<gpukit::caching_allocator>,

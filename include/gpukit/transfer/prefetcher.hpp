@@ -166,3 +166,11 @@ using prefetcher = basic_prefetcher<cuda_runtime>;
 }  // namespace gpukit
 
 #include <gpukit/transfer/detail/prefetcher.inl>
+
+// Compiled mode (README, "Building"): gpukit::compiled holds these instantiations
+// (src/prefetcher.cpp).
+#ifdef GPUKIT_COMPILED_LIBRARY
+namespace gpukit {
+extern template class basic_prefetcher<cuda_runtime>;
+}  // namespace gpukit
+#endif

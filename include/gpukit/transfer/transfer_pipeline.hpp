@@ -312,3 +312,11 @@ using transfer_pipeline = basic_transfer_pipeline<cuda_runtime>;
 }  // namespace gpukit
 
 #include <gpukit/transfer/detail/transfer_pipeline.inl>
+
+// Compiled mode (README, "Building"): gpukit::compiled holds these instantiations
+// (src/transfer_pipeline.cpp).
+#ifdef GPUKIT_COMPILED_LIBRARY
+namespace gpukit {
+extern template class basic_transfer_pipeline<cuda_runtime>;
+}  // namespace gpukit
+#endif

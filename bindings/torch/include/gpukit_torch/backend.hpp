@@ -63,8 +63,11 @@ struct stat {
   std::int64_t freed{0};
 };
 
-/// The aggregate (".all.") statistics of torch.cuda.memory_stats(), from gpukit's.
-struct device_stats {
+/// The statistics of torch.cuda.memory_stats() of one pool kind (".small_pool.", ".large_pool."),
+/// or of both (".all."), from gpukit's. `allocated` and `freed` count from the last reset of
+/// accumulated statistics; those of the inactive-split statistics stay 0 (gpukit does not track
+/// them).
+struct device_pool_stats {
   stat allocation;            ///< blocks held by users
   stat segment;               ///< segments (growable: mapped pages) held from the device
   stat active;                ///< allocated blocks and blocks waiting on other streams' work
@@ -74,6 +77,13 @@ struct device_stats {
   stat active_bytes;          ///< bytes of active blocks
   stat inactive_split_bytes;  ///< bytes of inactive split blocks
   stat requested_bytes;       ///< bytes users asked for
+};
+
+/// The statistics of torch.cuda.memory_stats(): the aggregate (".all.", StatType::AGGREGATE: the
+/// members inherited), and per pool kind (StatType::SMALL_POOL, StatType::LARGE_POOL).
+struct device_stats : device_pool_stats {
+  device_pool_stats small_pool;  ///< requests up to the small request size (1 MiB by default)
+  device_pool_stats large_pool;
   std::int64_t num_alloc_retries{0};
   std::int64_t num_ooms{0};
   std::int64_t num_sync_all_streams{0};  ///< segment frees that may synchronize the device

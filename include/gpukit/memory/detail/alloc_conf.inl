@@ -231,4 +231,14 @@ inline caching_allocator_options alloc_conf_from_env(char const* variable,
   }
 }
 
+inline caching_allocator_options detail::default_allocator_options(int device)
+{
+  try {
+    return alloc_conf_from_env();
+  } catch (logic_error const& e) {
+    throw logic_error{"gpukit: default_caching_allocator(" + std::to_string(device) +
+                      "): " + e.what()};
+  }
+}
+
 }  // namespace gpukit

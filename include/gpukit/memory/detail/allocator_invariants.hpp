@@ -8,7 +8,10 @@
 // It checks that the blocks tile each segment, that neighbours which could merge did, that
 // growable segments' blocks lie on mapped pages (and unmapped ones are page-aligned and listed
 // once), that every free block sits in the one index its owner names, and that the counters
-// (reserved bytes, segments) agree with the blocks. It takes the pool lock and changes nothing.
+// (reserved bytes, segments, in all and per pool kind) agree with the blocks. Then it reads stats()
+// and checks that each statistic of the whole allocator is the sum of the small and large pools',
+// and that a pool's current value is its allocated total less its freed total. It takes the pool
+// lock and changes nothing.
 #pragma once
 
 #include <gpukit/memory/caching_allocator.hpp>
@@ -34,6 +37,8 @@ struct allocator_invariants {
     std::size_t segment_bytes{0};
     std::size_t segments{0};
     std::size_t indexed_bytes{0};
+    std::size_t kind_bytes[2]{0, 0};  // segment_bytes and segments per pool kind
+    std::size_t kind_segments[2]{0, 0};
   };
 
   static std::string check(allocator const& a)
@@ -75,10 +80,13 @@ struct allocator_invariants {
       for (auto m : seg->mapped) { n += m; }
       if (n != seg->mapped_pages) { err += "mapped page count mismatch; "; }
       t.segment_bytes += seg->mapped_pages * seg->page;
+      t.kind_bytes[seg->kind] += seg->mapped_pages * seg->page;
     } else {
       t.segment_bytes += seg->size;
+      t.kind_bytes[seg->kind] += seg->size;
     }
     ++t.segments;
+    ++t.kind_segments[seg->kind];
   }
 
   /// One block of a segment: linked to its neighbours, in the map, merged where it could be.
@@ -162,6 +170,16 @@ struct allocator_invariants {
   {
     for (int k = 0; k < 2; ++k) {
       t.segment_bytes += a.pages_.spare[k].size() * a.pages_.page_bytes[k];
+      t.kind_bytes[k] += a.pages_.spare[k].size() * a.pages_.page_bytes[k];
+      caching_pool_stats const& p = a.pool_stats_locked(k);
+      if (p.reserved_bytes.current != static_cast<std::int64_t>(t.kind_bytes[k])) {
+        err += "pool " + std::to_string(k) + " reserved " +
+               std::to_string(p.reserved_bytes.current) + " != its segments " +
+               std::to_string(t.kind_bytes[k]) + "; ";
+      }
+      if (p.segment_count.current != static_cast<std::int64_t>(t.kind_segments[k])) {
+        err += "pool " + std::to_string(k) + " segment count mismatch; ";
+      }
     }
     if (t.segment_bytes != a.pool_.reserved) {
       err += "reserved " + std::to_string(a.pool_.reserved) + " != segments " +
@@ -171,12 +189,57 @@ struct allocator_invariants {
   }
 };
 
+/// The statistics of `s` agree with each other: every statistic of the whole allocator is the sum
+/// of the two pools' (current values), no peak is below its current value, a pool's current value
+/// is its allocated total less its freed total (for the statistics with totals), and the call
+/// counts are the pools' totals. Returns what is wrong, or an empty string.
+[[nodiscard]] inline std::string check_stats(caching_allocator_stats const& s)
+{
+  std::string err;
+  auto check = [&](char const* name, stat_pair const& all, stat_totals caching_pool_stats::*member,
+                   bool totals) {
+    stat_totals const& sm = s.small_pool.*member;
+    stat_totals const& lg = s.large_pool.*member;
+    std::string const n{name};
+    if (all.current != sm.current + lg.current) {
+      err += n + ": all " + std::to_string(all.current) + " != small " +
+             std::to_string(sm.current) + " + large " + std::to_string(lg.current) + "; ";
+    }
+    if (all.peak < all.current || sm.peak < sm.current || lg.peak < lg.current) {
+      err += n + ": a peak below its current value; ";
+    }
+    if (all.peak > sm.peak + lg.peak) { err += n + ": all's peak above the pools' together; "; }
+    for (stat_totals const* p : {&sm, &lg}) {
+      if (totals && p->current != p->allocated - p->freed) {
+        err += n + ": current != allocated - freed; ";
+      }
+    }
+  };
+  using p = caching_pool_stats;
+  check("allocated_bytes", s.allocated_bytes, &p::allocated_bytes, true);
+  check("requested_bytes", s.requested_bytes, &p::requested_bytes, true);
+  check("reserved_bytes", s.reserved_bytes, &p::reserved_bytes, true);
+  check("active_bytes", s.active_bytes, &p::active_bytes, true);
+  check("inactive_split_bytes", s.inactive_split_bytes, &p::inactive_split_bytes, false);
+  check("allocation_count", s.allocation_count, &p::allocation_count, true);
+  check("segment_count", s.segment_count, &p::segment_count, true);
+  check("active_count", s.active_count, &p::active_count, true);
+  check("inactive_split_count", s.inactive_split_count, &p::inactive_split_count, false);
+  if (static_cast<std::int64_t>(s.num_allocs) !=
+        s.small_pool.allocation_count.allocated + s.large_pool.allocation_count.allocated ||
+      static_cast<std::int64_t>(s.num_frees) !=
+        s.small_pool.allocation_count.freed + s.large_pool.allocation_count.freed) {
+    err += "num_allocs or num_frees != the pools' allocation totals; ";
+  }
+  return err;
+}
+
 /// Checks the invariants of `allocator` (see the top of this file). Takes the pool lock. Returns
 /// an empty string when they hold, else what is wrong.
 template <class Runtime>
 [[nodiscard]] std::string check_invariants(basic_caching_allocator<Runtime> const& allocator)
 {
-  return allocator_invariants<Runtime>::check(allocator);
+  return allocator_invariants<Runtime>::check(allocator) + check_stats(allocator.stats());
 }
 
 }  // namespace gpukit::detail

@@ -261,6 +261,9 @@ void* basic_caching_allocator<Runtime>::allocate_slow(std::size_t bytes, std::si
       return allocate_captured_locked(bytes, size, kind, *cp, tc);
     }
   }
+  if (debug_ != nullptr && debug_->guard && !capture) {  // guard pages (detail/debug_mode.inl)
+    return guard_allocate_locked(bytes, size, kind, stream, tc);
+  }
   // While a graph is being captured (in global mode), event queries and synchronizations are
   // illegal on every thread: blocks waiting on events stay where they are until it ends.
   if (!capture && !streams_.pending.empty()) {
@@ -309,10 +312,7 @@ __attribute__((always_inline)) inline void* basic_caching_allocator<Runtime>::ha
   b->owner.store(&tc, std::memory_order_release);
   tc.handed_out.insert(b->address(), b);
   if (tc.handed_out.size() > tc.purge_at) { purge_handed_out(tc); }
-  tc.allocated_bytes.add(static_cast<std::int64_t>(b->size));
-  tc.requested_bytes.add(static_cast<std::int64_t>(bytes));
-  tc.allocation_count.add(1);
-  tc.num_allocs.add(1);
+  tc.count_alloc(b->kind, static_cast<std::int64_t>(b->size), static_cast<std::int64_t>(bytes));
   if (recording_.on.load(std::memory_order_relaxed)) {
     record(tc, memory_event::action::alloc, b, stream);
   }
@@ -436,7 +436,10 @@ typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtim
   GPUKIT_EXPECTS(b->owner.compare_exchange_strong(owner, nullptr, std::memory_order_acq_rel,
                                                   std::memory_order_relaxed),
                  double_free());
-  threads_.freed_across = true;  // per-thread peaks no longer bound it
+  if (!threads_.freed_across) {
+    update_peaks_locked();         // the per-thread peaks hold until now: keep them before they go
+    threads_.freed_across = true;  // per-thread peaks no longer bound it
+  }
   return b;
 }
 
@@ -449,10 +452,8 @@ __attribute__((always_inline)) inline void basic_caching_allocator<Runtime>::cou
     unregister_memory_region(ptr);
   }  // debug: done
   tc.handed_out.erase(reinterpret_cast<std::uintptr_t>(ptr));
-  tc.allocated_bytes.add(-static_cast<std::int64_t>(b->size));
-  tc.requested_bytes.add(-static_cast<std::int64_t>(b->requested));
-  tc.allocation_count.add(-1);
-  tc.num_frees.add(1);
+  tc.count_free(b->kind, static_cast<std::int64_t>(b->size),
+                static_cast<std::int64_t>(b->requested));
   if (recording_.on.load(std::memory_order_relaxed)) {
     record(tc, memory_event::action::free, b, stream);
   }

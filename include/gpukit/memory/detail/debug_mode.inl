@@ -30,6 +30,12 @@ struct basic_caching_allocator<Runtime>::debug_state {
   std::deque<entry> quarantine;
   std::unordered_set<void*> held;
   std::size_t held_bytes{0};
+  // Guard pages (fixed at construction); the members below are guarded by the pool lock.
+  bool guard{false};
+  std::unordered_set<void*> guarded;    // blocks placed with guard pages, allocated now
+  std::deque<void*> guard_freed_order;  // guarded blocks freed lately (for double frees)
+  std::unordered_set<void*> guard_freed;
+  std::uintptr_t guard_cursor{0};  // the end of the latest run: new runs go beyond it
 };
 
 // compute-sanitizer (2025.3, seen on the H200) accepts NVTX heaps only over cudaMalloc memory: it
@@ -38,9 +44,33 @@ struct basic_caching_allocator<Runtime>::debug_state {
 // two), and then every region in them, one reported error per call. So annotation describes
 // synchronous segments only; in debug mode the allocator takes its segments from cudaMalloc
 // whatever the source (`sanitizer_segments`), so that the tool sees every block.
+//
+// Guard pages need virtual memory, so they win over `sanitizer_segments` in growable allocators
+// (annotation is off there: the tool rejects heaps over virtual memory anyway).
 template <class Runtime>
 void basic_caching_allocator<Runtime>::debug_init()
 {
+  auto const source = [&] {
+    switch (options_.source) {
+      case segment_source::automatic: return "automatic";
+      case segment_source::stream_ordered: return "stream_ordered";
+      case segment_source::synchronous: return "synchronous";
+      default: return "growable";
+    }
+  };
+  GPUKIT_EXPECTS(!options_.debug.guard_pages || growable_,
+                 std::string{"caching_allocator_options: debug.guard_pages needs "
+                             "segment_source::growable (guard pages are unmapped virtual memory), "
+                             "but source is segment_source::"} +
+                   source());
+  bool const guard = growable_ && (options_.debug.guard_pages ||
+                                   (options_.debug.enabled && debug_guard_pages_requested()));
+  if (guard) {
+    options_.debug.enabled       = true;
+    options_.debug.guard_pages   = true;
+    options_.nvtx_annotate       = false;
+    options_.growable_page_bytes = 1;  // rounded up to the granularity: the smallest page
+  }
   if (options_.nvtx_annotate && (stream_ordered_ || growable_)) {
     if (options_.debug.enabled && options_.debug.sanitizer_segments) {
       stream_ordered_ = false;
@@ -49,7 +79,10 @@ void basic_caching_allocator<Runtime>::debug_init()
       options_.nvtx_annotate = false;
     }
   }
-  if (options_.debug.enabled) { debug_ = std::make_unique<debug_state>(); }
+  if (options_.debug.enabled) {
+    debug_        = std::make_unique<debug_state>();
+    debug_->guard = guard;
+  }
 }
 
 // The pointer the calling thread is handing back to the pool from the quarantine: its free takes
@@ -77,8 +110,13 @@ bool basic_caching_allocator<Runtime>::debug_free(void* ptr, std::size_t bytes, 
                      " (freed before and still in the debug quarantine, device " +
                      std::to_string(device_) + ")");
     std::size_t size = 0;
+    bool guarded     = false;
     {
       std::lock_guard<std::mutex> lock{mutex_};
+      GPUKIT_EXPECTS(debug_->guard_freed.count(ptr) == 0,
+                     "deallocate: double free of " + detail::hex(ptr) +
+                       " (a block with guard pages, freed before: its pages are unmapped, device " +
+                       std::to_string(device_) + ")");
       block const* b = pool_.blocks.find(reinterpret_cast<std::uintptr_t>(ptr));
       GPUKIT_EXPECTS(b != nullptr, "deallocate: pointer " + detail::hex(ptr) +
                                      " was not allocated by this allocator (device " +
@@ -91,7 +129,16 @@ bool basic_caching_allocator<Runtime>::debug_free(void* ptr, std::size_t bytes, 
                      "deallocate: pointer " + detail::hex(ptr) + " was allocated with " +
                        std::to_string(b->requested) + " bytes but freed with " +
                        std::to_string(bytes));
-      size = b->size;
+      size    = b->size;
+      guarded = debug_->guarded.count(ptr) != 0;
+    }
+    if (guarded && capture_.underway.load(std::memory_order_relaxed) == 0) {
+      guard_free(ptr, bytes, check_size, stream);
+      return true;
+    }
+    if (guarded) {  // freed while a graph is being captured (no waiting): an ordinary free
+      std::lock_guard<std::mutex> lock{mutex_};
+      debug_->guarded.erase(ptr);
     }
     if (options_.nvtx_annotate) { unregister_memory_region(ptr); }
     // Not while a graph is being captured: the memset would become a node of the user's graph.
@@ -153,6 +200,163 @@ void basic_caching_allocator<Runtime>::debug_release(Entries const& evicted)
     }
     debug_releasing() = nullptr;
   }
+}
+
+// Guard pages: a block of `size` bytes for `bytes` requested, on its own pages (see the top of
+// this file). Out of memory, free pages are unmapped and spare pages released once before the
+// out-of-memory error (the recovery ladder would place blocks the ordinary way).
+// @throws gpukit::out_of_memory when the device or the limit has no room for the pages
+// @throws gpukit::cuda_error when the runtime fails otherwise (the allocator is left as it was)
+template <class Runtime>
+void* basic_caching_allocator<Runtime>::guard_allocate_locked(std::size_t bytes, std::size_t size,
+                                                              int kind, stream_type stream,
+                                                              thread_cache& tc)
+{
+  bool oom = false;
+  block* b = guard_place_locked(size, kind, stream, oom);
+  if (b == nullptr) {
+    ++stats_.num_alloc_retries;
+    release_growable_locked(0, nullptr);
+    oom = false;
+    b   = guard_place_locked(size, kind, stream, oom);
+    if (b == nullptr) { throw_oom_locked(bytes, size); }
+  }
+  b->requested = bytes;
+  debug_->guarded.insert(b->data());
+  if (debug_->guard_freed.erase(b->data()) != 0) {  // the address is a new block's now
+    auto& order = debug_->guard_freed_order;
+    order.erase(std::find(order.begin(), order.end(), b->data()));
+  }
+  void* p = hand_out(tc, b, bytes, stream);
+  if (threads_.freed_across) { update_peaks_locked(); }
+  return p;
+}
+
+// Maps a run of pages for a block of `size` bytes and carves it: [unmapped][run][unmapped, at
+// least one page]; within the run, the bytes before the block are a free block of every stream.
+// Returns the block (allocated, on `stream`), or nullptr with `oom` set.
+template <class Runtime>
+typename basic_caching_allocator<Runtime>::block*
+basic_caching_allocator<Runtime>::guard_place_locked(std::size_t size, int kind, stream_type stream,
+                                                     bool& oom)
+{
+  std::size_t const page  = pages_.page_bytes[kind];
+  std::size_t const pages = (size + page - 1) / page;
+  std::uintptr_t at       = 0;
+  block* u                = guard_range_locked(pages, kind, at);
+  if (u == nullptr) {
+    u = reserve_growable_locked(size + 2 * page, kind, stream, oom);
+    if (u == nullptr) { return nullptr; }
+    at = u->address();
+  }
+  auto* seg = static_cast<segment*>(u->segment);
+  if (!map_pages_locked(*seg, (at - reinterpret_cast<std::uintptr_t>(seg->ptr)) / page, pages,
+                        oom)) {
+    return nullptr;
+  }
+  auto& list = pages_.unmapped[kind];
+  list.erase(std::find(list.begin(), list.end(), u));
+  block* run = u;
+  if (at > u->address()) {
+    run = split_off_locked(u, at - u->address());
+    list.push_back(u);
+  }
+  list.push_back(split_off_locked(run, pages * page));  // the guard page and beyond
+  debug_->guard_cursor = at + pages * page;
+  block* b             = run;
+  if (pages * page > size) { b = split_off_locked(run, pages * page - size); }
+  b->state.store(detail::block_state::allocated, std::memory_order_relaxed);  // no merge into it
+  if (b != run) {
+    run->global   = true;  // never used: any stream's
+    run->free_seq = 0;
+    insert_free_locked(run);
+  }
+  b->stream = stream;
+  b->global = false;
+  return b;
+}
+
+// The unmapped block with room for a run of `pages` pages (after an unmapped page when a mapped
+// one precedes it, and before one more unmapped page), at `at`: the lowest address at or beyond
+// the cursor, else (round the address space once) the lowest of all. nullptr when none has room.
+template <class Runtime>
+typename basic_caching_allocator<Runtime>::block*
+basic_caching_allocator<Runtime>::guard_range_locked(std::size_t pages, int kind,
+                                                     std::uintptr_t& at)
+{
+  std::size_t const page      = pages_.page_bytes[kind];
+  std::uintptr_t const cursor = debug_->guard_cursor;
+  block* ahead                = nullptr;
+  block* lowest               = nullptr;
+  std::uintptr_t ahead_at = std::numeric_limits<std::uintptr_t>::max(), lowest_at = ahead_at;
+  for (block* u : pages_.unmapped[kind]) {
+    std::uintptr_t const lo = u->address(), hi = lo + u->size;
+    std::uintptr_t start = lo + (u->prev != nullptr ? page : 0);
+    if (cursor > lo && cursor < hi) { start = std::max(start, cursor); }
+    if (start >= hi || hi - start < (pages + 1) * page) { continue; }
+    if (start >= cursor && start < ahead_at) {
+      ahead    = u;
+      ahead_at = start;
+    }
+    if (start < lowest_at) {
+      lowest    = u;
+      lowest_at = start;
+    }
+  }
+  at = ahead != nullptr ? ahead_at : lowest_at;
+  return ahead != nullptr ? ahead : lowest;
+}
+
+// Guard pages: the free of a guarded block, checked by debug_free (debug lock held). Waits for
+// the block's streams, then unmaps its run (the pages become spare pages). A stream found
+// destroyed costs a device synchronization.
+// @throws gpukit::cuda_error when a wait fails (the block stays allocated) or an unmap fails (the
+//         block is free; its pages stay mapped until release)
+template <class Runtime>
+void basic_caching_allocator<Runtime>::guard_free(void* ptr, std::size_t bytes, bool check_size,
+                                                  stream_type stream)
+{
+  thread_cache& tc = local_cache();
+  void* owner      = nullptr;
+  block* b         = claim_foreign(ptr, bytes, check_size, owner);
+  std::vector<stream_type> streams{stream};
+  {
+    std::lock_guard<std::mutex> lock{mutex_};
+    streams.insert(streams.end(), b->recorded.begin(), b->recorded.end());
+  }
+  try {
+    device_guard<Runtime> guard{runtime_, device_};
+    for (stream_type s : streams) {
+      typename Runtime::error_type e = runtime_.stream_synchronize(s);
+      if (e == Runtime::invalid_resource_handle) { e = runtime_.device_synchronize(); }
+      GPUKIT_CUDA_TRY(e, "deallocate: waiting for the work on a block with guard pages");
+    }
+  } catch (...) {
+    b->owner.store(owner, std::memory_order_release);  // as if this free had not been made
+    throw;
+  }
+  count_free(tc, b, ptr, stream);
+  std::lock_guard<std::mutex> lock{mutex_};
+  b->recorded.clear();
+  debug_->guarded.erase(ptr);
+  debug_->guard_freed.insert(ptr);
+  debug_->guard_freed_order.push_back(ptr);
+  while (debug_->guard_freed_order.size() >
+         std::max<std::size_t>(options_.debug.quarantine_blocks, 1)) {
+    debug_->guard_freed.erase(debug_->guard_freed_order.front());
+    debug_->guard_freed_order.pop_front();
+  }
+  b->stream                          = stream_type{};  // its work is done: any stream's
+  b->global                          = true;
+  block* merged                      = insert_free_locked(b);
+  typename Runtime::error_type error = Runtime::success;
+  {
+    device_guard<Runtime> guard{runtime_, device_};
+    unmap_free_pages_locked(merged, std::numeric_limits<std::size_t>::max(), error);
+  }
+  if (recovery_.waiters != 0) { recovery_.frees_cv.notify_all(); }
+  GPUKIT_CUDA_TRY(error, "deallocate: vm_unmap of the pages of " + detail::hex(ptr) +
+                           " (the block is free; its pages stay mapped until release)");
 }
 
 /// Blocks waiting in the debug quarantine (0 when debug mode is off).

@@ -80,6 +80,8 @@ typename Runtime::error_type basic_caching_allocator<Runtime>::unmap_page_locked
     runtime_.vm_unmap(static_cast<char*>(seg.ptr) + i * seg.page, seg.page);
   if (e != Runtime::success) { return e; }
   pages_.spare[spare_kind(seg.kind)].push_back(seg.handles[i]);
+  count_reserved_locked(seg.kind, -static_cast<std::int64_t>(seg.page));
+  count_reserved_locked(spare_kind(seg.kind), static_cast<std::int64_t>(seg.page));
   seg.handles[i] = physical_handle{};
   seg.mapped[i]  = 0;
   --seg.mapped_pages;
@@ -200,13 +202,13 @@ bool basic_caching_allocator<Runtime>::map_pages_locked(segment& seg, std::size_
     mapped_page m{i, physical_handle{}, false};
     if (typename Runtime::error_type const e = take_page_locked(kind, page, m);
         e != Runtime::success) {
-      return undo_map_locked(seg, now, e, oom);
+      return undo_map_locked(seg, now, e, oom, "vm_create");
     }
     if (typename Runtime::error_type const e =
           runtime_.vm_map(page_address(seg, i), page, m.handle);
         e != Runtime::success) {
       give_back_page_locked(kind, page, m);
-      return undo_map_locked(seg, now, e, oom);
+      return undo_map_locked(seg, now, e, oom, "vm_map");
     }
     now.push_back(m);
   }
@@ -214,13 +216,14 @@ bool basic_caching_allocator<Runtime>::map_pages_locked(segment& seg, std::size_
         runtime_.vm_set_access(page_address(seg, first), count * page, device_);
       e != Runtime::success) {
     // Pages left mapped by an earlier failed undo are in the range too: they stay as they were.
-    return undo_map_locked(seg, now, e, oom);
+    return undo_map_locked(seg, now, e, oom, "vm_set_access");
   }
   for (auto const& m : now) {
     seg.handles[m.index] = m.handle;
     seg.mapped[m.index]  = 1;
     ++seg.mapped_pages;
     stats_.num_pages_reused += m.fresh ? 0 : 1;
+    count_mapped_page_locked(seg, m.fresh);
   }
   stats_.num_device_allocs += now.size();
   raise_reserved_peak_locked();
@@ -228,6 +231,16 @@ bool basic_caching_allocator<Runtime>::map_pages_locked(segment& seg, std::size_
                      reinterpret_cast<std::uintptr_t>(page_address(seg, first)), count * page,
                      stream_type{});
   return true;
+}
+
+// A page now mapped in seg counts as its pool kind's reserved memory: a new one (`fresh`), or a
+// spare one, which leaves its list's pool kind.
+template <class Runtime>
+void basic_caching_allocator<Runtime>::count_mapped_page_locked(segment const& seg,
+                                                                bool fresh) noexcept
+{
+  if (!fresh) { count_reserved_locked(spare_kind(seg.kind), -static_cast<std::int64_t>(seg.page)); }
+  count_reserved_locked(seg.kind, static_cast<std::int64_t>(seg.page));
 }
 
 template <class Runtime>
@@ -270,21 +283,24 @@ void basic_caching_allocator<Runtime>::give_back_page_locked(int kind, std::size
     ++stats_.num_pages_released;
   } else {
     pages_.spare[kind].push_back(m.handle);
+    if (m.fresh) { count_reserved_locked(kind, static_cast<std::int64_t>(page)); }
   }
 }
 
 // Undoes a failed transaction (the pages in `now`, last first), then reports `e`: false with `oom`
-// set when memory ran out, else throws gpukit::cuda_error.
+// set when memory ran out, else throws gpukit::cuda_error naming `call`.
 template <class Runtime>
 bool basic_caching_allocator<Runtime>::undo_map_locked(segment& seg,
                                                        std::vector<mapped_page> const& now,
-                                                       typename Runtime::error_type e, bool& oom)
+                                                       typename Runtime::error_type e, bool& oom,
+                                                       char const* call)
 {
   for (auto it = now.rbegin(); it != now.rend(); ++it) {
     if (runtime_.vm_unmap(page_address(seg, it->index), seg.page) != Runtime::success) {
       seg.handles[it->index] = it->handle;  // still mapped, never made accessible
       seg.mapped[it->index]  = 1;
       ++seg.mapped_pages;
+      count_mapped_page_locked(seg, it->fresh);
       continue;
     }
     give_back_page_locked(spare_kind(seg.kind), seg.page, *it);
@@ -293,7 +309,7 @@ bool basic_caching_allocator<Runtime>::undo_map_locked(segment& seg,
     oom = true;
     return false;
   }
-  GPUKIT_CUDA_TRY(e);
+  GPUKIT_CUDA_TRY(e, std::string{call} + " while mapping growable pages (the mapping was undone)");
   return false;
 }
 
@@ -323,7 +339,7 @@ basic_caching_allocator<Runtime>::reserve_growable_locked(std::size_t size, int 
       oom = true;
       return nullptr;
     }
-    GPUKIT_CUDA_TRY(e);
+    GPUKIT_CUDA_TRY(e, "vm_reserve of a growable segment");
   }
   seg->ptr      = p;
   seg->size     = reserve;
@@ -343,9 +359,7 @@ basic_caching_allocator<Runtime>::reserve_growable_locked(std::size_t size, int 
   b->prev = b->next = nullptr;
   pool_.blocks.insert(b->address(), b);
   pages_.segments.push_back(seg.release());
-  ++pool_.segments;
-  stats_.segment_count.peak =
-    std::max(stats_.segment_count.peak, static_cast<std::int64_t>(pool_.segments));
+  count_segment_locked(kind, 1);
   insert_unmapped_locked(b);
   return b;
 }
@@ -432,6 +446,7 @@ void basic_caching_allocator<Runtime>::release_spare_pages_locked(std::size_t ta
       GPUKIT_CUDA_TRY(runtime_.vm_release(spares.back()));
       spares.pop_back();
       pool_.reserved -= pages_.page_bytes[k];
+      count_reserved_locked(k, -static_cast<std::int64_t>(pages_.page_bytes[k]));
       ++stats_.num_pages_released;
     }
   }
@@ -518,7 +533,7 @@ void basic_caching_allocator<Runtime>::free_empty_ranges_locked()
     list.erase(std::find(list.begin(), list.end(), head));
     pool_.blocks.erase(head->address());
     recycle_block_locked(head);
-    --pool_.segments;
+    count_segment_locked(seg->kind, -1);
     delete seg;
     pages_.segments[i] = pages_.segments.back();
     pages_.segments.pop_back();

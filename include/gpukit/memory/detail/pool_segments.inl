@@ -79,11 +79,8 @@ void basic_caching_allocator<Runtime>::adopt_segment_locked(block* b, std::uniqu
   b->state.store(detail::block_state::free, std::memory_order_relaxed);
   pool_.blocks.insert(b->address(), b);
   pool_.reserved += seg_size;
-  ++pool_.segments;
-  stats_.reserved_bytes.peak =
-    std::max(stats_.reserved_bytes.peak, static_cast<std::int64_t>(pool_.reserved));
-  stats_.segment_count.peak =
-    std::max(stats_.segment_count.peak, static_cast<std::int64_t>(pool_.segments));
+  count_reserved_locked(kind, static_cast<std::int64_t>(seg_size));
+  count_segment_locked(kind, 1);  // raises the reserved and segment peaks
   ++stats_.num_device_allocs;
   record_pool_locked(memory_event::action::segment_alloc, b->address(), seg_size, stream);
 }

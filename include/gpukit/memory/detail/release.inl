@@ -89,8 +89,9 @@ std::size_t basic_caching_allocator<Runtime>::release_locked(std::size_t target,
     pool_.blocks.erase(b->address());
     recycle_block_locked(b);
     pool_.reserved -= seg->size;
+    count_reserved_locked(seg->kind, -static_cast<std::int64_t>(seg->size));
     released += seg->size;
-    --pool_.segments;
+    count_segment_locked(seg->kind, -1);
     ++stats_.num_device_frees;
     delete seg;
   }

@@ -1,15 +1,44 @@
 // SPDX-License-Identifier: Apache-2.0
 // gpukit/memory/detail/statistics.inl: stats() and its peaks. Counters of the fast path live in
-// each thread's cache (one writer each) and are summed when read; pool-level counters live in
-// stats_ under the pool lock. Not public API; included by caching_allocator.hpp.
+// each thread's cache (one writer each, per pool kind) and are summed when read; pool-level
+// counters (reserved bytes and segments, per pool kind) live in stats_ under the pool lock. Not
+// public API; included by caching_allocator.hpp.
 #pragma once
 
 #include <gpukit/memory/caching_allocator.hpp>
 
 #include <algorithm>
+#include <array>
 #include <mutex>
 
 namespace gpukit {
+
+namespace detail {
+
+/// `current` now `v`; the peak the highest of itself, `v` and `floor` (for stat_pair and
+/// stat_totals).
+template <class Stat>
+void set_current(Stat& s, std::int64_t v, std::int64_t floor = 0) noexcept
+{
+  s.current = v;
+  s.peak    = std::max({s.peak, v, floor});
+}
+
+/// A statistic whose totals are `in` and `out`: current is their difference.
+inline void set_flow(stat_totals& s, std::int64_t in, std::int64_t out, std::int64_t floor) noexcept
+{
+  s.allocated = in;
+  s.freed     = out;
+  set_current(s, in - out, floor);
+}
+
+}  // namespace detail
+
+template <class Runtime>
+caching_pool_stats& basic_caching_allocator<Runtime>::pool_stats_locked(int kind) const noexcept
+{
+  return kind == small_pool ? stats_.small_pool : stats_.large_pool;
+}
 
 template <class Runtime>
 void basic_caching_allocator<Runtime>::update_peaks_locked() const
@@ -21,26 +50,88 @@ void basic_caching_allocator<Runtime>::update_peaks_locked() const
   // block is freed by another thread (as PyTorch's autograd threads do), a thread's own count can
   // exceed the total, so its peak is no longer used. Reserved and segment peaks are exact: they
   // are raised where segments are taken.
-  std::int64_t allocated = 0, requested = 0, count = 0;
-  std::int64_t allocated_peak = 0, requested_peak = 0, count_peak = 0;
-  for (auto const& c : threads_.caches) {
-    allocated += c->allocated_bytes.get();
-    requested += c->requested_bytes.get();
-    count += c->allocation_count.get();
-    allocated_peak = std::max(allocated_peak, c->allocated_bytes.peak.get());
-    requested_peak = std::max(requested_peak, c->requested_bytes.peak.get());
-    count_peak     = std::max(count_peak, c->allocation_count.peak.get());
-  }
-  auto bump = [](stat_pair& s, std::int64_t v, std::int64_t thread_peak = 0) {
-    s.current = v;
-    s.peak    = std::max({s.peak, v, thread_peak});
+  struct sums {
+    std::int64_t bytes_in{0}, bytes_out{0}, requested_in{0}, requested_out{0}, allocs{0}, frees{0};
+    std::int64_t peak_bytes{0}, peak_requested{0}, peak_count{0};
   };
-  if (threads_.freed_across) { allocated_peak = requested_peak = count_peak = 0; }
-  bump(stats_.allocated_bytes, allocated, allocated_peak);
-  bump(stats_.requested_bytes, requested, requested_peak);
-  bump(stats_.allocation_count, count, count_peak);
-  bump(stats_.reserved_bytes, static_cast<std::int64_t>(pool_.reserved));
-  bump(stats_.segment_count, static_cast<std::int64_t>(pool_.segments));
+  std::array<sums, 3> k{};  // small, large, both (peaks only)
+  auto top = [](std::int64_t& m, auto const& c) { m = std::max(m, c.get()); };
+  for (auto const& c : threads_.caches) {
+    for (int i = 0; i < 2; ++i) {
+      auto const& f = c->pools[i];
+      k[i].bytes_in += f.bytes_in.get();
+      k[i].bytes_out += f.bytes_out.get();
+      k[i].requested_in += f.requested_in.get();
+      k[i].requested_out += f.requested_out.get();
+      k[i].allocs += f.allocs.get();
+      k[i].frees += f.frees.get();
+      top(k[i].peak_bytes, f.peak_bytes);
+      top(k[i].peak_requested, f.peak_requested);
+      top(k[i].peak_count, f.peak_count);
+    }
+    top(k[2].peak_bytes, c->peak_bytes);
+    top(k[2].peak_requested, c->peak_requested);
+    top(k[2].peak_count, c->peak_count);
+  }
+  if (threads_.freed_across) {
+    for (auto& x : k) { x.peak_bytes = x.peak_requested = x.peak_count = 0; }
+  }
+  for (int i = 0; i < 2; ++i) {
+    caching_pool_stats& p = pool_stats_locked(i);
+    detail::set_flow(p.allocated_bytes, k[i].bytes_in, k[i].bytes_out, k[i].peak_bytes);
+    detail::set_flow(p.requested_bytes, k[i].requested_in, k[i].requested_out, k[i].peak_requested);
+    detail::set_flow(p.allocation_count, k[i].allocs, k[i].frees, k[i].peak_count);
+    detail::set_current(p.reserved_bytes, p.reserved_bytes.current);
+    detail::set_current(p.segment_count, p.segment_count.current);
+  }
+  caching_pool_stats const &s = stats_.small_pool, &l = stats_.large_pool;
+  detail::set_current(stats_.allocated_bytes, s.allocated_bytes.current + l.allocated_bytes.current,
+                      k[2].peak_bytes);
+  detail::set_current(stats_.requested_bytes, s.requested_bytes.current + l.requested_bytes.current,
+                      k[2].peak_requested);
+  detail::set_current(stats_.allocation_count,
+                      s.allocation_count.current + l.allocation_count.current, k[2].peak_count);
+  detail::set_current(stats_.reserved_bytes, static_cast<std::int64_t>(pool_.reserved));
+  detail::set_current(stats_.segment_count, static_cast<std::int64_t>(pool_.segments));
+}
+
+template <class Runtime>
+void basic_caching_allocator<Runtime>::update_scanned_locked() const
+{
+  // Per pool kind: blocks waiting on other streams' work, and free blocks of split segments.
+  std::array<std::int64_t, 2> pending_bytes{}, pending_count{}, split_bytes{}, split_count{};
+  for (auto const& p : streams_.pending) {
+    pending_bytes[p.b->kind] += static_cast<std::int64_t>(p.b->size);
+    ++pending_count[p.b->kind];
+  }
+  auto split = [&](block* b) {
+    if (b->prev != nullptr || b->next != nullptr) {
+      split_bytes[b->kind] += static_cast<std::int64_t>(b->size);
+      ++split_count[b->kind];
+    }
+  };
+  for (auto const& sp : streams_.pools) {
+    for (auto const& idx : sp->index) { idx.for_each(split); }
+  }
+  for (auto const& idx : pool_.global) { idx.for_each(split); }
+  for (int i = 0; i < 2; ++i) {
+    caching_pool_stats& p = pool_stats_locked(i);
+    // Active: handed out, less the frees that have completed (pending frees are still active).
+    detail::set_flow(p.active_bytes, p.allocated_bytes.allocated,
+                     p.allocated_bytes.freed - pending_bytes[i], 0);
+    detail::set_flow(p.active_count, p.allocation_count.allocated,
+                     p.allocation_count.freed - pending_count[i], 0);
+    detail::set_current(p.inactive_split_bytes, split_bytes[i]);
+    detail::set_current(p.inactive_split_count, split_count[i]);
+  }
+  caching_pool_stats const &sm = stats_.small_pool, &lg = stats_.large_pool;
+  auto sum = [](stat_totals const& a, stat_totals const& b) { return a.current + b.current; };
+  detail::set_current(stats_.active_bytes, sum(sm.active_bytes, lg.active_bytes));
+  detail::set_current(stats_.active_count, sum(sm.active_count, lg.active_count));
+  detail::set_current(stats_.inactive_split_bytes,
+                      sum(sm.inactive_split_bytes, lg.inactive_split_bytes));
+  detail::set_current(stats_.inactive_split_count,
+                      sum(sm.inactive_split_count, lg.inactive_split_count));
 }
 
 template <class Runtime>
@@ -48,37 +139,16 @@ caching_allocator_stats basic_caching_allocator<Runtime>::stats() const
 {
   std::lock_guard<std::mutex> lock{mutex_};
   update_peaks_locked();
-  caching_allocator_stats s  = stats_;
-  std::int64_t pending_bytes = 0, pending_count = 0, split_bytes = 0, split_count = 0;
-  for (auto const& p : streams_.pending) {
-    pending_bytes += static_cast<std::int64_t>(p.b->size);
-    ++pending_count;
-  }
-  auto split = [&](block* b) {
-    if (b->prev != nullptr || b->next != nullptr) {
-      split_bytes += static_cast<std::int64_t>(b->size);
-      ++split_count;
-    }
-  };
-  for (auto const& sp : streams_.pools) {
-    for (auto const& idx : sp->index) { idx.for_each(split); }
-  }
-  for (auto const& idx : pool_.global) { idx.for_each(split); }
+  update_scanned_locked();
+  caching_pool_stats const &sm = stats_.small_pool, &lg = stats_.large_pool;
+  caching_allocator_stats s = stats_;
+  s.num_allocs =
+    static_cast<std::uint64_t>(sm.allocation_count.allocated + lg.allocation_count.allocated);
+  s.num_frees = static_cast<std::uint64_t>(sm.allocation_count.freed + lg.allocation_count.freed);
   for (auto const& c : threads_.caches) {
     s.cached_bytes += c->cached_bytes.get();
-    s.num_allocs += static_cast<std::uint64_t>(c->num_allocs.get());
-    s.num_frees += static_cast<std::uint64_t>(c->num_frees.get());
     s.num_cache_hits += static_cast<std::uint64_t>(c->num_cache_hits.get());
   }
-  auto bump = [](stat_pair& st, stat_pair& keep, std::int64_t v) {
-    st.current = v;
-    keep.peak  = std::max(keep.peak, v);
-    st.peak    = keep.peak;
-  };
-  bump(s.active_bytes, stats_.active_bytes, s.allocated_bytes.current + pending_bytes);
-  bump(s.active_count, stats_.active_count, s.allocation_count.current + pending_count);
-  bump(s.inactive_split_bytes, stats_.inactive_split_bytes, split_bytes);
-  bump(s.inactive_split_count, stats_.inactive_split_count, split_count);
   return s;
 }
 
@@ -87,11 +157,27 @@ void basic_caching_allocator<Runtime>::reset_peak()
 {
   std::lock_guard<std::mutex> lock{mutex_};
   update_peaks_locked();
+  update_scanned_locked();
   for (auto& c : threads_.caches) {  // the owners write these too: a relaxed store races benignly
-    c->allocated_bytes.peak.v.store(c->allocated_bytes.get(), std::memory_order_relaxed);
-    c->requested_bytes.peak.v.store(c->requested_bytes.get(), std::memory_order_relaxed);
-    c->allocation_count.peak.v.store(c->allocation_count.get(), std::memory_order_relaxed);
+    auto reset = [](auto& peak, std::int64_t v) { peak.v.store(v, std::memory_order_relaxed); };
+    for (auto& f : c->pools) {
+      reset(f.peak_bytes, f.bytes());
+      reset(f.peak_requested, f.requested());
+      reset(f.peak_count, f.count());
+    }
+    reset(c->peak_bytes, c->pools[0].bytes() + c->pools[1].bytes());
+    reset(c->peak_requested, c->pools[0].requested() + c->pools[1].requested());
+    reset(c->peak_count, c->pools[0].count() + c->pools[1].count());
   }
+  auto reset_pool = [](caching_pool_stats& p) {
+    for (stat_totals* t : {&p.allocated_bytes, &p.requested_bytes, &p.reserved_bytes,
+                           &p.active_bytes, &p.inactive_split_bytes, &p.allocation_count,
+                           &p.segment_count, &p.active_count, &p.inactive_split_count}) {
+      t->peak = t->current;
+    }
+  };
+  reset_pool(stats_.small_pool);
+  reset_pool(stats_.large_pool);
   for (stat_pair* p : {&stats_.allocated_bytes, &stats_.requested_bytes, &stats_.reserved_bytes,
                        &stats_.active_bytes, &stats_.inactive_split_bytes, &stats_.allocation_count,
                        &stats_.segment_count, &stats_.active_count, &stats_.inactive_split_count}) {
@@ -100,10 +186,33 @@ void basic_caching_allocator<Runtime>::reset_peak()
 }
 
 template <class Runtime>
+void basic_caching_allocator<Runtime>::count_reserved_locked(int kind, std::int64_t delta) noexcept
+{
+  stat_totals& r = pool_stats_locked(kind).reserved_bytes;
+  r.current += delta;
+  (delta > 0 ? r.allocated : r.freed) += delta > 0 ? delta : -delta;
+}
+
+template <class Runtime>
+void basic_caching_allocator<Runtime>::count_segment_locked(int kind, int delta) noexcept
+{
+  pool_.segments = static_cast<std::size_t>(static_cast<std::int64_t>(pool_.segments) + delta);
+  stat_totals& s = pool_stats_locked(kind).segment_count;
+  s.current += delta;
+  (delta > 0 ? s.allocated : s.freed) += delta > 0 ? delta : -delta;
+  raise_reserved_peak_locked();
+}
+
+template <class Runtime>
 void basic_caching_allocator<Runtime>::raise_reserved_peak_locked() noexcept
 {
-  stats_.reserved_bytes.peak =
-    std::max(stats_.reserved_bytes.peak, static_cast<std::int64_t>(pool_.reserved));
+  auto raise = [](auto& s, std::int64_t v) { s.peak = std::max(s.peak, v); };
+  raise(stats_.reserved_bytes, static_cast<std::int64_t>(pool_.reserved));
+  raise(stats_.segment_count, static_cast<std::int64_t>(pool_.segments));
+  for (caching_pool_stats* p : {&stats_.small_pool, &stats_.large_pool}) {
+    raise(p->reserved_bytes, p->reserved_bytes.current);
+    raise(p->segment_count, p->segment_count.current);
+  }
 }
 
 }  // namespace gpukit

@@ -190,22 +190,59 @@ struct caching_thread_cache {
   std::atomic<bool> flush_requested{false};
   bool orphaned{false};  // guarded by the allocator's mutex
 
-  /// A counter that also keeps the highest value it reached (still one writer, no RMW).
-  struct peaked_counter : counter {
-    counter peak;
-    __attribute__((always_inline)) void add(std::int64_t d) noexcept
+  /// What this thread handed out (`in`) and took back (`out`) of one pool kind: totals that only
+  /// grow, so a current value is their difference and PyTorch's allocated/freed totals are free.
+  struct pool_flows {
+    counter bytes_in, bytes_out, requested_in, requested_out, allocs, frees;
+    counter peak_bytes, peak_requested, peak_count;  // of this thread's net values
+    [[nodiscard]] std::int64_t bytes() const noexcept { return bytes_in.get() - bytes_out.get(); }
+    [[nodiscard]] std::int64_t requested() const noexcept
     {
-      std::int64_t const now = this->get() + d;
-      this->v.store(now, std::memory_order_relaxed);
-      if (now > peak.get()) { peak.v.store(now, std::memory_order_relaxed); }
+      return requested_in.get() - requested_out.get();
     }
+    [[nodiscard]] std::int64_t count() const noexcept { return allocs.get() - frees.get(); }
   };
 
-  // allocated_bytes etc. are this thread's net contribution (negative when it frees blocks other
-  // threads allocated); their peaks make the totals' peaks exact when one thread allocates.
-  peaked_counter allocated_bytes, requested_bytes, allocation_count;
+  /// Raises `peak` to `now` (one writer: a load and, rarely, a store).
+  __attribute__((always_inline)) static void raise(counter& peak, std::int64_t now) noexcept
+  {
+    if (now > peak.get()) { peak.v.store(now, std::memory_order_relaxed); }
+  }
+
+  /// A block of `size` bytes (`requested` asked) of pool `kind` went to this thread's caller.
+  __attribute__((always_inline)) void count_alloc(int kind, std::int64_t size,
+                                                  std::int64_t requested) noexcept
+  {
+    pool_flows& f       = pools[kind];
+    pool_flows const& o = pools[kind ^ 1];
+    f.bytes_in.add(size);
+    f.requested_in.add(requested);
+    f.allocs.add(1);
+    std::int64_t const b = f.bytes(), r = f.requested(), c = f.count();
+    raise(f.peak_bytes, b);
+    raise(f.peak_requested, r);
+    raise(f.peak_count, c);
+    raise(peak_bytes, b + o.bytes());
+    raise(peak_requested, r + o.requested());
+    raise(peak_count, c + o.count());
+  }
+
+  /// A block of `size` bytes (`requested` asked) of pool `kind` was freed by this thread.
+  __attribute__((always_inline)) void count_free(int kind, std::int64_t size,
+                                                 std::int64_t requested) noexcept
+  {
+    pool_flows& f = pools[kind];
+    f.bytes_out.add(size);
+    f.requested_out.add(requested);
+    f.frees.add(1);
+  }
+
+  // The flows are this thread's own (its net values are negative when it frees blocks other
+  // threads allocated); the peaks make the totals' peaks exact when one thread allocates.
+  std::array<pool_flows, 2> pools;                 // by pool kind: small, large
+  counter peak_bytes, peak_requested, peak_count;  // of the net values over both kinds
   counter cached_bytes;
-  counter num_allocs, num_frees, num_cache_hits;
+  counter num_cache_hits;
 
   // Recorded events (when recording): written by the owner, read by snapshot(), hence the lock,
   // taken only while recording.

@@ -59,7 +59,10 @@ inline cudaMemcpyKind to_cuda_memcpy_kind(memcpy_kind k) noexcept
     case memcpy_kind::device_to_device: return cudaMemcpyDeviceToDevice;
     case memcpy_kind::infer: return cudaMemcpyDefault;
   }
-  return static_cast<cudaMemcpyKind>(-1);
+  // An unknown direction maps to a value CUDA rejects with cudaErrorInvalidMemcpyDirection. It is
+  // 7, not -1: cudaMemcpyKind has no fixed underlying type, so only values that fit the bits of
+  // its enumerators (0..4, so 0..7) may be held by it.
+  return static_cast<cudaMemcpyKind>(7);
 }
 
 inline CUdeviceptr to_device_ptr(void* p) noexcept

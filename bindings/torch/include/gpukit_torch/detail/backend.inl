@@ -18,17 +18,11 @@ struct backend<Runtime>::device_state {
   std::map<pool_id, pool_state> pools;                      // under pools_mutex_
   std::vector<std::pair<pool_id, stream_filter>> underway;  // under pools_mutex_
   std::vector<capture_on_stream> captures;                  // under pools_mutex_
-  std::atomic<std::int64_t> bytes_allocated{0};
-  std::atomic<std::int64_t> bytes_freed{0};
-  std::atomic<std::int64_t> requested_allocated{0};
-  std::atomic<std::int64_t> requested_freed{0};
   mutable std::mutex base_mutex;
   gpukit::caching_allocator_stats base{};  // counters at the last reset of accumulated statistics
 };
 
 namespace detail {
-
-inline std::size_t round_block(std::size_t bytes) noexcept { return (bytes + 255) / 256 * 256; }
 
 inline std::string pool_name(pool_id id)
 {
@@ -106,9 +100,6 @@ void* backend<Runtime>::allocate(int device, std::size_t bytes, stream_type stre
     on_failed_allocation(device, bytes, e);
     throw;
   }
-  d.bytes_allocated.fetch_add(static_cast<std::int64_t>(detail::round_block(bytes)),
-                              std::memory_order_relaxed);
-  d.requested_allocated.fetch_add(static_cast<std::int64_t>(bytes), std::memory_order_relaxed);
   if (traced_.load(std::memory_order_relaxed)) {
     trace({trace_entry::action::alloc, device, reinterpret_cast<std::uintptr_t>(p), bytes,
            reinterpret_cast<std::uintptr_t>(stream), r.pool, now_us(),
@@ -136,9 +127,6 @@ void backend<Runtime>::deallocate(void* ptr)
   }
   device_state& d = state(r.device);
   d.alloc->deallocate_async(ptr, r.bytes, r.stream);
-  d.bytes_freed.fetch_add(static_cast<std::int64_t>(detail::round_block(r.bytes)),
-                          std::memory_order_relaxed);
-  d.requested_freed.fetch_add(static_cast<std::int64_t>(r.bytes), std::memory_order_relaxed);
   if (traced_.load(std::memory_order_relaxed)) {
     auto ctx = capture_context(record_when::all);
     if (!ctx) { ctx = r.context; }
@@ -407,26 +395,41 @@ device_stats backend<Runtime>::stats(int device) const
     std::lock_guard<std::mutex> lock{d->base_mutex};
     b = d->base;
   }
-  auto i64  = [](auto v) { return static_cast<std::int64_t>(v); };
-  auto pair = [&](gpukit::stat_pair const& p, std::int64_t added, std::int64_t taken) {
-    return stat{p.current, p.peak, added, taken};
+  auto i64 = [](auto v) { return static_cast<std::int64_t>(v); };
+  // Per pool: gpukit's totals since the last reset of accumulated statistics.
+  auto pool = [](gpukit::caching_pool_stats const& p, gpukit::caching_pool_stats const& base) {
+    auto since = [](gpukit::stat_totals const& now, gpukit::stat_totals const& then) {
+      return stat{now.current, now.peak, now.allocated - then.allocated, now.freed - then.freed};
+    };
+    device_pool_stats o;
+    o.allocation           = since(p.allocation_count, base.allocation_count);
+    o.segment              = since(p.segment_count, base.segment_count);
+    o.active               = since(p.active_count, base.active_count);
+    o.inactive_split       = since(p.inactive_split_count, base.inactive_split_count);
+    o.allocated_bytes      = since(p.allocated_bytes, base.allocated_bytes);
+    o.reserved_bytes       = since(p.reserved_bytes, base.reserved_bytes);
+    o.active_bytes         = since(p.active_bytes, base.active_bytes);
+    o.inactive_split_bytes = since(p.inactive_split_bytes, base.inactive_split_bytes);
+    o.requested_bytes      = since(p.requested_bytes, base.requested_bytes);
+    return o;
   };
-  std::int64_t const allocs = i64(s.num_allocs - b.num_allocs);
-  std::int64_t const frees  = i64(s.num_frees - b.num_frees);
-  std::int64_t const added  = d->bytes_allocated.load(std::memory_order_relaxed);
-  std::int64_t const taken  = d->bytes_freed.load(std::memory_order_relaxed);
-  out.allocation            = pair(s.allocation_count, allocs, frees);
-  out.segment               = pair(s.segment_count, i64(s.num_device_allocs - b.num_device_allocs),
-                                   i64(s.num_device_frees - b.num_device_frees));
-  out.active                = pair(s.active_count, allocs, frees);
-  out.inactive_split        = pair(s.inactive_split_count, 0, 0);
-  out.allocated_bytes       = pair(s.allocated_bytes, added, taken);
-  out.reserved_bytes        = pair(s.reserved_bytes, 0, 0);
-  out.active_bytes          = pair(s.active_bytes, added, taken);
-  out.inactive_split_bytes  = pair(s.inactive_split_bytes, 0, 0);
-  out.requested_bytes =
-    pair(s.requested_bytes, d->requested_allocated.load(std::memory_order_relaxed),
-         d->requested_freed.load(std::memory_order_relaxed));
+  out.small_pool = pool(s.small_pool, b.small_pool);
+  out.large_pool = pool(s.large_pool, b.large_pool);
+  // The aggregate: gpukit's current values and peaks, the pools' totals together.
+  auto all = [&](gpukit::stat_pair const& p, stat device_pool_stats::*member) {
+    stat const &sm = out.small_pool.*member, &lg = out.large_pool.*member;
+    return stat{p.current, p.peak, sm.allocated + lg.allocated, sm.freed + lg.freed};
+  };
+  using m                  = device_pool_stats;
+  out.allocation           = all(s.allocation_count, &m::allocation);
+  out.segment              = all(s.segment_count, &m::segment);
+  out.active               = all(s.active_count, &m::active);
+  out.inactive_split       = all(s.inactive_split_count, &m::inactive_split);
+  out.allocated_bytes      = all(s.allocated_bytes, &m::allocated_bytes);
+  out.reserved_bytes       = all(s.reserved_bytes, &m::reserved_bytes);
+  out.active_bytes         = all(s.active_bytes, &m::active_bytes);
+  out.inactive_split_bytes = all(s.inactive_split_bytes, &m::inactive_split_bytes);
+  out.requested_bytes      = all(s.requested_bytes, &m::requested_bytes);
   out.num_alloc_retries    = i64(s.num_alloc_retries - b.num_alloc_retries);
   out.num_ooms             = i64(s.num_ooms - b.num_ooms);
   out.num_sync_all_streams = i64(s.synchronizing_frees - b.synchronizing_frees);
@@ -450,10 +453,6 @@ void backend<Runtime>::reset_accumulated_stats(int device)
     std::lock_guard<std::mutex> lock{d->base_mutex};
     d->base = d->alloc->stats();
   }
-  d->bytes_allocated.store(0, std::memory_order_relaxed);
-  d->bytes_freed.store(0, std::memory_order_relaxed);
-  d->requested_allocated.store(0, std::memory_order_relaxed);
-  d->requested_freed.store(0, std::memory_order_relaxed);
 }
 
 template <class Runtime>

@@ -1,0 +1,340 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""Training step time and peak device memory under PyTorch's allocator, its expandable segments
+and gpukit's native backend, side by side in one run.
+
+    python3 bindings/torch/benchmarks/train_table.py [--rounds 2] [--models ...] [--configs ...]
+            [--out DIR]
+
+Every (model, allocator) pair runs in its own process (an allocator is chosen before CUDA is
+first used). Rounds alternate the order of the allocators (round r starts at allocator r), so
+that drift of the machine during the run does not favour one of them; a pair's step times from
+every round are pooled and their median reported.
+
+Models (random initialisation, synthetic data, bf16 autocast, nothing downloaded):
+    resnet50      torchvision's ResNet-50, batch 64 of 224x224 images, SGD
+    vit_b16       torchvision's ViT-B/16, batch 64 of 224x224 images, AdamW
+    gpt2_varlen   transformers' GPT-2 small (124M), batch 8, a sequence length drawn per step
+                  (128..1024; one fixed sequence for every allocator): shapes that vary step to step
+    compiled      a 4-layer transformer encoder (d=1024, batch 32 x 256 tokens) under
+                  torch.compile(mode="reduce-overhead"): CUDA graphs replayed from the allocator's
+                  graph pools
+Allocators (--configs):
+    native        PyTorch's caching allocator
+    expandable    the same with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+    gpukit        gpukit_torch.install() (GPUKIT_ALLOC_CONF from --gpukit-conf, default the
+                  backend's own defaults)
+    gpukit:CONF   gpukit with install(CONF), e.g. gpukit:segments:growable
+Measured:
+    step time     wall clock of one step (forward, backward, optimizer) between two
+                  torch.cuda.synchronize() calls, after the warm-up steps
+    peak device   NVML's used memory of the device, sampled every millisecond by a thread and
+                  after every step, minus what was used before the process started CUDA (so the
+                  CUDA context, cuBLAS/cuDNN workspaces and the allocator's reserve are counted)
+    peak reserved torch.cuda.max_memory_reserved() (PyTorch's statistics, which gpukit's backend
+                  fills too)
+The table gives each pair's median against the better of native and expandable (the target is
+within 2%) and its NVML peak against expandable's (the target is at or below it).
+"""
+
+import argparse
+import ctypes
+import datetime
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+sys.dont_write_bytecode = True
+
+MODELS = ("resnet50", "vit_b16", "gpt2_varlen", "compiled")
+CONFIGS = ("native", "expandable", "gpukit")
+GiB = float(1 << 30)
+
+
+# ---- NVML through ctypes (no pynvml needed) ------------------------------------------------------
+
+class _Memory(ctypes.Structure):
+    _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong),
+                ("used", ctypes.c_ulonglong)]
+
+
+class Nvml:
+    """The device's used memory, as nvidia-smi reports it."""
+
+    def __init__(self, index):
+        self.lib = ctypes.CDLL("libnvidia-ml.so.1")
+        self._check(self.lib.nvmlInit_v2(), "nvmlInit_v2")
+        self.handle = ctypes.c_void_p()
+        self._check(self.lib.nvmlDeviceGetHandleByIndex_v2(index, ctypes.byref(self.handle)),
+                    f"nvmlDeviceGetHandleByIndex_v2({index})")
+
+    @staticmethod
+    def _check(rc, what):
+        if rc != 0:
+            raise RuntimeError(f"{what} failed: NVML error {rc}")
+
+    def used(self):
+        m = _Memory()
+        self._check(self.lib.nvmlDeviceGetMemoryInfo(self.handle, ctypes.byref(m)),
+                    "nvmlDeviceGetMemoryInfo")
+        return m.used
+
+
+class PeakSampler(threading.Thread):
+    def __init__(self, nvml):
+        super().__init__(daemon=True)
+        self.nvml, self.peak, self.running = nvml, nvml.used(), True
+
+    def sample(self):
+        self.peak = max(self.peak, self.nvml.used())
+
+    def run(self):
+        while self.running:
+            self.sample()
+            time.sleep(0.001)
+
+
+# ---- the models ----------------------------------------------------------------------------------
+
+def build(name, torch, args):
+    """The model's step(i) function: one training step on synthetic data."""
+    dev = torch.device("cuda")
+    amp = torch.autocast("cuda", dtype=torch.bfloat16)
+    if name in ("resnet50", "vit_b16"):
+        import torchvision
+        ctor = torchvision.models.resnet50 if name == "resnet50" else torchvision.models.vit_b_16
+        model = ctor(weights=None).to(dev)
+        opt = (torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9) if name == "resnet50"
+               else torch.optim.AdamW(model.parameters(), lr=1e-4))
+        x = torch.randn(args.batch_image, 3, 224, 224, device=dev)
+        y = torch.randint(0, 1000, (args.batch_image,), device=dev)
+        loss_fn = torch.nn.CrossEntropyLoss()
+
+        def step(i):
+            with amp:
+                loss = loss_fn(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        return step
+    if name == "gpt2_varlen":
+        import transformers
+        config = transformers.GPT2Config()
+        model = transformers.GPT2LMHeadModel(config).to(dev)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        rng = random.Random(1234)  # one fixed sequence of lengths, the same for every allocator
+        lengths = [rng.randint(128, config.n_positions) for _ in range(args.warmup + args.steps)]
+        gen = torch.Generator(device=dev)
+        gen.manual_seed(0)
+
+        def step(i):
+            ids = torch.randint(0, config.vocab_size, (args.batch_gpt2, lengths[i]), device=dev,
+                                generator=gen)
+            with amp:
+                loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        return step
+    if name == "compiled":
+        layer = torch.nn.TransformerEncoderLayer(1024, 16, 4096, batch_first=True, dropout=0.0)
+        model = torch.nn.TransformerEncoder(layer, 4, enable_nested_tensor=False).to(dev)
+        compiled = torch.compile(model, mode="reduce-overhead")
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        x = torch.randn(32, 256, 1024, device=dev)
+
+        def step(i):
+            torch.compiler.cudagraph_mark_step_begin()
+            with amp:
+                loss = compiled(x).float().pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        return step
+    raise SystemExit(f"train_table: unknown model {name!r}: expected one of {', '.join(MODELS)}")
+
+
+# ---- one (model, allocator) in this process ----------------------------------------------------
+
+def worker(args):
+    model_name, config = args.worker
+    started = time.perf_counter()
+    nvml = Nvml(int(os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or 0))
+    baseline = nvml.used()
+    if config.startswith("gpukit"):
+        import gpukit_torch
+        conf = config.split(":", 1)[1] if ":" in config else args.gpukit_conf
+        settings = gpukit_torch.install(conf)
+    else:
+        settings = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    import torch
+    torch.manual_seed(0)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    torch.backends.cudnn.benchmark = False
+    sampler = PeakSampler(nvml)
+    sampler.start()
+    step = build(model_name, torch, args)
+    for i in range(args.warmup):
+        step(i)
+    torch.cuda.synchronize()
+    times = []
+    for i in range(args.warmup, args.warmup + args.steps):
+        t0 = time.perf_counter()
+        step(i)
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e3)
+        sampler.sample()
+    sampler.running = False
+    sampler.join()
+    result = {
+        "model": model_name, "config": config, "settings": settings, "times_ms": times,
+        "peak_device_bytes": int(sampler.peak - baseline),
+        "peak_reserved_bytes": int(torch.cuda.max_memory_reserved()),
+        "peak_allocated_bytes": int(torch.cuda.max_memory_allocated()),
+        "seconds": time.perf_counter() - started,
+    }
+    if config.startswith("gpukit"):
+        import gpukit_torch
+        s = gpukit_torch.gpukit_stats()
+        result["gpukit"] = {k: s[k] for k in ("segments", "num_ooms", "num_alloc_retries")
+                            if k in s}
+    print("RESULT " + json.dumps(result), flush=True)
+    return 0
+
+
+# ---- the driver --------------------------------------------------------------------------------
+
+def run_one(model_name, config, args):
+    env = dict(os.environ)
+    env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    if config == "expandable":
+        env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", model_name, config,
+           "--steps", str(args.steps), "--warmup", str(args.warmup),
+           "--batch-image", str(args.batch_image), "--batch-gpt2", str(args.batch_gpt2),
+           "--gpukit-conf", args.gpukit_conf]
+    t0 = time.perf_counter()
+    try:
+        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        return {"model": model_name, "config": config, "error": f"timed out after {args.timeout} s"}
+    for line in p.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    tail = (p.stderr or p.stdout).strip().splitlines()[-8:]
+    return {"model": model_name, "config": config, "error": f"exit {p.returncode}",
+            "stderr_tail": tail, "seconds": time.perf_counter() - t0}
+
+
+def summarize(results, models, configs):
+    """Per (model, config): pooled median over rounds, NVML peak (max over rounds)."""
+    rows = {}
+    for m in models:
+        for c in configs:
+            runs = [r for r in results if r["model"] == m and r["config"] == c]
+            ok = [r for r in runs if "error" not in r]
+            if not ok:
+                rows[(m, c)] = {"error": runs[0]["error"] if runs else "not run"}
+                continue
+            times = [t for r in ok for t in r["times_ms"]]
+            rows[(m, c)] = {
+                "median_ms": statistics.median(times),
+                "round_medians_ms": [statistics.median(r["times_ms"]) for r in ok],
+                "peak_device_bytes": max(r["peak_device_bytes"] for r in ok),
+                "peak_reserved_bytes": max(r["peak_reserved_bytes"] for r in ok),
+                "rounds": len(ok), "failed_rounds": len(runs) - len(ok),
+            }
+    return rows
+
+
+def markdown(rows, models, configs):
+    out = ["| model | allocator | median step (ms) | rounds' medians | vs best of native, expandable "
+           "| peak device (GiB, NVML) | vs expandable | peak reserved (GiB) |",
+           "|---|---|---|---|---|---|---|---|"]
+    for m in models:
+        base = [rows[(m, c)]["median_ms"] for c in ("native", "expandable")
+                if c in configs and "median_ms" in rows[(m, c)]]
+        best = min(base) if base else None
+        exp = rows.get((m, "expandable"), {}).get("peak_device_bytes")
+        for c in configs:
+            r = rows[(m, c)]
+            if "error" in r:
+                out.append(f"| {m} | {c} | error: {r['error']} | | | | | |")
+                continue
+            vs_best = f"{r['median_ms'] / best:.3f}" if best else "-"
+            vs_exp = f"{r['peak_device_bytes'] / exp:.3f}" if exp else "-"
+            rm = ", ".join(f"{v:.1f}" for v in r["round_medians_ms"])
+            out.append(f"| {m} | {c} | {r['median_ms']:.2f} | {rm} | {vs_best} | "
+                       f"{r['peak_device_bytes'] / GiB:.2f} | {vs_exp} | "
+                       f"{r['peak_reserved_bytes'] / GiB:.2f} |")
+    return "\n".join(out)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--batch-image", type=int, default=64)
+    ap.add_argument("--batch-gpt2", type=int, default=8)
+    ap.add_argument("--gpukit-conf", default="", help="install()'s settings for config gpukit")
+    ap.add_argument("--timeout", type=int, default=180, help="seconds per process")
+    ap.add_argument("--out", help="folder for train_table.{json,md}")
+    ap.add_argument("--worker", nargs=2, metavar=("MODEL", "CONFIG"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.steps < 1 or args.warmup < 0 or args.rounds < 1:
+        ap.error(f"--steps {args.steps}, --warmup {args.warmup}, --rounds {args.rounds}: need "
+                 "steps >= 1, warmup >= 0, rounds >= 1")
+    if args.worker:
+        return worker(args)
+    models = [m for m in args.models.split(",") if m]
+    configs = [c for c in args.configs.split(",") if c]
+    for m in models:
+        if m not in MODELS:
+            ap.error(f"--models: unknown model {m!r} (known: {', '.join(MODELS)})")
+    for c in configs:
+        if c not in CONFIGS and not c.startswith("gpukit:"):
+            ap.error(f"--configs: unknown allocator {c!r} (known: {', '.join(CONFIGS)}, gpukit:CONF)")
+    started = time.perf_counter()
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    print(f"train_table: {date}; {args.rounds} rounds of {args.steps} steps after {args.warmup} "
+          f"warm-up", flush=True)
+    results = []
+    for rnd in range(args.rounds):
+        order = configs[rnd % len(configs):] + configs[:rnd % len(configs)]
+        for m in models:
+            for c in order:
+                r = run_one(m, c, args)
+                r["round"] = rnd
+                results.append(r)
+                state = r.get("error") or (f"{statistics.median(r['times_ms']):.2f} ms, "
+                                           f"{r['peak_device_bytes'] / GiB:.2f} GiB device")
+                print(f"  round {rnd} {m:<12} {c:<12} {state}  ({r.get('seconds', 0):.0f} s)",
+                      flush=True)
+                for line in r.get("stderr_tail", []):
+                    print(f"      | {line}", flush=True)
+    rows = summarize(results, models, configs)
+    table = markdown(rows, models, configs)
+    print()
+    print(table)
+    print(f"\ntotal {time.perf_counter() - started:.0f} s")
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "train_table.md"), "w") as f:
+            f.write(f"{date}\n\n{table}\n")
+        with open(os.path.join(args.out, "train_table.json"), "w") as f:
+            json.dump({"date": date, "args": {k: v for k, v in vars(args).items() if k != "worker"},
+                       "results": results}, f, indent=1)
+    return 1 if any("error" in r for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,335 @@
+// SPDX-License-Identifier: Apache-2.0
+// Statistics per pool kind (small/large, as PyTorch's), memory_summary() against stats(), and
+// GPUKIT_ALLOC_CONF read by the default allocators, on the simulated GPU.
+#include "support/caching_allocator.hpp"
+#include "support/holders.hpp"
+#include "support/sim_gpu.hpp"
+#include "support/sizes.hpp"
+
+#include <gpukit/memory/caching_allocator.hpp>
+#include <gpukit/memory/current_resource.hpp>
+#include <gpukit/memory/detail/allocator_invariants.hpp>
+#include <gpukit/memory/memory_summary.hpp>
+#include <gpukit/runtime/sim_runtime.hpp>
+
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+using namespace gpukit::test;
+using gpukit::sim_runtime;
+
+namespace {
+
+std::int64_t i64(std::size_t v) { return static_cast<std::int64_t>(v); }
+
+/// The line of `text` that starts with `prefix` (empty when none).
+std::string line_of(std::string const& text, std::string const& prefix)
+{
+  std::istringstream in{text};
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(prefix, 0) == 0) { return line; }
+  }
+  return "";
+}
+
+/// The allocator's statistics agree with each other and with its segments.
+void check_consistent(sim_allocator const& alloc)
+{
+  std::string const err = gpukit::detail::check_invariants(alloc);
+  CHECK_MESSAGE(err == "", err);
+}
+
+/// The end of a fixture's test: the statistics still agree, and the streams are forgotten before
+/// the fixture destroys them.
+template <class Fixture>
+void finish(Fixture& f)
+{
+  check_consistent(f.alloc);
+  f.alloc.forget_stream(f.sa);
+  f.alloc.forget_stream(f.sb);
+}
+
+}  // namespace
+
+TEST_SUITE("caching_allocator")
+{
+  TEST_CASE_FIXTURE(sim_allocator_fixture<>, "stats: each pool kind counts its own blocks")
+  {
+    void* small = alloc.allocate_async(500'000, sa);  // rounded to 500,224
+    void* large = alloc.allocate_async(3 * mib, sa);  // a 20 MiB segment of the large pool
+    auto s      = alloc.stats();
+    CHECK(s.small_pool.allocated_bytes.current == 500'224);
+    CHECK(s.small_pool.requested_bytes.current == 500'000);
+    CHECK(s.large_pool.allocated_bytes.current == i64(3 * mib));
+    CHECK(s.small_pool.reserved_bytes.current == i64(2 * mib));
+    CHECK(s.large_pool.reserved_bytes.current == i64(20 * mib));
+    CHECK(s.small_pool.segment_count.current == 1);
+    CHECK(s.large_pool.segment_count.current == 1);
+    CHECK(s.small_pool.allocation_count.current == 1);
+    CHECK(s.large_pool.allocation_count.current == 1);
+    CHECK(s.small_pool.inactive_split_bytes.current == i64(2 * mib) - 500'224);
+    CHECK(s.large_pool.inactive_split_bytes.current == i64(17 * mib));
+    CHECK(s.allocated_bytes.current == 500'224 + i64(3 * mib));
+    check_consistent(alloc);
+
+    alloc.deallocate_async(small, 500'000, sa);
+    alloc.deallocate_async(large, 3 * mib, sa);
+    void* again = alloc.allocate_async(3 * mib, sa);
+    s           = alloc.stats();
+    CHECK(s.small_pool.allocated_bytes.current == 0);
+    CHECK(s.small_pool.allocated_bytes.peak == 500'224);
+    CHECK(s.small_pool.allocated_bytes.allocated == 500'224);
+    CHECK(s.small_pool.allocated_bytes.freed == 500'224);
+    CHECK(s.small_pool.requested_bytes.freed == 500'000);
+    CHECK(s.large_pool.allocated_bytes.allocated == i64(6 * mib));
+    CHECK(s.large_pool.allocated_bytes.freed == i64(3 * mib));
+    CHECK(s.large_pool.allocation_count.allocated == 2);
+    CHECK(s.large_pool.allocation_count.freed == 1);
+    CHECK(s.large_pool.segment_count.allocated == 1);  // the block was reused
+    CHECK(s.large_pool.reserved_bytes.allocated == i64(20 * mib));
+    CHECK(s.num_allocs == 3);
+    CHECK(s.num_frees == 2);
+    check_consistent(alloc);
+
+    alloc.deallocate_async(again, 3 * mib, sa);
+    CHECK(alloc.release() == 22 * mib);
+    s = alloc.stats();
+    CHECK(s.large_pool.reserved_bytes.current == 0);
+    CHECK(s.large_pool.reserved_bytes.freed == i64(20 * mib));
+    CHECK(s.small_pool.reserved_bytes.freed == i64(2 * mib));
+    CHECK(s.large_pool.segment_count.freed == 1);
+    CHECK(s.large_pool.reserved_bytes.peak == i64(20 * mib));
+    finish(*this);
+  }
+
+  TEST_CASE_FIXTURE(sim_allocator_fixture<>, "stats: reset_peak resets the pools' peaks too")
+  {
+    void* a = alloc.allocate_async(4 * mib, sa);
+    void* b = alloc.allocate_async(4 * mib, sa);
+    void* c = alloc.allocate_async(64 * kib, sa);
+    void* d = alloc.allocate_async(64 * kib, sa);
+    alloc.deallocate_async(b, 4 * mib, sa);
+    alloc.deallocate_async(d, 64 * kib, sa);
+    auto s = alloc.stats();
+    CHECK(s.large_pool.allocated_bytes.peak == i64(8 * mib));
+    CHECK(s.small_pool.allocated_bytes.peak == i64(128 * kib));
+    CHECK(s.small_pool.allocation_count.peak == 2);
+    alloc.reset_peak();
+    s = alloc.stats();
+    for (gpukit::caching_pool_stats const* p : {&s.small_pool, &s.large_pool}) {
+      CHECK(p->allocated_bytes.peak == p->allocated_bytes.current);
+      CHECK(p->requested_bytes.peak == p->requested_bytes.current);
+      CHECK(p->allocation_count.peak == p->allocation_count.current);
+      CHECK(p->active_bytes.peak == p->active_bytes.current);
+      CHECK(p->reserved_bytes.peak == p->reserved_bytes.current);
+    }
+    CHECK(s.active_bytes.peak == s.active_bytes.current);
+    CHECK(s.large_pool.allocated_bytes.peak == i64(4 * mib));
+    CHECK(s.large_pool.allocated_bytes.allocated == i64(8 * mib));  // totals stay
+    // A single thread's peak between two reads is exact, per pool as for the whole.
+    void* e = alloc.allocate_async(8 * mib, sa);
+    alloc.deallocate_async(e, 8 * mib, sa);
+    s = alloc.stats();
+    CHECK(s.large_pool.allocated_bytes.peak == i64(12 * mib));
+    CHECK(s.allocated_bytes.peak == i64(12 * mib) + i64(64 * kib));
+    CHECK(s.small_pool.allocated_bytes.peak == i64(64 * kib));
+    alloc.deallocate_async(a, 4 * mib, sa);
+    alloc.deallocate_async(c, 64 * kib, sa);
+    finish(*this);
+  }
+
+  TEST_CASE("stats: growable pages count for their pool, spare ones for their list")
+  {
+    for (std::size_t page : {2 * mib, 8 * mib}) {  // one shared spare list, then one per pool
+      CAPTURE(page);
+      sim_runtime sim{one_device(gib)};
+      sim_allocator alloc{sim, 0, segments_from(gpukit::segment_source::growable, page)};
+      stream_holder<sim_runtime> sa{sim}, sb{sim};
+      std::vector<void*> blocks;
+      for (std::size_t bytes : {300 * kib, 20 * mib, 700 * kib, 12 * mib, 64 * kib}) {
+        blocks.push_back(alloc.allocate_async(bytes, sa));
+      }
+      check_consistent(alloc);
+      auto s = alloc.stats();
+      CHECK(s.large_pool.allocated_bytes.current == i64(32 * mib));
+      CHECK(s.small_pool.reserved_bytes.current >= i64(2 * mib));
+      CHECK(s.large_pool.reserved_bytes.current >= i64(32 * mib));
+      alloc.deallocate_async(blocks[1], 20 * mib, sa);
+      alloc.deallocate_async(blocks[0], 300 * kib, sa);
+      alloc.forget_stream(sa);
+      CHECK(alloc.trim(static_cast<std::size_t>(s.reserved_bytes.current) - page) > 0);  // unmaps
+      check_consistent(alloc);
+      void* big = alloc.allocate_async(30 * mib, sb);  // maps pages again (spares first)
+      void* sml = alloc.allocate_async(900 * kib, sb);
+      check_consistent(alloc);
+      s = alloc.stats();
+      CHECK(s.large_pool.reserved_bytes.allocated - s.large_pool.reserved_bytes.freed ==
+            s.large_pool.reserved_bytes.current);
+      alloc.deallocate_async(big, 30 * mib, sb);
+      alloc.deallocate_async(sml, 900 * kib, sb);
+      alloc.deallocate_async(blocks[2], 700 * kib, sa);
+      alloc.deallocate_async(blocks[3], 12 * mib, sa);
+      alloc.deallocate_async(blocks[4], 64 * kib, sa);
+      alloc.forget_stream(sa);
+      alloc.forget_stream(sb);
+      alloc.release();
+      s = alloc.stats();
+      CHECK(s.reserved_bytes.current == 0);
+      CHECK(s.small_pool.reserved_bytes.current == 0);
+      CHECK(s.large_pool.reserved_bytes.current == 0);
+      CHECK(s.large_pool.reserved_bytes.peak >= i64(30 * mib));
+      check_consistent(alloc);
+    }
+  }
+
+  TEST_CASE_FIXTURE(sim_allocator_fixture<>, "stats: blocks freed by other threads")
+  {
+    std::vector<void*> blocks(64);
+    std::thread producer{[&] {
+      for (std::size_t i = 0; i < blocks.size(); ++i) {
+        blocks[i] = alloc.allocate_async(i % 2 == 0 ? 128 * kib : 2 * mib, sa);
+      }
+    }};
+    producer.join();
+    std::thread consumer{[&] {
+      for (std::size_t i = 0; i < blocks.size(); i += 2) {
+        alloc.deallocate_async(blocks[i], 128 * kib, sa);
+      }
+    }};
+    consumer.join();
+    auto const s = alloc.stats();
+    CHECK(s.small_pool.allocation_count.current == 0);
+    CHECK(s.small_pool.allocation_count.allocated == 32);
+    CHECK(s.small_pool.allocation_count.freed == 32);
+    CHECK(s.large_pool.allocated_bytes.current == i64(64 * mib));
+    // The producer's peak, exact (one thread allocated), survives the other thread's frees.
+    CHECK(s.small_pool.allocated_bytes.peak == i64(32 * 128 * kib));
+    CHECK(s.allocated_bytes.peak == i64(32 * 128 * kib + 32 * 2 * mib));
+    check_consistent(alloc);
+    for (std::size_t i = 1; i < blocks.size(); i += 2) {
+      alloc.deallocate_async(blocks[i], 2 * mib, sa);
+    }
+    finish(*this);
+  }
+
+  TEST_CASE_FIXTURE(sim_allocator_fixture<>, "memory_summary: PyTorch's table, from stats()")
+  {
+    void* large = alloc.allocate_async(3 * mib, sa);
+    void* small = alloc.allocate_async(512 * kib, sa);
+    void* gone  = alloc.allocate_async(64 * kib, sa);
+    alloc.deallocate_async(gone, 64 * kib, sa);
+    std::string const text = gpukit::memory_summary(alloc);
+    INFO(text);
+    CHECK(line_of(text, "|           gpukit caching allocator memory summary, device ID 0") != "");
+    // Each column's unit is chosen on the row's first value, as PyTorch does: 64 KiB freed is
+    // below 768 KiB, so bytes. Non-releasable totals are not tracked; nothing is oversize.
+    for (char const* row : {
+           "| Allocated memory      |   3584 KiB |   3648 KiB |   3648 KiB |  65536 B   |",
+           "|       from large pool |   3072 KiB |   3072 KiB |   3072 KiB |      0 B   |",
+           "|       from small pool |    512 KiB |    576 KiB |    576 KiB |  65536 B   |",
+           "| Active memory         |   3584 KiB |   3584 KiB |   3648 KiB |  65536 B   |",
+           "| Non-releasable memory |  18880 KiB |  18880 KiB |       -    |       -    |",
+           "| GPU reserved memory   |  22528 KiB |  22528 KiB |  22528 KiB |      0 B   |",
+           "| Allocations           |       2    |       3    |       3    |       1    |",
+           "| GPU reserved segments |       2    |       2    |       2    |       0    |",
+           "| Non-releasable allocs |       2    |       2    |       -    |       -    |",
+           "| Oversize allocations  |       0    |       0    |       0    |       0    |",
+         }) {
+      CHECK_MESSAGE(line_of(text, row) == row, row);
+    }
+    CHECK(line_of(text, "gpukit: segments: stream_ordered;") != "");
+    CHECK(line_of(text, "gpukit: thread caches: 64 KiB cached; 0 of 3 allocations") != "");
+    CHECK(line_of(text, "gpukit:   step 1, collect blocks") != "");
+    // Every line of the table is as wide as PyTorch's.
+    std::istringstream in{text};
+    for (std::string line; std::getline(in, line);) {
+      if (line.rfind('|', 0) == 0) { CHECK(line.size() == 77); }
+    }
+    // Abbreviated: no per-pool rows; the same aggregates.
+    std::string const brief = gpukit::memory_summary(alloc, true);
+    CHECK(brief.find("from large pool") == std::string::npos);
+    CHECK(line_of(brief, "| Allocated memory ") == line_of(text, "| Allocated memory "));
+    // From statistics alone: the same table, the segment source unknown.
+    std::string const from_stats = gpukit::memory_summary(alloc.stats(), 3);
+    CHECK(line_of(from_stats, "| Allocations ") == line_of(text, "| Allocations "));
+    CHECK(from_stats.find("device ID 3") != std::string::npos);
+    CHECK(line_of(from_stats, "gpukit: segments: (see the allocator)") != "");
+    alloc.deallocate_async(large, 3 * mib, sa);
+    alloc.deallocate_async(small, 512 * kib, sa);
+    finish(*this);
+  }
+
+  TEST_CASE("memory_summary: units follow PyTorch's, counts and retries shown")
+  {
+    sim_runtime sim{one_device(64 * mib)};
+    sim_allocator alloc{sim, 0, segments_from(gpukit::segment_source::synchronous)};
+    void* a = alloc.allocate_async(40 * mib, {});
+    CHECK_THROWS_AS((void)alloc.allocate_async(40 * mib, {}), gpukit::out_of_memory);
+    auto const s           = alloc.stats();
+    std::string const text = gpukit::memory_summary(alloc);
+    INFO(text);
+    CHECK(line_of(text, "| Allocated memory ") ==
+          "| Allocated memory      |  40960 KiB |  40960 KiB |  40960 KiB |      0 B   |");
+    CHECK(s.num_ooms == 1);
+    CHECK(line_of(text, "|           CUDA OOMs: 1            |        cudaMalloc retries: 1") !=
+          "");
+    CHECK(line_of(text, "gpukit: segments: synchronous;") != "");
+    CHECK(line_of(text, "gpukit: OOM recoveries: 1 allocations needed recovery, 1 failed") != "");
+    alloc.deallocate_async(a, 40 * mib, {});
+    // 1 GiB and more: MiB.
+    sim_runtime big{one_device(8 * gib)};
+    sim_allocator b{big, 0};
+    void* g = b.allocate_async(3 * gib, {});
+    CHECK(line_of(gpukit::memory_summary(b), "| Allocated memory ") ==
+          "| Allocated memory      |   3072 MiB |   3072 MiB |   3072 MiB |      0 B   |");
+    b.deallocate_async(g, 3 * gib, {});
+  }
+
+  TEST_CASE("GPUKIT_ALLOC_CONF: the default allocator takes its options from it")
+  {
+    setenv("GPUKIT_SIM_DEVICES", "4", 0);  // before the process's simulated GPU exists
+    REQUIRE(setenv("GPUKIT_ALLOC_CONF", "segments:synchronous, limit:1GiB", 1) == 0);
+    auto& a = gpukit::default_caching_allocator<sim_runtime>(1);
+    unsetenv("GPUKIT_ALLOC_CONF");
+    CHECK(a.options().source == gpukit::segment_source::synchronous);
+    CHECK(a.segment_source_in_use() == gpukit::segment_source::synchronous);
+    CHECK(a.limit() == gib);
+    CHECK(&gpukit::get_current_device_resource<sim_runtime>(1) == &a);
+    // Read once, when the allocator is created: later changes do not affect it.
+    REQUIRE(setenv("GPUKIT_ALLOC_CONF", "limit:2GiB", 1) == 0);
+    CHECK(gpukit::default_caching_allocator<sim_runtime>(1).limit() == gib);
+    unsetenv("GPUKIT_ALLOC_CONF");
+  }
+
+  TEST_CASE("GPUKIT_ALLOC_CONF: a bad value throws at first use, naming the key and the value")
+  {
+    setenv("GPUKIT_SIM_DEVICES", "4", 0);
+    REQUIRE(setenv("GPUKIT_ALLOC_CONF", "segments:growable,limit:lots", 1) == 0);
+    for (int attempt = 0; attempt < 2; ++attempt) {  // nothing was created: it throws again
+      try {
+        (void)gpukit::default_caching_allocator<sim_runtime>(2);
+        FAIL("no error for limit:lots");
+      } catch (gpukit::logic_error const& e) {
+        std::string const what = e.what();
+        CHECK(what.find("'limit'") != std::string::npos);
+        CHECK(what.find("'lots'") != std::string::npos);
+        CHECK(what.find("GPUKIT_ALLOC_CONF") != std::string::npos);
+        CHECK(what.find("default_caching_allocator(2)") != std::string::npos);
+      }
+    }
+    CHECK_THROWS_AS((void)gpukit::get_current_device_resource<sim_runtime>(3), gpukit::logic_error);
+    REQUIRE(setenv("GPUKIT_ALLOC_CONF", "segmentz:growable", 1) == 0);
+    CHECK_THROWS_WITH_AS((void)gpukit::default_caching_allocator<sim_runtime>(2),
+                         doctest::Contains("segmentz"), gpukit::logic_error);
+    unsetenv("GPUKIT_ALLOC_CONF");
+    auto& fixed = gpukit::default_caching_allocator<sim_runtime>(2);  // defaults once it is fixed
+    CHECK(fixed.options().source == gpukit::caching_allocator_options{}.source);
+    CHECK(fixed.limit() == 0);
+  }
+}
