@@ -34,7 +34,8 @@ endif()
 find_package(Python3 COMPONENTS Interpreter Development.Module QUIET)
 set(_gpukit_torch_sources "${CMAKE_CURRENT_LIST_DIR}/csrc/cuda_allocator.cpp")
 if(Python3_Development.Module_FOUND)
-  list(APPEND _gpukit_torch_sources "${CMAKE_CURRENT_LIST_DIR}/csrc/module.cpp")
+  list(APPEND _gpukit_torch_sources "${CMAKE_CURRENT_LIST_DIR}/csrc/module.cpp"
+       "${CMAKE_CURRENT_LIST_DIR}/csrc/planner.cpp")
 else()
   message(STATUS "gpukit: Python's headers not found: gpukit_torch._C's module file is not checked")
 endif()
@@ -64,7 +65,8 @@ option(GPUKIT_TORCH_BUILD_PACKAGE "Link gpukit_torch._C against GPUKIT_TORCH_ROO
 if(GPUKIT_TORCH_BUILD_PACKAGE AND Python3_Development.Module_FOUND)
   set(_gpukit_torch_package_dir "${CMAKE_BINARY_DIR}/torch_package/gpukit_torch")
   Python3_add_library(gpukit_torch_package MODULE WITH_SOABI
-    "${CMAKE_CURRENT_LIST_DIR}/csrc/cuda_allocator.cpp" "${CMAKE_CURRENT_LIST_DIR}/csrc/module.cpp")
+    "${CMAKE_CURRENT_LIST_DIR}/csrc/cuda_allocator.cpp" "${CMAKE_CURRENT_LIST_DIR}/csrc/module.cpp"
+    "${CMAKE_CURRENT_LIST_DIR}/csrc/planner.cpp")
   target_link_libraries(gpukit_torch_package PRIVATE gpukit::gpukit CUDA::cudart)
   target_include_directories(gpukit_torch_package PRIVATE "${CMAKE_CURRENT_LIST_DIR}/include")
   target_include_directories(gpukit_torch_package SYSTEM PRIVATE

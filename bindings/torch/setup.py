@@ -79,7 +79,7 @@ setup(
     ext_modules=[
         CUDAExtension(
             name="gpukit_torch._C",
-            sources=["csrc/cuda_allocator.cpp", "csrc/module.cpp"],
+            sources=["csrc/cuda_allocator.cpp", "csrc/module.cpp", "csrc/planner.cpp"],
             include_dirs=include_dirs(),
             extra_compile_args={"cxx": ["-O2", "-std=c++17", "-fvisibility=hidden"]},
             extra_link_args=DYNAMIC_LIBSTDCXX,

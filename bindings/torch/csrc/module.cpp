@@ -16,6 +16,10 @@
 #include <memory>
 #include <string>
 
+namespace gpukit_torch {
+void bind_planner(pybind11::module_& m);  // planner.cpp
+}
+
 namespace {
 
 // The backend's defaults: PyTorch's own choices where they differ from gpukit's (cudaMalloc
@@ -154,4 +158,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
       return gpukit::detail::check_invariants(current().layer().allocator(device));
     },
     pybind11::arg("device") = 0, "The allocator's invariants ('' when they hold)");
+  gpukit_torch::bind_planner(m);  // plan_optimal, simulate_schedule (gpukit_torch.checkpoint)
 }
