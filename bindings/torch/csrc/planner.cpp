@@ -30,15 +30,21 @@ gpukit::checkpoint_chain to_chain(std::vector<stage_costs> const& stages)
   return gpukit::checkpoint_chain{std::move(v)};
 }
 
-// plan_optimal at a finer resolution each time rounding the sizes alone made the budget too small
-// (the budget is at or above the least one), up to `max_slots` slots.
+// The planner named `planner` ("best": plan_best, gpukit's default; "optimal": rotor's dynamic
+// program alone) at a finer resolution each time rounding the sizes alone made the budget too
+// small (the budget is at or above the least one), up to `max_slots` slots.
 gpukit::checkpoint_plan plan_at_finest(gpukit::checkpoint_chain const& chain, std::int64_t budget,
-                                       std::int64_t max_slots)
+                                       std::int64_t max_slots, std::string const& planner)
 {
+  if (planner != "best" && planner != "optimal") {
+    throw py::value_error("gpukit_torch: planner '" + planner +
+                          "' is not one of 'best', 'optimal'");
+  }
   gpukit::checkpoint_planner_options o;
   for (;;) {
     try {
-      return gpukit::plan_optimal(chain, budget, o);
+      return planner == "best" ? gpukit::plan_best(chain, budget, o)
+                               : gpukit::plan_optimal(chain, budget, o);
     } catch (gpukit::checkpoint_infeasible const& e) {
       if (budget < e.minimum_budget() || o.slots * 4 > max_slots) throw;
       o.slots *= 4;
@@ -46,21 +52,23 @@ gpukit::checkpoint_plan plan_at_finest(gpukit::checkpoint_chain const& chain, st
   }
 }
 
-// plan_optimal as a dict: {"schedule", "time", "peak", "exact", "unit"}, or {"infeasible": True,
-// "minimum_budget"} when no schedule fits. Bad costs: ValueError naming the stage and value.
-py::dict plan_optimal(std::vector<stage_costs> const& stages, std::int64_t budget,
-                      std::int64_t max_slots)
+// A plan as a dict: {"schedule", "time", "peak", "exact", "proven_optimal", "unit"}, or
+// {"infeasible": True, "minimum_budget"} when no schedule fits. Bad costs: ValueError naming the
+// stage and value.
+py::dict plan(std::vector<stage_costs> const& stages, std::int64_t budget, std::int64_t max_slots,
+              std::string const& planner)
 {
   py::dict d;
   try {
     auto const chain = to_chain(stages);
-    auto const plan  = plan_at_finest(chain, budget, max_slots);
+    auto const p     = plan_at_finest(chain, budget, max_slots, planner);
     d["infeasible"]  = false;
-    d["schedule"]    = gpukit::to_string(plan.schedule);
-    d["time"]        = plan.time;
-    d["peak"]        = plan.peak;
-    d["exact"]       = plan.exact;
-    d["unit"]        = plan.unit;
+    d["schedule"]    = gpukit::to_string(p.schedule);
+    d["time"]        = p.time;
+    d["peak"]        = p.peak;
+    d["exact"]       = p.exact;
+    d["proven_optimal"] = p.proven_optimal;
+    d["unit"]        = p.unit;
   } catch (gpukit::checkpoint_infeasible const& e) {
     d["infeasible"]     = true;
     d["minimum_budget"] = e.minimum_budget();
@@ -88,9 +96,10 @@ std::tuple<std::int64_t, std::int64_t> simulate(std::vector<stage_costs> const& 
 
 void bind_planner(py::module_& m)
 {
-  m.def("plan_optimal", &plan_optimal, py::arg("stages"), py::arg("budget"),
-        py::arg("max_slots") = std::int64_t{8192},
-        "gpukit::plan_optimal on stages [(f, b, a, t), ...] under `budget` (same units as a, t), "
+  m.def("plan", &plan, py::arg("stages"), py::arg("budget"),
+        py::arg("max_slots") = std::int64_t{8192}, py::arg("planner") = std::string{"best"},
+        "gpukit::plan_best (planner='best') or plan_optimal (planner='optimal') on stages "
+        "[(f, b, a, t), ...] under `budget` (same units as a, t), "
         "its resolution raised (up to max_slots) while rounding alone makes the budget too small: "
         "a dict with the schedule text, time, peak, exact, unit; or infeasible=True and "
         "minimum_budget");

@@ -9,7 +9,8 @@
     print(planned.plan.schedule, planned.plan.predicted_peak, planned.plan.predicted_time_ms)
 
 sequential() profiles each block on the device of `example_input` (profile()), plans with
-gpukit's optimal planner (gpukit::plan_optimal, bound in gpukit_torch._C; where that extension is
+gpukit's planner (gpukit::plan_best: the least time of any schedule on chains of up to 11 blocks,
+rotor's dynamic program beyond; bound in gpukit_torch._C; where that extension is
 not installed, as on a machine without CUDA, the same C++ planner is compiled from
 csrc/planner.cpp on first use) and returns a module that runs the planned schedule inside
 autograd.
@@ -71,7 +72,7 @@ def _planner():
     try:
         from . import _C  # noqa: PLC0415
 
-        if hasattr(_C, "plan_optimal"):
+        if hasattr(_C, "plan"):
             _planner_module = _C
             return _C
     except ImportError:
@@ -321,12 +322,12 @@ _TIME_UNIT_MS = 1e-3  # the planner's time unit: microseconds
 
 
 def plan(costs: Sequence[BlockCost], budget_bytes: int) -> CheckpointPlan:
-    """gpukit::plan_optimal for the blocks' costs under `budget_bytes` (activation memory beyond
+    """gpukit::plan_best for the blocks' costs under `budget_bytes` (activation memory beyond
     what is allocated when the forward starts, transients included). Raises infeasible_budget."""
     stages = [c.stage(_TIME_UNIT_MS) for c in costs]
     transient = max((c.transient_bytes for c in costs), default=0)
     budget = int(budget_bytes)
-    r = _planner().plan_optimal(stages, max(0, budget - transient))
+    r = _planner().plan(stages, max(0, budget - transient))
     if r["infeasible"] or budget < transient:
         least = int(r.get("minimum_budget", 0)) + transient
         raise infeasible_budget(
