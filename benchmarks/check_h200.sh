@@ -13,7 +13,13 @@ export LD_LIBRARY_PATH="$bin/libs:${LD_LIBRARY_PATH:-}"
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >"$out/device.txt" 2>&1
 summary="$out/summary.txt"
-for t in "$bin"/tests/*_test; do
+# TESTS="a_test b_test" runs only those test binaries (default: every one built).
+tests=("$bin"/tests/*_test)
+if [[ -n "${TESTS:-}" ]]; then
+  tests=()
+  for name in $TESTS; do tests+=("$bin/tests/$name"); done
+fi
+for t in "${tests[@]}"; do
   name="$(basename "$t")"
   [[ "$name" == ownership_test ]] && continue
   start=$SECONDS
