@@ -50,7 +50,7 @@ if [[ -x "$bin/benchmarks/allocator_bench" && -x "$bin/benchmarks/allocator_benc
     for v in base new; do
       b="$bin/benchmarks/allocator_bench"
       [[ $v == base ]] && b="${b}_base"
-      timeout 60 $pin "$b" --benchmark_filter="$filter" --benchmark_min_time=0.2s \
+      timeout 60 $pin "$b" --benchmark_filter="$filter" --benchmark_min_time=0.2 \
         --benchmark_format=json >"$out/allocator_bench_${v}_$round.json" 2>"$out/allocator_bench_${v}_$round.err"
       echo "allocator_bench $v round $round exit $?" >>"$summary"
     done
