@@ -170,10 +170,15 @@ class _Timer:
         return (time.perf_counter() - t0) * 1e3, out
 
 
-def _recorded_forward(block, x):
-    """The block's forward with autograd recording, on x detached: (input leaf, output, saved)."""
+def _recorded_forward(block, x, keep_saved=True):
+    """The block's forward with autograd recording, on x detached: (input leaf, output, saved).
+    saved lists the tensors autograd saved when keep_saved, else it is empty: a list of them keeps
+    them alive after the backward has freed the graph, which memory measurements must not see."""
     xin = x.detach().requires_grad_(x.is_floating_point() or x.is_complex())
     saved = []
+    if not keep_saved:
+        with torch.enable_grad():
+            return xin, block(xin), saved
 
     def pack(t):
         saved.append(t)
@@ -193,7 +198,7 @@ def _measure_sizes(block, x, cuda: bool):
     if cuda:
         # One untimed forward and backward first: libraries allocate their workspaces (cuBLAS)
         # and tune (cuDNN) on first use, memory that belongs to no activation.
-        xin, out, _ = _recorded_forward(block, x)
+        xin, out, _ = _recorded_forward(block, x, keep_saved=False)
         inputs = _grad_inputs(block, xin)
         if out.requires_grad and inputs:
             torch.autograd.grad(out, inputs, torch.ones_like(out), allow_unused=True)
@@ -206,7 +211,7 @@ def _measure_sizes(block, x, cuda: bool):
         a = torch.cuda.memory_allocated() - before
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
-        xin, out, _ = _recorded_forward(block, x)
+        xin, out, _ = _recorded_forward(block, x, keep_saved=False)
         torch.cuda.synchronize()
         held = torch.cuda.memory_allocated() - base
         fwd_transient = torch.cuda.max_memory_allocated() - base - held
@@ -240,7 +245,7 @@ def _time_block(timer, block, x):
     recorded forward (not timed)."""
     with torch.no_grad():
         ms_f = timer(lambda: block(x))[0]
-    xin, out, _ = _recorded_forward(block, x)
+    xin, out, _ = _recorded_forward(block, x, keep_saved=False)
     inputs = _grad_inputs(block, xin)
     if not (out.requires_grad and inputs):
         return ms_f, 0.0

@@ -222,3 +222,16 @@ def test_cuda_peak_within_the_budget():
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated() - base
     assert peak <= budget * 1.05, (peak, budget, planned.plan)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_profile_measures_the_tape():
+    # Linear -> GELU -> Linear saves the first Linear's output (for GELU) and GELU's output (for
+    # the second Linear): a tape of at least two (batch x 4 width) float tensors. Keeping the saved
+    # tensors of an earlier recorded forward alive would make the measured tape about zero.
+    width, batch = 256, 512
+    block = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width)).cuda()
+    x = torch.randn(batch, width, device="cuda")
+    (cost,) = ckpt.profile([block], x, repetitions=1, warmup=0)
+    assert cost.output_bytes >= batch * width * 4
+    assert cost.tape_bytes >= 2 * batch * 4 * width * 4, cost
