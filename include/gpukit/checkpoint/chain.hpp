@@ -3,14 +3,20 @@
 //
 // Quick start:
 //
-//   #include <gpukit/checkpoint/planners.hpp>      // includes this header
+//   #include <gpukit/checkpoint/chain.hpp>
 //
-//   // Stage i: forward time f, backward time b, output size a (x_i, and its gradient), tape size t
-//   // (what a recording forward keeps for the backward, not counting its input). Any integer
-//   // units: e.g. microseconds and MiB.
-//   gpukit::checkpoint_chain chain{{{2, 4, 16, 48}, {2, 4, 16, 48}, {1, 2, 64, 64}}};
-//   std::istringstream text{"2 4 16 48\n2 4 16 48\n1 2 64 64\n"};
-//   auto same = gpukit::parse_checkpoint_chain(text);   // one stage a line: f b a t
+//   #include <sstream>
+//
+//   gpukit::checkpoint_chain three_stages()
+//   {
+//     // Stage i: forward time f, backward time b, output size a (x_i, and its gradient), tape size t
+//     // (what a recording forward keeps for the backward, not counting its input). Any integer
+//     // units: e.g. microseconds and MiB.
+//     gpukit::checkpoint_chain chain{{{2, 4, 16, 48}, {2, 4, 16, 48}, {1, 2, 64, 64}}};
+//     std::istringstream text{"2 4 16 48\n2 4 16 48\n1 2 64 64\n"};
+//     gpukit::checkpoint_chain same = gpukit::parse_checkpoint_chain(text);  // a line a stage: f b a t
+//     return same.size() == chain.size() ? same : chain;
+//   }
 //
 // ## The cost model
 //

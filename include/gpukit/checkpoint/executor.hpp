@@ -5,10 +5,17 @@
 // Quick start:
 //
 //   #include <gpukit/checkpoint/executor.hpp>
+//   #include <gpukit/checkpoint/planners.hpp>
 //
-//   struct my_stages {   // any type with these members (i = 1..L)
-//     std::size_t output_bytes(std::size_t i);   // bytes of x_i (and of δ_i)
-//     std::size_t tape_bytes(std::size_t i);     // bytes Fe<i> keeps for B<i>, beside x_{i-1}
+//   #include <cstddef>
+//   #include <cstdint>
+//   #include <utility>
+//   #include <vector>
+//
+//   struct my_stages {  // any type with these members (i = 1..L)
+//     std::size_t width;
+//     std::size_t output_bytes(std::size_t) const { return width * sizeof(float); }  // x_i, δ_i
+//     std::size_t tape_bytes(std::size_t) const { return 2 * width * sizeof(float); }  // Fe<i> keeps
 //     // x_i = F_i(x_{i-1}); when c.recording, also fill `tape`. Enqueue the work on `s`.
 //     void forward(std::size_t i, void const* x_in, void* x_out, void* tape,
 //                  gpukit::checkpoint_context const& c, cudaStream_t s);
@@ -18,12 +25,16 @@
 //                   void* grad_in, gpukit::checkpoint_context const& c, cudaStream_t s);
 //   };
 //
-//   gpukit::caching_allocator& alloc = gpukit::default_caching_allocator(0);
-//   my_stages stages{...};
-//   auto chain = gpukit::checkpoint_chain_of(stages, L, times);         // sizes in bytes
-//   auto plan  = gpukit::plan_optimal(chain, budget_bytes);
-//   gpukit::checkpoint_executor exec{alloc};
-//   exec.run_async(plan.schedule, stages, x0, stream);   // peak requested bytes <= plan.peak
+//   // times[i - 1]: {forward, backward} time of stage i, e.g. measured (profile_chain.hpp)
+//   void step(my_stages& stages, std::size_t L, void const* x0, std::int64_t budget_bytes,
+//             std::vector<std::pair<std::int64_t, std::int64_t>> const& times, cudaStream_t stream)
+//   {
+//     gpukit::caching_allocator& alloc = gpukit::default_caching_allocator(0);
+//     gpukit::checkpoint_chain chain = gpukit::checkpoint_chain_of(stages, L, times);  // bytes
+//     gpukit::checkpoint_plan plan   = gpukit::plan_best(chain, budget_bytes);
+//     gpukit::checkpoint_executor exec{alloc};
+//     exec.run_async(plan.schedule, stages, L, x0, stream);  // peak requested bytes <= plan.peak
+//   }
 //
 // The executor allocates each object when the operation that creates it is enqueued and frees it
 // (stream-ordered, on the same stream) right after the operation of its last use, exactly as the

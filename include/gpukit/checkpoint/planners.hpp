@@ -5,16 +5,22 @@
 //
 //   #include <gpukit/checkpoint/planners.hpp>
 //
-//   // Stage i: {forward time, backward time, output size, tape size}, any integer units.
-//   gpukit::checkpoint_chain chain = gpukit::checkpoint_chain::uniform(32, {10, 20, 4, 12});
-//   gpukit::checkpoint_plan all  = gpukit::plan_store_all(chain);          // the memory to beat
-//   gpukit::checkpoint_plan best = gpukit::plan_best(chain, all.peak / 4);
-//   // best.schedule: "Fn1 Fn2 ... Fe32 B32 ... B1"; best.time, best.peak: replayed in the
-//   // simulator (gpukit/checkpoint/schedule.hpp), best.peak <= the budget.
-//   try {
-//     gpukit::plan_optimal(chain, 3);
-//   } catch (gpukit::checkpoint_infeasible const& e) {
-//     e.minimum_budget();  // the least budget with a plan
+//   #include <cstdint>
+//
+//   std::int64_t plan_a_quarter()
+//   {
+//     // Stage i: {forward time, backward time, output size, tape size}, any integer units.
+//     gpukit::checkpoint_chain chain = gpukit::checkpoint_chain::uniform(32, {10, 20, 4, 12});
+//     gpukit::checkpoint_plan all  = gpukit::plan_store_all(chain);  // the memory to beat
+//     gpukit::checkpoint_plan best = gpukit::plan_best(chain, all.peak / 4);
+//     // best.schedule: "Fn1 Fn2 ... Fe32 B32 ... B1"; best.time, best.peak: replayed in the
+//     // simulator (gpukit/checkpoint/schedule.hpp), best.peak <= the budget.
+//     try {
+//       (void)gpukit::plan_best(chain, 3);
+//     } catch (gpukit::checkpoint_infeasible const& e) {
+//       return e.minimum_budget();  // the least budget with a plan
+//     }
+//     return best.time;
 //   }
 //
 // Planners (every one returns a plan replayed in the simulator, so its time and peak are those of

@@ -4,15 +4,36 @@
 //
 // Quick start:
 //
+//   #include <gpukit/checkpoint/executor.hpp>
+//   #include <gpukit/checkpoint/planners.hpp>
 //   #include <gpukit/checkpoint/profile_chain.hpp>
 //
-//   gpukit::caching_allocator& alloc = gpukit::default_caching_allocator(0);
-//   my_stages stages{...};                 // the Stages type of gpukit/checkpoint/executor.hpp
-//   gpukit::chain_profile prof = gpukit::profile_chain(alloc, stages, L, x0, stream);
-//   gpukit::checkpoint_chain chain = prof.chain();       // times in microseconds, sizes in bytes
-//   auto plan = gpukit::plan_optimal(chain, budget_bytes - prof.transient_bytes());
-//   gpukit::checkpoint_executor exec{alloc};
-//   exec.run_async(plan.schedule, stages, L, x0, stream);
+//   #include <cstddef>
+//   #include <cstdint>
+//
+//   struct my_stages {  // any type with these members (i = 1..L)
+//     std::size_t width;
+//     std::size_t output_bytes(std::size_t) const { return width * sizeof(float); }  // x_i, δ_i
+//     std::size_t tape_bytes(std::size_t) const { return 2 * width * sizeof(float); }  // Fe<i> keeps
+//     // x_i = F_i(x_{i-1}); when c.recording, also fill `tape`. Enqueue the work on `s`.
+//     void forward(std::size_t i, void const* x_in, void* x_out, void* tape,
+//                  gpukit::checkpoint_context const& c, cudaStream_t s);
+//     // δ_{i-1} from δ_i (grad_out is null for i = L: the loss stage starts the backward;
+//     // grad_in is null for i = 1); accumulate parameter gradients here.
+//     void backward(std::size_t i, void const* x_in, void const* tape, void const* grad_out,
+//                   void* grad_in, gpukit::checkpoint_context const& c, cudaStream_t s);
+//   };
+//
+//   void plan_from_measured_costs(my_stages& stages, std::size_t L, void const* x0,
+//                                 std::int64_t budget_bytes, cudaStream_t stream)
+//   {
+//     gpukit::caching_allocator& alloc = gpukit::default_caching_allocator(0);
+//     gpukit::chain_profile prof     = gpukit::profile_chain(alloc, stages, L, x0, stream);
+//     gpukit::checkpoint_chain chain = prof.chain();  // times in microseconds, sizes in bytes
+//     gpukit::checkpoint_plan plan   = gpukit::plan_best(chain, budget_bytes - prof.transient_bytes());
+//     gpukit::checkpoint_executor exec{alloc};
+//     exec.run_async(plan.schedule, stages, L, x0, stream);
+//   }
 //
 // profile_chain calls each stage exactly as the executor does (same Stages interface, every
 // buffer from the same caching allocator, on `stream`):

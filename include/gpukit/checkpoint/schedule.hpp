@@ -7,11 +7,16 @@
 //
 //   #include <gpukit/checkpoint/schedule.hpp>
 //
-//   gpukit::checkpoint_chain chain{{{1, 2, 10, 20}, {1, 2, 10, 20}}};
-//   auto s = gpukit::parse_checkpoint_schedule("Fn1 Fe2 B2 Fe1 B1");
-//   gpukit::checkpoint_simulation r = gpukit::simulate_checkpoint_schedule(chain, s);
-//   // r.time == 1 + 1 + 2 + 1 + 2, r.peak == the largest memory of any operation
-//   std::cout << gpukit::to_string(s) << '\n';           // "Fn1 Fe2 B2 Fe1 B1"
+//   #include <iostream>
+//
+//   void replay_two_stages()
+//   {
+//     gpukit::checkpoint_chain chain{{{1, 2, 10, 20}, {1, 2, 10, 20}}};
+//     gpukit::checkpoint_schedule s = gpukit::parse_checkpoint_schedule("Fn1 Fe2 B2 Fe1 B1");
+//     gpukit::checkpoint_simulation r = gpukit::simulate_checkpoint_schedule(chain, s);
+//     // r.time == 1 + 1 + 2 + 1 + 2, r.peak == the largest memory of any operation
+//     std::cout << gpukit::to_string(s) << ": time " << r.time << ", peak " << r.peak << '\n';
+//   }
 //
 // A schedule written as a list of operations drops every object (each x_j, each tape) right after
 // its last use, a use reading the latest computation of that object. The simulator rejects, naming
