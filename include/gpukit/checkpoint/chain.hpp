@@ -9,12 +9,13 @@
 //
 //   gpukit::checkpoint_chain three_stages()
 //   {
-//     // Stage i: forward time f, backward time b, output size a (x_i, and its gradient), tape size t
-//     // (what a recording forward keeps for the backward, not counting its input). Any integer
-//     // units: e.g. microseconds and MiB.
+//     // Stage i: forward time f, backward time b, output size a (x_i, and its gradient),
+//     // tape size t (what a recording forward keeps for the backward, not counting its
+//     // input). Any integer units: e.g. microseconds and MiB.
 //     gpukit::checkpoint_chain chain{{{2, 4, 16, 48}, {2, 4, 16, 48}, {1, 2, 64, 64}}};
 //     std::istringstream text{"2 4 16 48\n2 4 16 48\n1 2 64 64\n"};
-//     gpukit::checkpoint_chain same = gpukit::parse_checkpoint_chain(text);  // a line a stage: f b a t
+//     // one stage a line: f b a t
+//     gpukit::checkpoint_chain same = gpukit::parse_checkpoint_chain(text);
 //     return same.size() == chain.size() ? same : chain;
 //   }
 //

@@ -14,8 +14,9 @@
 //
 //   struct my_stages {  // any type with these members (i = 1..L)
 //     std::size_t width;
-//     std::size_t output_bytes(std::size_t) const { return width * sizeof(float); }  // x_i, δ_i
-//     std::size_t tape_bytes(std::size_t) const { return 2 * width * sizeof(float); }  // Fe<i> keeps
+//     // the bytes of x_i (and of δ_i), and what Fe<i> keeps for B<i> beside x_{i-1}
+//     std::size_t output_bytes(std::size_t) const { return width * sizeof(float); }
+//     std::size_t tape_bytes(std::size_t) const { return 2 * width * sizeof(float); }
 //     // x_i = F_i(x_{i-1}); when c.recording, also fill `tape`. Enqueue the work on `s`.
 //     void forward(std::size_t i, void const* x_in, void* x_out, void* tape,
 //                  gpukit::checkpoint_context const& c, cudaStream_t s);

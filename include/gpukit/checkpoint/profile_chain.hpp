@@ -13,8 +13,9 @@
 //
 //   struct my_stages {  // any type with these members (i = 1..L)
 //     std::size_t width;
-//     std::size_t output_bytes(std::size_t) const { return width * sizeof(float); }  // x_i, δ_i
-//     std::size_t tape_bytes(std::size_t) const { return 2 * width * sizeof(float); }  // Fe<i> keeps
+//     // the bytes of x_i (and of δ_i), and what Fe<i> keeps for B<i> beside x_{i-1}
+//     std::size_t output_bytes(std::size_t) const { return width * sizeof(float); }
+//     std::size_t tape_bytes(std::size_t) const { return 2 * width * sizeof(float); }
 //     // x_i = F_i(x_{i-1}); when c.recording, also fill `tape`. Enqueue the work on `s`.
 //     void forward(std::size_t i, void const* x_in, void* x_out, void* tape,
 //                  gpukit::checkpoint_context const& c, cudaStream_t s);
@@ -30,7 +31,8 @@
 //     gpukit::caching_allocator& alloc = gpukit::default_caching_allocator(0);
 //     gpukit::chain_profile prof     = gpukit::profile_chain(alloc, stages, L, x0, stream);
 //     gpukit::checkpoint_chain chain = prof.chain();  // times in microseconds, sizes in bytes
-//     gpukit::checkpoint_plan plan   = gpukit::plan_best(chain, budget_bytes - prof.transient_bytes());
+//     std::int64_t const activations = budget_bytes - prof.transient_bytes();
+//     gpukit::checkpoint_plan plan   = gpukit::plan_best(chain, activations);
 //     gpukit::checkpoint_executor exec{alloc};
 //     exec.run_async(plan.schedule, stages, L, x0, stream);
 //   }
