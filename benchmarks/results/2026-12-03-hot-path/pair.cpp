@@ -1,9 +1,9 @@
 // Instructions per allocate+free pair (64 KiB, one stream, one thread) on the simulated GPU:
 // the allocator's host hot path, counted by callgrind, for two trees side by side.
-#include <gpukit/memory/caching_allocator.hpp>
-#include <gpukit/runtime/sim_runtime.hpp>
 #include <cstdio>
 #include <cstdlib>
+#include <gpukit/memory/caching_allocator.hpp>
+#include <gpukit/runtime/sim_runtime.hpp>
 int main(int argc, char** argv)
 {
   long const n = argc > 1 ? std::atol(argv[1]) : 100000;

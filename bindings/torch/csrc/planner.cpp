@@ -60,15 +60,15 @@ py::dict plan(std::vector<stage_costs> const& stages, std::int64_t budget, std::
 {
   py::dict d;
   try {
-    auto const chain = to_chain(stages);
-    auto const p     = plan_at_finest(chain, budget, max_slots, planner);
-    d["infeasible"]  = false;
-    d["schedule"]    = gpukit::to_string(p.schedule);
-    d["time"]        = p.time;
-    d["peak"]        = p.peak;
-    d["exact"]       = p.exact;
+    auto const chain    = to_chain(stages);
+    auto const p        = plan_at_finest(chain, budget, max_slots, planner);
+    d["infeasible"]     = false;
+    d["schedule"]       = gpukit::to_string(p.schedule);
+    d["time"]           = p.time;
+    d["peak"]           = p.peak;
+    d["exact"]          = p.exact;
     d["proven_optimal"] = p.proven_optimal;
-    d["unit"]        = p.unit;
+    d["unit"]           = p.unit;
   } catch (gpukit::checkpoint_infeasible const& e) {
     d["infeasible"]     = true;
     d["minimum_budget"] = e.minimum_budget();
