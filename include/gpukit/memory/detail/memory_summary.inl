@@ -4,6 +4,7 @@
 
 #include <gpukit/memory/memory_summary.hpp>
 
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -87,10 +88,14 @@ inline std::string summary_size(std::int64_t bytes)
 /// PyTorch's rows: the metrics, each for the whole allocator and per pool.
 inline std::string summary_metrics(caching_allocator_stats const& s, bool abbreviated)
 {
+  // Member pointers through aliases: nvcc writes `T C::*m` back as `T (C::*m)`, which g++'s
+  // -Wparentheses then warns about.
+  using all_member  = stat_pair caching_allocator_stats::*;
+  using pool_member = stat_totals caching_pool_stats::*;
   struct metric {
     char const* name;
-    stat_pair caching_allocator_stats::*all;
-    stat_totals caching_pool_stats::*pool;
+    all_member all;
+    pool_member pool;
     bool bytes;
     bool totals;
   };
@@ -144,7 +149,7 @@ inline std::string summary_gpukit(caching_allocator_stats const& s, char const* 
          u(s.num_ooms) + " failed; " + u(s.num_release_waits) + " release waits; " +
          u(s.num_cross_stream_events) + " cross-stream events; " + u(s.num_dead_streams) +
          " dead streams\n";
-  for (int i = 0; i < recovery_step_count; ++i) {
+  for (std::size_t i = 0; i < static_cast<std::size_t>(recovery_step_count); ++i) {
     out += "gpukit:   step " + std::to_string(i + 1) + ", " + recovery_step_names[i] + ": ran " +
            u(s.num_recovery_steps[i]) + ", made " +
            summary_size(static_cast<std::int64_t>(s.recovery_bytes[i])) + " available\n";

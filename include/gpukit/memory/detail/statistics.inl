@@ -57,7 +57,7 @@ void basic_caching_allocator<Runtime>::update_peaks_locked() const
   std::array<sums, 3> k{};  // small, large, both (peaks only)
   auto top = [](std::int64_t& m, auto const& c) { m = std::max(m, c.get()); };
   for (auto const& c : threads_.caches) {
-    for (int i = 0; i < 2; ++i) {
+    for (std::size_t i = 0; i < 2; ++i) {
       auto const& f = c->pools[i];
       k[i].bytes_in += f.bytes_in.get();
       k[i].bytes_out += f.bytes_out.get();
@@ -76,8 +76,8 @@ void basic_caching_allocator<Runtime>::update_peaks_locked() const
   if (threads_.freed_across) {
     for (auto& x : k) { x.peak_bytes = x.peak_requested = x.peak_count = 0; }
   }
-  for (int i = 0; i < 2; ++i) {
-    caching_pool_stats& p = pool_stats_locked(i);
+  for (std::size_t i = 0; i < 2; ++i) {
+    caching_pool_stats& p = pool_stats_locked(static_cast<int>(i));
     detail::set_flow(p.allocated_bytes, k[i].bytes_in, k[i].bytes_out, k[i].peak_bytes);
     detail::set_flow(p.requested_bytes, k[i].requested_in, k[i].requested_out, k[i].peak_requested);
     detail::set_flow(p.allocation_count, k[i].allocs, k[i].frees, k[i].peak_count);
@@ -101,21 +101,21 @@ void basic_caching_allocator<Runtime>::update_scanned_locked() const
   // Per pool kind: blocks waiting on other streams' work, and free blocks of split segments.
   std::array<std::int64_t, 2> pending_bytes{}, pending_count{}, split_bytes{}, split_count{};
   for (auto const& p : streams_.pending) {
-    pending_bytes[p.b->kind] += static_cast<std::int64_t>(p.b->size);
-    ++pending_count[p.b->kind];
+    pending_bytes[static_cast<std::size_t>(p.b->kind)] += static_cast<std::int64_t>(p.b->size);
+    ++pending_count[static_cast<std::size_t>(p.b->kind)];
   }
   auto split = [&](block* b) {
     if (b->prev != nullptr || b->next != nullptr) {
-      split_bytes[b->kind] += static_cast<std::int64_t>(b->size);
-      ++split_count[b->kind];
+      split_bytes[static_cast<std::size_t>(b->kind)] += static_cast<std::int64_t>(b->size);
+      ++split_count[static_cast<std::size_t>(b->kind)];
     }
   };
   for (auto const& sp : streams_.pools) {
     for (auto const& idx : sp->index) { idx.for_each(split); }
   }
   for (auto const& idx : pool_.global) { idx.for_each(split); }
-  for (int i = 0; i < 2; ++i) {
-    caching_pool_stats& p = pool_stats_locked(i);
+  for (std::size_t i = 0; i < 2; ++i) {
+    caching_pool_stats& p = pool_stats_locked(static_cast<int>(i));
     // Active: handed out, less the frees that have completed (pending frees are still active).
     detail::set_flow(p.active_bytes, p.allocated_bytes.allocated,
                      p.allocated_bytes.freed - pending_bytes[i], 0);

@@ -213,8 +213,8 @@ struct caching_thread_cache {
   __attribute__((always_inline)) void count_alloc(int kind, std::int64_t size,
                                                   std::int64_t requested) noexcept
   {
-    pool_flows& f       = pools[kind];
-    pool_flows const& o = pools[kind ^ 1];
+    pool_flows& f       = pools[static_cast<std::size_t>(kind)];
+    pool_flows const& o = pools[static_cast<std::size_t>(kind ^ 1)];
     f.bytes_in.add(size);
     f.requested_in.add(requested);
     f.allocs.add(1);
@@ -231,7 +231,7 @@ struct caching_thread_cache {
   __attribute__((always_inline)) void count_free(int kind, std::int64_t size,
                                                  std::int64_t requested) noexcept
   {
-    pool_flows& f = pools[kind];
+    pool_flows& f = pools[static_cast<std::size_t>(kind)];
     f.bytes_out.add(size);
     f.requested_out.add(requested);
     f.frees.add(1);
