@@ -24,6 +24,7 @@
 #include <gpukit/checkpoint/chain.hpp>
 #include <gpukit/checkpoint/executor.hpp>
 #include <gpukit/checkpoint/planners.hpp>
+#include <gpukit/checkpoint/profile_chain.hpp>
 #include <gpukit/checkpoint/schedule.hpp>
 #include <gpukit/doctor/doctor.hpp>
 #include <gpukit/error.hpp>
