@@ -96,9 +96,9 @@ enum class staging_copy {
 };
 
 /// Settings of a transfer pipeline. The defaults follow the H200 host: host memcpy peaks at about
-/// 12 threads of 16 vCPUs, and the staging sweep there (2026-12-02, 512 MiB pageable host to
-/// device, benchmarks/results/2026-12-02-h200-session3/transfer/sweep_summary.txt) put 4 MiB fixed
-/// chunks first: 48.3-49.3 GB/s at 8-12 threads, against 36-41 GB/s with 16 MiB chunks.
+/// 12 threads of 16 vCPUs, and a staging sweep there (512 MiB pageable host to device; the runs
+/// are under benchmarks/results/) put 4 MiB fixed chunks first: 48.3-49.3 GB/s at 8-12 threads,
+/// against 36-41 GB/s with 16 MiB chunks.
 /// benchmarks/transfer/transfer_bench takes every knob on its command line (--help).
 struct transfer_options {
   /// Bytes of one staging chunk (rounded up to 4 KiB): the most one thread copies at once.
