@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Instructions per allocate+free pair (64 KiB, one stream, one thread) on the simulated GPU:
 // the allocator's host hot path, counted by callgrind, for two trees side by side.
 #include <cstdio>
