@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The checkpoint planners against the simulator of the cost model (issue 8): hand-worked replays,
+// The checkpoint planners against the simulator of the cost model: hand-worked replays,
 // validation errors, the dynamic program against a brute force over its whole class, the general
 // optimum (plan_exhaustive) against both, Revolve against Griewank's bound and a search, and the
 // baselines on realistic chains.
@@ -415,6 +415,60 @@ TEST_SUITE("checkpoint")
       }
     }
     MESSAGE(cases << " (chain, budget) cases: plan_best == plan_exhaustive on every one");
+  }
+
+  TEST_CASE("plan_best: the necessary budget is a lower bound, and settles what it rules out")
+  {
+    std::mt19937_64 rng{77};
+    for (int trial = 0; trial < 300; ++trial) {
+      std::size_t const L = 1 + static_cast<std::size_t>(trial % 7);
+      auto stages         = random_chain(rng, L, 9, 9).stages();
+      // Every other chain has one large tape, the shape that made infeasible searches long.
+      if (trial % 2 == 1)
+        stages[static_cast<std::size_t>(trial / 2) % L].tape_size = 20 + trial % 9;
+      checkpoint_chain const chain{stages};
+      std::int64_t const need = detail::ckpt_necessary_budget(chain);
+      INFO("trial " << trial << ", L = " << L << ", need = " << need);
+      if (need > 0) {
+        CHECK_THROWS_AS((void)plan_exhaustive(chain, need - 1), checkpoint_infeasible);
+      }
+    }
+    // A 10-stage chain whose stage 2 keeps a tape of 26: every budget under 29 is infeasible.
+    // Before the bound, finding that least budget searched every reachable state at each bisection
+    // step (about 5 s); now no state is stored.
+    std::vector<checkpoint_stage> v(10, checkpoint_stage{1, 2, 1, 2});
+    v[1]             = {1, 2, 1, 26};
+    auto const chain = checkpoint_chain{v};
+    CHECK(detail::ckpt_necessary_budget(chain) == 29);
+    CHECK(detail::ckpt_search(chain, 28, INT64_MAX, std::size_t{1} << 23).states == 0);
+    try {
+      (void)plan_best(chain, 6);
+      FAIL("budget 6 fit");
+    } catch (checkpoint_infeasible const& e) {
+      CHECK(e.minimum_budget() == 29);
+      CHECK(contains(e.what(), "the least budget is 29"));
+    }
+  }
+
+  TEST_CASE("plan_best: a least-budget search cut short reports a budget that fits, said as such")
+  {
+    std::mt19937_64 rng{5};
+    int cut = 0;
+    for (int trial = 0; trial < 60; ++trial) {
+      auto chain              = random_chain(rng, 8, 9, 9);
+      std::int64_t const need = detail::ckpt_necessary_budget(chain);
+      std::int64_t const top  = optimal_min_budget(chain);
+      if (top - need < 2) continue;
+      INFO("trial " << trial << ", need = " << need << ", persistent least = " << top);
+      auto const full   = detail::ckpt_least_budget(chain, need - 1, top, std::size_t{1} << 23);
+      auto const short_ = detail::ckpt_least_budget(chain, need - 1, top, 50);
+      CHECK(full.exact);
+      CHECK(short_.budget >= full.budget);  // never understated
+      CHECK_NOTHROW((void)plan_exhaustive(chain, short_.budget));
+      if (!short_.exact) ++cut;
+      if (short_.budget > full.budget) CHECK_FALSE(short_.exact);
+    }
+    CHECK(cut > 0);
   }
 
   TEST_CASE("plan_best: time never rises with the budget, even where sizes are rounded")

@@ -355,7 +355,8 @@ inline checkpoint_plan ckpt_best_persistent(checkpoint_chain const& chain, std::
 /// plan.proven_optimal says whether the time is proven the least of any schedule (search completed,
 /// or the time is sum(f + b)). plan.planner is "best".
 /// @throws checkpoint_infeasible when no plan fits: minimum_budget() is the least budget of any
-///         schedule when the search ran to the end, else the least persistent one
+///         schedule when the searches ran to the end (a budget at which one fits when they stopped
+///         at options.max_search_states, in all), else the least persistent one
 /// @throws gpukit::logic_error as plan_optimal, or when options.search_max_stages exceeds 29
 [[nodiscard]] inline checkpoint_plan plan_best(checkpoint_chain const& chain, std::int64_t budget,
                                                checkpoint_planner_options const& options = {})
@@ -384,12 +385,16 @@ inline checkpoint_plan ckpt_best_persistent(checkpoint_chain const& chain, std::
     }
     p.proven_optimal = p.proven_optimal || (r.complete && p.time >= 0);
     if (p.time < 0 && r.complete) {
-      std::int64_t const least = detail::ckpt_least_budget(chain, budget, optimal_min_budget(chain),
-                                                           options.max_search_states);
-      throw checkpoint_infeasible{"plan_best: no schedule fits a budget of " +
-                                    std::to_string(budget) + "; the least budget is " +
-                                    std::to_string(least),
-                                  least};
+      auto const least = detail::ckpt_least_budget(chain, budget, optimal_min_budget(chain),
+                                                   options.max_search_states);
+      throw checkpoint_infeasible{
+        "plan_best: no schedule fits a budget of " + std::to_string(budget) +
+          (least.exact
+             ? "; the least budget is " + std::to_string(least.budget)
+             : "; a budget of " + std::to_string(least.budget) +
+                 " fits (options.max_search_states = " + std::to_string(options.max_search_states) +
+                 " stopped the search before a lower one was ruled out)"),
+        least.budget};
     }
   }
   if (p.time < 0) {

@@ -16,7 +16,10 @@
 //   time;
 // - a state whose time plus bound reaches `upper` is never stored: a plan of time `upper` is known,
 //   so the search only looks for strictly faster ones;
-// - states live in a hash map, so its memory follows the states the search touches, not 4^L.
+// - states live in a hash map, so its memory follows the states the search touches, not 4^L;
+// - a budget below ckpt_necessary_budget (a lower bound of what any schedule needs) is refused
+//   before any state is stored: without it, an infeasible budget makes the search visit every
+//   reachable state (about 350,000 at 10 stages, a second).
 #pragma once
 
 #include <gpukit/checkpoint/chain.hpp>
@@ -42,6 +45,34 @@ struct ckpt_search_result {
   bool complete{true};    ///< false when the search stopped at max_states
 };
 
+/// A lower bound of the least budget of any schedule, from what every schedule must hold. B<i>
+/// holds delta_i, x_{i-1}, tape_i and the delta_{i-1} it writes (R_i). The last Fe<i> before B<i>
+/// runs when the next backward is some nb >= i: it holds delta_nb, x_{i-1} and writes x_i and
+/// tape_i, and tape_i then stays through B<nb> .. B<i+1>, each of which needs R_k besides. So
+/// stage i needs at least the least, over nb, of those peaks. O(L^2).
+[[nodiscard]] inline std::int64_t ckpt_necessary_budget(checkpoint_chain const& chain) noexcept
+{
+  std::size_t const L = chain.size();
+  auto backward       = [&](std::size_t k) {
+    return chain.gradient_size(k) + chain.activation_size(k - 1) + chain[k].tape_size +
+           chain.gradient_size(k - 1);
+  };
+  std::int64_t need = 0;
+  for (std::size_t i = 1; i <= L; ++i) need = std::max(need, backward(i));
+  for (std::size_t i = 1; i <= L; ++i) {
+    auto const& s             = chain[i];
+    std::int64_t const made   = chain.activation_size(i - 1) + s.output_size + s.tape_size;
+    std::int64_t least        = std::numeric_limits<std::int64_t>::max();
+    std::int64_t held_through = 0;  // max of R_k + tape_i over i < k <= nb
+    for (std::size_t nb = i; nb <= L; ++nb) {
+      if (nb > i) held_through = std::max(held_through, backward(nb) + s.tape_size);
+      least = std::min(least, std::max(chain.gradient_size(nb) + made, held_through));
+    }
+    need = std::max(need, least);
+  }
+  return need;
+}
+
 class ckpt_astar {
  public:
   /// Longest chain the state keys hold (5 bits of nb, 29 of activations, 29 of tapes).
@@ -54,10 +85,11 @@ class ckpt_astar {
 
   ckpt_search_result run()
   {
+    ckpt_search_result r;
+    if (budget_ < ckpt_necessary_budget(chain_)) return r;  // complete: nothing fits
     std::size_t const L = chain_.size();
     key const start     = pack(L, 0, 0);
     push(start, start, 0, {}, false);
-    ckpt_search_result r;
     while (!queue_.empty()) {
       auto const [f, negative_g, id] = queue_.top();
       queue_.pop();
@@ -193,18 +225,32 @@ inline ckpt_search_result ckpt_search(checkpoint_chain const& chain, std::int64_
 }
 
 /// The least budget at which some schedule fits, given that none fits `infeasible` and one fits
-/// `feasible` (> infeasible): a bisection with the search as the test. A search that stops at
-/// max_states counts as feasible, so the answer never understates the least budget.
-inline std::int64_t ckpt_least_budget(checkpoint_chain const& chain, std::int64_t infeasible,
-                                      std::int64_t feasible, std::size_t max_states)
+/// `feasible` (> infeasible): a bisection with the search as the test, from
+/// ckpt_necessary_budget up. The searches share `max_states` (stored states in all); once it is
+/// spent, or a search stops at it, the budget in question counts as infeasible, so `budget` is
+/// always one at which a schedule is known to fit, and `exact` says whether it is proven the least.
+struct ckpt_least_budget_result {
+  std::int64_t budget;
+  bool exact;
+};
+
+inline ckpt_least_budget_result ckpt_least_budget(checkpoint_chain const& chain,
+                                                  std::int64_t infeasible, std::int64_t feasible,
+                                                  std::size_t max_states)
 {
   constexpr std::int64_t none = std::numeric_limits<std::int64_t>::max();
+  infeasible                  = std::max(infeasible, ckpt_necessary_budget(chain) - 1);
+  std::size_t left            = max_states;
+  bool exact                  = true;
   while (feasible - infeasible > 1) {
     std::int64_t const mid = infeasible + (feasible - infeasible) / 2;
-    auto const r           = ckpt_search(chain, mid, none, max_states);
-    (r.time >= 0 || !r.complete ? feasible : infeasible) = mid;
+    auto const r =
+      left == 0 ? ckpt_search_result{-1, {}, 0, false} : ckpt_search(chain, mid, none, left);
+    left -= std::min(left, r.states);
+    exact                                 = exact && (r.time >= 0 || r.complete);
+    (r.time >= 0 ? feasible : infeasible) = mid;
   }
-  return feasible;
+  return {feasible, exact};
 }
 
 }  // namespace gpukit::detail
