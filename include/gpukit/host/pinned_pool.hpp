@@ -61,6 +61,7 @@
 #pragma once
 
 #include <gpukit/detail/cccl_compat.hpp>  // <cuda/memory_resource>, whichever CCCL
+#include <gpukit/detail/compiled.hpp>
 #include <gpukit/error.hpp>
 #include <gpukit/profile/memory_annotation.hpp>
 #include <gpukit/runtime/cuda_runtime.hpp>
@@ -408,14 +409,8 @@ using pinned_pool = basic_pinned_pool<cuda_runtime>;
 
 #include <gpukit/host/detail/pinned_pool.inl>
 
-// Compiled mode (README, "Building"): gpukit::compiled holds these instantiations
-// (src/pinned_pool.cpp).
-#ifdef GPUKIT_COMPILED_LIBRARY
-namespace gpukit {
-extern template class pinned_buffer<cuda_runtime>;
-extern template class basic_pinned_pool<cuda_runtime>;
-}  // namespace gpukit
-#endif
+GPUKIT_DETAIL_EXTERN_TEMPLATE(class gpukit::pinned_buffer<gpukit::cuda_runtime>);
+GPUKIT_DETAIL_EXTERN_TEMPLATE(class gpukit::basic_pinned_pool<gpukit::cuda_runtime>);
 
 #if GPUKIT_HAS_CCCL_MEMORY_RESOURCE
 static_assert(gpukit::detail::is_host_device_sync_resource_v<gpukit::pinned_pool>,

@@ -74,6 +74,7 @@
 #pragma once
 
 #include <gpukit/detail/cccl_compat.hpp>  // <cuda/memory_resource>, whichever CCCL
+#include <gpukit/detail/compiled.hpp>
 #include <gpukit/error.hpp>
 #include <gpukit/memory/caching_allocator_stats.hpp>
 #include <gpukit/memory/detail/address_map.hpp>
@@ -763,14 +764,9 @@ basic_caching_allocator<Runtime>& default_caching_allocator(int device = -1)
 // GPUKIT_ALLOC_CONF for the default allocators (detail::default_allocator_options).
 #include <gpukit/memory/alloc_conf.hpp>
 
-// Compiled mode (README, "Building"): gpukit::compiled holds these instantiations
-// (src/caching_allocator.cpp).
-#ifdef GPUKIT_COMPILED_LIBRARY
-namespace gpukit {
-extern template class basic_caching_allocator<cuda_runtime>;
-extern template basic_caching_allocator<cuda_runtime>& default_caching_allocator<cuda_runtime>(int);
-}  // namespace gpukit
-#endif
+GPUKIT_DETAIL_EXTERN_TEMPLATE(class gpukit::basic_caching_allocator<gpukit::cuda_runtime>);
+GPUKIT_DETAIL_EXTERN_TEMPLATE(gpukit::basic_caching_allocator<gpukit::cuda_runtime>&
+                                gpukit::default_caching_allocator<gpukit::cuda_runtime>(int));
 
 #if GPUKIT_HAS_CCCL_MEMORY_RESOURCE
 static_assert(gpukit::detail::is_device_async_resource_v<gpukit::caching_allocator>,

@@ -34,6 +34,7 @@
 // stream waits on the batch's event.
 #pragma once
 
+#include <gpukit/detail/compiled.hpp>
 #include <gpukit/error.hpp>
 #include <gpukit/memory/caching_allocator.hpp>
 #include <gpukit/runtime/cuda_runtime.hpp>
@@ -172,10 +173,4 @@ using prefetcher = basic_prefetcher<cuda_runtime>;
 
 #include <gpukit/transfer/detail/prefetcher.inl>
 
-// Compiled mode (README, "Building"): gpukit::compiled holds these instantiations
-// (src/prefetcher.cpp).
-#ifdef GPUKIT_COMPILED_LIBRARY
-namespace gpukit {
-extern template class basic_prefetcher<cuda_runtime>;
-}  // namespace gpukit
-#endif
+GPUKIT_DETAIL_EXTERN_TEMPLATE(class gpukit::basic_prefetcher<gpukit::cuda_runtime>);

@@ -61,6 +61,7 @@
 // Every member is thread-safe; transfers from several threads share the staging threads.
 #pragma once
 
+#include <gpukit/detail/compiled.hpp>
 #include <gpukit/error.hpp>
 #include <gpukit/host/pinned_pool.hpp>
 #include <gpukit/runtime/cuda_runtime.hpp>
@@ -322,10 +323,4 @@ using transfer_pipeline = basic_transfer_pipeline<cuda_runtime>;
 
 #include <gpukit/transfer/detail/transfer_pipeline.inl>
 
-// Compiled mode (README, "Building"): gpukit::compiled holds these instantiations
-// (src/transfer_pipeline.cpp).
-#ifdef GPUKIT_COMPILED_LIBRARY
-namespace gpukit {
-extern template class basic_transfer_pipeline<cuda_runtime>;
-}  // namespace gpukit
-#endif
+GPUKIT_DETAIL_EXTERN_TEMPLATE(class gpukit::basic_transfer_pipeline<gpukit::cuda_runtime>);
