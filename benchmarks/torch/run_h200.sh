@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # benchmarks/torch/run_h200.sh: gpukit as PyTorch's and CuPy's allocator on the GPU machine, in
-# about 4 minutes, from the repo root (issue 9). Build here first with the h200 preset
+# about 4 minutes, from the repo root. Build here first with the h200 preset
 # (cmake --preset h200 && cmake --build --preset h200) and carry build/h200/bin: the libraries are
 # build/h200/bin/bindings/libgpukit_torch.so and libgpukit_torch_trivial.so, the simulated-GPU test
 # build/h200/bin/tests/gpukit_torch_abi_test with libgpukit_torch_sim.so beside it. Needs PyTorch,
@@ -60,7 +60,7 @@ fi
 if [[ ${TRAIN:-1} == 1 ]]; then
   step train_compare
   # shellcheck disable=SC2086
-  timeout 540 python3 bindings/torch/train_compare.py --lib "$LIB" --json "$OUT/train_compare.json" \
+  timeout 540 python3 bindings/torch/benchmarks/train_compare.py --lib "$LIB" --json "$OUT/train_compare.json" \
     ${TRAIN_ARGS:-} 2>&1 | tee "$OUT/train_compare.txt"
 fi
 step done

@@ -11,14 +11,9 @@ first used). Rounds alternate the order of the allocators (round r starts at all
 that drift of the machine during the run does not favour one of them; a pair's step times from
 every round are pooled and their median reported.
 
-Models (random initialisation, synthetic data, bf16 autocast, nothing downloaded):
-    resnet50      torchvision's ResNet-50, batch 64 of 224x224 images, SGD
-    vit_b16       torchvision's ViT-B/16, batch 64 of 224x224 images, AdamW
-    gpt2_varlen   transformers' GPT-2 small (124M), batch 8, a sequence length drawn per step
-                  (128..1024; one fixed sequence for every allocator): shapes that vary step to step
-    compiled      a 4-layer transformer encoder (d=1024, batch 32 x 256 tokens) under
-                  torch.compile(mode="reduce-overhead"): CUDA graphs replayed from the allocator's
-                  graph pools
+Models (workloads.py; bf16 autocast): resnet50, vit_b16, gpt2, gpt2_varlen, compiled (the
+last under torch.compile(mode="reduce-overhead"), CUDA graphs replayed from the allocator's graph
+pools).
 Allocators (--configs):
     native        PyTorch's caching allocator
     expandable    the same with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
@@ -39,21 +34,20 @@ within 2%) and its NVML peak against expandable's (the target is at or below it)
 
 import argparse
 import ctypes
-import datetime
 import json
 import os
-import random
 import statistics
-import subprocess
 import sys
 import threading
 import time
 
 sys.dont_write_bytecode = True
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import workloads  # noqa: E402
+from workloads import GiB, build, environment, report, run_worker, time_steps  # noqa: E402
 
-MODELS = ("resnet50", "vit_b16", "gpt2_varlen", "compiled")
+MODELS = ("resnet50", "vit_b16", "gpt2_varlen", "compiled")  # the default; any of workloads.MODELS
 CONFIGS = ("native", "expandable", "gpukit")
-GiB = float(1 << 30)
 
 
 # ---- NVML through ctypes (no pynvml needed) ------------------------------------------------------
@@ -99,66 +93,6 @@ class PeakSampler(threading.Thread):
             time.sleep(0.001)
 
 
-# ---- the models ----------------------------------------------------------------------------------
-
-def build(name, torch, args):
-    """The model's step(i) function: one training step on synthetic data."""
-    dev = torch.device("cuda")
-    amp = torch.autocast("cuda", dtype=torch.bfloat16)
-    if name in ("resnet50", "vit_b16"):
-        import torchvision
-        ctor = torchvision.models.resnet50 if name == "resnet50" else torchvision.models.vit_b_16
-        model = ctor(weights=None).to(dev)
-        opt = (torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9) if name == "resnet50"
-               else torch.optim.AdamW(model.parameters(), lr=1e-4))
-        x = torch.randn(args.batch_image, 3, 224, 224, device=dev)
-        y = torch.randint(0, 1000, (args.batch_image,), device=dev)
-        loss_fn = torch.nn.CrossEntropyLoss()
-
-        def step(i):
-            with amp:
-                loss = loss_fn(model(x), y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        return step
-    if name == "gpt2_varlen":
-        import transformers
-        config = transformers.GPT2Config()
-        model = transformers.GPT2LMHeadModel(config).to(dev)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        rng = random.Random(1234)  # one fixed sequence of lengths, the same for every allocator
-        lengths = [rng.randint(128, config.n_positions) for _ in range(args.warmup + args.steps)]
-        gen = torch.Generator(device=dev)
-        gen.manual_seed(0)
-
-        def step(i):
-            ids = torch.randint(0, config.vocab_size, (args.batch_gpt2, lengths[i]), device=dev,
-                                generator=gen)
-            with amp:
-                loss = model(input_ids=ids, labels=ids).loss
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        return step
-    if name == "compiled":
-        layer = torch.nn.TransformerEncoderLayer(1024, 16, 4096, batch_first=True, dropout=0.0)
-        model = torch.nn.TransformerEncoder(layer, 4, enable_nested_tensor=False).to(dev)
-        compiled = torch.compile(model, mode="reduce-overhead")
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        x = torch.randn(32, 256, 1024, device=dev)
-
-        def step(i):
-            torch.compiler.cudagraph_mark_step_begin()
-            with amp:
-                loss = compiled(x).float().pow(2).mean()
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        return step
-    raise SystemExit(f"train_table: unknown model {name!r}: expected one of {', '.join(MODELS)}")
-
-
 # ---- one (model, allocator) in this process ----------------------------------------------------
 
 def worker(args):
@@ -180,16 +114,7 @@ def worker(args):
     sampler = PeakSampler(nvml)
     sampler.start()
     step = build(model_name, torch, args)
-    for i in range(args.warmup):
-        step(i)
-    torch.cuda.synchronize()
-    times = []
-    for i in range(args.warmup, args.warmup + args.steps):
-        t0 = time.perf_counter()
-        step(i)
-        torch.cuda.synchronize()
-        times.append((time.perf_counter() - t0) * 1e3)
-        sampler.sample()
+    times = time_steps(torch, step, args.warmup, args.steps, after_step=sampler.sample)
     sampler.running = False
     sampler.join()
     result = {
@@ -204,7 +129,7 @@ def worker(args):
         s = gpukit_torch.gpukit_stats()
         result["gpukit"] = {k: s[k] for k in ("segments", "num_ooms", "num_alloc_retries")
                             if k in s}
-    print("RESULT " + json.dumps(result), flush=True)
+    report(result)
     return 0
 
 
@@ -219,17 +144,7 @@ def run_one(model_name, config, args):
            "--steps", str(args.steps), "--warmup", str(args.warmup),
            "--batch-image", str(args.batch_image), "--batch-gpt2", str(args.batch_gpt2),
            "--gpukit-conf", args.gpukit_conf]
-    t0 = time.perf_counter()
-    try:
-        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
-    except subprocess.TimeoutExpired:
-        return {"model": model_name, "config": config, "error": f"timed out after {args.timeout} s"}
-    for line in p.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
-    tail = (p.stderr or p.stdout).strip().splitlines()[-8:]
-    return {"model": model_name, "config": config, "error": f"exit {p.returncode}",
-            "stderr_tail": tail, "seconds": time.perf_counter() - t0}
+    return run_worker(cmd, env, args.timeout, model_name, config)
 
 
 def summarize(results, models, configs):
@@ -298,15 +213,17 @@ def main():
     models = [m for m in args.models.split(",") if m]
     configs = [c for c in args.configs.split(",") if c]
     for m in models:
-        if m not in MODELS:
-            ap.error(f"--models: unknown model {m!r} (known: {', '.join(MODELS)})")
+        if m not in workloads.MODELS:
+            ap.error(f"--models: unknown model {m!r} (known: {', '.join(workloads.MODELS)})")
     for c in configs:
         if c not in CONFIGS and not c.startswith("gpukit:"):
             ap.error(f"--configs: unknown allocator {c!r} (known: {', '.join(CONFIGS)}, gpukit:CONF)")
     started = time.perf_counter()
-    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    print(f"train_table: {date}; {args.rounds} rounds of {args.steps} steps after {args.warmup} "
-          f"warm-up", flush=True)
+    info = environment()
+    date = info["date"]
+    print(f"train_table: {info.get('gpu')}, torch {info.get('torch')} (CUDA {info.get('cuda')}), "
+          f"{date}; {args.rounds} rounds of {args.steps} steps after {args.warmup} warm-up",
+          flush=True)
     results = []
     for rnd in range(args.rounds):
         order = configs[rnd % len(configs):] + configs[:rnd % len(configs)]
@@ -331,7 +248,7 @@ def main():
         with open(os.path.join(args.out, "train_table.md"), "w") as f:
             f.write(f"{date}\n\n{table}\n")
         with open(os.path.join(args.out, "train_table.json"), "w") as f:
-            json.dump({"date": date, "args": {k: v for k, v in vars(args).items() if k != "worker"},
+            json.dump({"date": date, "environment": info, "args": {k: v for k, v in vars(args).items() if k != "worker"},
                        "results": results}, f, indent=1)
     return 1 if any("error" in r for r in results) else 0
 

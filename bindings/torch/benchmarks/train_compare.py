@@ -4,16 +4,12 @@
 CUDA allocators, one subprocess per (model, allocator), and prints the median step time and the
 peak reserved memory of each, as a table; writes the same as JSON.
 
-    python3 bindings/torch/train_compare.py                       # every model and allocator
-    python3 bindings/torch/train_compare.py --models gpt2_varlen --configs native,gpukit
-    python3 bindings/torch/train_compare.py --json out/train_compare.json
+    python3 bindings/torch/benchmarks/train_compare.py             # every model and allocator
+    python3 bindings/torch/benchmarks/train_compare.py --models gpt2_varlen --configs native,gpukit
+    python3 bindings/torch/benchmarks/train_compare.py --json out/train_compare.json
 
-Models (random initialisation, nothing downloaded):
-    resnet50      torchvision.models.resnet50(weights=None), batch 64 of 224x224 images, SGD
-    gpt2          transformers GPT2LMHeadModel(GPT2Config()) (124M), batch 8 x 1024 tokens, AdamW
-    gpt2_varlen   the same with a sequence length drawn per step (128..1024, one fixed sequence
-                  for every allocator): the shapes that vary from step to step, where allocators
-                  fragment
+This is the CUDAPluggableAllocator path (PLUGGABLE.md); train_table.py measures the native backend.
+Models (workloads.py): resnet50, gpt2, gpt2_varlen by default, any of workloads.MODELS.
 Allocators (--configs):
     native        PyTorch's caching allocator
     expandable    the same with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
@@ -36,27 +32,26 @@ torch.cuda.synchronize() calls, after --warmup steps; the median of --steps step
 """
 
 import argparse
-import datetime
 import json
 import os
-import random
 import statistics
-import subprocess
 import sys
 import time
 
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+sys.path.insert(0, os.path.dirname(HERE))  # gpukit_torch.pluggable from this source tree
+import workloads  # noqa: E402
+from workloads import GiB, build, environment, report, run_worker, time_steps  # noqa: E402
 
-MODELS = ("resnet50", "gpt2", "gpt2_varlen")
+MODELS = ("resnet50", "gpt2", "gpt2_varlen")  # the default; any of workloads.MODELS
 CONFIGS = ("native", "expandable", "native_async", "trivial", "gpukit")
 ALLOC_CONF = {
     "native": None,
     "expandable": "expandable_segments:True",
     "native_async": "backend:cudaMallocAsync",
 }
-GiB = float(1 << 30)
 
 
 # ---- the worker: one model under one allocator ------------------------------------------------
@@ -102,53 +97,6 @@ def install_allocator(config, lib_path):
                      f"{', '.join(CONFIGS)} or gpukit:SOURCE")
 
 
-def build(model_name, args):
-    """The model and a step(i) function that trains one step on synthetic data."""
-    import torch
-    dev = torch.device("cuda")
-    amp = torch.autocast("cuda", dtype=torch.bfloat16, enabled=not args.fp32)
-    if model_name == "resnet50":
-        import torchvision
-        model = torchvision.models.resnet50(weights=None).to(dev)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-        x = torch.randn(args.batch_resnet, 3, 224, 224, device=dev)
-        y = torch.randint(0, 1000, (args.batch_resnet,), device=dev)
-        loss_fn = torch.nn.CrossEntropyLoss()
-
-        def step(i):
-            with amp:
-                loss = loss_fn(model(x), y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        return model, step
-    if model_name in ("gpt2", "gpt2_varlen"):
-        import transformers
-        config = transformers.GPT2Config()
-        model = transformers.GPT2LMHeadModel(config).to(dev)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        total = args.warmup + args.steps
-        if model_name == "gpt2":
-            lengths = [config.n_positions] * total
-        else:  # one fixed sequence of lengths, the same for every allocator
-            rng = random.Random(1234)
-            lengths = [rng.randint(128, config.n_positions) for _ in range(total)]
-        gen = torch.Generator(device=dev)
-        gen.manual_seed(0)
-
-        def step(i):
-            ids = torch.randint(0, config.vocab_size, (args.batch_gpt2, lengths[i]), device=dev,
-                                generator=gen)
-            with amp:
-                loss = model(input_ids=ids, labels=ids).loss
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        return model, step
-    raise SystemExit(f"train_compare: unknown model {model_name!r}: expected one of "
-                     f"{', '.join(MODELS)}")
-
-
 def worker(args):
     model_name, config = args.worker
     started = time.perf_counter()
@@ -157,17 +105,8 @@ def worker(args):
     torch.manual_seed(0)
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
-    model, step = build(model_name, args)
-    model.train()
-    for i in range(args.warmup):
-        step(i)
-    torch.cuda.synchronize()
-    times = []
-    for i in range(args.warmup, args.warmup + args.steps):
-        t0 = time.perf_counter()
-        step(i)
-        torch.cuda.synchronize()
-        times.append((time.perf_counter() - t0) * 1e3)
+    step = build(model_name, torch, args, amp=not args.fp32)
+    times = time_steps(torch, step, args.warmup, args.steps)
     reserved, allocated = peaks()
     result = {
         "model": model_name, "config": config,
@@ -184,7 +123,7 @@ def worker(args):
                                               "num_device_frees", "num_alloc_retries", "num_ooms",
                                               "bad_frees", "segment_count_peak", "num_pages_created",
                                               "num_pages_reused", "num_cache_hits")}
-    print("RESULT " + json.dumps(result), flush=True)
+    report(result)
 
 
 # ---- the driver: every (model, config) in its own process -------------------------------------
@@ -196,20 +135,10 @@ def run_one(model_name, config, args):
         env["PYTORCH_CUDA_ALLOC_CONF"] = ALLOC_CONF[config]
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", model_name, config,
            "--steps", str(args.steps), "--warmup", str(args.warmup), "--lib", args.lib,
-           "--batch-resnet", str(args.batch_resnet), "--batch-gpt2", str(args.batch_gpt2)]
+           "--batch-image", str(args.batch_image), "--batch-gpt2", str(args.batch_gpt2)]
     if args.fp32:
         cmd.append("--fp32")
-    t0 = time.perf_counter()
-    try:
-        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
-    except subprocess.TimeoutExpired:
-        return {"model": model_name, "config": config, "error": f"timed out after {args.timeout} s"}
-    for line in p.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
-    tail = (p.stderr or p.stdout).strip().splitlines()[-6:]
-    return {"model": model_name, "config": config, "error": f"exit {p.returncode}",
-            "stderr_tail": tail, "seconds": time.perf_counter() - t0}
+    return run_worker(cmd, env, args.timeout, model_name, config, tail_lines=6)
 
 
 def table(results):
@@ -248,35 +177,13 @@ def table(results):
     return "\n".join(rows)
 
 
-def environment():
-    info = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")}
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version",
-                              "--format=csv,noheader"], capture_output=True, text=True, timeout=30)
-        info["gpu"] = out.stdout.strip().splitlines()[0] if out.stdout.strip() else None
-    except (OSError, subprocess.TimeoutExpired):
-        info["gpu"] = None
-    try:
-        out = subprocess.run([sys.executable, "-c",
-                              "import torch, torchvision, transformers; print(torch.__version__, "
-                              "torch.version.cuda, torchvision.__version__, "
-                              "transformers.__version__)"],
-                             capture_output=True, text=True, timeout=120)
-        v = out.stdout.split()
-        if len(v) == 4:
-            info.update(torch=v[0], cuda=v[1], torchvision=v[2], transformers=v[3])
-    except (OSError, subprocess.TimeoutExpired):
-        pass
-    return info
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--batch-resnet", type=int, default=64)
+    ap.add_argument("--batch-image", type=int, default=64)
     ap.add_argument("--batch-gpt2", type=int, default=8)
     ap.add_argument("--fp32", action="store_true", help="no bf16 autocast")
     ap.add_argument("--lib", help="libgpukit_torch.so (default: as gpukit_torch.pluggable finds it); "
@@ -297,8 +204,8 @@ def main():
     models = [m for m in args.models.split(",") if m]
     configs = [c for c in args.configs.split(",") if c]
     for m in models:
-        if m not in MODELS:
-            ap.error(f"--models: unknown model {m!r} (known: {', '.join(MODELS)})")
+        if m not in workloads.MODELS:
+            ap.error(f"--models: unknown model {m!r} (known: {', '.join(workloads.MODELS)})")
     for c in configs:
         if c not in CONFIGS and not c.startswith("gpukit:"):
             ap.error(f"--configs: unknown allocator {c!r} (known: {', '.join(CONFIGS)}, "

@@ -1,0 +1,144 @@
+# SPDX-License-Identifier: Apache-2.0
+"""What the PyTorch benchmarks (train_table.py, train_compare.py) share: the models they train on
+synthetic data, and running one (model, allocator) pair in its own process.
+
+Models (random initialisation, synthetic data, nothing downloaded):
+    resnet50      torchvision's ResNet-50, batch --batch-image of 224x224 images, SGD
+    vit_b16       torchvision's ViT-B/16, batch --batch-image of 224x224 images, AdamW
+    gpt2          transformers' GPT-2 small (124M), batch --batch-gpt2 x 1024 tokens, AdamW
+    gpt2_varlen   the same with a sequence length drawn per step (128..1024; one fixed sequence
+                  for every allocator): shapes that vary from step to step, where allocators
+                  fragment
+    compiled      a 4-layer transformer encoder (d=1024, batch 32 x 256 tokens) under
+                  torch.compile(mode="reduce-overhead"): CUDA graphs replayed from the allocator's
+                  graph pools
+"""
+
+import datetime
+import json
+import random
+import subprocess
+import sys
+import time
+
+MODELS = ("resnet50", "vit_b16", "gpt2", "gpt2_varlen", "compiled")
+GiB = float(1 << 30)
+
+
+def build(name, torch, args, amp=True):
+    """The model's step(i) function: one training step (forward, backward, optimizer) on synthetic
+    data, under bf16 autocast unless amp is False. args: batch_image, batch_gpt2, warmup, steps."""
+    dev = torch.device("cuda")
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp)
+
+    def train(model, opt, loss_of):
+        def step(i):
+            with autocast:
+                loss = loss_of(i)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        return step
+
+    if name in ("resnet50", "vit_b16"):
+        import torchvision
+        ctor = torchvision.models.resnet50 if name == "resnet50" else torchvision.models.vit_b_16
+        model = ctor(weights=None).to(dev)
+        opt = (torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9) if name == "resnet50"
+               else torch.optim.AdamW(model.parameters(), lr=1e-4))
+        x = torch.randn(args.batch_image, 3, 224, 224, device=dev)
+        y = torch.randint(0, 1000, (args.batch_image,), device=dev)
+        loss_fn = torch.nn.CrossEntropyLoss()
+        return train(model, opt, lambda i: loss_fn(model(x), y))
+    if name in ("gpt2", "gpt2_varlen"):
+        import transformers
+        config = transformers.GPT2Config()
+        model = transformers.GPT2LMHeadModel(config).to(dev)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        total = args.warmup + args.steps
+        if name == "gpt2":
+            lengths = [config.n_positions] * total
+        else:  # one fixed sequence of lengths, the same for every allocator
+            rng = random.Random(1234)
+            lengths = [rng.randint(128, config.n_positions) for _ in range(total)]
+        gen = torch.Generator(device=dev)
+        gen.manual_seed(0)
+
+        def loss_of(i):
+            ids = torch.randint(0, config.vocab_size, (args.batch_gpt2, lengths[i]), device=dev,
+                                generator=gen)
+            return model(input_ids=ids, labels=ids).loss
+        return train(model, opt, loss_of)
+    if name == "compiled":
+        layer = torch.nn.TransformerEncoderLayer(1024, 16, 4096, batch_first=True, dropout=0.0)
+        model = torch.nn.TransformerEncoder(layer, 4, enable_nested_tensor=False).to(dev)
+        compiled = torch.compile(model, mode="reduce-overhead")
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        x = torch.randn(32, 256, 1024, device=dev)
+
+        def loss_of(i):
+            torch.compiler.cudagraph_mark_step_begin()
+            return compiled(x).float().pow(2).mean()
+        return train(model, opt, loss_of)
+    raise SystemExit(f"unknown model {name!r}: expected one of {', '.join(MODELS)}")
+
+
+def time_steps(torch, step, warmup, steps, after_step=None):
+    """Runs warmup steps, then times `steps` steps (wall clock between two
+    torch.cuda.synchronize() calls, in ms); after_step() runs after each timed step."""
+    for i in range(warmup):
+        step(i)
+    torch.cuda.synchronize()
+    times = []
+    for i in range(warmup, warmup + steps):
+        t0 = time.perf_counter()
+        step(i)
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e3)
+        if after_step:
+            after_step()
+    return times
+
+
+def report(result):
+    """A worker's last word: the line run_worker reads back."""
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+def run_worker(cmd, env, timeout, model, config, tail_lines=8):
+    """Runs one worker process (cmd) and returns the dict it reported, or one with "error" (and
+    the last lines of its output) when it failed or ran past `timeout` seconds."""
+    t0 = time.perf_counter()
+    try:
+        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"model": model, "config": config, "error": f"timed out after {timeout} s"}
+    for line in p.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    tail = (p.stderr or p.stdout).strip().splitlines()[-tail_lines:]
+    return {"model": model, "config": config, "error": f"exit {p.returncode}",
+            "stderr_tail": tail, "seconds": time.perf_counter() - t0}
+
+
+def environment():
+    """Date, GPU and driver (nvidia-smi), and the versions of torch, torchvision, transformers."""
+    info = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version",
+                              "--format=csv,noheader"], capture_output=True, text=True, timeout=30)
+        info["gpu"] = out.stdout.strip().splitlines()[0] if out.stdout.strip() else None
+    except (OSError, subprocess.TimeoutExpired):
+        info["gpu"] = None
+    try:
+        out = subprocess.run([sys.executable, "-c",
+                              "import torch, torchvision, transformers; print(torch.__version__, "
+                              "torch.version.cuda, torchvision.__version__, "
+                              "transformers.__version__)"],
+                             capture_output=True, text=True, timeout=120)
+        v = out.stdout.split()
+        if len(v) == 4:
+            info.update(torch=v[0], cuda=v[1], torchvision=v[2], transformers=v[3])
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return info
