@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // checkpoint_mlp: trains a deep MLP chain on the GPU through gpukit's checkpoint executor, under
 // every planner, and prints peak memory (the caching allocator's statistics) and step time per
-// plan. It checks what issue 8 promises and exits 1 when any check fails:
+// plan. It checks its promises and exits 1 when any check fails:
 //   - the weight and bias gradients, and the running statistics (updated only when the executor
 //     says the forward is not a recomputation), equal store-all's bit for bit under every plan,
 //     with and without offloading (the kernels are deterministic: one thread per output element,

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # benchmarks/checkpoint/run_h200.sh: activation checkpointing on the GPU machine, in one command
-# from the repo root (issue 8). Finishes in about 2 minutes.
+# from the repo root. Finishes in about 2 minutes.
 #
 # Build here first (cmake --preset h200 && cmake --build --preset h200) and take along build/h200
 # (and .device-libs for Google Benchmark, as for benchmarks/run_h200.sh). Writes to $OUT (default:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# benchmarks/multi/run_h200x2.sh: gpukit on two GPUs (issue 10), in one command from the repo root
+# benchmarks/multi/run_h200x2.sh: gpukit on two GPUs, in one command from the repo root
 # on the two-GPU machine (nvidia-h200-x2). About 3 minutes.
 #
 # Build here first (cmake --preset h200 && cmake --build --preset h200 --target nccl_allreduce

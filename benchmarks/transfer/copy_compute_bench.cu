@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Copy plus compute: does a training loop whose batches arrive through gpukit's prefetcher
 // (pageable host batches staged by the transfer pipeline) finish within 1.05 x max(copy time,
-// compute time)? (issue 6's target). Plain main printing a table; run on the GPU machine:
+// compute time)? Plain main printing a table; run on the GPU machine:
 //
 //   copy_compute_bench [--batches=32] [--batch_mib=64] [--reps=5] [--source=pageable|pinned]
 //                      [--threads=0] [--chunk_kib=4096] [--min_piece_kib=0] [--depth=2]

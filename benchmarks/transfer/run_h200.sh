@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # benchmarks/transfer/run_h200.sh: the pinned pool and transfer pipeline on the GPU machine, in one
-# command from the repo root (issue 6). Finishes in about 6 minutes (SWEEP=0: about 3).
+# command from the repo root. Finishes in about 6 minutes (SWEEP=0: about 3).
 #
 # Build here first (cmake --preset h200 && cmake --build --preset h200) and take along build/h200
 # and .device-libs (Google Benchmark), as for benchmarks/run_h200.sh. Writes to $OUT (default:

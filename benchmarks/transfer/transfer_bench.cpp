@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Pinned pool and transfer pipeline benchmarks, with the anchors in the same binary (DESIGN.md,
-// "Benchmark rules"; issue 6):
+// "Benchmark rules"):
 //
 //   ceiling/host_memcpy/<MiB>/<threads>        pageable -> pinned memcpy by N host threads: the
 //                                              host's own bound on pageable transfers
