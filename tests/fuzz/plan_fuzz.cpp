@@ -42,7 +42,12 @@ extern "C" int LLVMFuzzerTestOneInput(std::uint8_t const* data, std::size_t size
                                     chain.size())) > gpukit_plan::memory_limit_bytes) {
       std::abort();  // check_table_size let through what the limit refuses
     }
-    if (chain.size() <= 12) {
+    // The exact search behind best, exhaustive and offload is exponential in the stages (up to a
+    // second at 11 stages, ten under AddressSanitizer: beyond the fuzzer's 10 s per input); its
+    // speed is planner_bench's business, so only short chains are searched here.
+    bool const searches =
+      c.planner == "best" || c.planner == "exhaustive" || c.planner == "offload";
+    if (chain.size() <= (searches ? 7u : 12u)) {
       try {
         (void)gpukit_plan::plan(chain, c);
       } catch (gpukit::checkpoint_infeasible const&) {}
