@@ -20,6 +20,7 @@
 // something to choose. The tape of a recording forward is the pre-activation z_i. The loss is
 // 0.5 |x_L|^2. Stage times for the planner are measured once with CUDA events (microseconds).
 #include "checkpoint_mlp_stages.cuh"
+#include "gpu_main.hpp"
 
 #include <gpukit/checkpoint/executor.hpp>
 #include <gpukit/checkpoint/planners.hpp>
@@ -289,18 +290,6 @@ int run(args const& a)
 
 int main(int argc, char** argv)
 {
-  args const a        = parse(argc, argv);
-  int devices         = 0;
-  cudaError_t const e = gpukit::cuda_runtime::instance().device_count(devices);
-  if (e != cudaSuccess || devices == 0) {
-    std::printf("checkpoint_mlp: no CUDA GPU (%s): skipped\n",
-                e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
-    return 77;
-  }
-  try {
-    return run(a);
-  } catch (std::exception const& ex) {
-    std::fprintf(stderr, "checkpoint_mlp: %s\n", ex.what());
-    return 1;
-  }
+  args const a = parse(argc, argv);
+  return gpukit_examples::run_on_gpu("checkpoint_mlp", [&] { return run(a); });
 }

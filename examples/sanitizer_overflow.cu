@@ -6,7 +6,9 @@
 //   compute-sanitizer --tool memcheck --nvtx yes ./sanitizer_overflow                 # reported
 //   compute-sanitizer --tool memcheck --nvtx yes ./sanitizer_overflow --no-annotate   # missed
 //
-// Without a GPU it says so and exits 0.
+// Without a GPU it says so and exits 77 (skipped).
+#include "gpu_main.hpp"
+
 #include <gpukit/memory/caching_allocator.hpp>
 #include <gpukit/runtime/cuda_runtime.hpp>
 
@@ -18,12 +20,7 @@ __global__ void write_one_past(char* p, std::size_t n) { p[n] = 1; }
 int main(int argc, char** argv)
 {
   bool const annotate = !(argc > 1 && std::strcmp(argv[1], "--no-annotate") == 0);
-  int devices         = 0;
-  if (gpukit::cuda_runtime::instance().device_count(devices) != cudaSuccess || devices == 0) {
-    std::printf("sanitizer_overflow: no GPU, nothing to show\n");
-    return 0;
-  }
-  try {
+  return gpukit_examples::run_on_gpu("sanitizer_overflow", [&] {
     gpukit::caching_allocator_options o;
     o.nvtx_annotate = annotate;
     // compute-sanitizer accepts NVTX heaps only over plain device allocations (cudaMalloc or
@@ -47,8 +44,5 @@ int main(int argc, char** argv)
     alloc.forget_stream(s);
     GPUKIT_CUDA_TRY(cudaStreamDestroy(s));
     return 0;
-  } catch (std::exception const& e) {
-    std::fprintf(stderr, "sanitizer_overflow: %s\n", e.what());
-    return 1;
-  }
+  });
 }

@@ -22,7 +22,9 @@
 // One bug a run: compute-sanitizer may end the context after the first error it reports, and a
 // kernel that faults loses the context (hence one process per bug). Prints what it planted and
 // "result: no fault" (exit 0), or "result: faulted (<error>)" when the planted access made the
-// kernel fault (exit 3, at once: the context is gone); without a GPU it says so and exits 0.
+// kernel fault (exit 3, at once: the context is gone); without a GPU it says so and exits 77 (skipped).
+#include "gpu_main.hpp"
+
 #include <gpukit/memory/caching_allocator.hpp>
 #include <gpukit/runtime/cuda_runtime.hpp>
 
@@ -145,15 +147,5 @@ int main(int argc, char** argv)
 {
   args a;
   if (!parse(argc, argv, a)) { return 2; }
-  int devices = 0;
-  if (gpukit::cuda_runtime::instance().device_count(devices) != cudaSuccess || devices == 0) {
-    std::printf("sanitizer_planted: no GPU, nothing to show\n");
-    return 0;
-  }
-  try {
-    return run(a);
-  } catch (std::exception const& e) {
-    std::fprintf(stderr, "sanitizer_planted: %s\n", e.what());
-    return 1;
-  }
+  return gpukit_examples::run_on_gpu("sanitizer_planted", [&] { return run(a); });
 }

@@ -10,6 +10,7 @@
 //
 // Exits 77 without a GPU, 1 when a target is missed.
 #include "../../examples/checkpoint_mlp_stages.cuh"
+#include "../../examples/gpu_main.hpp"
 
 #include <gpukit/checkpoint/planners.hpp>
 #include <gpukit/checkpoint/profile_chain.hpp>
@@ -112,15 +113,5 @@ int run(args const& a)
 int main(int argc, char** argv)
 {
   args const a = parse(argc, argv);
-  int devices  = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("profile_mlp: no CUDA GPU: skipped\n");
-    return 77;
-  }
-  try {
-    return run(a);
-  } catch (std::exception const& e) {
-    std::fprintf(stderr, "profile_mlp: %s\n", e.what());
-    return 1;
-  }
+  return gpukit_examples::run_on_gpu("profile_mlp", [&] { return run(a); });
 }

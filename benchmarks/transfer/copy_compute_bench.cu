@@ -24,7 +24,9 @@
 // --idle_ms=N sleeps N ms before every loop, copy-only and overlapped alike, so that both start
 // from the same idle host (by default a copy-only loop follows the previous loop at once, an
 // overlapped one follows the compute-only kernels, during which the staging threads sleep).
-// Without a GPU it says so and exits 0.
+// Without a GPU it says so and exits 77 (skipped).
+#include "../../examples/gpu_main.hpp"
+
 #include <gpukit/host/pinned_pool.hpp>
 #include <gpukit/memory/caching_allocator.hpp>
 #include <gpukit/runtime/cuda_runtime.hpp>
@@ -320,16 +322,8 @@ struct bench {
   }
 };
 
-}  // namespace
-
-int main(int argc, char** argv)
+int run(config const& cfg)
 {
-  config const cfg = parse(argc, argv);
-  int n            = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-    std::printf("copy_compute_bench: no usable GPU: nothing to measure\n");
-    return 0;
-  }
   bench b{cfg};
   cudaDeviceProp p{};
   GPUKIT_CUDA_TRY(cudaGetDeviceProperties(&p, 0));
@@ -407,4 +401,12 @@ int main(int argc, char** argv)
   std::printf("\n%s\n", all_ok ? "all cases within 1.05 x max(copy, compute)"
                                : "some case above 1.05 x max(copy, compute)");
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv)
+{
+  config const cfg = parse(argc, argv);
+  return gpukit_examples::run_on_gpu("copy_compute_bench", [&] { return run(cfg); });
 }
