@@ -179,18 +179,11 @@ def table(results):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", default=",".join(MODELS))
-    ap.add_argument("--configs", default=",".join(CONFIGS))
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--batch-image", type=int, default=64)
-    ap.add_argument("--batch-gpt2", type=int, default=8)
+    workloads.add_arguments(ap, MODELS, CONFIGS, timeout=150)
     ap.add_argument("--fp32", action="store_true", help="no bf16 autocast")
     ap.add_argument("--lib", help="libgpukit_torch.so (default: as gpukit_torch.pluggable finds it); "
                                   "libgpukit_torch_trivial.so is taken from the same folder")
     ap.add_argument("--json", help="write the results here")
-    ap.add_argument("--timeout", type=int, default=150, help="seconds per subprocess")
-    ap.add_argument("--worker", nargs=2, metavar=("MODEL", "CONFIG"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.steps < 1 or args.warmup < 0:
         ap.error(f"--steps {args.steps} / --warmup {args.warmup}: need steps >= 1, warmup >= 0")
@@ -201,15 +194,7 @@ def main():
     if args.worker:
         return worker(args)
 
-    models = [m for m in args.models.split(",") if m]
-    configs = [c for c in args.configs.split(",") if c]
-    for m in models:
-        if m not in workloads.MODELS:
-            ap.error(f"--models: unknown model {m!r} (known: {', '.join(workloads.MODELS)})")
-    for c in configs:
-        if c not in CONFIGS and not c.startswith("gpukit:"):
-            ap.error(f"--configs: unknown allocator {c!r} (known: {', '.join(CONFIGS)}, "
-                     "gpukit:SOURCE)")
+    models, configs = workloads.selection(ap, args, CONFIGS, "gpukit:SOURCE")
     started = time.perf_counter()
     info = environment()
     print(f"train_compare: {info.get('gpu')}, torch {info.get('torch')} (CUDA {info.get('cuda')}), "

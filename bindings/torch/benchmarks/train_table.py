@@ -193,31 +193,17 @@ def markdown(rows, models, configs):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", default=",".join(MODELS))
-    ap.add_argument("--configs", default=",".join(CONFIGS))
+    workloads.add_arguments(ap, MODELS, CONFIGS, timeout=180)
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--batch-image", type=int, default=64)
-    ap.add_argument("--batch-gpt2", type=int, default=8)
     ap.add_argument("--gpukit-conf", default="", help="install()'s settings for config gpukit")
-    ap.add_argument("--timeout", type=int, default=180, help="seconds per process")
     ap.add_argument("--out", help="folder for train_table.{json,md}")
-    ap.add_argument("--worker", nargs=2, metavar=("MODEL", "CONFIG"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.steps < 1 or args.warmup < 0 or args.rounds < 1:
         ap.error(f"--steps {args.steps}, --warmup {args.warmup}, --rounds {args.rounds}: need "
                  "steps >= 1, warmup >= 0, rounds >= 1")
     if args.worker:
         return worker(args)
-    models = [m for m in args.models.split(",") if m]
-    configs = [c for c in args.configs.split(",") if c]
-    for m in models:
-        if m not in workloads.MODELS:
-            ap.error(f"--models: unknown model {m!r} (known: {', '.join(workloads.MODELS)})")
-    for c in configs:
-        if c not in CONFIGS and not c.startswith("gpukit:"):
-            ap.error(f"--configs: unknown allocator {c!r} (known: {', '.join(CONFIGS)}, gpukit:CONF)")
+    models, configs = workloads.selection(ap, args, CONFIGS, "gpukit:CONF")
     started = time.perf_counter()
     info = environment()
     date = info["date"]

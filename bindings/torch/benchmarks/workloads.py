@@ -14,6 +14,7 @@ Models (random initialisation, synthetic data, nothing downloaded):
                   graph pools
 """
 
+import argparse
 import datetime
 import json
 import random
@@ -81,6 +82,33 @@ def build(name, torch, args, amp=True):
             return compiled(x).float().pow(2).mean()
         return train(model, opt, loss_of)
     raise SystemExit(f"unknown model {name!r}: expected one of {', '.join(MODELS)}")
+
+
+def add_arguments(ap, models, configs, timeout):
+    """The options both benchmarks take: --models, --configs (defaults: these), --steps,
+    --warmup, the batch sizes, --timeout, and the hidden --worker MODEL CONFIG."""
+    ap.add_argument("--models", default=",".join(models))
+    ap.add_argument("--configs", default=",".join(configs))
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--batch-image", type=int, default=64)
+    ap.add_argument("--batch-gpt2", type=int, default=8)
+    ap.add_argument("--timeout", type=int, default=timeout, help="seconds per process")
+    ap.add_argument("--worker", nargs=2, metavar=("MODEL", "CONFIG"), help=argparse.SUPPRESS)
+
+
+def selection(ap, args, configs, variant):
+    """The --models and --configs lists, each name checked (a config may also be `variant`'s
+    prefix, e.g. gpukit:...); ap.error names an unknown one."""
+    models = [m for m in args.models.split(",") if m]
+    chosen = [c for c in args.configs.split(",") if c]
+    for m in models:
+        if m not in MODELS:
+            ap.error(f"--models: unknown model {m!r} (known: {', '.join(MODELS)})")
+    for c in chosen:
+        if c not in configs and not c.startswith(variant.split(":")[0] + ":"):
+            ap.error(f"--configs: unknown allocator {c!r} (known: {', '.join(configs)}, {variant})")
+    return models, chosen
 
 
 def time_steps(torch, step, warmup, steps, after_step=None):
