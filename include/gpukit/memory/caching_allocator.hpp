@@ -199,6 +199,7 @@ using oom_callback = std::function<bool(oom_context const&)>;
 [[nodiscard]] std::uint64_t caching_allocator_teardown_failures() noexcept;
 
 namespace detail {
+struct tls_registry;
 template <class Runtime>
 struct caching_thread_cache;
 template <class Runtime>
@@ -499,6 +500,9 @@ class basic_caching_allocator final {
   void guard_free(void* ptr, std::size_t bytes, bool check_size, stream_type stream);
   // Thread caches (detail/thread_cache.inl).
   thread_cache& local_cache();
+  // Its first call on a thread (or after another allocator was used there): out of line, so that
+  // local_cache() inlines into the hot path.
+  __attribute__((noinline)) thread_cache& local_cache_slow(detail::tls_registry& r);
   static void on_thread_exit(void* allocator, void* cache);
   void purge_handed_out(thread_cache& tc);
   void flush_cache_locked(thread_cache& tc);

@@ -37,7 +37,7 @@ class address_map {
   /// Inserts, or replaces the value of an existing key.
   void insert(std::uintptr_t key, Value* v)
   {
-    if ((size_ + 1) * 2 > capacity_) { rehash(capacity_ * 2); }
+    if ((size_ + 1) * 2 > capacity_) { grow(); }
     std::size_t const mask = capacity_ - 1;
     for (std::size_t i = hash(key) & mask;; i = (i + 1) & mask) {
       if (slots_[i].key == key) {
@@ -115,6 +115,10 @@ class address_map {
     x ^= x >> 29;
     return static_cast<std::size_t>(x);
   }
+
+  // Out of line and cold, so that insert stays small enough to be inlined into the allocator's
+  // hot path (which otherwise pays a call and the saving of registers rehash needs).
+  __attribute__((noinline, cold)) void grow() { rehash(capacity_ * 2); }
 
   void rehash(std::size_t cap)
   {

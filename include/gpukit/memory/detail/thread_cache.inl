@@ -277,11 +277,18 @@ struct caching_thread_cache {
 namespace gpukit {
 
 template <class Runtime>
-typename basic_caching_allocator<Runtime>::thread_cache&
+__attribute__((always_inline)) inline typename basic_caching_allocator<Runtime>::thread_cache&
 basic_caching_allocator<Runtime>::local_cache()
 {
   auto& r = detail::tls_registry::get();
   if (r.last.uid == uid_) { return *static_cast<thread_cache*>(r.last.cache); }
+  return local_cache_slow(r);
+}
+
+template <class Runtime>
+typename basic_caching_allocator<Runtime>::thread_cache&
+basic_caching_allocator<Runtime>::local_cache_slow(detail::tls_registry& r)
+{
   for (auto const& e : r.entries) {
     if (e.uid == uid_) {
       r.last = e;
