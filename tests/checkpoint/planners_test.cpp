@@ -513,6 +513,10 @@ TEST_SUITE("checkpoint")
     o.search_max_stages = 30;
     CHECK(contains(error_of([&] { (void)plan_best(chain, 10, o); }), "search_max_stages = 30"));
     o.search_max_stages = 11;
+    o.max_search_states = std::size_t{1} << 40;
+    CHECK(contains(error_of([&] { (void)plan_best(chain, 10, o); }),
+                   "max_search_states = 1099511627776 exceeds 2^31"));
+    o.max_search_states = std::size_t{1} << 23;
     o.slots             = 0;
     CHECK(contains(error_of([&] { (void)plan_best(chain, 10, o); }), "slots = 0"));
   }

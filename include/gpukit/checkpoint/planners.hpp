@@ -110,7 +110,7 @@ struct checkpoint_planner_options {
   /// monotone in the budget); beyond, it may stop at max_search_states and keep the dynamic
   /// program's plan, so a larger budget may then get a slower plan.
   std::size_t search_max_stages{11};
-  /// plan_best: the most states its search may store (about 50 bytes each).
+  /// plan_best: the most states its search may store (about 40 bytes each; at most 2^31).
   std::size_t max_search_states{std::size_t{1} << 23};
 };
 
@@ -362,6 +362,9 @@ inline checkpoint_plan ckpt_best_persistent(checkpoint_chain const& chain, std::
                                                checkpoint_planner_options const& options = {})
 {
   detail::ckpt_check_dp_arguments("plan_best", budget, options);
+  GPUKIT_EXPECTS(options.max_search_states <= detail::ckpt_astar::max_states_limit,
+                 "plan_best: options.max_search_states = " +
+                   std::to_string(options.max_search_states) + " exceeds 2^31");
   GPUKIT_EXPECTS(
     options.search_max_stages <= detail::ckpt_astar::max_stages,
     "plan_best: options.search_max_stages = " + std::to_string(options.search_max_stages) +

@@ -16,7 +16,8 @@
 //   time;
 // - a state whose time plus bound reaches `upper` is never stored: a plan of time `upper` is known,
 //   so the search only looks for strictly faster ones;
-// - states live in a hash map, so its memory follows the states the search touches, not 4^L;
+// - states live in an open-addressing table of 32-bit node indices (nodes in one vector), so its
+//   memory follows the states the search touches, not 4^L, and a state costs about 40 bytes;
 // - a budget below ckpt_necessary_budget (a lower bound of what any schedule needs) is refused
 //   before any state is stored: without it, an infeasible budget makes the search visit every
 //   reachable state (about 350,000 at 10 stages, a second).
@@ -32,7 +33,6 @@
 #include <limits>
 #include <queue>
 #include <tuple>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -77,11 +77,30 @@ class ckpt_astar {
  public:
   /// Longest chain the state keys hold (5 bits of nb, 29 of activations, 29 of tapes).
   static constexpr std::size_t max_stages = 29;
+  /// Most states one search may store (node indices are 32-bit).
+  static constexpr std::size_t max_states_limit = std::size_t{1} << 31;
 
   ckpt_astar(checkpoint_chain const& chain, std::int64_t budget, std::int64_t upper,
              std::size_t max_states)
-      : chain_{chain}, budget_{budget}, upper_{upper}, max_states_{max_states}
-  {}
+      : chain_{chain}, budget_{budget}, upper_{upper}, max_states_{
+                                                         std::min(max_states, max_states_limit)}
+  {
+    std::size_t const L = chain.size();
+    f_.assign(L + 1, 0);
+    b_.assign(L + 1, 0);
+    out_.assign(L + 1, 0);
+    tape_.assign(L + 1, 0);
+    grad_.assign(L + 1, 0);
+    bsum_.assign(L + 1, 0);
+    for (std::size_t i = 1; i <= L; ++i) {
+      f_[i]    = chain[i].forward_time;
+      b_[i]    = chain[i].backward_time;
+      out_[i]  = chain[i].output_size;
+      tape_[i] = chain[i].tape_size;
+      bsum_[i] = bsum_[i - 1] + b_[i];
+    }
+    for (std::size_t j = 0; j <= L; ++j) grad_[j] = chain.gradient_size(j);
+  }
 
   ckpt_search_result run()
   {
@@ -89,16 +108,17 @@ class ckpt_astar {
     if (budget_ < ckpt_necessary_budget(chain_)) return r;  // complete: nothing fits
     std::size_t const L = chain_.size();
     key const start     = pack(L, 0, 0);
-    push(start, start, 0, {}, false);
+    push(start, no_parent, 0, {}, false);
     while (!queue_.empty()) {
       auto const [f, negative_g, id] = queue_.top();
       queue_.pop();
       std::int64_t const g = -negative_g;
-      if (g != nodes_[id].g) continue;  // a stale entry
-      if (unpack_nb(id) == 0) {         // B1 ran: nothing after it
+      node const& n        = nodes_[id];
+      if (g != n.g) continue;     // a stale entry
+      if (unpack_nb(n.k) == 0) {  // B1 ran: nothing after it
         r.time = g;
-        for (key k = id; k != start; k = nodes_[k].parent)
-          if (nodes_[k].real) r.schedule.push_back(nodes_[k].op);
+        for (std::uint32_t i = id; nodes_[i].parent != no_parent; i = nodes_[i].parent)
+          if (nodes_[i].real) r.schedule.push_back(nodes_[i].op);
         std::reverse(r.schedule.begin(), r.schedule.end());
         break;
       }
@@ -113,12 +133,14 @@ class ckpt_astar {
   }
 
  private:
-  using key = std::uint64_t;
+  using key                                = std::uint64_t;
+  static constexpr std::uint32_t no_parent = 0xffffffffu;
   struct node {
+    key k;
     std::int64_t g;
-    key parent;
-    checkpoint_op op;
+    std::uint32_t parent;
     bool real;
+    checkpoint_op op;
   };
 
   static key pack(std::size_t nb, std::uint64_t X, std::uint64_t T) noexcept
@@ -128,93 +150,118 @@ class ckpt_astar {
   static std::size_t unpack_nb(key k) noexcept { return static_cast<std::size_t>(k >> 58); }
   static std::uint64_t bit(std::size_t j) noexcept { return std::uint64_t{1} << (j - 1); }
 
+  // Sum of v[j] over the set bits j (1-based) of m.
+  static std::int64_t sum_bits(std::vector<std::int64_t> const& v, std::uint64_t m) noexcept
+  {
+    std::int64_t s = 0;
+    for (; m != 0; m &= m - 1) s += v[static_cast<std::size_t>(__builtin_ctzll(m)) + 1];
+    return s;
+  }
+
   // The consistent lower bound of the time left (see the top of this header).
   [[nodiscard]] std::int64_t bound(std::size_t nb, std::uint64_t X, std::uint64_t T) const noexcept
   {
-    std::int64_t h = 0;
-    for (std::size_t i = 1; i <= nb; ++i) {
-      auto const& s = chain_[i];
-      h += s.backward_time;
-      if (!(T & bit(i)) || (i < nb && !(X & bit(i)))) h += s.forward_time;
-    }
-    return h;
+    std::uint64_t const upto    = (std::uint64_t{1} << nb) - 1;        // stages 1..nb
+    std::uint64_t const below   = (std::uint64_t{1} << (nb - 1)) - 1;  // stages 1..nb-1
+    std::uint64_t const forward = (~T & upto) | (~X & below);
+    return bsum_[nb] + sum_bits(f_, forward);
   }
 
   [[nodiscard]] std::int64_t memory(std::size_t nb, std::uint64_t X, std::uint64_t T) const noexcept
   {
-    std::int64_t m = chain_.gradient_size(nb);
-    for (std::size_t j = 1; j < nb; ++j)
-      if (X & bit(j)) m += chain_[j].output_size;
-    for (std::size_t i = 1; i <= nb; ++i)
-      if (T & bit(i)) m += chain_[i].tape_size;
-    return m;
+    return grad_[nb] + sum_bits(out_, X) + sum_bits(tape_, T);
   }
 
-  void push(key to, key from, std::int64_t g, checkpoint_op op, bool real)
+  // The slot of `k` in the open-addressing table, or the empty slot where it would go.
+  std::size_t slot_of(key k) const noexcept
+  {
+    std::size_t const mask = table_.size() - 1;
+    std::uint64_t const h  = k * 0x9e3779b97f4a7c15ULL;
+    for (std::size_t i = static_cast<std::size_t>(h >> 20) & mask;; i = (i + 1) & mask) {
+      std::uint32_t const t = table_[i];
+      if (t == no_parent || nodes_[t].k == k) return i;
+    }
+  }
+
+  void grow()
+  {
+    std::vector<std::uint32_t> old = std::move(table_);
+    table_.assign(old.empty() ? 1024 : old.size() * 2, no_parent);
+    for (std::uint32_t t : old)
+      if (t != no_parent) table_[slot_of(nodes_[t].k)] = t;
+  }
+
+  void push(key to, std::uint32_t from, std::int64_t g, checkpoint_op op, bool real)
   {
     std::size_t const nb   = unpack_nb(to);
     std::uint64_t const X  = (to >> 29) & ((std::uint64_t{1} << 29) - 1);
     std::uint64_t const T  = to & ((std::uint64_t{1} << 29) - 1);
-    std::int64_t const est = g + bound(nb, X, T);
+    std::int64_t const est = g + (nb == 0 ? 0 : bound(nb, X, T));
     if (est >= upper_) return;
-    auto [it, fresh] = nodes_.try_emplace(to, node{g, from, op, real});
-    if (!fresh) {
-      if (it->second.g <= g) return;
-      it->second = node{g, from, op, real};
+    if ((nodes_.size() + 1) * 2 > table_.size()) grow();
+    std::size_t const s = slot_of(to);
+    std::uint32_t id    = table_[s];
+    if (id == no_parent) {
+      id        = static_cast<std::uint32_t>(nodes_.size());
+      table_[s] = id;
+      nodes_.push_back(node{to, g, from, real, op});
+    } else {
+      if (nodes_[id].g <= g) return;
+      nodes_[id] = node{to, g, from, real, op};
     }
-    queue_.push({est, -g, to});
+    queue_.push({est, -g, id});
   }
 
   // Every edge out of state `id`, reached at time g. Drops are not edges of their own: every
   // object is dropped right after its last use or never (dropping earlier never raises memory nor
   // changes time), so an operation's edges choose whether to keep its input x_{i-1} and, for Fe<i>,
   // its output x_i. Forwards that create only objects already resident are skipped.
-  void expand(key id, std::int64_t g)
+  void expand(std::uint32_t id, std::int64_t g)
   {
-    std::size_t const nb   = unpack_nb(id);
-    std::uint64_t const X  = (id >> 29) & ((std::uint64_t{1} << 29) - 1);
-    std::uint64_t const T  = id & ((std::uint64_t{1} << 29) - 1);
+    key const k            = nodes_[id].k;
+    std::size_t const nb   = unpack_nb(k);
+    std::uint64_t const X  = (k >> 29) & ((std::uint64_t{1} << 29) - 1);
+    std::uint64_t const T  = k & ((std::uint64_t{1} << 29) - 1);
     std::int64_t const mem = memory(nb, X, T);
     auto has_x             = [X](std::size_t j) { return j == 0 || (X & bit(j)); };
     for (std::size_t i = 1; i <= nb; ++i) {
       if (!has_x(i - 1)) continue;
-      auto const& st = chain_[i];
-      auto const u   = static_cast<std::uint32_t>(i);
+      auto const u = static_cast<std::uint32_t>(i);
       // Keeping x_{i-1} or dropping it (x_0 is always resident).
       std::uint64_t const in_kept[2] = {X, i > 1 ? X & ~bit(i - 1) : X};
       std::size_t const ways         = i > 1 ? 2 : 1;
       bool const x_tracked           = i < nb;
       bool const x_there             = x_tracked && (X & bit(i));
-      if (x_tracked && !x_there && mem + st.output_size <= budget_) {
+      if (x_tracked && !x_there && mem + out_[i] <= budget_) {
         for (std::size_t w = 0; w < ways; ++w)
-          push(pack(nb, in_kept[w] | bit(i), T), id, g + st.forward_time, fn_op(u), true);
+          push(pack(nb, in_kept[w] | bit(i), T), id, g + f_[i], fn_op(u), true);
       }
-      if (!(T & bit(i)) && mem + st.output_size + st.tape_size <= budget_) {
+      if (!(T & bit(i)) && mem + out_[i] + tape_[i] <= budget_) {
         for (std::size_t w = 0; w < ways; ++w) {
-          push(pack(nb, in_kept[w], T | bit(i)), id, g + st.forward_time, fe_op(u), true);
+          push(pack(nb, in_kept[w], T | bit(i)), id, g + f_[i], fe_op(u), true);
           if (x_tracked && !x_there) {
-            push(pack(nb, in_kept[w] | bit(i), T | bit(i)), id, g + st.forward_time, fe_op(u),
-                 true);
+            push(pack(nb, in_kept[w] | bit(i), T | bit(i)), id, g + f_[i], fe_op(u), true);
           }
         }
       }
     }
-    if ((T & bit(nb)) && has_x(nb - 1) && mem + chain_.gradient_size(nb - 1) <= budget_) {
+    if ((T & bit(nb)) && has_x(nb - 1) && mem + grad_[nb - 1] <= budget_) {
       std::size_t const nb2 = nb - 1;
       // x_{nb-1} and tape_nb are no longer useful; what remains fits the smaller state.
       std::uint64_t const X2 = nb2 == 0 ? 0 : X & ((std::uint64_t{1} << (nb2 - 1)) - 1);
       std::uint64_t const T2 = T & ((std::uint64_t{1} << nb2) - 1);
-      push(pack(nb2, X2, T2), id, g + chain_[nb].backward_time,
-           b_op(static_cast<std::uint32_t>(nb)), true);
+      push(pack(nb2, X2, T2), id, g + b_[nb], b_op(static_cast<std::uint32_t>(nb)), true);
     }
   }
 
-  using item = std::tuple<std::int64_t, std::int64_t, key>;  // (g + bound, -g, state)
+  using item = std::tuple<std::int64_t, std::int64_t, std::uint32_t>;  // (g + bound, -g, node)
 
   checkpoint_chain const& chain_;
   std::int64_t budget_, upper_;
   std::size_t max_states_;
-  std::unordered_map<key, node> nodes_;
+  std::vector<std::int64_t> f_, b_, out_, tape_, grad_, bsum_;  // by stage (grad_ by delta index)
+  std::vector<node> nodes_;
+  std::vector<std::uint32_t> table_;  // open addressing: node indices, no_parent when empty
   std::priority_queue<item, std::vector<item>, std::greater<item>> queue_;
 };
 
