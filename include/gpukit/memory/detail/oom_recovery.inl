@@ -72,10 +72,11 @@ typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtim
 template <class Runtime>
 void basic_caching_allocator<Runtime>::count_step_locked(recovery_step step, std::size_t reclaimed)
 {
-  recovery_.ladder[step].attempted = true;
-  recovery_.ladder[step].bytes_reclaimed += reclaimed;
-  ++stats_.num_recovery_steps[step];
-  stats_.recovery_bytes[step] += reclaimed;
+  auto const i                  = static_cast<std::size_t>(step);
+  recovery_.ladder[i].attempted = true;
+  recovery_.ladder[i].bytes_reclaimed += reclaimed;
+  ++stats_.num_recovery_steps[i];
+  stats_.recovery_bytes[i] += reclaimed;
 }
 
 // Stream-ordered frees take effect when their stream reaches them: wait for those streams only
