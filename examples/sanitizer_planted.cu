@@ -22,7 +22,8 @@
 // One bug a run: compute-sanitizer may end the context after the first error it reports, and a
 // kernel that faults loses the context (hence one process per bug). Prints what it planted and
 // "result: no fault" (exit 0), or "result: faulted (<error>)" when the planted access made the
-// kernel fault (exit 3, at once: the context is gone); without a GPU it says so and exits 77 (skipped).
+// kernel fault (exit 3, at once: the context is gone); without a GPU it says so and exits 77
+// (skipped).
 #include "gpu_main.hpp"
 
 #include <gpukit/memory/caching_allocator.hpp>
