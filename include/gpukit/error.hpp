@@ -156,26 +156,34 @@ struct oom_report {
   /// A readable, multi-line description of the report.
   [[nodiscard]] std::string to_string() const
   {
-    auto mib = [](std::size_t b) {
-      std::string s = std::to_string(b / (1024 * 1024));
+    auto human = [](std::size_t b) {  // one decimal in the largest unit that keeps b >= 1
+      if (b < 1024) { return std::to_string(b) + " B"; }
+      char const* const units[] = {"KiB", "MiB", "GiB", "TiB"};
+      std::size_t unit = 1024;
+      int u            = 0;
+      while (u < 3 && b / unit >= 1024) {
+        unit *= 1024;
+        ++u;
+      }
+      std::string s = std::to_string(b / unit);
       s += '.';
-      s += std::to_string((b % (1024 * 1024)) * 10 / (1024 * 1024));
-      return s + " MiB";
+      s += std::to_string((b % unit) * 10 / unit);
+      return s + " " + units[u];
     };
     std::string s = "gpukit: out of memory on device " + std::to_string(device) +
-                    ": tried to allocate " + mib(requested) + " (" + std::to_string(requested) +
+                    ": tried to allocate " + human(requested) + " (" + std::to_string(requested) +
                     " bytes)";
-    s += "\n  device: " + mib(device_total) + " total, " + mib(device_free) + " free";
-    s += "\n  allocator: " + mib(allocated) + " allocated, " + mib(reserved) + " reserved, " +
-         mib(total_free_in_pool) + " free in pool, largest free block " + mib(largest_free_block);
+    s += "\n  device: " + human(device_total) + " total, " + human(device_free) + " free";
+    s += "\n  allocator: " + human(allocated) + " allocated, " + human(reserved) + " reserved, " +
+         human(total_free_in_pool) + " free in pool, largest free block " + human(largest_free_block);
     s += ", fragmentation " + std::to_string(static_cast<int>(fragmentation() * 100.0 + 0.5)) + "%";
-    if (limit != 0) s += "\n  limit: " + mib(limit);
+    if (limit != 0) s += "\n  limit: " + human(limit);
     for (auto const& c : cached_per_stream) {
-      s += "\n  cached for stream " + std::to_string(c.stream) + ": " + mib(c.bytes);
+      s += "\n  cached for stream " + std::to_string(c.stream) + ": " + human(c.bytes);
     }
     for (auto const& st : steps) {
       s += "\n  recovery: " + st.name + ": ";
-      s += st.attempted ? "reclaimed " + mib(st.bytes_reclaimed) : std::string{"not applicable"};
+      s += st.attempted ? "reclaimed " + human(st.bytes_reclaimed) : std::string{"not applicable"};
     }
     if (!hint.empty()) s += "\n  hint: " + hint;
     return s;

@@ -90,6 +90,88 @@ TEST_SUITE("oom_recovery")
     alloc.forget_stream(sa);
   }
 
+  TEST_CASE("on a full device a small request is cut from a free large block, which merges back")
+  {
+    for (auto source : {gpukit::segment_source::stream_ordered, gpukit::segment_source::synchronous,
+                        gpukit::segment_source::growable}) {
+      CAPTURE(static_cast<int>(source));
+      sim_runtime sim{one_device(256 * mib)};
+      sim_allocator alloc{sim, 0, segments_from(source)};
+      stream_holder<sim_runtime> s{sim};
+      // Large blocks until the device is full, then every other one freed: about half the device
+      // is free, in large blocks that live neighbours keep from being released.
+      std::vector<void*> large;
+      for (;;) {
+        try {
+          large.push_back(alloc.allocate_async(5 * mib, s));
+        } catch (gpukit::out_of_memory const&) {
+          break;
+        }
+      }
+      REQUIRE(large.size() > 8);
+      std::size_t freed = 0;
+      for (std::size_t i = 0; i < large.size(); i += 2) {
+        alloc.deallocate_async(large[i], 5 * mib, s);
+        large[i] = nullptr;
+        freed += 5 * mib;
+      }
+      // Small requests: small segments cannot grow, so every one comes from a large block.
+      std::vector<std::pair<void*, std::size_t>> small;
+      std::size_t const sizes[] = {4096, 512, 1024 * 1024, 200 * 1024};
+      for (std::size_t i = 0; i < 64; ++i) {
+        std::size_t const bytes = sizes[i % std::size(sizes)];
+        void* p                 = nullptr;
+        REQUIRE_NOTHROW(p = alloc.allocate_async(bytes, s));
+        GPUKIT_CUDA_TRY(sim.memset_async(p, static_cast<int>(i), bytes, s));
+        small.emplace_back(p, bytes);
+      }
+      auto const st = alloc.stats();
+      CHECK(st.num_ooms == 1);  // the one that filled the device
+      CHECK(st.num_recovery_steps[4] > 0);
+      CHECK(st.recovery_bytes[4] > 0);
+      CHECK(gpukit::detail::check_invariants(alloc) == "");
+      for (auto [p, bytes] : small) { alloc.deallocate_async(p, bytes, s); }
+      // Given back: the large holes are whole again.
+      void* again = nullptr;
+      REQUIRE_NOTHROW(again = alloc.allocate_async(5 * mib, s));
+      alloc.deallocate_async(again, 5 * mib, s);
+      for (void* p : large) {
+        if (p != nullptr) { alloc.deallocate_async(p, 5 * mib, s); }
+      }
+      (void)alloc.release();
+      CHECK(alloc.stats().reserved_bytes.current == 0);
+      CHECK(gpukit::detail::check_invariants(alloc) == "");
+      (void)freed;
+      alloc.forget_stream(s);
+    }
+  }
+
+  TEST_CASE("the report of a full device names small requests in KiB and blames no fragmentation")
+  {
+    sim_runtime sim{one_device(64 * mib)};
+    sim_allocator alloc{sim, 0};
+    stream_holder<sim_runtime> s{sim};
+    std::vector<void*> held;
+    for (;;) {  // every byte of the device, in small blocks
+      try {
+        held.push_back(alloc.allocate_async(1024 * 1024, s));
+      } catch (gpukit::out_of_memory const&) {
+        break;
+      }
+    }
+    try {
+      (void)alloc.allocate_async(4096, s);
+      FAIL("the device is full");
+    } catch (gpukit::out_of_memory const& e) {
+      std::string const what = e.what();
+      CHECK(what.find("tried to allocate 4.0 KiB (4096 bytes)") != std::string::npos);
+      CHECK(e.report().largest_free_block < 4096);
+      CHECK(what.find("fragmentation)") == std::string::npos);
+    }
+    for (void* p : held) { alloc.deallocate_async(p, 1024 * 1024, s); }
+    alloc.forget_stream(s);
+  }
+
   TEST_CASE_FIXTURE(sim_allocator_fixture<64 * mib>,
                     "the out-of-memory report: exact fields and a readable message")
   {
@@ -115,12 +197,14 @@ TEST_SUITE("oom_recovery")
       CHECK(r.limit == 0);
       REQUIRE(r.cached_per_stream.size() == 1);
       CHECK(r.cached_per_stream[0].bytes == 10 * mib);
-      REQUIRE(r.steps.size() == 5);
+      REQUIRE(r.steps.size() == 6);
       CHECK(r.steps[0].attempted);
       CHECK_FALSE(r.steps[1].attempted);  // no callbacks registered
       CHECK(r.steps[2].attempted);
       CHECK(r.steps[2].bytes_reclaimed == 0);  // the segment is in use: nothing to release
-      CHECK_FALSE(r.steps[4].attempted);       // waiting is off by default
+      CHECK(r.steps[4].attempted);  // no small block could hold 50 MiB
+      CHECK(r.steps[4].bytes_reclaimed == 0);
+      CHECK_FALSE(r.steps[5].attempted);  // waiting is off by default
       CHECK(r.hint.find("batch") != std::string::npos);
       std::string const what = e.what();
       CHECK(what.find("tried to allocate 50.0 MiB") != std::string::npos);

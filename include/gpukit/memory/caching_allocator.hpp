@@ -539,6 +539,7 @@ class basic_caching_allocator final {
     step_callbacks,
     step_release_stream,
     step_release_all,
+    step_other_pool,
     step_wait,
   };
   static_assert(step_wait + 1 == recovery_step_count, "one enumerator per recovery_step_names");
@@ -552,6 +553,7 @@ class basic_caching_allocator final {
   block* recover_callbacks_locked(recovery_request& r);
   block* recover_release_stream_locked(recovery_request& r);
   block* recover_release_all_locked(recovery_request& r);
+  block* recover_other_pool_locked(recovery_request& r);
   block* recover_wait_locked(recovery_request& r);
   std::size_t free_bytes_locked() const;
   [[noreturn]] void throw_oom_locked(std::size_t bytes, std::size_t size);

@@ -38,6 +38,8 @@ inline constexpr char const* recovery_step_names[] = {
   "user out-of-memory callbacks",
   "release cached free segments of the requesting stream",
   "release cached free segments of every stream (waiting only on the events that guard them)",
+  "serve it from a free block of the other pool (a small request from a large block, split; the "
+  "rest stays free and the block merges back when freed)",
   "wait for blocks other threads are returning (oom_wait_for_frees_ms)",
 };
 /// How many steps the out-of-memory recovery ladder has.
@@ -100,6 +102,9 @@ struct caching_allocator_stats {
   /// blocks cached for one): each cost one device synchronization, and their blocks became
   /// usable on every stream.
   std::uint64_t num_dead_streams{0};
+  /// Debug mode's guard pages: frees whose pages could not be unmapped at once (the runtime
+  /// failed); the block was freed and its pages stay mapped until release().
+  std::uint64_t num_guard_unmap_failures{0};
   /// The same statistics per pool kind, with PyTorch's totals (see caching_pool_stats). Each
   /// current value above is the sum of the two pools'.
   caching_pool_stats small_pool;

@@ -50,6 +50,7 @@ typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtim
   if (block* b = recover_callbacks_locked(r)) { return b; }
   if (block* b = recover_release_stream_locked(r)) { return b; }
   if (block* b = recover_release_all_locked(r)) { return b; }
+  if (block* b = recover_other_pool_locked(r)) { return b; }
   // Growable segments: the two release steps unmap the free pages of the streams they release.
   if (block* b = recover_wait_locked(r)) { return b; }
   // Never out of memory while frees this allocator issued may still be on their way.
@@ -176,7 +177,20 @@ basic_caching_allocator<Runtime>::recover_release_all_locked(recovery_request& r
   return retry_locked(r);
 }
 
-// (5) A bounded wait for blocks that other threads are returning to the pool.
+// (5) A free block of the other pool kind. Small requests come from small segments, large ones
+// from large segments; on a full device the free memory may all sit in the other kind's blocks
+// (large blocks split by live tensors, which no release can return). The request is cut from such
+// a block: the rest stays free in its pool, and the block merges back with it when freed.
+template <class Runtime>
+typename basic_caching_allocator<Runtime>::block*
+basic_caching_allocator<Runtime>::recover_other_pool_locked(recovery_request& r)
+{
+  block* b = find_free_locked(r.size, r.kind ^ 1, r.stream);
+  count_step_locked(step_other_pool, b != nullptr ? r.size : 0);
+  return b;
+}
+
+// (6) A bounded wait for blocks that other threads are returning to the pool.
 template <class Runtime>
 typename basic_caching_allocator<Runtime>::block*
 basic_caching_allocator<Runtime>::recover_wait_locked(recovery_request& r)
@@ -246,10 +260,14 @@ void basic_caching_allocator<Runtime>::throw_oom_locked(std::size_t bytes, std::
     r.hint =
       "the allocator's limit (" + std::to_string(r.limit) +
       " bytes) stops this allocation; raise it with set_limit() or free tensors you no longer need";
-  } else if (r.total_free_in_pool >= size) {
+  } else if (r.total_free_in_pool >= size && r.largest_free_block < size) {
     r.hint =
       "enough memory is free in the pool but no free block is large enough (fragmentation); "
       "growable segments (virtual memory) or fewer distinct block sizes would make it fit";
+  } else if (r.largest_free_block >= size) {
+    r.hint = "a free block of " + std::to_string(r.largest_free_block) +
+             " bytes is held for a CUDA graph capture's pool or another stream's pending work; "
+             "release_capture_pool() or synchronizing that stream returns it";
   } else {
     r.hint = "reduce the batch size or the memory held by live tensors; " +
              std::to_string(r.allocated) + " bytes are allocated by users";
