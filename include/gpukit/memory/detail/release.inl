@@ -17,6 +17,7 @@ namespace gpukit {
 template <class Runtime>
 std::size_t basic_caching_allocator<Runtime>::release()
 {
+  debug_flush(stream_type{}, true);  // debug mode: the quarantine's blocks are free memory too
   return trim(0);
 }
 
@@ -66,11 +67,31 @@ std::size_t basic_caching_allocator<Runtime>::release_locked(std::size_t target,
   }
   std::sort(whole.begin(), whole.end(), [](block* a, block* b) { return a->size > b->size; });
   device_guard<Runtime> guard{runtime_, device_};
+  // A capture this allocator was not told about (begun on the stream directly): a free on that
+  // stream would become a node of the graph, not a free. Such segments stay until it ends.
+  std::vector<stream_type> capturing_streams, idle_streams;
+  auto is_capturing = [&](stream_type s) {
+    if (s == stream_type{}) { return false; }  // the null stream is never captured
+    if (std::find(idle_streams.begin(), idle_streams.end(), s) != idle_streams.end()) {
+      return false;
+    }
+    if (std::find(capturing_streams.begin(), capturing_streams.end(), s) !=
+        capturing_streams.end()) {
+      return true;
+    }
+    bool capturing = false;
+    typename Runtime::error_type const e = runtime_.stream_is_capturing(s, capturing);
+    if (e == Runtime::invalid_resource_handle) { return false; }  // destroyed: retired below
+    GPUKIT_CUDA_TRY(e);
+    (capturing ? capturing_streams : idle_streams).push_back(s);
+    return capturing;
+  };
   for (block* b : whole) {
     if (pool_.reserved <= target) { break; }
     auto* seg = static_cast<segment*>(b->segment);
     // Stream-ordered: freed in the order of the stream that last used it, so no wait at all.
     stream_type on = b->global ? stream_type{} : b->stream;
+    if (is_capturing(b->global ? stream_type{} : b->stream)) { continue; }
     if (options_.nvtx_annotate) { unregister_memory_heap(seg->nvtx_heap); }  // before the free
     typename Runtime::error_type e =
       seg->stream_ordered ? runtime_.free_async(seg->ptr, on) : runtime_.free(seg->ptr);
