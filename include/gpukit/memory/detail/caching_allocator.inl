@@ -469,8 +469,9 @@ void basic_caching_allocator<Runtime>::defer_free(thread_cache& tc, block* b, vo
   pending_free pf;
   pf.b      = b;
   pf.stream = stream;
-  device_guard<Runtime> guard{runtime_, device_};
+  std::optional<device_guard<Runtime>> guard;  // its query and switch can fail too: inside the try
   try {
+    guard.emplace(runtime_, device_);
     for (stream_type s : b->recorded) {
       if (s == stream) { continue; }
       event_type e                         = take_event_locked();

@@ -190,12 +190,20 @@ template <class Runtime>
 template <class Entries>
 void basic_caching_allocator<Runtime>::debug_release(Entries const& evicted)
 {
-  for (auto const& e : evicted) {
+  for (auto it = evicted.begin(); it != evicted.end(); ++it) {
+    auto const& e     = *it;
     debug_releasing() = e.ptr;
     try {
       deallocate_impl(e.ptr, e.bytes, e.check_size, e.stream);
-    } catch (...) {
+    } catch (...) {  // this entry and the ones after it go back to the front of the quarantine
       debug_releasing() = nullptr;
+      std::lock_guard<std::mutex> debug_lock{debug_->mutex};
+      for (auto back = evicted.end(); back != it;) {
+        --back;
+        debug_->quarantine.push_front(*back);
+        debug_->held.insert(back->ptr);
+        debug_->held_bytes += back->size;
+      }
       throw;
     }
     debug_releasing() = nullptr;
@@ -348,15 +356,18 @@ void basic_caching_allocator<Runtime>::guard_free(void* ptr, std::size_t bytes, 
   }
   b->stream                          = stream_type{};  // its work is done: any stream's
   b->global                          = true;
-  block* merged                      = insert_free_locked(b);
-  typename Runtime::error_type error = Runtime::success;
-  {
+  block* merged = insert_free_locked(b);
+  if (recovery_.waiters != 0) { recovery_.frees_cv.notify_all(); }
+  // The free has happened: from here nothing throws (a caller told of an error would free the
+  // block again). Pages that cannot be unmapped now stay mapped until release() unmaps them.
+  try {
+    typename Runtime::error_type error = Runtime::success;
     device_guard<Runtime> guard{runtime_, device_};
     unmap_free_pages_locked(merged, std::numeric_limits<std::size_t>::max(), error);
+    if (error != Runtime::success) { ++stats_.num_guard_unmap_failures; }
+  } catch (...) {
+    ++stats_.num_guard_unmap_failures;
   }
-  if (recovery_.waiters != 0) { recovery_.frees_cv.notify_all(); }
-  GPUKIT_CUDA_TRY(error, "deallocate: vm_unmap of the pages of " + detail::hex(ptr) +
-                           " (the block is free; its pages stay mapped until release)");
 }
 
 /// Blocks waiting in the debug quarantine (0 when debug mode is off).
