@@ -264,6 +264,37 @@ TEST_SUITE("doctor")
     CHECK(status(none, "arch.0") == check_status::skip);
   }
 
+  TEST_CASE("architecture lists: entries that are not architectures are named, never thrown")
+  {
+    for (char const* good : {"", "90", "80;90-real", "90a-real", "100f-virtual", "all", "all-major",
+                             "native", "10", "999", "52, 90;;"}) {
+      INFO(std::string{good});
+      CHECK(gpukit::architectures_error(good).empty());
+    }
+    struct bad_list {
+      char const* list;
+      char const* entry;
+    };
+    for (auto const& b :
+         {bad_list{"2147483648", "2147483648"}, bad_list{"90;2147483648", "2147483648"},
+          bad_list{"99999999999999999999", "99999999999999999999"}, bad_list{"9", "9"},
+          bad_list{"1000", "1000"}, bad_list{"90;sm_90", "sm_90"}, bad_list{"-real", "-real"},
+          bad_list{"90b", "90b"}, bad_list{"a", "a"}}) {
+      INFO(std::string{b.list});
+      std::string const e = gpukit::architectures_error(b.list);
+      CHECK(contains(e, ("\"" + std::string{b.entry} + "\" is not a CUDA architecture").c_str()));
+      CHECK(contains(e, "a number from 10 to 999"));
+    }
+    // run_doctor passes over such entries and checks the others.
+    sim_runtime sim{one_device()};  // compute capability 9.0
+    fake_env env;
+    gpukit::doctor_report r;
+    REQUIRE_NOTHROW(r = gpukit::run_doctor(sim, env.options("90;2147483648")));
+    CHECK(status(r, "arch.0") == check_status::ok);
+    REQUIRE_NOTHROW(r = gpukit::run_doctor(sim, env.options("99999999999999999999")));
+    CHECK(status(r, "arch.0") == check_status::fail);
+  }
+
   TEST_CASE("a device that cannot be used: its memory info or pinned memory or copies fail")
   {
     fake_env env;

@@ -4,7 +4,8 @@
 # (GPUKIT_TORCH_SIM=1); two tests load it as PyTorch and CuPy would:
 #   gpukit_torch_abi_test  doctest: dlopen + dlsym, every C function, OOM, bad frees, snapshots
 #   gpukit_torch.python    gpukit_torch.pluggable's ctypes layer (stats, empty_cache, snapshot, the CuPy
-#                          allocator's malloc and free), when python3 is here; no torch needed
+#                          allocator's malloc and free); no torch needed. Reported skipped, with
+#                          the reason, in sanitizer builds and without python3 or its ctypes
 include(${PROJECT_SOURCE_DIR}/bindings/torch/torch_library.cmake)
 set(gpukit_torch_sim_dir "${CMAKE_CURRENT_BINARY_DIR}/pytorch")
 if(GPUKIT_OUTPUT_DIRECTORY)
@@ -22,12 +23,21 @@ if(TARGET gpukit_torch_abi_test)
   add_dependencies(gpukit_torch_abi_test gpukit_torch_sim)
 endif()
 
-# Python loads the library into an interpreter that a sanitizer runtime does not come first in.
+# The ctypes test runs wherever python3 with ctypes is; elsewhere it is reported skipped, saying
+# why (the test itself exits 77 when ctypes is missing).
 find_package(Python3 COMPONENTS Interpreter QUIET)
-if(Python3_Interpreter_FOUND AND NOT GPUKIT_SANITIZE)
+if(GPUKIT_SANITIZE)
+  gpukit_add_skipped_test(gpukit_torch.python
+    "a sanitizer build (GPUKIT_SANITIZE=${GPUKIT_SANITIZE}): Python loads libgpukit_torch_sim.so into an interpreter that the sanitizer runtime does not come first in (it must be the first library loaded), so the library cannot run instrumented there; the build without GPUKIT_SANITIZE runs this test"
+    LABELS gpukit_torch)
+elseif(NOT Python3_Interpreter_FOUND)
+  gpukit_add_skipped_test(gpukit_torch.python
+    "python3 was not found when this build was configured (install it, or set Python3_EXECUTABLE, and configure again)"
+    LABELS gpukit_torch)
+else()
   add_test(NAME gpukit_torch.python
            COMMAND Python3::Interpreter ${CMAKE_CURRENT_SOURCE_DIR}/pytorch/gpukit_torch_ctypes_test.py
                    $<TARGET_FILE:gpukit_torch_sim>)
-  set_tests_properties(gpukit_torch.python PROPERTIES LABELS gpukit_torch
+  set_tests_properties(gpukit_torch.python PROPERTIES LABELS gpukit_torch SKIP_RETURN_CODE 77
     ENVIRONMENT "GPUKIT_SIM_DEVICES=2;GPUKIT_SIM_CAPACITY=1G")
 endif()

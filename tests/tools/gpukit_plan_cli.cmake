@@ -130,6 +130,20 @@ expect(sequential-zero EXIT 2 STDERR "0 segments is outside 1..5"
   ARGS --chain "${OUT}/uniform5.chain" --planner sequential:0)
 expect(sequential-too-many EXIT 2 STDERR "9 segments is outside 1..5"
   ARGS --chain "${OUT}/uniform5.chain" --planner sequential:9)
+expect(sequential-beyond-int EXIT 2 STDERR "99999999999999999999 segments is outside 1..5"
+  ARGS --chain "${OUT}/uniform5.chain" --planner sequential:99999999999999999999)
+# Numbers beyond any integer type are usage errors naming the option and the value, never aborts.
+expect(budget-twenty-digits EXIT 2
+  STDERR "--budget: \"99999999999999999999\" is not a non-negative integer below 10\\^18"
+  ARGS --chain "${OUT}/hand.chain" --budget 99999999999999999999)
+expect(bandwidth-twenty-digits EXIT 2
+  STDERR "--bandwidth: \"18446744073709551616\" is not a non-negative integer below 10\\^18"
+  ARGS --chain "${OUT}/act8.chain" --budget 20 --planner offload --bandwidth 18446744073709551616)
+expect(revolve-steps-beyond-int EXIT 2 STDERR "--steps 2147483648 is outside 1..4096"
+  ARGS revolve --steps 2147483648 --slots 3)
+expect(revolve-slots-twenty-digits EXIT 2
+  STDERR "--slots: \"99999999999999999999\" is not a non-negative integer below 10\\^18"
+  ARGS revolve --steps 4 --slots 99999999999999999999)
 expect(sequential-no-k EXIT 2 STDERR "K in sequential:K must be a positive integer"
   ARGS --chain "${OUT}/uniform5.chain" --planner sequential:)
 expect(option-twice EXIT 2 STDERR "--budget is given twice" ARGS --budget 3 --budget 4)

@@ -24,82 +24,15 @@
 //
 // Exit status: 0 on success; 1 for malformed input (the message names the line and the value);
 // 2 for a bad command line (unknown option, missing or malformed value); 3 when no plan of the
-// chosen planner fits the budget (the message says the least budget it accepts).
+// chosen planner fits the budget (the message says the least budget it accepts); 4 when the system
+// fails (out of memory). plan_cli.hpp runs it, in-process for the argument fuzz harness too.
 //
 //   printf '2 4 16 48\n2 4 16 48\n1 2 64 64\n' | build/dev/tools/gpukit-plan --budget 150
-#include "plan_input.hpp"
+#include "plan_cli.hpp"
 
-#include <gpukit/checkpoint/planners.hpp>
-
-#include <cstdint>
-#include <exception>
 #include <iostream>
-#include <string>
-
-namespace {
-
-using namespace gpukit_plan;
-
-int run(int argc, char** argv)
-{
-  command_line const c = parse_arguments(argc, argv);
-  if (c.help) {
-    std::cout << usage_text;
-    return 0;
-  }
-  if (c.revolve) {
-    check_table_size(c, 0);
-    auto const schedule   = gpukit::revolve_schedule(static_cast<std::size_t>(*c.steps),
-                                                     static_cast<std::size_t>(*c.slots));
-    std::int64_t advances = 0;
-    for (auto const& op : schedule) advances += op.kind == gpukit::checkpoint_op_kind::forward;
-    std::cout << gpukit::to_string(schedule) << '\n'
-              << "{\"steps\": " << *c.steps << ", \"slots\": " << *c.slots
-              << ", \"advances\": " << advances << "}" << std::endl;
-    return 0;
-  }
-  auto const chain = read_chain(c);
-  check_table_size(c, static_cast<std::int64_t>(chain.size()));
-  gpukit::checkpoint_plan p;
-  try {
-    p = plan(chain, c);
-  } catch (gpukit::checkpoint_infeasible const& e) {
-    std::cerr << "gpukit-plan: error: budget " << c.budget.value_or(-1) << " is infeasible for "
-              << c.planner << " on this " << chain.size() << "-stage chain: " << plain(e.what())
-              << '\n';
-    return exit_infeasible;
-  }
-  std::cout << gpukit::to_string(p.schedule) << '\n'
-            << "{\"planner\": \"" << p.planner << "\", \"stages\": " << chain.size()
-            << ", \"budget\": " << (c.budget ? std::to_string(*c.budget) : std::string{"null"})
-            << ", \"time\": " << p.time << ", \"peak\": " << p.peak
-            << ", \"recomputations\": " << p.recomputations
-            << ", \"exact\": " << (p.proven_optimal ? "true" : "false");
-  if (c.planner == "offload") {
-    std::cout << ", \"offloads\": " << p.offloads << ", \"copy_time\": " << p.copy_time
-              << ", \"stall\": " << p.stall;
-  }
-  std::cout << "}" << std::endl;
-  return 0;
-}
-
-}  // namespace
 
 int main(int argc, char** argv)
 {
-  try {
-    return run(argc, argv);
-  } catch (usage_error const& e) {
-    std::cerr << "gpukit-plan: error: " << e.message << "\n" << usage_text;
-    return exit_usage;
-  } catch (input_error const& e) {
-    std::cerr << "gpukit-plan: error: " << e.message << '\n';
-    return exit_input;
-  } catch (gpukit::logic_error const& e) {  // a value the planners refuse
-    std::cerr << "gpukit-plan: error: " << plain(e.what()) << '\n';
-    return exit_usage;
-  } catch (std::exception const& e) {
-    std::cerr << "gpukit-plan: error: " << e.what() << '\n';
-    return 4;
-  }
+  return gpukit_plan::run(argc, argv, std::cin, std::cout, std::cerr);
 }

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // plan_input.hpp: gpukit-plan's input, parsed and checked: the command line, the chain, and the
 // size of the tables a planner would build, refused before anything is allocated. Shared by the
-// tool (gpukit_plan.cpp) and its fuzz harness (tests/fuzz/plan_fuzz.cpp). Not installed.
+// tool (gpukit_plan.cpp, through plan_cli.hpp) and its fuzz harnesses (tests/fuzz/plan_fuzz.cpp,
+// plan_args_fuzz.cpp). Not installed.
 #pragma once
 
 #include <gpukit/checkpoint/planners.hpp>
@@ -80,7 +81,9 @@ inline std::int64_t parse_count(std::string const& option, std::string const& te
                          ? " below 10^18"
                          : "")};
   }
-  return std::stoll(text);
+  std::int64_t v = 0;  // at most 18 digits: below 10^18, no overflow
+  for (char const d : text) v = v * 10 + (d - '0');
+  return v;
 }
 
 struct command_line {
@@ -169,7 +172,8 @@ inline command_line parse_arguments(int argc, char** argv)
   return c;
 }
 
-inline gpukit::checkpoint_chain read_chain(command_line const& c)
+/// The chain of --chain FILE, or read from `in` when there is none or it is "-".
+inline gpukit::checkpoint_chain read_chain(command_line const& c, std::istream& in = std::cin)
 {
   std::string const name = c.chain_file.value_or("-");
   auto with_bandwidth    = [&](gpukit::checkpoint_chain chain) {
@@ -177,10 +181,10 @@ inline gpukit::checkpoint_chain read_chain(command_line const& c)
     return chain;
   };
   try {
-    if (name == "-") return with_bandwidth(gpukit::parse_checkpoint_chain(std::cin));
-    std::ifstream in{name};
-    if (!in) throw input_error{"cannot open the chain file \"" + name + "\""};
-    return with_bandwidth(gpukit::parse_checkpoint_chain(in));
+    if (name == "-") return with_bandwidth(gpukit::parse_checkpoint_chain(in));
+    std::ifstream file{name};
+    if (!file) throw input_error{"cannot open the chain file \"" + name + "\""};
+    return with_bandwidth(gpukit::parse_checkpoint_chain(file));
   } catch (gpukit::logic_error const& e) {
     throw input_error{(name == "-" ? std::string{"standard input"} : name) + ": " +
                       plain(e.what())};
@@ -223,15 +227,18 @@ inline gpukit::checkpoint_plan plan(gpukit::checkpoint_chain const& chain, comma
     }
   }
   std::string const k = c.planner.substr(std::string{"sequential:"}.size());
-  if (k.empty() || k.find_first_not_of("0123456789") != std::string::npos || k.size() > 9) {
+  if (k.empty() || k.find_first_not_of("0123456789") != std::string::npos) {
     throw usage_error{"--planner \"" + c.planner +
                       "\": K in sequential:K must be a positive integer (the number of segments)"};
   }
-  std::size_t const segments = std::stoul(k);
-  if (segments < 1 || segments > chain.size()) {
-    throw usage_error{"--planner \"" + c.planner + "\": " + std::to_string(segments) +
-                      " segments is outside 1.." + std::to_string(chain.size()) +
-                      " (the number of stages)"};
+  std::size_t segments = 0;  // more than 9 digits: beyond any chain, and no overflow
+  if (k.size() <= 9) {
+    for (char const d : k) segments = segments * 10 + static_cast<std::size_t>(d - '0');
+  }
+  if (k.size() > 9 || segments < 1 || segments > chain.size()) {
+    throw usage_error{
+      "--planner \"" + c.planner + "\": " + (k.size() > 9 ? k : std::to_string(segments)) +
+      " segments is outside 1.." + std::to_string(chain.size()) + " (the number of stages)"};
   }
   return gpukit::plan_sequential(chain, segments, budget);
 }
@@ -260,39 +267,47 @@ inline constexpr std::int64_t revolve_work_limit = std::int64_t{1} << 33;
   return 16 * (steps + 1) * (c + 1);
 }
 
+/// The limits check_table_size enforces: the tool's by default (a fuzz harness lowers them, so
+/// that no input takes seconds).
+struct table_limits {
+  std::int64_t memory_bytes{memory_limit_bytes};
+  std::int64_t revolve_work{revolve_work_limit};
+};
+
 /// Refuses, before anything is allocated, a revolve or an optimal plan whose tables would take
-/// more than memory_limit_bytes (an input_error naming the count and the limit). Other planners
-/// take memory linear in the chain.
-inline void check_table_size(command_line const& c, std::int64_t stages)
+/// more than `limits.memory_bytes`, or a revolve of more than `limits.revolve_work` table steps (an
+/// input_error naming the count and the limit). Other planners take memory linear in the chain.
+inline void check_table_size(command_line const& c, std::int64_t stages,
+                             table_limits const& limits = {})
 {
   constexpr std::int64_t mib = std::int64_t{1} << 20;
   if (c.revolve) {
     std::int64_t const bytes = revolve_table_bytes(*c.steps, *c.slots);
     std::int64_t const c2    = std::min(*c.slots, std::max<std::int64_t>(*c.steps, 1));
     std::int64_t const work  = *c.steps * *c.steps * c2;  // its dynamic program's inner steps
-    if (work > revolve_work_limit) {
+    if (work > limits.revolve_work) {
       throw input_error{"revolve with --steps " + std::to_string(*c.steps) + " and --slots " +
                         std::to_string(*c.slots) + " takes about " + std::to_string(work) +
-                        " table steps, over the limit of " + std::to_string(revolve_work_limit) +
+                        " table steps, over the limit of " + std::to_string(limits.revolve_work) +
                         " (fewer steps or slots)"};
     }
-    if (bytes > memory_limit_bytes) {
+    if (bytes > limits.memory_bytes) {
       throw input_error{"revolve with --steps " + std::to_string(*c.steps) + " and --slots " +
                         std::to_string(*c.slots) + " needs tables of " +
                         std::to_string(bytes / mib) + " MiB, over the limit of " +
-                        std::to_string(memory_limit_bytes / mib) + " MiB"};
+                        std::to_string(limits.memory_bytes / mib) + " MiB"};
     }
     return;
   }
   if (c.planner != "optimal" && c.planner != "best" && c.planner != "offload") return;
   std::int64_t const bytes = optimal_table_bytes(stages);
-  if (bytes > memory_limit_bytes) {
+  if (bytes > limits.memory_bytes) {
     std::int64_t most = 1;  // the longest chain under the limit
-    while (optimal_table_bytes(most + 1) <= memory_limit_bytes) most += 1 + most / 8;
-    while (optimal_table_bytes(most) > memory_limit_bytes) --most;
+    while (optimal_table_bytes(most + 1) <= limits.memory_bytes) most += 1 + most / 8;
+    while (optimal_table_bytes(most) > limits.memory_bytes) --most;
     throw input_error{"the " + c.planner + " planner on " + std::to_string(stages) +
                       " stages needs tables of about " + std::to_string(bytes / mib) +
-                      " MiB, over the limit of " + std::to_string(memory_limit_bytes / mib) +
+                      " MiB, over the limit of " + std::to_string(limits.memory_bytes / mib) +
                       " MiB (at most " + std::to_string(most) +
                       " stages; --planner sqrt, sequential:K or store-all take any length)"};
   }

@@ -153,6 +153,14 @@ struct doctor_report {
 template <class Runtime>
 [[nodiscard]] doctor_report run_doctor(Runtime& rt, doctor_options const& options = {});
 
+/// Empty when every entry of `list` (separated by ';', ',' or ' ') names a CUDA architecture as
+/// CMAKE_CUDA_ARCHITECTURES spells it: "all", "all-major", "native", or a number from 10 to 999
+/// (compute capability major * 10 + minor), optionally followed by "a" or "f" and by "-real" or
+/// "-virtual"; else a message naming the first entry that does not and saying what is allowed.
+/// run_doctor's [arch] check passes over such entries; gpukit-doctor refuses them. Never throws
+/// but std::bad_alloc.
+[[nodiscard]] std::string architectures_error(std::string_view list);
+
 /// "13.0" for 13000 (CUDA's version encoding).
 [[nodiscard]] std::string cuda_version_string(int v);
 

@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdio>
 #include <string>
+#include <string_view>
 
 namespace gpukit::detail {
 
@@ -43,59 +44,106 @@ doctor_check check_device(int d, typename Runtime::error_type pe, device_propert
                       pci_address(p) + (p.simulated ? " (simulated)" : ""));
 }
 
-/// How a binary built for `archs` (CMAKE_CUDA_ARCHITECTURES) runs on compute capability
-/// major.minor: 2 native code (SASS), 1 only by JIT-compiling PTX, 0 not at all, -1 unknown.
-/// `how` names the entry that fits.
-inline int arch_fit(std::string const& archs, int major, int minor, std::string& how)
+/// One entry of a CMAKE_CUDA_ARCHITECTURES list, taken apart.
+struct arch_entry {
+  int number{0};         ///< 90 for "90a-real"
+  bool real{true};       ///< native code (SASS) is built ("-virtual" clears it)
+  bool virt{true};       ///< PTX is built ("-real" clears it)
+  bool specific{false};  ///< "90a": arch-specific features, runs on exactly that capability
+  bool family{false};    ///< "100f": family-specific, runs on the same major, minor >=
+};
+
+/// The smallest and largest architecture number an entry may name (compute capability
+/// major * 10 + minor).
+inline constexpr int arch_number_min = 10;
+inline constexpr int arch_number_max = 999;
+
+/// Reads `entry` ("90", "80-real", "90a", "100f-virtual"; not "all", "all-major" or "native")
+/// into `out`; false when it is not spelled that way or its number is outside
+/// [arch_number_min, arch_number_max]. Never throws.
+inline bool parse_arch_entry(std::string_view entry, arch_entry& out) noexcept
 {
-  int const cc    = major * 10 + minor;
-  int best        = 0;
+  arch_entry e;
+  constexpr std::string_view real_suffix = "-real", virtual_suffix = "-virtual";
+  if (entry.size() > real_suffix.size() &&
+      entry.substr(entry.size() - real_suffix.size()) == real_suffix) {
+    e.virt = false;
+    entry.remove_suffix(real_suffix.size());
+  } else if (entry.size() > virtual_suffix.size() &&
+             entry.substr(entry.size() - virtual_suffix.size()) == virtual_suffix) {
+    e.real = false;
+    entry.remove_suffix(virtual_suffix.size());
+  }
+  if (!entry.empty() && (entry.back() == 'a' || entry.back() == 'f')) {
+    e.specific = entry.back() == 'a';
+    e.family   = entry.back() == 'f';
+    entry.remove_suffix(1);
+  }
+  // Digits only, and few enough of them that the value cannot overflow an int.
+  if (entry.empty() || entry.size() > 4 ||
+      entry.find_first_not_of("0123456789") != std::string_view::npos) {
+    return false;
+  }
+  int n = 0;
+  for (char const c : entry) n = n * 10 + (c - '0');
+  if (n < arch_number_min || n > arch_number_max) return false;
+  e.number = n;
+  out      = e;
+  return true;
+}
+
+/// Calls `f(entry)` for each non-empty entry of a CMAKE_CUDA_ARCHITECTURES list (separated by
+/// ';', ',' or ' ') until it returns false.
+template <class F>
+void for_each_arch_entry(std::string_view archs, F&& f)
+{
   std::size_t pos = 0;
   while (pos <= archs.size()) {
     std::size_t end = archs.find_first_of(";, ", pos);
-    if (end == std::string::npos) end = archs.size();
-    std::string entry = archs.substr(pos, end - pos);
-    pos               = end + 1;
-    if (entry.empty()) continue;
+    if (end == std::string_view::npos) end = archs.size();
+    std::string_view const entry = archs.substr(pos, end - pos);
+    pos                          = end + 1;
+    if (!entry.empty() && !f(entry)) return;
+  }
+}
+
+/// How a binary built for `archs` (CMAKE_CUDA_ARCHITECTURES) runs on compute capability
+/// major.minor: 2 native code (SASS), 1 only by JIT-compiling PTX, 0 not at all, -1 unknown.
+/// `how` names the entry that fits. Entries that are not architectures
+/// (gpukit::architectures_error names them) are passed over.
+inline int arch_fit(std::string const& archs, int major, int minor, std::string& how)
+{
+  int const cc = major * 10 + minor;
+  int best     = 0;
+  bool decided = false;  // "all", "all-major" or "native": known only at build time
+  for_each_arch_entry(archs, [&](std::string_view entry) {
     if (entry == "all" || entry == "all-major" || entry == "native") {
-      how = entry;
-      return -1;
+      how     = std::string{entry};
+      decided = true;
+      return false;
     }
-    bool real = true, virt = true;
-    if (entry.size() > 5 && entry.compare(entry.size() - 5, 5, "-real") == 0) {
-      virt = false;
-      entry.resize(entry.size() - 5);
-    } else if (entry.size() > 8 && entry.compare(entry.size() - 8, 8, "-virtual") == 0) {
-      real = false;
-      entry.resize(entry.size() - 8);
-    }
-    bool specific = false;  // "90a": arch-specific features, runs on exactly that capability
-    bool family   = false;  // "100f": family-specific, runs on the same major, minor >=
-    if (!entry.empty() && (entry.back() == 'a' || entry.back() == 'f')) {
-      specific = entry.back() == 'a';
-      family   = entry.back() == 'f';
-      entry.pop_back();
-    }
-    if (entry.empty() || entry.find_first_not_of("0123456789") != std::string::npos) continue;
-    int const a = std::stoi(entry);
-    if (real) {
-      bool const fits = specific ? a == cc : (a / 10 == major && a % 10 <= minor);
+    arch_entry e;
+    if (!parse_arch_entry(entry, e)) return true;
+    int const a = e.number;
+    if (e.real) {
+      bool const fits = e.specific ? a == cc : (a / 10 == major && a % 10 <= minor);
       if (fits && best < 2) {
         best = 2;
-        how  = "sm_" + std::to_string(a) + (specific ? "a" : family ? "f" : "");
+        how  = "sm_" + std::to_string(a) + (e.specific ? "a" : e.family ? "f" : "");
       }
     }
-    if (virt && best < 1) {
-      bool const fits = specific ? a == cc
-                        : family ? (a / 10 == major && a % 10 <= minor)
-                                 : a <= cc;
+    if (e.virt && best < 1) {
+      bool const fits = e.specific ? a == cc
+                        : e.family ? (a / 10 == major && a % 10 <= minor)
+                                   : a <= cc;
       if (fits) {
         best = 1;
         how  = "compute_" + std::to_string(a);
       }
     }
-  }
-  return best;
+    return true;
+  });
+  return decided ? -1 : best;
 }
 
 /// [arch.<d>]: the architectures the kernels were built for (`built`, as CMAKE_CUDA_ARCHITECTURES
@@ -197,3 +245,26 @@ inline doctor_check check_ecc(int d, device_properties const& p)
 }
 
 }  // namespace gpukit::detail
+
+namespace gpukit {
+
+inline std::string architectures_error(std::string_view list)
+{
+  std::string error;
+  detail::for_each_arch_entry(list, [&](std::string_view entry) {
+    detail::arch_entry e;
+    if (entry == "all" || entry == "all-major" || entry == "native" ||
+        detail::parse_arch_entry(entry, e)) {
+      return true;
+    }
+    error = "\"" + std::string{entry} + "\" is not a CUDA architecture: expected a number from " +
+            std::to_string(detail::arch_number_min) + " to " +
+            std::to_string(detail::arch_number_max) +
+            " (compute capability major * 10 + minor), optionally followed by a or f and by -real "
+            "or -virtual (\"90\", \"90a-real\"), or all, all-major or native";
+    return false;
+  });
+  return error;
+}
+
+}  // namespace gpukit
