@@ -14,8 +14,12 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
+#include <mutex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -218,6 +222,164 @@ TEST_SUITE("caching_allocator")
     finish(*this);
   }
 
+  TEST_CASE("stats: a block allocated and freed before anything is read still makes the peaks")
+  {
+    sim_runtime sim{one_device(gib)};
+    sim_allocator alloc{sim, 0};
+    stream_holder<sim_runtime> s{sim};
+    alloc.deallocate_async(alloc.allocate_async(256 * mib, s), 256 * mib, s);
+    auto const st = alloc.stats();
+    CHECK(st.allocated_bytes.peak == i64(256 * mib));
+    CHECK(st.active_bytes.peak == i64(256 * mib));
+    CHECK(st.active_count.peak == 1);
+    CHECK(st.large_pool.active_bytes.peak == i64(256 * mib));
+    CHECK(st.active_bytes.current == 0);
+    // A free that waits on another stream's work keeps its block active, and its peak with it.
+    stream_holder<sim_runtime> other{sim};
+    GPUKIT_CUDA_TRY(sim.stall(other));
+    void* p = alloc.allocate_async(300 * mib, s);
+    alloc.record_stream(p, other);
+    alloc.deallocate_async(p, 300 * mib, s);
+    void* q = alloc.allocate_async(100 * mib, s);  // while p's free is pending: 400 MiB active
+    GPUKIT_CUDA_TRY(sim.release(other));
+    alloc.deallocate_async(q, 100 * mib, s);
+    (void)alloc.release();
+    auto const t = alloc.stats();
+    CHECK(t.active_bytes.peak == i64(400 * mib));
+    CHECK(t.allocated_bytes.peak == i64(300 * mib));
+    alloc.forget_stream(s);
+    alloc.forget_stream(other);
+  }
+
+  TEST_CASE("stats: every peak is the reference model's after every operation, on any thread")
+  {
+    // A thread that runs what it is given, one task at a time, and waits for the next.
+    class worker {
+     public:
+      worker()
+          : thread_{[this] {
+              std::unique_lock<std::mutex> lock{m_};
+              for (;;) {
+                cv_.wait(lock, [this] { return task_ || stop_; });
+                if (!task_) { return; }
+                task_();
+                task_ = nullptr;
+                cv_.notify_all();
+              }
+            }}
+      {}
+      ~worker()
+      {
+        {
+          std::lock_guard<std::mutex> lock{m_};
+          stop_ = true;
+        }
+        cv_.notify_all();
+        thread_.join();
+      }
+      void run(std::function<void()> f)
+      {
+        std::unique_lock<std::mutex> lock{m_};
+        task_ = std::move(f);
+        cv_.notify_all();
+        cv_.wait(lock, [this] { return !task_; });
+      }
+
+     private:
+      std::mutex m_;
+      std::condition_variable cv_;
+      std::function<void()> task_;
+      bool stop_{false};
+      std::thread thread_;
+    };
+    struct model {  // by pool kind, then [2]: both
+      std::int64_t bytes[3]{}, requested[3]{}, count[3]{};
+      std::int64_t peak_bytes[3]{}, peak_requested[3]{}, peak_count[3]{};
+      void add(int k, std::int64_t b, std::int64_t r, std::int64_t n)
+      {
+        for (int i : {k, 2}) {
+          bytes[i] += b;
+          requested[i] += r;
+          count[i] += n;
+          peak_bytes[i]     = std::max(peak_bytes[i], bytes[i]);
+          peak_requested[i] = std::max(peak_requested[i], requested[i]);
+          peak_count[i]     = std::max(peak_count[i], count[i]);
+        }
+      }
+    };
+    for (bool const cache : {true, false}) {
+      for (std::uint64_t seed = 1; seed <= 3; ++seed) {
+        CAPTURE(cache);
+        CAPTURE(seed);
+        sim_runtime sim{one_device(16 * gib)};
+        gpukit::caching_allocator_options o;
+        // Without the thread cache every block is exactly its rounded size, so the model knows
+        // the allocated bytes too; with it, requested bytes and counts.
+        if (!cache) { o.thread_cache_max_block_bytes = 0; }
+        sim_allocator alloc{sim, 0, o};
+        stream_holder<sim_runtime> s0{sim}, s1{sim};
+        sim_stream const streams[] = {s0, s1};
+        worker workers[3];
+        model m;
+        struct live {
+          void* p;
+          std::size_t bytes;
+        };
+        std::vector<live> blocks;
+        std::uint64_t rng = seed * 0x9e3779b97f4a7c15ull;
+        auto next         = [&] {
+          rng ^= rng << 13;
+          rng ^= rng >> 7;
+          rng ^= rng << 17;
+          return rng;
+        };
+        auto kind_of = [](std::size_t bytes) { return (bytes + 255) / 256 * 256 <= mib ? 0 : 1; };
+        auto check   = [&](int op) {
+          auto const st = alloc.stats();
+          CAPTURE(op);
+          gpukit::caching_pool_stats const* pools[] = {&st.small_pool, &st.large_pool};
+          for (int i = 0; i < 2; ++i) {
+            CHECK(pools[i]->requested_bytes.current == m.requested[i]);
+            CHECK(pools[i]->requested_bytes.peak == m.peak_requested[i]);
+            CHECK(pools[i]->allocation_count.peak == m.peak_count[i]);
+            if (!cache) { CHECK(pools[i]->allocated_bytes.peak == m.peak_bytes[i]); }
+          }
+          CHECK(st.requested_bytes.peak == m.peak_requested[2]);
+          CHECK(st.allocation_count.peak == m.peak_count[2]);
+          CHECK(st.active_count.peak == m.peak_count[2]);  // no free waits on another stream
+          if (!cache) {
+            CHECK(st.allocated_bytes.peak == m.peak_bytes[2]);
+            CHECK(st.active_bytes.peak == m.peak_bytes[2]);
+          }
+        };
+        for (int op = 0; op < 400; ++op) {
+          worker& w = workers[next() % 3];
+          if (blocks.empty() || next() % 5 < 3) {
+            std::size_t const bytes =
+              next() % 2 == 0 ? 1 + next() % mib : mib + 1 + next() % (48 * mib);
+            void* p = nullptr;
+            w.run([&] { p = alloc.allocate_async(bytes, streams[next() % 2]); });
+            blocks.push_back({p, bytes});
+            std::int64_t const size = static_cast<std::int64_t>((bytes + 255) / 256 * 256);
+            m.add(kind_of(bytes), size, static_cast<std::int64_t>(bytes), 1);
+          } else {
+            std::size_t const i = next() % blocks.size();
+            live const b        = blocks[i];
+            blocks.erase(blocks.begin() + static_cast<std::ptrdiff_t>(i));
+            w.run([&] { alloc.deallocate_async(b.p, b.bytes, streams[next() % 2]); });
+            std::int64_t const size = static_cast<std::int64_t>((b.bytes + 255) / 256 * 256);
+            m.add(kind_of(b.bytes), -size, -static_cast<std::int64_t>(b.bytes), -1);
+          }
+          if (next() % 7 == 0) { check(op); }
+        }
+        check(-1);
+        for (live const& b : blocks) { alloc.deallocate_async(b.p, b.bytes, s0); }
+        alloc.forget_stream(s0);
+        alloc.forget_stream(s1);
+      }
+    }
+  }
+
   TEST_CASE_FIXTURE(sim_allocator_fixture<>, "memory_summary: PyTorch's table, from stats()")
   {
     void* large = alloc.allocate_async(3 * mib, sa);
@@ -233,7 +395,7 @@ TEST_SUITE("caching_allocator")
            "| Allocated memory      |   3584 KiB |   3648 KiB |   3648 KiB |  65536 B   |",
            "|       from large pool |   3072 KiB |   3072 KiB |   3072 KiB |      0 B   |",
            "|       from small pool |    512 KiB |    576 KiB |    576 KiB |  65536 B   |",
-           "| Active memory         |   3584 KiB |   3584 KiB |   3648 KiB |  65536 B   |",
+           "| Active memory         |   3584 KiB |   3648 KiB |   3648 KiB |  65536 B   |",
            "| Non-releasable memory |  18880 KiB |  18880 KiB |       -    |       -    |",
            "| GPU reserved memory   |  22528 KiB |  22528 KiB |  22528 KiB |      0 B   |",
            "| Allocations           |       2    |       3    |       3    |       1    |",

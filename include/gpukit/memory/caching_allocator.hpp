@@ -80,6 +80,7 @@
 #include <gpukit/memory/detail/address_map.hpp>
 #include <gpukit/memory/detail/caching_block.hpp>
 #include <gpukit/memory/detail/debug_options.hpp>
+#include <gpukit/memory/detail/shared_counts.hpp>
 #include <gpukit/memory/detail/tlsf_index.hpp>
 #include <gpukit/memory/memory_history.hpp>
 #include <gpukit/profile/memory_annotation.hpp>
@@ -574,6 +575,8 @@ class basic_caching_allocator final {
   // Statistics (detail/statistics.inl).
   caching_pool_stats& pool_stats_locked(int kind) const noexcept;
   void update_peaks_locked() const;
+  void share_counts_locked();
+  void reset_shared_peaks_locked();
   void update_scanned_locked() const;
   void count_reserved_locked(int kind, std::int64_t delta) noexcept;
   void count_segment_locked(int kind, int delta) noexcept;
@@ -635,7 +638,6 @@ class basic_caching_allocator final {
   /// The thread caches of this allocator.
   struct thread_state {
     std::vector<std::unique_ptr<thread_cache>> caches;
-    bool freed_across{false};  // a block was freed by another thread than the one it went to
   };
   /// The out-of-memory ladder.
   struct recovery_state {
@@ -679,6 +681,8 @@ class basic_caching_allocator final {
   std::unique_ptr<debug_state> debug_;  // debug mode's quarantine (null when off)
   recording_state recording_;
   mutable caching_allocator_stats stats_{};  // pool-level counters and peaks
+  detail::pending_counts pending_;           // frees waiting on other streams (still active)
+  detail::shared_counts shared_;             // current values and peaks once two threads are in
 };
 
 /// The caching allocator over the CUDA runtime.

@@ -298,9 +298,7 @@ void* basic_caching_allocator<Runtime>::allocate_slow(std::size_t bytes, std::si
       if (b == nullptr) { throw_oom_locked(bytes, size); }
     }
   }
-  void* p = hand_out(tc, take_locked(b, size, bytes, stream), bytes, stream);
-  if (threads_.freed_across) { update_peaks_locked(); }  // the sums are the only true peaks then
-  return p;
+  return hand_out(tc, take_locked(b, size, bytes, stream), bytes, stream);
 }
 
 // Every path that gives a block to a user ends here: the thread's map and counters, then the
@@ -312,7 +310,12 @@ __attribute__((always_inline)) inline void* basic_caching_allocator<Runtime>::ha
   b->owner.store(&tc, std::memory_order_release);
   tc.handed_out.insert(b->address(), b);
   if (tc.handed_out.size() > tc.purge_at) { purge_handed_out(tc); }
-  tc.count_alloc(b->kind, static_cast<std::int64_t>(b->size), static_cast<std::int64_t>(bytes));
+  tc.count_alloc(b->kind, static_cast<std::int64_t>(b->size), static_cast<std::int64_t>(bytes),
+                 pending_);
+  if (shared_.on.load(std::memory_order_relaxed)) {
+    shared_.count_alloc(b->kind, static_cast<std::int64_t>(b->size),
+                        static_cast<std::int64_t>(bytes), pending_);
+  }
   if (recording_.on.load(std::memory_order_relaxed)) {
     record(tc, memory_event::action::alloc, b, stream);
   }
@@ -436,10 +439,6 @@ typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtim
   GPUKIT_EXPECTS(b->owner.compare_exchange_strong(owner, nullptr, std::memory_order_acq_rel,
                                                   std::memory_order_relaxed),
                  double_free());
-  if (!threads_.freed_across) {
-    update_peaks_locked();         // the per-thread peaks hold until now: keep them before they go
-    threads_.freed_across = true;  // per-thread peaks no longer bound it
-  }
   return b;
 }
 
@@ -454,6 +453,10 @@ __attribute__((always_inline)) inline void basic_caching_allocator<Runtime>::cou
   tc.handed_out.erase(reinterpret_cast<std::uintptr_t>(ptr));
   tc.count_free(b->kind, static_cast<std::int64_t>(b->size),
                 static_cast<std::int64_t>(b->requested));
+  if (shared_.on.load(std::memory_order_relaxed)) {
+    shared_.count_free(b->kind, static_cast<std::int64_t>(b->size),
+                       static_cast<std::int64_t>(b->requested));
+  }
   if (recording_.on.load(std::memory_order_relaxed)) {
     record(tc, memory_event::action::free, b, stream);
   }
@@ -495,6 +498,7 @@ void basic_caching_allocator<Runtime>::defer_free(thread_cache& tc, block* b, vo
     free_to_pool_locked(b, stream);
     return;
   }
+  pending_.add(b->kind, static_cast<std::int64_t>(b->size), 1);  // still active: first
   count_free(tc, b, ptr, stream);
   b->recorded.clear();
   b->state.store(detail::block_state::pending, std::memory_order_relaxed);

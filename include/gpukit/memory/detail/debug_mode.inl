@@ -235,9 +235,7 @@ void* basic_caching_allocator<Runtime>::guard_allocate_locked(std::size_t bytes,
     auto& order = debug_->guard_freed_order;
     order.erase(std::find(order.begin(), order.end(), b->data()));
   }
-  void* p = hand_out(tc, b, bytes, stream);
-  if (threads_.freed_across) { update_peaks_locked(); }
-  return p;
+  return hand_out(tc, b, bytes, stream);
 }
 
 // Maps a run of pages for a block of `size` bytes and carves it: [unmapped][run][unmapped, at
@@ -354,8 +352,8 @@ void basic_caching_allocator<Runtime>::guard_free(void* ptr, std::size_t bytes, 
     debug_->guard_freed.erase(debug_->guard_freed_order.front());
     debug_->guard_freed_order.pop_front();
   }
-  b->stream                          = stream_type{};  // its work is done: any stream's
-  b->global                          = true;
+  b->stream     = stream_type{};  // its work is done: any stream's
+  b->global     = true;
   block* merged = insert_free_locked(b);
   if (recovery_.waiters != 0) { recovery_.frees_cv.notify_all(); }
   // The free has happened: from here nothing throws (a caller told of an error would free the

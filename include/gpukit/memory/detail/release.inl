@@ -79,7 +79,7 @@ std::size_t basic_caching_allocator<Runtime>::release_locked(std::size_t target,
         capturing_streams.end()) {
       return true;
     }
-    bool capturing = false;
+    bool capturing                       = false;
     typename Runtime::error_type const e = runtime_.stream_is_capturing(s, capturing);
     if (e == Runtime::invalid_resource_handle) { return false; }  // destroyed: retired below
     GPUKIT_CUDA_TRY(e);

@@ -43,13 +43,10 @@ caching_pool_stats& basic_caching_allocator<Runtime>::pool_stats_locked(int kind
 template <class Runtime>
 void basic_caching_allocator<Runtime>::update_peaks_locked() const
 {
-  // Current values are the sums over threads. A peak is the highest of: the sums seen here (when
-  // statistics are read, on every allocation that takes the pool lock, at out-of-memory and
-  // reset_peak) and, while every block has been freed by the thread that allocated it, each
-  // thread's own peak (exact when a single thread allocates, a lower bound otherwise). Once a
-  // block is freed by another thread (as PyTorch's autograd threads do), a thread's own count can
-  // exceed the total, so its peak is no longer used. Reserved and segment peaks are exact: they
-  // are raised where segments are taken.
+  // Current values are the sums over threads. Peaks are raised by the allocation that makes
+  // them: while one thread uses the allocator, its own peaks are the allocator's; from the second
+  // thread on, the shared counts (detail::shared_counts) are. Reserved and segment peaks are
+  // raised where segments are taken.
   struct sums {
     std::int64_t bytes_in{0}, bytes_out{0}, requested_in{0}, requested_out{0}, allocs{0}, frees{0};
     std::int64_t peak_bytes{0}, peak_requested{0}, peak_count{0};
@@ -73,8 +70,12 @@ void basic_caching_allocator<Runtime>::update_peaks_locked() const
     top(k[2].peak_requested, c->peak_requested);
     top(k[2].peak_count, c->peak_count);
   }
-  if (threads_.freed_across) {
-    for (auto& x : k) { x.peak_bytes = x.peak_requested = x.peak_count = 0; }
+  if (shared_.on.load(std::memory_order_relaxed)) {
+    for (std::size_t i = 0; i < 3; ++i) {
+      k[i].peak_bytes     = shared_.peak_bytes[i].load(std::memory_order_relaxed);
+      k[i].peak_requested = shared_.peak_requested[i].load(std::memory_order_relaxed);
+      k[i].peak_count     = shared_.peak_count[i].load(std::memory_order_relaxed);
+    }
   }
   for (std::size_t i = 0; i < 2; ++i) {
     caching_pool_stats& p = pool_stats_locked(static_cast<int>(i));
@@ -114,24 +115,106 @@ void basic_caching_allocator<Runtime>::update_scanned_locked() const
     for (auto const& idx : sp->index) { idx.for_each(split); }
   }
   for (auto const& idx : pool_.global) { idx.for_each(split); }
+  // Active peaks, raised by the allocations that made them (as in update_peaks_locked).
+  std::array<std::int64_t, 3> peak_active_bytes{}, peak_active_count{};
+  if (shared_.on.load(std::memory_order_relaxed)) {
+    for (std::size_t i = 0; i < 3; ++i) {
+      peak_active_bytes[i] = shared_.peak_active_bytes[i].load(std::memory_order_relaxed);
+      peak_active_count[i] = shared_.peak_active_count[i].load(std::memory_order_relaxed);
+    }
+  } else {
+    for (auto const& c : threads_.caches) {
+      for (std::size_t i = 0; i < 2; ++i) {
+        peak_active_bytes[i] = std::max(peak_active_bytes[i], c->pools[i].peak_active_bytes.get());
+        peak_active_count[i] = std::max(peak_active_count[i], c->pools[i].peak_active_count.get());
+      }
+      peak_active_bytes[2] = std::max(peak_active_bytes[2], c->peak_active_bytes.get());
+      peak_active_count[2] = std::max(peak_active_count[2], c->peak_active_count.get());
+    }
+  }
   for (std::size_t i = 0; i < 2; ++i) {
     caching_pool_stats& p = pool_stats_locked(static_cast<int>(i));
     // Active: handed out, less the frees that have completed (pending frees are still active).
     detail::set_flow(p.active_bytes, p.allocated_bytes.allocated,
-                     p.allocated_bytes.freed - pending_bytes[i], 0);
+                     p.allocated_bytes.freed - pending_bytes[i], peak_active_bytes[i]);
     detail::set_flow(p.active_count, p.allocation_count.allocated,
-                     p.allocation_count.freed - pending_count[i], 0);
+                     p.allocation_count.freed - pending_count[i], peak_active_count[i]);
     detail::set_current(p.inactive_split_bytes, split_bytes[i]);
     detail::set_current(p.inactive_split_count, split_count[i]);
   }
   caching_pool_stats const &sm = stats_.small_pool, &lg = stats_.large_pool;
   auto sum = [](stat_totals const& a, stat_totals const& b) { return a.current + b.current; };
-  detail::set_current(stats_.active_bytes, sum(sm.active_bytes, lg.active_bytes));
-  detail::set_current(stats_.active_count, sum(sm.active_count, lg.active_count));
+  detail::set_current(stats_.active_bytes, sum(sm.active_bytes, lg.active_bytes),
+                      peak_active_bytes[2]);
+  detail::set_current(stats_.active_count, sum(sm.active_count, lg.active_count),
+                      peak_active_count[2]);
   detail::set_current(stats_.inactive_split_bytes,
                       sum(sm.inactive_split_bytes, lg.inactive_split_bytes));
   detail::set_current(stats_.inactive_split_count,
                       sum(sm.inactive_split_count, lg.inactive_split_count));
+}
+
+// A second thread is in: from now on every allocation and free also counts in shared_, which
+// starts from the sums over the threads' counters and the peaks so far.
+template <class Runtime>
+void basic_caching_allocator<Runtime>::share_counts_locked()
+{
+  update_peaks_locked();
+  update_scanned_locked();
+  for (std::size_t i = 0; i < 2; ++i) {
+    std::int64_t b = 0, r = 0, c = 0;
+    for (auto const& tc : threads_.caches) {
+      b += tc->pools[i].bytes();
+      r += tc->pools[i].requested();
+      c += tc->pools[i].count();
+    }
+    shared_.bytes[i].store(b, std::memory_order_relaxed);
+    shared_.requested[i].store(r, std::memory_order_relaxed);
+    shared_.count[i].store(c, std::memory_order_relaxed);
+  }
+  auto peaks = [&](std::size_t i, caching_pool_stats const& p) {
+    shared_.peak_bytes[i].store(p.allocated_bytes.peak, std::memory_order_relaxed);
+    shared_.peak_requested[i].store(p.requested_bytes.peak, std::memory_order_relaxed);
+    shared_.peak_count[i].store(p.allocation_count.peak, std::memory_order_relaxed);
+    shared_.peak_active_bytes[i].store(p.active_bytes.peak, std::memory_order_relaxed);
+    shared_.peak_active_count[i].store(p.active_count.peak, std::memory_order_relaxed);
+  };
+  peaks(0, stats_.small_pool);
+  peaks(1, stats_.large_pool);
+  shared_.peak_bytes[2].store(stats_.allocated_bytes.peak, std::memory_order_relaxed);
+  shared_.peak_requested[2].store(stats_.requested_bytes.peak, std::memory_order_relaxed);
+  shared_.peak_count[2].store(stats_.allocation_count.peak, std::memory_order_relaxed);
+  shared_.peak_active_bytes[2].store(stats_.active_bytes.peak, std::memory_order_relaxed);
+  shared_.peak_active_count[2].store(stats_.active_count.peak, std::memory_order_relaxed);
+  shared_.on.store(true, std::memory_order_release);
+}
+
+// reset_peak with the shared counts on: each peak to its current value.
+template <class Runtime>
+void basic_caching_allocator<Runtime>::reset_shared_peaks_locked()
+{
+  auto cur = [](std::atomic<std::int64_t> const& a) { return a.load(std::memory_order_relaxed); };
+  std::int64_t tb = 0, tr = 0, tc = 0, tab = 0, tac = 0;
+  for (std::size_t i = 0; i < 2; ++i) {
+    std::int64_t const b = cur(shared_.bytes[i]), r = cur(shared_.requested[i]),
+                       c  = cur(shared_.count[i]);
+    std::int64_t const ab = b + cur(pending_.bytes[i]), ac = c + cur(pending_.count[i]);
+    shared_.peak_bytes[i].store(b, std::memory_order_relaxed);
+    shared_.peak_requested[i].store(r, std::memory_order_relaxed);
+    shared_.peak_count[i].store(c, std::memory_order_relaxed);
+    shared_.peak_active_bytes[i].store(ab, std::memory_order_relaxed);
+    shared_.peak_active_count[i].store(ac, std::memory_order_relaxed);
+    tb += b;
+    tr += r;
+    tc += c;
+    tab += ab;
+    tac += ac;
+  }
+  shared_.peak_bytes[2].store(tb, std::memory_order_relaxed);
+  shared_.peak_requested[2].store(tr, std::memory_order_relaxed);
+  shared_.peak_count[2].store(tc, std::memory_order_relaxed);
+  shared_.peak_active_bytes[2].store(tab, std::memory_order_relaxed);
+  shared_.peak_active_count[2].store(tac, std::memory_order_relaxed);
 }
 
 template <class Runtime>
@@ -168,7 +251,17 @@ void basic_caching_allocator<Runtime>::reset_peak()
     reset(c->peak_bytes, c->pools[0].bytes() + c->pools[1].bytes());
     reset(c->peak_requested, c->pools[0].requested() + c->pools[1].requested());
     reset(c->peak_count, c->pools[0].count() + c->pools[1].count());
+    for (std::size_t i = 0; i < 2; ++i) {
+      auto& f = c->pools[i];
+      reset(f.peak_active_bytes, f.bytes() + pending_.bytes[i].load(std::memory_order_relaxed));
+      reset(f.peak_active_count, f.count() + pending_.count[i].load(std::memory_order_relaxed));
+    }
+    reset(c->peak_active_bytes,
+          c->pools[0].peak_active_bytes.get() + c->pools[1].peak_active_bytes.get());
+    reset(c->peak_active_count,
+          c->pools[0].peak_active_count.get() + c->pools[1].peak_active_count.get());
   }
+  if (shared_.on.load(std::memory_order_relaxed)) { reset_shared_peaks_locked(); }
   auto reset_pool = [](caching_pool_stats& p) {
     for (stat_totals* t : {&p.allocated_bytes, &p.requested_bytes, &p.reserved_bytes,
                            &p.active_bytes, &p.inactive_split_bytes, &p.allocation_count,

@@ -174,6 +174,7 @@ std::size_t basic_caching_allocator<Runtime>::poll_pending_locked(bool wait)
     }
     for (event_type e : pf.events) { streams_.spare_events.push_back(e); }
     moved += pf.b->size;
+    pending_.add(pf.b->kind, -static_cast<std::int64_t>(pf.b->size), -1);
     if (pf.to_global) {
       pf.b->stream = stream_type{};
       pf.b->global = true;

@@ -195,6 +195,7 @@ struct caching_thread_cache {
   struct pool_flows {
     counter bytes_in, bytes_out, requested_in, requested_out, allocs, frees;
     counter peak_bytes, peak_requested, peak_count;  // of this thread's net values
+    counter peak_active_bytes, peak_active_count;    // net values plus the pending frees
     [[nodiscard]] std::int64_t bytes() const noexcept { return bytes_in.get() - bytes_out.get(); }
     [[nodiscard]] std::int64_t requested() const noexcept
     {
@@ -209,12 +210,16 @@ struct caching_thread_cache {
     if (now > peak.get()) { peak.v.store(now, std::memory_order_relaxed); }
   }
 
-  /// A block of `size` bytes (`requested` asked) of pool `kind` went to this thread's caller.
+  /// A block of `size` bytes (`requested` asked) of pool `kind` went to this thread's caller;
+  /// `pending` holds the bytes and blocks of each pool kind whose frees wait on other streams
+  /// (still active). The peaks are the allocator's while this is its only thread.
   __attribute__((always_inline)) void count_alloc(int kind, std::int64_t size,
-                                                  std::int64_t requested) noexcept
+                                                  std::int64_t requested,
+                                                  pending_counts const& pending) noexcept
   {
-    pool_flows& f       = pools[static_cast<std::size_t>(kind)];
-    pool_flows const& o = pools[static_cast<std::size_t>(kind ^ 1)];
+    auto const k        = static_cast<std::size_t>(kind);
+    pool_flows& f       = pools[k];
+    pool_flows const& o = pools[k ^ 1];
     f.bytes_in.add(size);
     f.requested_in.add(requested);
     f.allocs.add(1);
@@ -225,6 +230,14 @@ struct caching_thread_cache {
     raise(peak_bytes, b + o.bytes());
     raise(peak_requested, r + o.requested());
     raise(peak_count, c + o.count());
+    std::int64_t const pb = pending.bytes[k].load(std::memory_order_relaxed);
+    std::int64_t const pc = pending.count[k].load(std::memory_order_relaxed);
+    std::int64_t const ob = pending.bytes[k ^ 1].load(std::memory_order_relaxed);
+    std::int64_t const oc = pending.count[k ^ 1].load(std::memory_order_relaxed);
+    raise(f.peak_active_bytes, b + pb);
+    raise(f.peak_active_count, c + pc);
+    raise(peak_active_bytes, b + pb + o.bytes() + ob);
+    raise(peak_active_count, c + pc + o.count() + oc);
   }
 
   /// A block of `size` bytes (`requested` asked) of pool `kind` was freed by this thread.
@@ -241,6 +254,7 @@ struct caching_thread_cache {
   // threads allocated); the peaks make the totals' peaks exact when one thread allocates.
   std::array<pool_flows, 2> pools;                 // by pool kind: small, large
   counter peak_bytes, peak_requested, peak_count;  // of the net values over both kinds
+  counter peak_active_bytes, peak_active_count;    // the same with the pending frees
   counter cached_bytes;
   counter num_cache_hits;
 
@@ -308,6 +322,9 @@ basic_caching_allocator<Runtime>::local_cache_slow(detail::tls_registry& r)
     if (tc == nullptr) {
       threads_.caches.push_back(std::make_unique<thread_cache>());
       tc = threads_.caches.back().get();
+    }
+    if (threads_.caches.size() > 1 && !shared_.on.load(std::memory_order_relaxed)) {
+      share_counts_locked();
     }
   }
   detail::tls_entry e{uid_, this, tc, &on_thread_exit};

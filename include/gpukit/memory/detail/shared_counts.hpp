@@ -1,0 +1,80 @@
+// SPDX-License-Identifier: Apache-2.0
+// gpukit/memory/detail/shared_counts.hpp: the counters behind the caching allocator's statistics
+// that more than one thread writes: frees waiting on other streams (pending_counts) and the
+// current values and peaks once a second thread uses the allocator (shared_counts). Not public
+// API; included by caching_allocator.hpp.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+namespace gpukit::detail {
+
+/// Bytes and blocks of each pool kind whose frees wait for other streams' work: freed by their
+/// user, still active. Written under the allocator's lock, read on the fast path.
+struct pending_counts {
+  std::atomic<std::int64_t> bytes[2]{}, count[2]{};
+
+  void add(int kind, std::int64_t size, std::int64_t n) noexcept
+  {
+    auto const k = static_cast<std::size_t>(kind);
+    bytes[k].store(bytes[k].load(std::memory_order_relaxed) + size, std::memory_order_relaxed);
+    count[k].store(count[k].load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
+  }
+};
+
+/// The allocator's current values and peaks once more than one thread has used it. A thread's
+/// own counters then no longer say what the allocator holds at an instant (another thread frees
+/// its blocks, or holds blocks at the same time), so every allocation and free also adds to these
+/// shared ones and an allocation raises the peaks it makes, on whatever thread it runs. Until a
+/// second thread comes, the one thread's counters are exact and nothing here is written.
+struct shared_counts {
+  std::atomic<bool> on{false};
+  std::atomic<std::int64_t> bytes[2]{}, requested[2]{}, count[2]{};  // by pool kind
+  // Peaks by pool kind, then of both: [0] small, [1] large, [2] both.
+  std::atomic<std::int64_t> peak_bytes[3]{}, peak_requested[3]{}, peak_count[3]{};
+  std::atomic<std::int64_t> peak_active_bytes[3]{}, peak_active_count[3]{};
+
+  static void raise(std::atomic<std::int64_t>& peak, std::int64_t v) noexcept
+  {
+    std::int64_t p = peak.load(std::memory_order_relaxed);
+    while (v > p && !peak.compare_exchange_weak(p, v, std::memory_order_relaxed)) {}
+  }
+
+  void count_alloc(int kind, std::int64_t size, std::int64_t req,
+                   pending_counts const& pending) noexcept
+  {
+    auto const k           = static_cast<std::size_t>(kind);
+    std::int64_t const b   = bytes[k].fetch_add(size, std::memory_order_relaxed) + size;
+    std::int64_t const r   = requested[k].fetch_add(req, std::memory_order_relaxed) + req;
+    std::int64_t const c   = count[k].fetch_add(1, std::memory_order_relaxed) + 1;
+    std::int64_t const ob  = bytes[k ^ 1].load(std::memory_order_relaxed);
+    std::int64_t const orq = requested[k ^ 1].load(std::memory_order_relaxed);
+    std::int64_t const oc  = count[k ^ 1].load(std::memory_order_relaxed);
+    std::int64_t const pb  = pending.bytes[k].load(std::memory_order_relaxed);
+    std::int64_t const pc  = pending.count[k].load(std::memory_order_relaxed);
+    std::int64_t const opb = pending.bytes[k ^ 1].load(std::memory_order_relaxed);
+    std::int64_t const opc = pending.count[k ^ 1].load(std::memory_order_relaxed);
+    raise(peak_bytes[k], b);
+    raise(peak_requested[k], r);
+    raise(peak_count[k], c);
+    raise(peak_bytes[2], b + ob);
+    raise(peak_requested[2], r + orq);
+    raise(peak_count[2], c + oc);
+    raise(peak_active_bytes[k], b + pb);
+    raise(peak_active_count[k], c + pc);
+    raise(peak_active_bytes[2], b + pb + ob + opb);
+    raise(peak_active_count[2], c + pc + oc + opc);
+  }
+
+  void count_free(int kind, std::int64_t size, std::int64_t req) noexcept
+  {
+    auto const k = static_cast<std::size_t>(kind);
+    bytes[k].fetch_sub(size, std::memory_order_relaxed);
+    requested[k].fetch_sub(req, std::memory_order_relaxed);
+    count[k].fetch_sub(1, std::memory_order_relaxed);
+  }
+};
+
+}  // namespace gpukit::detail
