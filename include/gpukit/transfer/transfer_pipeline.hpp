@@ -145,13 +145,17 @@ class basic_transfer_pipeline final {
   using event_type  = typename Runtime::event_type;  ///< the hand-offs between streams
 
   /// Creates the two copy streams on options.device and starts staging_threads - 1 threads.
-  /// Pins nothing yet (see prewarm). `pool` must outlive the pipeline.
+  /// Pins nothing yet (see prewarm). `pool` may be destroyed first, whatever the declaration
+  /// order, once no transfer is under way: its destructor waits for the copies from the staging
+  /// chunks (it synchronizes the two copy streams) before freeing them, and the pipeline's
+  /// destructor then returns nothing; transfers and prewarm throw gpukit::logic_error from then on.
   /// @throws gpukit::logic_error when chunk_bytes is 0 or staging_threads is negative
   /// @throws gpukit::cuda_error when a stream cannot be created
   basic_transfer_pipeline(Runtime& runtime, basic_pinned_pool<Runtime>& pool,
                           transfer_options options = {});
   /// Stops the staging threads, returns the staging chunks to the pool (each after its last copy,
-  /// with an event: no wait) and destroys the copy streams. Never throws.
+  /// with an event: no wait; nothing when the pool is gone) and destroys the copy streams. Never
+  /// throws.
   ~basic_transfer_pipeline();
   // Neither copyable nor movable (deleted copies leave no implicit moves).
   basic_transfer_pipeline(basic_transfer_pipeline const&)            = delete;
@@ -289,8 +293,12 @@ class basic_transfer_pipeline final {
   event_type take_event();
   void give_event(event_type e) noexcept;
 
+  /// @throws gpukit::logic_error naming `call` when the pool was destroyed
+  void expect_pool(char const* call) const;
+
   Runtime& runtime_;
   basic_pinned_pool<Runtime>& pool_;
+  detail::lifetime_token pool_life_;  // pool_'s: whether it may still be called
   transfer_options options_;
   stream_type streams_[2]{};  ///< [0] host to device, [1] device to host
   std::unique_ptr<ring> rings_[2];
