@@ -11,6 +11,7 @@
 #include <gpukit/memory/device_scalar.hpp>
 #include <gpukit/memory/device_uvector.hpp>
 #include <gpukit/runtime/sim_runtime.hpp>
+#include <gpukit/transfer/prefetcher.hpp>
 #include <gpukit/transfer/transfer_pipeline.hpp>
 
 #include <doctest/doctest.h>
@@ -35,6 +36,7 @@ using sim_scalar  = gpukit::device_scalar<double, sim_alloc>;
 using sim_pinned  = gpukit::basic_pinned_pool<gpukit::sim_runtime>;
 using sim_pbuffer = gpukit::pinned_buffer<gpukit::sim_runtime>;
 using sim_pipe    = gpukit::basic_transfer_pipeline<gpukit::sim_runtime>;
+using sim_loader  = gpukit::basic_prefetcher<gpukit::sim_runtime>;
 
 constexpr std::size_t kib = 1024;
 
@@ -49,6 +51,7 @@ enum object : int {
   pinned_pool,
   pinned_buffer,
   pipeline,
+  prefetcher,
   object_count
 };
 
@@ -56,16 +59,17 @@ char const* name(int o)
 {
   static constexpr std::array<char const*, object_count> names{
     "allocator",     "stream",      "stream_pool",   "device_buffer", "device_uvector",
-    "device_scalar", "pinned_pool", "pinned_buffer", "pipeline"};
+    "device_scalar", "pinned_pool", "pinned_buffer", "pipeline",      "prefetcher"};
   return names[static_cast<std::size_t>(o)];
 }
 
 /// Every object, each using what it refers to the way a program does: the allocator served the
 /// owning stream and a stream of the pool (so both must make it forget them), the buffers hold
 /// its memory, the pinned buffer a pool's, and the pipeline staged a pageable copy through the
-/// pool's chunks (so it holds them, each with an event).
+/// pool's chunks (so it holds them, each with an event); the prefetcher loads batches from it,
+/// one of them handed out and not released.
 struct kit {
-  explicit kit(gpukit::sim_runtime& sim)
+  explicit kit(gpukit::sim_runtime& sim) : batches(4, std::vector<unsigned char>(96 * kib, 7))
   {
     alloc.emplace(sim, 0);
     s.emplace(sim);
@@ -87,6 +91,12 @@ struct kit {
     std::vector<unsigned char> host(b->size(), 0xa5);
     pipe->copy_to_device_async(b->data(), host.data(), host.size(), gpukit::host_memory::pageable,
                                s->value());
+    loader.emplace(*pipe, *alloc, [this](std::size_t i) {
+      if (i == batches.size()) { return gpukit::host_batch{}; }
+      return gpukit::host_batch{batches[i].data(), batches[i].size()};
+    });
+    auto const first = loader->next(s->value());
+    REQUIRE(first.has_value());  // handed out, never released: the prefetcher frees it
   }
 
   void destroy(int o)
@@ -101,10 +111,12 @@ struct kit {
       case pinned_pool: pinned.reset(); break;
       case pinned_buffer: pb.reset(); break;
       case pipeline: pipe.reset(); break;
+      case prefetcher: loader.reset(); break;
       default: FAIL("no object " << o);
     }
   }
 
+  std::vector<std::vector<unsigned char>> batches;  // the prefetcher's source
   std::optional<sim_alloc> alloc;
   std::optional<sim_stream> s;
   std::optional<sim_streams> pool;
@@ -114,6 +126,7 @@ struct kit {
   std::optional<sim_pinned> pinned;
   std::optional<sim_pbuffer> pb;
   std::optional<sim_pipe> pipe;
+  std::optional<sim_loader> loader;
 };
 
 gpukit::sim_runtime make_sim()
@@ -177,8 +190,17 @@ TEST_SUITE("raii")
     std::optional<sim_pinned> pinned{std::in_place, sim};
     sim_pbuffer pb = pinned->acquire(4 * kib);
     std::optional<sim_pipe> pipe{std::in_place, sim, *pinned};
+    std::vector<unsigned char> batch(8 * kib, 3);
+    sim_loader loader{
+      *pipe, *alloc, [&](std::size_t i) {
+        return i < 3 ? gpukit::host_batch{batch.data(), batch.size()} : gpukit::host_batch{};
+      }};
+    auto const held = loader.next();
+    REQUIRE(held.has_value());
 
-    alloc.reset();
+    alloc.reset();  // stops the loader, frees every batch
+    CHECK_THROWS_AS(loader.release(*held, s.value()), gpukit::logic_error);
+    CHECK_FALSE(loader.next().has_value());  // what was loading went with the allocator
     CHECK_THROWS_AS(b.resize(200 * kib, s), gpukit::logic_error);
     CHECK_THROWS_AS(b.set_stream(s), gpukit::logic_error);
     CHECK_THROWS_AS(v.resize(100, s), gpukit::logic_error);

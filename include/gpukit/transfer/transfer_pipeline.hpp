@@ -146,9 +146,10 @@ class basic_transfer_pipeline final {
 
   /// Creates the two copy streams on options.device and starts staging_threads - 1 threads.
   /// Pins nothing yet (see prewarm). `pool` may be destroyed first, whatever the declaration
-  /// order, once no transfer is under way: its destructor waits for the copies from the staging
-  /// chunks (it synchronizes the two copy streams) before freeing them, and the pipeline's
-  /// destructor then returns nothing; transfers and prewarm throw gpukit::logic_error from then on.
+  /// order: its destructor first waits for the transfers under way (submitted ones until their
+  /// completion has returned) and for the copies from the staging chunks (it synchronizes the two
+  /// copy streams), then frees the chunks; the pipeline's destructor returns nothing, and
+  /// transfers and prewarm throw gpukit::logic_error from then on.
   /// @throws gpukit::logic_error when chunk_bytes is 0 or staging_threads is negative
   /// @throws gpukit::cuda_error when a stream cannot be created
   basic_transfer_pipeline(Runtime& runtime, basic_pinned_pool<Runtime>& pool,
@@ -247,6 +248,9 @@ class basic_transfer_pipeline final {
   [[nodiscard]] transfer_options const& options() const noexcept { return options_; }
   [[nodiscard]] Runtime& runtime() const noexcept { return runtime_; }
   [[nodiscard]] basic_pinned_pool<Runtime>& pool() const noexcept { return pool_; }
+  /// Whether this pipeline still exists, readable after it is gone: a prefetcher keeps it so that
+  /// it may be destroyed after the pipeline (gpukit/detail/lifetime.hpp). Not public API.
+  [[nodiscard]] detail::lifetime_token lifetime() const noexcept { return lifetime_.token(); }
 
  private:
   static_assert(runtime_has_core_v<Runtime>,
@@ -310,6 +314,8 @@ class basic_transfer_pipeline final {
   std::vector<job*> jobs_;           ///< jobs with chunks left to claim, oldest first
   std::size_t next_job_{0};          ///< alternates the direction served first
   std::size_t submitted_{0};         ///< submitted jobs whose completion has not returned
+  std::size_t in_flight_{0};         ///< transfer() calls that have not returned
+  bool pool_gone_{false};            ///< the pool is being destroyed: transfers are refused
   bool stopping_{false};
   std::vector<std::thread> workers_;
 
@@ -322,6 +328,8 @@ class basic_transfer_pipeline final {
 
   std::atomic<std::uint64_t> transfers_{0}, h2d_bytes_{0}, d2h_bytes_{0}, staged_bytes_{0},
     direct_bytes_{0}, chunks_{0}, chunk_waits_{0}, peer_bytes_{0}, peer_copies_{0};
+  // Expired first thing in the destructor: a prefetcher's callback stops its loader first.
+  detail::lifetime_registration lifetime_;
 };
 
 /// The transfer pipeline over the CUDA runtime.

@@ -107,10 +107,16 @@ basic_transfer_pipeline<Runtime>::basic_transfer_pipeline(Runtime& runtime,
     for (int i = 1; i < options_.staging_threads; ++i) {
       workers_.emplace_back([this] { worker_loop(); });
     }
-    // Should the pool go first, the copies from its chunks must be over before it frees them.
-    // The callback runs under the pool's lifetime lock, while the copy streams still exist (the
-    // destructor takes it back before destroying them).
+    // Should the pool go first, the transfers under way must end, and the copies from its chunks
+    // be over, before it frees them; later transfers are refused. The callback runs under the
+    // pool's lifetime lock, while the copy streams still exist (the destructor takes it back
+    // before destroying them).
     (void)pool_life_.on_expire(this, [this] {
+      {
+        std::unique_lock<std::mutex> lock{jobs_mutex_};
+        pool_gone_ = true;
+        done_cv_.wait(lock, [this] { return in_flight_ == 0 && submitted_ == 0; });
+      }
       for (stream_type s : streams_) {
         typename Runtime::error_type const e = runtime_.stream_synchronize(s);
         if (e != Runtime::success) {
@@ -137,6 +143,7 @@ basic_transfer_pipeline<Runtime>::basic_transfer_pipeline(Runtime& runtime,
 template <class Runtime>
 basic_transfer_pipeline<Runtime>::~basic_transfer_pipeline()
 {
+  lifetime_.expire();  // first: a prefetcher using this pipeline stops submitting
   {
     std::unique_lock<std::mutex> lock{jobs_mutex_};
     done_cv_.wait(lock, [this] { return submitted_ == 0; });  // their completions have returned
@@ -575,7 +582,22 @@ void basic_transfer_pipeline<Runtime>::transfer(int dir, char* device, char* hos
                                      : (dir == 0 ? "transfer_pipeline::submit_to_device: "
                                                  : "transfer_pipeline::submit_to_host: ");
   check_transfer(call, dir, device, host, bytes, done);
-  expect_pool(call);
+  {
+    std::lock_guard<std::mutex> lock{jobs_mutex_};
+    GPUKIT_EXPECTS(!pool_gone_, std::string{call} + "the pinned pool was destroyed");
+    ++in_flight_;
+  }
+  // Until this call returns (a submitted transfer: until its completion has), a pool being
+  // destroyed waits (see the constructor's on_expire callback).
+  struct in_flight_guard {
+    basic_transfer_pipeline* self;
+    ~in_flight_guard()
+    {
+      std::lock_guard<std::mutex> lock{self->jobs_mutex_};
+      --self->in_flight_;
+      self->done_cv_.notify_all();
+    }
+  } const leave{this};
   // The pipeline's device for every call below (the null stream is that device's, and the events
   // are created there), whatever device the calling thread has current.
   device_guard<Runtime> guard{runtime_, options_.device};
