@@ -106,8 +106,8 @@ void basic_cuda_stream<Runtime>::destroy() noexcept
 {
   if (state_ == nullptr) { return; }
   state_type& st = *state_;
-  st.life
-    .expire();  // views tell from now on (a buffer destroyed later frees on the default stream)
+  // Views tell from now on: a buffer destroyed later frees on the default stream.
+  st.life.expire();
   std::vector<typename state_type::forget_hook> hooks;
   try {
     {
@@ -118,8 +118,8 @@ void basic_cuda_stream<Runtime>::destroy() noexcept
     auto add = [&](basic_caching_allocator<Runtime>* a) {
       if (a == nullptr || &a->runtime() != st.runtime) { return; }
       detail::lifetime_token const life = a->lifetime();
-      bool const known                  = std::any_of(
-                         hooks.begin(), hooks.end(), [&](auto const& h) { return h.target == a && h.life == life; });
+      auto const same  = [&](auto const& h) { return h.target == a && h.life == life; };
+      bool const known = std::any_of(hooks.begin(), hooks.end(), same);
       if (!known) {
         hooks.push_back({a,
                          [](void* p, typename state_type::stream_type s) {

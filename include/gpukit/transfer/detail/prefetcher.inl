@@ -74,7 +74,7 @@ void basic_prefetcher<Runtime>::free_batches() noexcept
 {
   std::lock_guard<std::mutex> lock{mutex_};
   try {
-    for (auto& e : loading_) {
+    for (auto const& e : loading_) {
       if (e.batch.data != nullptr) {
         allocator_.deallocate_async(e.batch.data, e.batch.bytes, stream_);
       }
