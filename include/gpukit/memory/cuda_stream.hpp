@@ -107,7 +107,7 @@ struct owned_stream_state {
   std::vector<forget_hook> hooks;  // allocators that die drop out when the next one is noted
   // Expired when the stream is destroyed: its views (a buffer's stream) can tell, and no longer
   // reach this state.
-  lifetime_registration life;
+  lifetime_registration registration;
 };
 
 template <class A, class = void>
@@ -180,7 +180,7 @@ class basic_cuda_stream_view {
   friend class basic_cuda_stream<Runtime>;
   constexpr basic_cuda_stream_view(stream_type stream,
                                    detail::owned_stream_state<Runtime>* owner) noexcept
-      : stream_{stream}, owner_{owner}, owner_life_{owner->life.token()}
+      : stream_{stream}, owner_{owner}, owner_life_{owner->registration.token()}
   {}
 
   stream_type stream_{};

@@ -107,7 +107,7 @@ void basic_cuda_stream<Runtime>::destroy() noexcept
   if (state_ == nullptr) { return; }
   state_type& st = *state_;
   // Views tell from now on: a buffer destroyed later frees on the default stream.
-  st.life.expire();
+  st.registration.expire();
   std::vector<typename state_type::forget_hook> hooks;
   try {
     {
