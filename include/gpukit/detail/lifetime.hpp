@@ -2,11 +2,17 @@
 // gpukit/detail/lifetime.hpp: whether a gpukit object that others refer to is still alive. Not
 // public API.
 //
-// gpukit's RAII types refer to one another (a stream to the allocators that served it, a buffer to
-// its allocator, a pinned buffer to its pool, a pipeline to its pool) and must be safe whatever
-// order the user destroys them in. An object that others refer to (an allocator, a pinned pool)
-// holds a `lifetime_registration`; those that refer to it keep its `lifetime_token`, 8 bytes that
-// stay meaningful after the object is gone:
+// gpukit's RAII types refer to one another and must be safe whatever order the user destroys them
+// in. An object that others refer to holds a `lifetime_registration`; those that refer to it keep
+// its `lifetime_token`, 8 bytes that stay meaningful after the object is gone:
+//
+//   registered object      kept by, and what it does once the object is gone
+//   caching allocator      owning stream (skips forget_stream), device_buffer / device_uvector /
+//                          device_scalar (free nothing), prefetcher (on_expire: stops, frees)
+//   owning stream's state  its views (is_destroyed: a buffer frees on the default stream)
+//   pinned pool            pinned_buffer (returns nothing), transfer_pipeline (on_expire: waits
+//                          for its transfers and copies)
+//   transfer pipeline      prefetcher (on_expire: stops loading)
 //
 // - `token.alive()` is one acquire load of a word written only when an object is created or
 //   destroyed: what a buffer's destructor asks before freeing (the allocator's hot path is
@@ -18,7 +24,8 @@
 //   to make its allocators forget it: forgetting may take long, and may race a destructor).
 // - `token.on_expire(key, f)`: f runs when the object starts its destruction (under its lock),
 //   before it frees anything; `forget_on_expire(key)` takes f back. A pipeline uses it to wait for
-//   the copies from its staging chunks before their pool frees them.
+//   the copies from its staging chunks before their pool frees them. f must not use the same
+//   object's token again (its lock is held), nor wait for a thread that does.
 //
 // The data: a process-wide table of slots, one per live registration, in chunks that are never
 // freed or moved (so a token can always be looked up without a lock). A slot holds a generation,
