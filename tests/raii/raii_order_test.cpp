@@ -4,21 +4,13 @@
 // objects is destroyed in both orders (the rest after them, newest first). Run it under
 // AddressSanitizer (the asan preset) to see a use after free; without it, the allocator's heap
 // corruption usually aborts.
-#include <gpukit/host/pinned_pool.hpp>
-#include <gpukit/memory/caching_allocator.hpp>
-#include <gpukit/memory/cuda_stream.hpp>
-#include <gpukit/memory/device_buffer.hpp>
-#include <gpukit/memory/device_scalar.hpp>
-#include <gpukit/memory/device_uvector.hpp>
+#include "raii/raii_order.hpp"
+
 #include <gpukit/runtime/sim_runtime.hpp>
-#include <gpukit/transfer/prefetcher.hpp>
-#include <gpukit/transfer/transfer_pipeline.hpp>
 
 #include <doctest/doctest.h>
 
-#include <array>
 #include <cstddef>
-#include <cstring>
 #include <optional>
 #include <string>
 #include <thread>
@@ -38,117 +30,22 @@ using sim_pbuffer = gpukit::pinned_buffer<gpukit::sim_runtime>;
 using sim_pipe    = gpukit::basic_transfer_pipeline<gpukit::sim_runtime>;
 using sim_loader  = gpukit::basic_prefetcher<gpukit::sim_runtime>;
 
-constexpr std::size_t kib = 1024;
-
-/// The objects, in the order a user may declare them (each after what it refers to).
-enum object : int {
-  allocator,
-  stream,
-  stream_pool,
-  buffer,
-  uvector,
-  scalar,
-  pinned_pool,
-  pinned_buffer,
-  pipeline,
-  prefetcher,
-  object_count
-};
-
-char const* name(int o)
-{
-  static constexpr std::array<char const*, object_count> names{
-    "allocator",     "stream",      "stream_pool",   "device_buffer", "device_uvector",
-    "device_scalar", "pinned_pool", "pinned_buffer", "pipeline",      "prefetcher"};
-  return names[static_cast<std::size_t>(o)];
-}
-
-/// Every object, each using what it refers to the way a program does: the allocator served the
-/// owning stream and a stream of the pool (so both must make it forget them), the buffers hold
-/// its memory, the pinned buffer a pool's, and the pipeline staged a pageable copy through the
-/// pool's chunks (so it holds them, each with an event); the prefetcher loads batches from it,
-/// one of them handed out and not released.
-struct kit {
-  explicit kit(gpukit::sim_runtime& sim) : batches(4, std::vector<unsigned char>(96 * kib, 7))
-  {
-    alloc.emplace(sim, 0);
-    s.emplace(sim);
-    pool.emplace(2, sim);
-    {
-      sim_buffer on_pool{64 * kib, pool->get_stream(1), *alloc};  // freed on a pool stream
-    }
-    b.emplace(300 * kib, *s, *alloc);
-    v.emplace(1000, pool->get_stream(0), *alloc);
-    v->set_element_to_zero_async(7, pool->get_stream(0));
-    x.emplace(2.5, *s, *alloc);
-    pinned.emplace(sim);
-    pb.emplace(pinned->acquire(10 * kib));
-    std::memset(pb->data(), 0x5a, 10 * kib);
-    gpukit::transfer_options o;
-    o.chunk_bytes     = 64 * kib;
-    o.staging_threads = 2;
-    pipe.emplace(sim, *pinned, o);
-    std::vector<unsigned char> host(b->size(), 0xa5);
-    pipe->copy_to_device_async(b->data(), host.data(), host.size(), gpukit::host_memory::pageable,
-                               s->value());
-    loader.emplace(*pipe, *alloc, [this](std::size_t i) {
-      if (i == batches.size()) { return gpukit::host_batch{}; }
-      return gpukit::host_batch{batches[i].data(), batches[i].size()};
-    });
-    auto const first = loader->next(s->value());
-    REQUIRE(first.has_value());  // handed out, never released: the prefetcher frees it
-  }
-
-  void destroy(int o)
-  {
-    switch (o) {
-      case allocator: alloc.reset(); break;
-      case stream: s.reset(); break;
-      case stream_pool: pool.reset(); break;
-      case buffer: b.reset(); break;
-      case uvector: v.reset(); break;
-      case scalar: x.reset(); break;
-      case pinned_pool: pinned.reset(); break;
-      case pinned_buffer: pb.reset(); break;
-      case pipeline: pipe.reset(); break;
-      case prefetcher: loader.reset(); break;
-      default: FAIL("no object " << o);
-    }
-  }
-
-  std::vector<std::vector<unsigned char>> batches;  // the prefetcher's source
-  std::optional<sim_alloc> alloc;
-  std::optional<sim_stream> s;
-  std::optional<sim_streams> pool;
-  std::optional<sim_buffer> b;
-  std::optional<sim_uvector> v;
-  std::optional<sim_scalar> x;
-  std::optional<sim_pinned> pinned;
-  std::optional<sim_pbuffer> pb;
-  std::optional<sim_pipe> pipe;
-  std::optional<sim_loader> loader;
-};
+using gpukit::test::raii_order::kib;
+namespace ro = gpukit::test::raii_order;
 
 gpukit::sim_runtime make_sim()
 {
   return gpukit::sim_runtime{gpukit::sim_config{}.with_devices(1, std::size_t{8} << 30)};
 }
 
-/// Builds a kit, destroys `order` first (in that order), then the rest newest first, and checks
-/// that the simulated GPU got every byte back and saw no call on a dead object.
+/// On a fresh simulated GPU: the kit destroyed in `order`, then the checks only the simulator can
+/// make: every byte of device memory back, and no call on a dead handle.
 void destroy_in_order(std::vector<int> const& order)
 {
-  std::string what;
-  for (int o : order) { what += std::string{what.empty() ? "" : ", "} + name(o); }
+  std::string const what = ro::describe(order);
   CAPTURE(what);
   auto sim = make_sim();
-  {
-    kit k{sim};
-    REQUIRE(sim.used_bytes(0) > 0);
-    for (int o : order) { k.destroy(o); }
-    for (int o = object_count - 1; o >= 0; --o) { k.destroy(o); }
-  }
-  REQUIRE(sim.device_synchronize() == cudaSuccess);  // stream-ordered frees have run
+  ro::build_and_destroy(sim, order, [&] { REQUIRE(sim.used_bytes(0) > 0); });
   CHECK(sim.used_bytes(0) == 0);  // the allocator's destructor or the buffers gave it all back
   CHECK(sim.misuse_count() == 0);
   CHECK_MESSAGE(sim.last_misuse().empty(), sim.last_misuse());
@@ -158,25 +55,9 @@ void destroy_in_order(std::vector<int> const& order)
 
 TEST_SUITE("raii")
 {
-  TEST_CASE("destruction order: every pair of objects, in both orders")
+  TEST_CASE("destruction order: every pair of objects in both orders, and all in either order")
   {
-    // One subcase per ordered pair, so that one pair can be run alone:
-    //   raii_order_test -sc="allocator before stream" (no commas: doctest splits filters on them)
-    for (int first = 0; first < object_count; ++first) {
-      for (int second = 0; second < object_count; ++second) {
-        if (first == second) { continue; }
-        std::string const pair = std::string{name(first)} + " before " + name(second);
-        SUBCASE(pair.c_str()) { destroy_in_order({first, second}); }
-      }
-    }
-  }
-
-  TEST_CASE("destruction order: declaration order and its reverse")
-  {
-    std::vector<int> forward;
-    for (int o = 0; o < object_count; ++o) { forward.push_back(o); }
-    SUBCASE("declaration order") { destroy_in_order(forward); }  // each before what it uses
-    SUBCASE("reverse declaration order") { destroy_in_order({forward.rbegin(), forward.rend()}); }
+    ro::every_order([](std::vector<int> const& o) { destroy_in_order(o); });
   }
 
   TEST_CASE("destruction order: what outlives its allocator or pool refuses to use it")
