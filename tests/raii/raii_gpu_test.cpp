@@ -3,6 +3,7 @@
 // their defaults (the current resource of the current device). Needs a GPU: without one the binary
 // exits 77 (skipped).
 #include "raii/raii_conformance.hpp"
+#include "raii/raii_order.hpp"
 
 #include <gpukit/runtime/cuda_runtime.hpp>
 
@@ -11,12 +12,31 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <string>
 #include <utility>
 #include <vector>
 
 TEST_SUITE("gpu")
 {
   GPUKIT_RAII_CONFORMANCE_CASES(gpukit::cuda_runtime::instance(), "cuda_runtime")
+
+  TEST_CASE("cuda_runtime: destruction order: every pair in both orders, and all in either order")
+  {
+    // As raii_order_test on the simulator; here the runtime's own checks are what can fail: no
+    // call reports an error (a dead stream or event handle), and the device is left usable.
+    auto& rt = gpukit::cuda_runtime::instance();
+    REQUIRE(rt.set_device(0) == cudaSuccess);
+    namespace ro = gpukit::test::raii_order;
+    ro::every_order([&](std::vector<int> const& order) {
+      std::string const what = ro::describe(order);
+      CAPTURE(what);
+      ro::build_and_destroy(rt, order, [] { REQUIRE(cudaGetLastError() == cudaSuccess); });
+      CHECK(cudaGetLastError() == cudaSuccess);
+    });
+    void* p = nullptr;
+    CHECK(cudaMalloc(&p, 1 << 20) == cudaSuccess);
+    CHECK(cudaFree(p) == cudaSuccess);
+  }
 
   TEST_CASE("cuda_runtime: the quick starts over the current resource")
   {

@@ -62,6 +62,7 @@
 
 #include <gpukit/detail/cccl_compat.hpp>  // <cuda/memory_resource>, whichever CCCL
 #include <gpukit/detail/compiled.hpp>
+#include <gpukit/detail/lifetime.hpp>
 #include <gpukit/error.hpp>
 #include <gpukit/profile/memory_annotation.hpp>
 #include <gpukit/runtime/cuda_runtime.hpp>
@@ -145,7 +146,9 @@ template <class Runtime>
 class basic_pinned_pool;
 
 /// A pinned buffer from a pinned pool, returned to it on destruction (RAII). Move-only.
-/// The pool must outlive the buffer.
+/// The pool may be destroyed first, whatever the declaration order: its destructor frees every
+/// pinned range, and the buffer's destructor (or reset) then returns nothing; data() names freed
+/// memory from then on and record_stream throws gpukit::logic_error.
 template <class Runtime>
 class pinned_buffer final {
  public:
@@ -153,7 +156,7 @@ class pinned_buffer final {
 
   pinned_buffer() noexcept = default;
   pinned_buffer(basic_pinned_pool<Runtime>& pool, void* ptr, std::size_t bytes) noexcept
-      : pool_{&pool}, ptr_{ptr}, bytes_{bytes}
+      : pool_{&pool}, pool_life_{pool.lifetime()}, ptr_{ptr}, bytes_{bytes}
   {}
   /// Returns the buffer to its pool, to be reused once the work of every stream given to
   /// record_stream has completed (a destroyed stream among them costs a device synchronization).
@@ -162,16 +165,17 @@ class pinned_buffer final {
   pinned_buffer(pinned_buffer const&)            = delete;
   pinned_buffer& operator=(pinned_buffer const&) = delete;
   pinned_buffer(pinned_buffer&& other) noexcept
-      : pool_{std::exchange(other.pool_, nullptr)}, ptr_{std::exchange(other.ptr_, nullptr)},
-        bytes_{std::exchange(other.bytes_, 0)}
+      : pool_{std::exchange(other.pool_, nullptr)}, pool_life_{std::exchange(other.pool_life_, {})},
+        ptr_{std::exchange(other.ptr_, nullptr)}, bytes_{std::exchange(other.bytes_, 0)}
   {}
   pinned_buffer& operator=(pinned_buffer&& other) noexcept
   {
     if (this != &other) {
       reset();
-      pool_  = std::exchange(other.pool_, nullptr);
-      ptr_   = std::exchange(other.ptr_, nullptr);
-      bytes_ = std::exchange(other.bytes_, 0);
+      pool_      = std::exchange(other.pool_, nullptr);
+      pool_life_ = std::exchange(other.pool_life_, {});
+      ptr_       = std::exchange(other.ptr_, nullptr);
+      bytes_     = std::exchange(other.bytes_, 0);
     }
     return *this;
   }
@@ -182,20 +186,24 @@ class pinned_buffer final {
   [[nodiscard]] explicit operator bool() const noexcept { return ptr_ != nullptr; }
 
   /// The buffer is used by work on `stream`: it returns to the pool only after that work.
-  /// Does not synchronize. @throws gpukit::logic_error when the buffer is empty
+  /// Does not synchronize. @throws gpukit::logic_error when the buffer is empty or its pool was
+  /// destroyed
   void record_stream(stream_type stream);
-  /// Returns the buffer now (as the destructor does); the handle becomes empty.
+  /// Returns the buffer now (as the destructor does; nothing when the pool was destroyed first);
+  /// the handle becomes empty.
   void reset() noexcept;
   /// Gives up ownership without returning the buffer: the caller must deallocate it.
   [[nodiscard]] void* release() noexcept
   {
-    pool_  = nullptr;
-    bytes_ = 0;
+    pool_      = nullptr;
+    pool_life_ = {};
+    bytes_     = 0;
     return std::exchange(ptr_, nullptr);
   }
 
  private:
   basic_pinned_pool<Runtime>* pool_{nullptr};
+  detail::lifetime_token pool_life_;  // pool_'s: whether it may still be called
   void* ptr_{nullptr};
   std::size_t bytes_{0};
 };
@@ -221,7 +229,8 @@ class basic_pinned_pool final {
   /// Waits for the events of buffers still pending (event_synchronize on those only), then frees
   /// every pinned range: host_free for host_alloc ones (may synchronize the device),
   /// host_unregister (and munmap for the pool's own mappings) for registered ones. Buffers still
-  /// handed out become invalid. Never throws.
+  /// handed out become invalid: their pinned_buffer handles (and a transfer_pipeline's staging
+  /// chunks, whose copies the pipeline waits for first) return nothing later. Never throws.
   ~basic_pinned_pool();
   basic_pinned_pool(basic_pinned_pool const&)            = delete;
   basic_pinned_pool& operator=(basic_pinned_pool const&) = delete;
@@ -341,6 +350,10 @@ class basic_pinned_pool final {
   void set_limit(std::size_t bytes) noexcept;
   [[nodiscard]] Runtime& runtime() const noexcept { return runtime_; }
   [[nodiscard]] pinned_pool_options const& options() const noexcept { return options_; }
+  /// Whether this pool still exists, readable after it is gone: what pinned_buffer and
+  /// transfer_pipeline keep so that they may be destroyed after it (gpukit/detail/lifetime.hpp).
+  /// Not public API. Never throws.
+  [[nodiscard]] detail::lifetime_token lifetime() const noexcept { return lifetime_.token(); }
 
  private:
   enum class segment_kind { allocated, mapped, user };  ///< host_alloc, the pool's mmap, the user's
@@ -400,6 +413,9 @@ class basic_pinned_pool final {
   std::vector<device_event> spare_events_;  ///< of every device the pool's buffers were used on
   std::size_t reserved_{0};
   mutable pinned_pool_stats stats_{};
+  // Expired first thing in the destructor: pinned buffers destroyed later return nothing, and a
+  // pipeline's on_expire callback waits for the copies from its chunks before they are freed.
+  detail::lifetime_registration lifetime_;
 };
 
 /// The pinned pool over the CUDA runtime.

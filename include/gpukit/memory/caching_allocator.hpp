@@ -70,11 +70,22 @@
 //   synchronization (its queued work still runs on CUDA, and no event can be recorded on it), after
 //   which its blocks are usable on every stream; it never makes later operations fail.
 //
+// ## Destruction order
+//
+// gpukit's RAII types may outlive the allocator they used, whatever order they are declared in.
+// The destructor returns every segment to the runtime, blocks still allocated included; an owning
+// stream (gpukit/memory/cuda_stream.hpp) destroyed later no longer makes it forget the stream, and
+// a device_buffer, device_uvector or device_scalar destroyed later frees nothing (its memory went
+// back with the segments): both check `lifetime()`, never the allocator's memory. Work still
+// queued on the device that uses such memory must have completed before the allocator goes, as
+// always. Destroying the allocator while another thread uses it, or its buffers, is a data race.
+//
 // Thread-safe. One instance serves one device: the hot path never asks which device is current.
 #pragma once
 
 #include <gpukit/detail/cccl_compat.hpp>  // <cuda/memory_resource>, whichever CCCL
 #include <gpukit/detail/compiled.hpp>
+#include <gpukit/detail/lifetime.hpp>
 #include <gpukit/error.hpp>
 #include <gpukit/memory/caching_allocator_stats.hpp>
 #include <gpukit/memory/detail/address_map.hpp>
@@ -405,6 +416,10 @@ class basic_caching_allocator final {
   [[nodiscard]] int device() const noexcept { return device_; }
   [[nodiscard]] Runtime& runtime() const noexcept { return runtime_; }
   [[nodiscard]] caching_allocator_options const& options() const noexcept { return options_; }
+  /// Whether this allocator still exists, readable after it is gone: what gpukit's RAII types
+  /// (owning streams, buffers) keep instead of trusting their reference to it, so that they may
+  /// be destroyed after it (see "Destruction order" below). Not public API. Never throws.
+  [[nodiscard]] detail::lifetime_token lifetime() const noexcept { return lifetime_.token(); }
   /// Where segments come from in fact: `options().source` with `automatic` resolved (and debug
   /// mode's sanitizer segments, which are synchronous).
   [[nodiscard]] segment_source segment_source_in_use() const noexcept
@@ -683,6 +698,9 @@ class basic_caching_allocator final {
   mutable caching_allocator_stats stats_{};  // pool-level counters and peaks
   detail::pending_counts pending_;           // frees waiting on other streams (still active)
   detail::shared_counts shared_;             // current values and peaks once two threads are in
+  // Expired first thing in the destructor (before teardown): an owning stream that is destroyed
+  // later then skips this allocator, and one being destroyed now is waited for.
+  detail::lifetime_registration lifetime_;
 };
 
 /// The caching allocator over the CUDA runtime.

@@ -38,12 +38,24 @@
 // Not covered: an allocator used with the raw handle (`s.value()`, or the implicit conversion to
 // `stream_type`) directly and never registered.
 // Call `s.register_allocator(alloc)` for those, or `alloc.forget_stream(s.value())` yourself.
-// Every allocator the stream will make forget it must outlive the stream (declare it before the
-// stream): the default and current resources always do.
+//
+// ## Destruction order
+//
+// A stream and the caching allocators it makes forget it may be declared, and so destroyed, in
+// any order. The stream keeps each allocator's lifetime token (gpukit/detail/lifetime.hpp), not
+// only its address: on destruction it calls forget_stream only on the allocators still alive,
+// holding each one's lifetime lock meanwhile, and an allocator's destructor takes that lock first.
+// So an allocator destroyed before the stream is skipped (it gave its memory back already), and
+// one destroyed on another thread while the stream forgets itself in it waits for that. The same
+// holds for the streams of a stream pool. Nothing is added to allocate or free: the token is read
+// when the allocator is registered (once per allocator and stream, after an atomic compare) and
+// when the stream is destroyed. Allocators of other types (without `lifetime()`) must still
+// outlive the stream.
 //
 // Errors while forgetting or destroying are written to stderr (destructors never throw).
 #pragma once
 
+#include <gpukit/detail/lifetime.hpp>
 #include <gpukit/error.hpp>
 #include <gpukit/memory/current_resource.hpp>
 #include <gpukit/runtime/cuda_runtime.hpp>
@@ -51,6 +63,7 @@
 
 #include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <type_traits>
@@ -69,9 +82,14 @@ namespace detail {
 template <class Runtime>
 struct owned_stream_state {
   using stream_type = typename Runtime::stream_type;
+  /// An allocator to make forget the stream. `life` is set for allocators that have a lifetime()
+  /// (gpukit/detail/lifetime.hpp): `target` is then called only while `life` is alive, under its
+  /// lock, so the allocator may be destroyed before the stream (or while it is being destroyed).
+  /// Allocators without one must outlive the stream.
   struct forget_hook {
     void* target;
     void (*forget)(void* target, stream_type stream);
+    lifetime_token life;
   };
 
   /// Adds `alloc` (once) to the allocators to make forget the stream. Thread-safe.
@@ -81,10 +99,34 @@ struct owned_stream_state {
   Runtime* runtime{nullptr};
   stream_type stream{};
   int device{0};
-  std::atomic<void*> last{nullptr};  // the allocator noted last: the lock-free fast path
-  std::mutex mutex;
-  std::vector<forget_hook> hooks;
+  // The allocator noted last, the lock-free fast path: its lifetime token (bits) when it has one,
+  // which a new allocator at the same address never shares; else its address.
+  std::atomic<std::uint64_t> last_life{0};
+  std::atomic<void*> last{nullptr};
+  std::mutex mutex;                // guards hooks
+  std::vector<forget_hook> hooks;  // allocators that die drop out when the next one is noted
+  // Expired when the stream is destroyed: its views (a buffer's stream) can tell, and no longer
+  // reach this state.
+  lifetime_registration registration;
 };
+
+template <class A, class = void>
+struct has_lifetime : std::false_type {};
+template <class A>
+struct has_lifetime<A, std::void_t<decltype(std::declval<A const&>().lifetime())>>
+    : std::is_same<decltype(std::declval<A const&>().lifetime()), lifetime_token> {};
+
+/// `alloc`'s lifetime token, or an unset one for allocators without lifetime().
+template <class A>
+lifetime_token lifetime_of(A const& alloc) noexcept
+{
+  if constexpr (has_lifetime<A>::value) {
+    return alloc.lifetime();
+  } else {
+    (void)alloc;
+    return {};
+  }
+}
 
 template <class A, class = void>
 struct has_forget_stream : std::false_type {};
@@ -115,25 +157,35 @@ class basic_cuda_stream_view {
   [[nodiscard]] bool is_default() const noexcept { return stream_ == stream_type{}; }
   /// True when the view came from an owning basic_cuda_stream.
   [[nodiscard]] bool is_owned() const noexcept { return owner_ != nullptr; }
+  /// True when the view came from an owning basic_cuda_stream that has been destroyed since: its
+  /// handle names no stream any more (its work completed before it went: every gpukit allocator
+  /// used on it forgot it, which waits for that). A buffer whose stream is destroyed frees on the
+  /// default stream instead. One atomic load; never throws.
+  [[nodiscard]] bool is_destroyed() const noexcept
+  {
+    return owner_life_.is_set() && !owner_life_.alive();
+  }
 
-  /// When the view came from an owning stream: that stream makes `alloc` forget it before it is
-  /// destroyed (for allocators without `forget_stream`, and for other views: nothing). `alloc`
-  /// must outlive the stream. Thread-safe; does not synchronize.
+  /// When the view came from an owning stream that still exists: that stream makes `alloc` forget
+  /// it before it is destroyed, if `alloc` is still alive then (for allocators without
+  /// `forget_stream`, and for other views: nothing). An allocator without `lifetime()` must
+  /// outlive the stream. Thread-safe; does not synchronize.
   template <class Allocator>
   void register_allocator(Allocator& alloc) const
   {
-    if (owner_ != nullptr) { owner_->note(alloc); }
+    if (owner_ != nullptr && !is_destroyed()) { owner_->note(alloc); }
   }
 
  private:
   friend class basic_cuda_stream<Runtime>;
   constexpr basic_cuda_stream_view(stream_type stream,
                                    detail::owned_stream_state<Runtime>* owner) noexcept
-      : stream_{stream}, owner_{owner}
+      : stream_{stream}, owner_{owner}, owner_life_{owner->registration.token()}
   {}
 
   stream_type stream_{};
-  detail::owned_stream_state<Runtime>* owner_{nullptr};
+  detail::owned_stream_state<Runtime>* owner_{nullptr};  // read only while owner_life_ is alive
+  detail::lifetime_token owner_life_;
 };
 
 /// An owning stream (RMM's cuda_stream): created on construction, on the calling thread's current
@@ -149,8 +201,8 @@ class basic_cuda_stream final {
   /// Creates a stream (non-blocking with respect to the null stream) on the current device.
   /// @throws gpukit::cuda_error when the device cannot be read or the stream cannot be created
   explicit basic_cuda_stream(Runtime& runtime = Runtime::instance());
-  /// Makes the allocators forget the stream (each waits for its work), then destroys it. Never
-  /// throws: errors go to stderr.
+  /// Makes the allocators still alive forget the stream (each waits for its work), then destroys
+  /// it. Never throws: errors go to stderr.
   ~basic_cuda_stream();
 
   basic_cuda_stream(basic_cuda_stream const&)            = delete;
@@ -181,8 +233,9 @@ class basic_cuda_stream final {
   /// when moved from). Never throws.
   [[nodiscard]] typename Runtime::error_type synchronize_no_throw() const noexcept;
 
-  /// Makes `alloc` forget this stream when it is destroyed (for memory taken with
-  /// `alloc.allocate_async(bytes, s.value())` directly). `alloc` must outlive the stream.
+  /// Makes `alloc` forget this stream when it is destroyed, if `alloc` is still alive then (for
+  /// memory taken with `alloc.allocate_async(bytes, s.value())` directly). An allocator without
+  /// `lifetime()` must outlive the stream.
   /// Thread-safe; does not synchronize. @throws gpukit::logic_error when moved from
   template <class Allocator>
   void register_allocator(Allocator& alloc) const

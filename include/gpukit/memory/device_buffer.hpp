@@ -32,9 +32,17 @@
 //   constructor, changed by set_stream() and by every member that takes a stream. The destructor
 //   frees on the last stream set, so work queued on that stream may still use the memory; work on
 //   other streams must be ordered before it (an event) by the caller, as with the allocator.
+//   An owning stream (gpukit/memory/cuda_stream.hpp) may be destroyed before the buffer: its work
+//   has completed then, and the buffer frees on the default stream instead of the dead handle.
 // - A size of 0 allocates nothing: data() is null.
 // - Moves leave the source empty (null, size 0) with the same allocator and stream.
-// - The buffer keeps a reference to its allocator, which must outlive it.
+// - The buffer keeps a reference to its allocator. An allocator with `lifetime()` (gpukit's caching
+//   allocator) may be destroyed first, whatever the declaration order: its destructor takes back
+//   every block, the buffer's destructor (and move assignment) then frees nothing, and the
+//   members that allocate or free (resize, reserve, shrink_to_fit, set_stream) throw
+//   gpukit::logic_error; data() then names freed memory, which no work may use. The check is one
+//   load of a word written only when an allocator is created or destroyed. Other allocators must
+//   outlive the buffer.
 // - An allocator serves one device; copies run with that device current.
 //
 // Allocator requirements: `runtime_type`, `stream_type`, `allocate_async(bytes, stream)`,
@@ -107,7 +115,9 @@ class basic_device_buffer final {
   basic_device_buffer(basic_device_buffer const& other, stream_view stream,
                       Allocator& alloc = detail::current_resource_for<Allocator>());
 
-  /// Frees the memory on stream(). Never throws: errors go to stderr.
+  /// Frees the memory on stream(), or on the default stream when stream() came from an owning
+  /// stream destroyed since (its work is complete); nothing when the allocator was destroyed first
+  /// (it took the memory back). Never throws: errors go to stderr.
   ~basic_device_buffer();
 
   basic_device_buffer(basic_device_buffer const&)            = delete;
@@ -130,12 +140,14 @@ class basic_device_buffer final {
 
   /// Frees on `stream` from now on (the destructor, shrinking, growing). Work on the previous
   /// stream that uses the memory must be ordered before work on `stream` by the caller.
-  /// Never throws unless registering the allocator with an owning stream fails (std::bad_alloc).
+  /// @throws gpukit::logic_error when the allocator was destroyed; std::bad_alloc when registering
+  ///         the allocator with an owning stream fails
   void set_stream(stream_view stream);
 
   /// Makes capacity() at least `bytes`: a new block, the size() bytes in use copied to it and the
   /// old block freed, all in `stream` order (which becomes the buffer's stream). Does not
-  /// synchronize. On failure the buffer is unchanged. @throws as the copying constructor
+  /// synchronize. On failure the buffer is unchanged.
+  /// @throws as the copying constructor; gpukit::logic_error when the allocator was destroyed
   void reserve(std::size_t bytes, stream_view stream);
 
   /// Makes size() `bytes`. Within capacity() only the size changes; beyond it, as reserve(bytes)
@@ -160,8 +172,13 @@ class basic_device_buffer final {
   void copy_async(void* dst, void const* src, std::size_t bytes, memcpy_kind kind,
                   stream_view stream);
   void reallocate(std::size_t new_capacity, stream_view stream);
+  /// True when the allocator has a lifetime and it has ended.
+  [[nodiscard]] bool allocator_gone() const noexcept { return life_.is_set() && !life_.alive(); }
+  /// @throws gpukit::logic_error naming `call` when the allocator was destroyed
+  void expect_allocator(char const* call) const;
 
   Allocator* alloc_;
+  detail::lifetime_token life_;  // alloc_'s, when it has one (see "Semantics" above)
   stream_view stream_{};
   void* data_{nullptr};
   std::size_t size_{0};

@@ -88,7 +88,11 @@ class basic_prefetcher final {
   using source_type = std::function<host_batch(std::size_t index)>;
 
   /// Creates the prefetcher's stream (on the allocator's device) and starts loading batch 0.
-  /// `pipeline` and `allocator` must outlive it.
+  /// `pipeline` and `allocator` may be destroyed before it, whatever the declaration order: the
+  /// first of them to go stops the loader (its destructor waits for the batch being copied); the
+  /// allocator also frees every batch, handed out or not (release() throws gpukit::logic_error
+  /// afterwards) and forgets the prefetcher's stream. next() then returns the batches loaded
+  /// before (none once the allocator is gone), then std::nullopt.
   /// @throws gpukit::logic_error when depth is 0 or the source is empty
   /// @throws gpukit::cuda_error when the stream cannot be created
   basic_prefetcher(basic_transfer_pipeline<Runtime>& pipeline,
@@ -144,6 +148,11 @@ class basic_prefetcher final {
   void fail_loading(batch_type const& b, std::exception_ptr error);
   /// The pipeline's completion of batch `index` (a staging thread, or the loader).
   void on_loaded(std::size_t index, std::exception_ptr error) noexcept;
+  /// Stops the loader and waits for the pipeline's completions. Idempotent, thread-safe.
+  void stop_loading() noexcept;
+  /// Frees every batch (loading, loaded or handed out) and makes the allocator forget the
+  /// stream; the loader must be stopped. Idempotent. Call while the allocator lives.
+  void free_batches() noexcept;
 
   basic_transfer_pipeline<Runtime>& pipeline_;
   basic_caching_allocator<Runtime>& allocator_;
@@ -164,6 +173,11 @@ class basic_prefetcher final {
   bool stopping_{false};
   std::size_t handed_out_{0};
   std::thread loader_;
+  std::once_flag stopped_;  // stop_loading ran (from the destructor or an on_expire callback)
+  // Whether the allocator and the pipeline still exist: each runs an on_expire callback of this
+  // prefetcher when its destruction starts (see the constructor).
+  detail::lifetime_token allocator_life_;
+  detail::lifetime_token pipeline_life_;
 };
 
 /// The batch prefetcher over the CUDA runtime.

@@ -145,13 +145,18 @@ class basic_transfer_pipeline final {
   using event_type  = typename Runtime::event_type;  ///< the hand-offs between streams
 
   /// Creates the two copy streams on options.device and starts staging_threads - 1 threads.
-  /// Pins nothing yet (see prewarm). `pool` must outlive the pipeline.
+  /// Pins nothing yet (see prewarm). `pool` may be destroyed first, whatever the declaration
+  /// order: its destructor first waits for the transfers under way (submitted ones until their
+  /// completion has returned) and for the copies from the staging chunks (it synchronizes the two
+  /// copy streams), then frees the chunks; the pipeline's destructor returns nothing, and
+  /// transfers and prewarm throw gpukit::logic_error from then on.
   /// @throws gpukit::logic_error when chunk_bytes is 0 or staging_threads is negative
   /// @throws gpukit::cuda_error when a stream cannot be created
   basic_transfer_pipeline(Runtime& runtime, basic_pinned_pool<Runtime>& pool,
                           transfer_options options = {});
   /// Stops the staging threads, returns the staging chunks to the pool (each after its last copy,
-  /// with an event: no wait) and destroys the copy streams. Never throws.
+  /// with an event: no wait; nothing when the pool is gone) and destroys the copy streams. Never
+  /// throws.
   ~basic_transfer_pipeline();
   // Neither copyable nor movable (deleted copies leave no implicit moves).
   basic_transfer_pipeline(basic_transfer_pipeline const&)            = delete;
@@ -243,6 +248,9 @@ class basic_transfer_pipeline final {
   [[nodiscard]] transfer_options const& options() const noexcept { return options_; }
   [[nodiscard]] Runtime& runtime() const noexcept { return runtime_; }
   [[nodiscard]] basic_pinned_pool<Runtime>& pool() const noexcept { return pool_; }
+  /// Whether this pipeline still exists, readable after it is gone: a prefetcher keeps it so that
+  /// it may be destroyed after the pipeline (gpukit/detail/lifetime.hpp). Not public API.
+  [[nodiscard]] detail::lifetime_token lifetime() const noexcept { return lifetime_.token(); }
 
  private:
   static_assert(runtime_has_core_v<Runtime>,
@@ -289,8 +297,12 @@ class basic_transfer_pipeline final {
   event_type take_event();
   void give_event(event_type e) noexcept;
 
+  /// @throws gpukit::logic_error naming `call` when the pool was destroyed
+  void expect_pool(char const* call) const;
+
   Runtime& runtime_;
   basic_pinned_pool<Runtime>& pool_;
+  detail::lifetime_token pool_life_;  // pool_'s: whether it may still be called
   transfer_options options_;
   stream_type streams_[2]{};  ///< [0] host to device, [1] device to host
   std::unique_ptr<ring> rings_[2];
@@ -302,6 +314,8 @@ class basic_transfer_pipeline final {
   std::vector<job*> jobs_;           ///< jobs with chunks left to claim, oldest first
   std::size_t next_job_{0};          ///< alternates the direction served first
   std::size_t submitted_{0};         ///< submitted jobs whose completion has not returned
+  std::size_t in_flight_{0};         ///< transfer() calls that have not returned
+  bool pool_gone_{false};            ///< the pool is being destroyed: transfers are refused
   bool stopping_{false};
   std::vector<std::thread> workers_;
 
@@ -314,6 +328,8 @@ class basic_transfer_pipeline final {
 
   std::atomic<std::uint64_t> transfers_{0}, h2d_bytes_{0}, d2h_bytes_{0}, staged_bytes_{0},
     direct_bytes_{0}, chunks_{0}, chunk_waits_{0}, peer_bytes_{0}, peer_copies_{0};
+  // Expired first thing in the destructor: a prefetcher's callback stops its loader first.
+  detail::lifetime_registration lifetime_;
 };
 
 /// The transfer pipeline over the CUDA runtime.

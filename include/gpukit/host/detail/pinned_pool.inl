@@ -93,6 +93,7 @@ typename Runtime::error_type basic_pinned_pool<Runtime>::free_segment(segment& s
 template <class Runtime>
 basic_pinned_pool<Runtime>::~basic_pinned_pool()
 {
+  lifetime_.expire();  // first, before anything is freed (dependents' callbacks wait for copies)
   std::lock_guard<std::mutex> lock{mutex_};
   auto finish = [this](device_event const& e) {
     GPUKIT_ASSERT_CUDA_SUCCESS(runtime_.event_synchronize(e.event));
@@ -651,6 +652,7 @@ template <class Runtime>
 void pinned_buffer<Runtime>::record_stream(stream_type stream)
 {
   GPUKIT_EXPECTS(ptr_ != nullptr, "pinned_buffer::record_stream: the buffer is empty");
+  GPUKIT_EXPECTS(pool_life_.alive(), "pinned_buffer::record_stream: the pool was destroyed");
   pool_->record_stream(ptr_, stream);
 }
 
@@ -658,15 +660,23 @@ template <class Runtime>
 void pinned_buffer<Runtime>::reset() noexcept
 {
   if (ptr_ == nullptr) { return; }
+  if (!pool_life_.alive()) {  // the pool's destructor freed the memory
+    pool_      = nullptr;
+    pool_life_ = {};
+    ptr_       = nullptr;
+    bytes_     = 0;
+    return;
+  }
   try {
     pool_->deallocate(ptr_);
   } catch (std::exception const& e) {  // destructors never throw: the buffer stays handed out
     std::fprintf(stderr, "gpukit: pinned_buffer: returning %zu bytes at %p failed: %s\n", bytes_,
                  ptr_, e.what());
   }
-  pool_  = nullptr;
-  ptr_   = nullptr;
-  bytes_ = 0;
+  pool_      = nullptr;
+  pool_life_ = {};
+  ptr_       = nullptr;
+  bytes_     = 0;
 }
 
 }  // namespace gpukit

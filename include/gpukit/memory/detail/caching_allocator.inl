@@ -142,6 +142,7 @@ inline std::uint64_t caching_allocator_teardown_failures() noexcept
 template <class Runtime>
 basic_caching_allocator<Runtime>::~basic_caching_allocator()
 {
+  lifetime_.expire();  // first: RAII types destroyed later must find this allocator gone
   {
     auto& live = detail::live_allocators::get();
     std::lock_guard<std::mutex> lock{live.mutex};

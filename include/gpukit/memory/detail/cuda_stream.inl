@@ -17,16 +17,31 @@ void owned_stream_state<Runtime>::note(Allocator& alloc)
   if constexpr (has_forget_stream<Allocator>::value) {
     static_assert(std::is_same_v<typename Allocator::stream_type, stream_type>,
                   "the allocator serves streams of another runtime");
-    void* const target = static_cast<void*>(&alloc);
-    if (last.load(std::memory_order_acquire) == target) { return; }
-    std::lock_guard<std::mutex> lock{mutex};
-    bool const known = std::any_of(hooks.begin(), hooks.end(),
-                                   [&](forget_hook const& h) { return h.target == target; });
-    if (!known) {
-      hooks.push_back(
-        {target, [](void* a, stream_type s) { static_cast<Allocator*>(a)->forget_stream(s); }});
+    void* const target        = static_cast<void*>(&alloc);
+    lifetime_token const life = lifetime_of(alloc);
+    if (life.is_set() ? last_life.load(std::memory_order_acquire) == life.bits()
+                      : last.load(std::memory_order_acquire) == target) {
+      return;
     }
-    last.store(target, std::memory_order_release);
+    std::lock_guard<std::mutex> lock{mutex};
+    // Allocators destroyed since they were noted drop out (a stream may outlive many).
+    hooks.erase(
+      std::remove_if(hooks.begin(), hooks.end(),
+                     [](forget_hook const& h) { return h.life.is_set() && !h.life.alive(); }),
+      hooks.end());
+    bool const known = std::any_of(hooks.begin(), hooks.end(), [&](forget_hook const& h) {
+      return h.target == target && h.life == life;
+    });
+    if (!known) {
+      hooks.push_back({target,
+                       [](void* a, stream_type s) { static_cast<Allocator*>(a)->forget_stream(s); },
+                       life});
+    }
+    if (life.is_set()) {
+      last_life.store(life.bits(), std::memory_order_release);
+    } else {
+      last.store(target, std::memory_order_release);
+    }
   } else {
     (void)alloc;  // nothing to forget
   }
@@ -91,6 +106,8 @@ void basic_cuda_stream<Runtime>::destroy() noexcept
 {
   if (state_ == nullptr) { return; }
   state_type& st = *state_;
+  // Views tell from now on: a buffer destroyed later frees on the default stream.
+  st.registration.expire();
   std::vector<typename state_type::forget_hook> hooks;
   try {
     {
@@ -100,12 +117,15 @@ void basic_cuda_stream<Runtime>::destroy() noexcept
     // The device's default allocator and current resource, when they run on this runtime.
     auto add = [&](basic_caching_allocator<Runtime>* a) {
       if (a == nullptr || &a->runtime() != st.runtime) { return; }
-      bool const known =
-        std::any_of(hooks.begin(), hooks.end(), [&](auto const& h) { return h.target == a; });
+      detail::lifetime_token const life = a->lifetime();
+      auto const same  = [&](auto const& h) { return h.target == a && h.life == life; };
+      bool const known = std::any_of(hooks.begin(), hooks.end(), same);
       if (!known) {
-        hooks.push_back({a, [](void* p, typename state_type::stream_type s) {
+        hooks.push_back({a,
+                         [](void* p, typename state_type::stream_type s) {
                            static_cast<basic_caching_allocator<Runtime>*>(p)->forget_stream(s);
-                         }});
+                         },
+                         life});
       }
     };
     int device = st.device;
@@ -116,7 +136,12 @@ void basic_cuda_stream<Runtime>::destroy() noexcept
   }
   for (auto const& h : hooks) {
     try {
-      h.forget(h.target, st.stream);
+      if (h.life.is_set()) {
+        // Skipped when the allocator is gone; its destructor waits while it forgets.
+        (void)h.life.with_alive([&] { h.forget(h.target, st.stream); });
+      } else {
+        h.forget(h.target, st.stream);
+      }
     } catch (std::exception const& e) {
       detail::report_in_destructor("cuda_stream: forget_stream", e.what());
     }

@@ -4,13 +4,14 @@
 
 #include <cstdio>
 #include <exception>
+#include <string>
 
 namespace gpukit {
 
 template <class Allocator>
 basic_device_buffer<Allocator>::basic_device_buffer(std::size_t bytes, stream_view stream,
                                                     Allocator& alloc)
-    : alloc_{&alloc}, stream_{stream}
+    : alloc_{&alloc}, life_{detail::lifetime_of(alloc)}, stream_{stream}
 {
   data_     = allocate(bytes, stream);
   size_     = bytes;
@@ -45,7 +46,8 @@ basic_device_buffer<Allocator>::~basic_device_buffer()
 
 template <class Allocator>
 basic_device_buffer<Allocator>::basic_device_buffer(basic_device_buffer&& other) noexcept
-    : alloc_{other.alloc_}, stream_{other.stream_}, data_{std::exchange(other.data_, nullptr)},
+    : alloc_{other.alloc_}, life_{other.life_}, stream_{other.stream_}, data_{std::exchange(
+                                                                          other.data_, nullptr)},
       size_{std::exchange(other.size_, 0)}, capacity_{std::exchange(other.capacity_, 0)}
 {}
 
@@ -56,6 +58,7 @@ basic_device_buffer<Allocator>& basic_device_buffer<Allocator>::operator=(
   if (this != &other) {
     free_now();
     alloc_    = other.alloc_;
+    life_     = other.life_;
     stream_   = other.stream_;
     data_     = std::exchange(other.data_, nullptr);
     size_     = std::exchange(other.size_, 0);
@@ -67,6 +70,7 @@ basic_device_buffer<Allocator>& basic_device_buffer<Allocator>::operator=(
 template <class Allocator>
 void basic_device_buffer<Allocator>::set_stream(stream_view stream)
 {
+  expect_allocator("set_stream");
   stream.register_allocator(*alloc_);
   stream_ = stream;
 }
@@ -109,6 +113,7 @@ void* basic_device_buffer<Allocator>::release() noexcept
 template <class Allocator>
 void* basic_device_buffer<Allocator>::allocate(std::size_t bytes, stream_view stream)
 {
+  expect_allocator("allocating");
   stream.register_allocator(*alloc_);  // before the allocator first sees the stream
   if (bytes == 0) { return nullptr; }
   return alloc_->allocate_async(bytes, stream.value());
@@ -118,8 +123,17 @@ template <class Allocator>
 void basic_device_buffer<Allocator>::free_now() noexcept
 {
   if (data_ == nullptr) { return; }
+  if (allocator_gone()) {  // its destructor took the memory back
+    data_     = nullptr;
+    size_     = 0;
+    capacity_ = 0;
+    return;
+  }
   try {
-    alloc_->deallocate_async(data_, capacity_, stream_.value());
+    // A stream destroyed since is freed on as the default stream: its work completed (the
+    // allocator, registered with it, forgot it), and its handle names nothing now.
+    alloc_->deallocate_async(data_, capacity_,
+                             stream_.is_destroyed() ? stream_type{} : stream_.value());
   } catch (std::exception const& e) {
     std::fprintf(stderr, "gpukit: device_buffer: freeing %zu bytes at %p: %s\n", capacity_, data_,
                  e.what());
@@ -127,6 +141,13 @@ void basic_device_buffer<Allocator>::free_now() noexcept
   data_     = nullptr;
   size_     = 0;
   capacity_ = 0;
+}
+
+template <class Allocator>
+void basic_device_buffer<Allocator>::expect_allocator(char const* call) const
+{
+  GPUKIT_EXPECTS(!allocator_gone(),
+                 std::string{"device_buffer: "} + call + ": the buffer's allocator was destroyed");
 }
 
 template <class Allocator>

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cassert>
+#include <cstdio>
+#include <exception>
 #include <string>
 
 namespace gpukit {
@@ -15,7 +17,8 @@ basic_prefetcher<Runtime>::basic_prefetcher(basic_transfer_pipeline<Runtime>& pi
                                             basic_caching_allocator<Runtime>& allocator,
                                             source_type source, prefetcher_options options)
     : pipeline_{pipeline}, allocator_{allocator}, source_{std::move(source)}, options_{options},
-      runtime_{pipeline.runtime()}
+      runtime_{pipeline.runtime()}, allocator_life_{allocator.lifetime()}, pipeline_life_{
+                                                                             pipeline.lifetime()}
 {
   GPUKIT_EXPECTS(options_.depth != 0, "prefetcher: depth is 0");
   GPUKIT_EXPECTS(static_cast<bool>(source_), "prefetcher: the source is empty");
@@ -29,21 +32,47 @@ basic_prefetcher<Runtime>::basic_prefetcher(basic_transfer_pipeline<Runtime>& pi
     (void)runtime_.stream_destroy(stream_);
     throw;
   }
+  try {
+    // Whichever of the two goes first stops the loader before it is used again; the allocator
+    // also takes the batches back while it can. The callbacks run under their owner's lifetime
+    // lock, as long as this prefetcher lives (the destructor takes them back).
+    (void)allocator_life_.on_expire(this, [this] {
+      stop_loading();
+      free_batches();
+    });
+    (void)pipeline_life_.on_expire(this, [this] { stop_loading(); });
+  } catch (...) {
+    allocator_life_.forget_on_expire(this);
+    stop_loading();
+    free_batches();
+    (void)runtime_.stream_destroy(stream_);
+    throw;
+  }
 }
 
 template <class Runtime>
-basic_prefetcher<Runtime>::~basic_prefetcher()
+void basic_prefetcher<Runtime>::stop_loading() noexcept
 {
-  {
-    std::lock_guard<std::mutex> lock{mutex_};
-    stopping_ = true;
+  try {
+    std::call_once(stopped_, [this] {
+      {
+        std::lock_guard<std::mutex> lock{mutex_};
+        stopping_ = true;
+      }
+      cv_.notify_all();
+      loader_.join();
+      std::unique_lock<std::mutex> lock{mutex_};  // the pipeline's completions touch this object
+      cv_.wait(lock, [this] { return submitted_ == 0; });
+    });
+  } catch (std::exception const& e) {  // call_once or join failed: nothing else can be done
+    std::fprintf(stderr, "gpukit: prefetcher: stopping the loader: %s\n", e.what());
   }
-  cv_.notify_all();
-  loader_.join();
-  {
-    std::unique_lock<std::mutex> lock{mutex_};  // the pipeline's completions touch this object
-    cv_.wait(lock, [this] { return submitted_ == 0; });
-  }
+}
+
+template <class Runtime>
+void basic_prefetcher<Runtime>::free_batches() noexcept
+{
+  std::lock_guard<std::mutex> lock{mutex_};
   try {
     for (auto const& e : loading_) {
       if (e.batch.data != nullptr) {
@@ -51,14 +80,30 @@ basic_prefetcher<Runtime>::~basic_prefetcher()
       }
       if (e.batch.ready != event_type{}) { spare_events_.push_back(e.batch.ready); }
     }
+    loading_.clear();
     for (auto const& b : out_) {  // not released: freed after the prefetcher's own work
       allocator_.deallocate_async(b.data, b.bytes, stream_);
       spare_events_.push_back(b.ready);
     }
+    out_.clear();
     allocator_.forget_stream(stream_);
   } catch (...) {
     assert(false && "prefetcher: freeing batches failed");
   }
+}
+
+template <class Runtime>
+basic_prefetcher<Runtime>::~basic_prefetcher()
+{
+  stop_loading();  // done already when the pipeline or the allocator went first
+  try {
+    // Skipped when the allocator is gone: its on_expire callback freed the batches.
+    (void)allocator_life_.with_alive([this] { free_batches(); });
+  } catch (std::exception const& e) {  // the lifetime lock: the allocator frees them when it goes
+    std::fprintf(stderr, "gpukit: prefetcher: freeing the batches: %s\n", e.what());
+  }
+  allocator_life_.forget_on_expire(this);
+  pipeline_life_.forget_on_expire(this);
   for (auto e : spare_events_) { GPUKIT_ASSERT_CUDA_SUCCESS(runtime_.event_destroy(e)); }
   GPUKIT_ASSERT_CUDA_SUCCESS(runtime_.stream_destroy(stream_));
 }
@@ -209,6 +254,9 @@ std::optional<typename basic_prefetcher<Runtime>::batch_type> basic_prefetcher<R
 template <class Runtime>
 void basic_prefetcher<Runtime>::release(batch_type const& batch, stream_type consumer)
 {
+  GPUKIT_EXPECTS(allocator_life_.alive(),
+                 "prefetcher::release: the allocator was destroyed (it took batch " +
+                   std::to_string(batch.index) + " back)");
   {
     std::lock_guard<std::mutex> lock{mutex_};
     auto it = std::find_if(out_.begin(), out_.end(), [&](batch_type const& o) {

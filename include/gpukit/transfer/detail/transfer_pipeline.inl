@@ -22,7 +22,9 @@
 
 #include <algorithm>
 #include <cassert>
+#include <cstdio>
 #include <cstring>
+#include <exception>
 #include <string>
 
 namespace gpukit {
@@ -66,7 +68,7 @@ template <class Runtime>
 basic_transfer_pipeline<Runtime>::basic_transfer_pipeline(Runtime& runtime,
                                                           basic_pinned_pool<Runtime>& pool,
                                                           transfer_options options)
-    : runtime_{runtime}, pool_{pool}, options_{options}
+    : runtime_{runtime}, pool_{pool}, pool_life_{pool.lifetime()}, options_{options}
 {
   GPUKIT_EXPECTS(options_.chunk_bytes != 0, "transfer_pipeline: chunk_bytes is 0");
   GPUKIT_EXPECTS(options_.staging_threads >= 0, "transfer_pipeline: staging_threads is " +
@@ -105,6 +107,26 @@ basic_transfer_pipeline<Runtime>::basic_transfer_pipeline(Runtime& runtime,
     for (int i = 1; i < options_.staging_threads; ++i) {
       workers_.emplace_back([this] { worker_loop(); });
     }
+    // Should the pool go first, the transfers under way must end, and the copies from its chunks
+    // be over, before it frees them; later transfers are refused. The callback runs under the
+    // pool's lifetime lock, while the copy streams still exist (the destructor takes it back
+    // before destroying them).
+    (void)pool_life_.on_expire(this, [this] {
+      {
+        std::unique_lock<std::mutex> lock{jobs_mutex_};
+        pool_gone_ = true;
+        done_cv_.wait(lock, [this] { return in_flight_ == 0 && submitted_ == 0; });
+      }
+      for (stream_type s : streams_) {
+        typename Runtime::error_type const e = runtime_.stream_synchronize(s);
+        if (e != Runtime::success) {
+          std::fprintf(stderr,
+                       "gpukit: transfer_pipeline: waiting for the copies of a pool being "
+                       "destroyed: %s\n",
+                       Runtime::error_string(e));
+        }
+      }
+    });
   } catch (...) {
     {
       std::lock_guard<std::mutex> lock{jobs_mutex_};
@@ -121,6 +143,7 @@ basic_transfer_pipeline<Runtime>::basic_transfer_pipeline(Runtime& runtime,
 template <class Runtime>
 basic_transfer_pipeline<Runtime>::~basic_transfer_pipeline()
 {
+  lifetime_.expire();  // first: a prefetcher using this pipeline stops submitting
   {
     std::unique_lock<std::mutex> lock{jobs_mutex_};
     done_cv_.wait(lock, [this] { return submitted_ == 0; });  // their completions have returned
@@ -128,17 +151,30 @@ basic_transfer_pipeline<Runtime>::~basic_transfer_pipeline()
   }
   jobs_cv_.notify_all();
   for (auto& t : workers_) { t.join(); }
+  // The chunks go back while the pool lives (its destructor waits meanwhile); when it is gone, it
+  // freed them after the copies from them (see the constructor's on_expire).
+  try {
+    (void)pool_life_.with_alive([this] {
+      for (int dir = 0; dir < 2; ++dir) {
+        for (auto& s : rings_[dir]->slots) {
+          try {
+            if (s->recorded) {
+              pool_.deallocate_async(s->buf, streams_[dir]);  // reused after its last copy
+            } else {
+              pool_.deallocate(s->buf);
+            }
+          } catch (...) {
+            assert(false && "transfer_pipeline: returning a staging chunk failed");
+          }
+        }
+      }
+    });
+  } catch (std::exception const& e) {  // the lock: the chunks stay the pool's, freed with it
+    std::fprintf(stderr, "gpukit: transfer_pipeline: returning the staging chunks: %s\n", e.what());
+  }
+  pool_life_.forget_on_expire(this);
   for (int dir = 0; dir < 2; ++dir) {
     for (auto& s : rings_[dir]->slots) {
-      try {
-        if (s->recorded) {
-          pool_.deallocate_async(s->buf, streams_[dir]);  // reused after its last copy
-        } else {
-          pool_.deallocate(s->buf);
-        }
-      } catch (...) {
-        assert(false && "transfer_pipeline: returning a staging chunk failed");
-      }
       GPUKIT_ASSERT_CUDA_SUCCESS(runtime_.event_destroy(s->ev));
     }
   }
@@ -546,6 +582,22 @@ void basic_transfer_pipeline<Runtime>::transfer(int dir, char* device, char* hos
                                      : (dir == 0 ? "transfer_pipeline::submit_to_device: "
                                                  : "transfer_pipeline::submit_to_host: ");
   check_transfer(call, dir, device, host, bytes, done);
+  {
+    std::lock_guard<std::mutex> lock{jobs_mutex_};
+    GPUKIT_EXPECTS(!pool_gone_, std::string{call} + "the pinned pool was destroyed");
+    ++in_flight_;
+  }
+  // Until this call returns (a submitted transfer: until its completion has), a pool being
+  // destroyed waits (see the constructor's on_expire callback).
+  struct in_flight_guard {
+    basic_transfer_pipeline* self;
+    ~in_flight_guard()
+    {
+      std::lock_guard<std::mutex> lock{self->jobs_mutex_};
+      --self->in_flight_;
+      self->done_cv_.notify_all();
+    }
+  } const leave{this};
   // The pipeline's device for every call below (the null stream is that device's, and the events
   // are created there), whatever device the calling thread has current.
   device_guard<Runtime> guard{runtime_, options_.device};
@@ -655,8 +707,15 @@ void basic_transfer_pipeline<Runtime>::copy_peer_async(void* dst, int dst_device
 }
 
 template <class Runtime>
+void basic_transfer_pipeline<Runtime>::expect_pool(char const* call) const
+{
+  GPUKIT_EXPECTS(pool_life_.alive(), std::string{call} + "the pinned pool was destroyed");
+}
+
+template <class Runtime>
 void basic_transfer_pipeline<Runtime>::prewarm()
 {
+  expect_pool("transfer_pipeline::prewarm: ");
   std::size_t missing = 0;
   for (auto& r : rings_) {
     std::lock_guard<std::mutex> lock{r->mutex};
