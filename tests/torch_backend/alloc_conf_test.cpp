@@ -72,6 +72,39 @@ TEST_SUITE("alloc_conf")
     CHECK(error_of("page_size:0").find("must not be 0") != std::string::npos);
   }
 
+  TEST_CASE("alloc conf: two keys that set one option are refused, naming both")
+  {
+    for (char const* conf : {"limit:4GiB,max_bytes:2GiB", "fraction:0.5,limit_fraction:0.25",
+                             "page_size:2MiB,growable_page_bytes:20MiB",
+                             "thread_cache:off,thread_cache_max_block_bytes:1MiB",
+                             "segments:synchronous,expandable_segments:true",
+                             "expandable_segments:false,segments:growable"}) {
+      CAPTURE(conf);
+      std::string const e = error_of(conf);
+      std::string const first{conf, std::string{conf}.find(':')};
+      std::string const rest{std::string{conf}.substr(std::string{conf}.find(',') + 1)};
+      std::string const second{rest.substr(0, rest.find(':'))};
+      CHECK(e.find("'" + first + "' and '" + second + "' both set") != std::string::npos);
+      CHECK(e.find("give one of them") != std::string::npos);
+    }
+    // Keys that set different options still combine.
+    auto const o = gpukit::parse_alloc_conf("limit:4GiB,fraction:0.5,thread_cache_bytes:1MiB");
+    CHECK(o.limit_bytes == 4096 * MiB);
+    CHECK(o.limit_fraction == doctest::Approx(0.5));
+  }
+
+  TEST_CASE("alloc conf: a count outside the allocator's range is refused by the key's name")
+  {
+    CHECK(
+      error_of("thread_cache_blocks_per_class:1000")
+        .find(
+          "'1000' for 'thread_cache_blocks_per_class': expected a whole number from 0 to 255") !=
+      std::string::npos);
+    CHECK(
+      gpukit::parse_alloc_conf("thread_cache_blocks_per_class:255").thread_cache_blocks_per_class ==
+      255);
+  }
+
   TEST_CASE("alloc conf: sizes")
   {
     CHECK(gpukit::parse_alloc_conf_size("512") == 512);

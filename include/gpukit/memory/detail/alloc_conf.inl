@@ -89,48 +89,64 @@ inline segment_source conf_source(std::string_view key, std::string_view value)
   conf_fail(key, value, "expected automatic, stream_ordered, synchronous or growable");
 }
 
-// Applies one key; false when the key is unknown.
-inline bool conf_apply(caching_allocator_options& o, std::string const& key, std::string_view value)
+// Applies one key; false when the key is unknown. `setting` receives what the key sets, named by
+// its canonical key: aliases (max_bytes for limit) and keys that set the same option another way
+// (thread_cache:off and thread_cache_max_block_bytes; expandable_segments and segments) share it,
+// so that a configuration cannot set one option twice with the later silently winning.
+inline bool conf_apply(caching_allocator_options& o, std::string const& key, std::string_view value,
+                       char const*& setting)
 {
   // The member pointer's type named once: nvcc rewrites a `T C::*member;` declaration with
   // parentheses, which the host compiler's -Wparentheses reports.
   using size_member = std::size_t caching_allocator_options::*;
   struct size_key {
     char const* name;
+    char const* setting;
     size_member member;
   };
   static constexpr size_key sizes[] = {
-    {"limit", &caching_allocator_options::limit_bytes},
-    {"max_bytes", &caching_allocator_options::limit_bytes},
-    {"page_size", &caching_allocator_options::growable_page_bytes},
-    {"growable_page_bytes", &caching_allocator_options::growable_page_bytes},
-    {"growable_reserve_bytes", &caching_allocator_options::growable_reserve_bytes},
-    {"small_request_bytes", &caching_allocator_options::small_request_bytes},
-    {"small_segment_bytes", &caching_allocator_options::small_segment_bytes},
-    {"medium_request_bytes", &caching_allocator_options::medium_request_bytes},
-    {"medium_segment_bytes", &caching_allocator_options::medium_segment_bytes},
-    {"segment_rounding_bytes", &caching_allocator_options::segment_rounding_bytes},
-    {"thread_cache_bytes", &caching_allocator_options::thread_cache_bytes},
-    {"thread_cache_max_block_bytes", &caching_allocator_options::thread_cache_max_block_bytes},
+    {"limit", "limit", &caching_allocator_options::limit_bytes},
+    {"max_bytes", "limit", &caching_allocator_options::limit_bytes},
+    {"page_size", "page_size", &caching_allocator_options::growable_page_bytes},
+    {"growable_page_bytes", "page_size", &caching_allocator_options::growable_page_bytes},
+    {"growable_reserve_bytes", "growable_reserve_bytes",
+     &caching_allocator_options::growable_reserve_bytes},
+    {"small_request_bytes", "small_request_bytes", &caching_allocator_options::small_request_bytes},
+    {"small_segment_bytes", "small_segment_bytes", &caching_allocator_options::small_segment_bytes},
+    {"medium_request_bytes", "medium_request_bytes",
+     &caching_allocator_options::medium_request_bytes},
+    {"medium_segment_bytes", "medium_segment_bytes",
+     &caching_allocator_options::medium_segment_bytes},
+    {"segment_rounding_bytes", "segment_rounding_bytes",
+     &caching_allocator_options::segment_rounding_bytes},
+    {"thread_cache_bytes", "thread_cache_bytes", &caching_allocator_options::thread_cache_bytes},
+    {"thread_cache_max_block_bytes", "thread_cache",
+     &caching_allocator_options::thread_cache_max_block_bytes},
   };
   for (auto const& s : sizes) {
     if (key == s.name) {
+      setting       = s.setting;
       o.*(s.member) = conf_size(key, value);
       return true;
     }
   }
+  setting = nullptr;
   if (key == "segments") {
+    setting  = "segments";
     o.source = conf_source(key, value);
   } else if (key == "expandable_segments") {
+    setting  = "segments";
     o.source = conf_bool(key, value) ? segment_source::growable : segment_source::automatic;
   } else if (key == "limit_fraction" || key == "fraction") {
+    setting          = "limit_fraction";
     o.limit_fraction = conf_fraction(key, value);
   } else if (key == "growable_shareable") {
     o.growable_shareable = conf_bool(key, value);
   } else if (key == "thread_cache") {
+    setting = "thread_cache";
     if (!conf_bool(key, value)) { o.thread_cache_max_block_bytes = 0; }
-  } else if (key == "thread_cache_blocks_per_class") {
-    o.thread_cache_blocks_per_class = static_cast<int>(conf_count(key, value, 1 << 16));
+  } else if (key == "thread_cache_blocks_per_class") {  // the allocator's range: [0, 255]
+    o.thread_cache_blocks_per_class = static_cast<int>(conf_count(key, value, 255));
   } else if (key == "release_before_grow") {
     o.release_before_grow = conf_bool(key, value);
   } else if (key == "oom_wait_for_frees_ms") {
@@ -189,7 +205,11 @@ inline std::size_t parse_alloc_conf_size(std::string_view text)
 inline caching_allocator_options parse_alloc_conf(std::string_view conf,
                                                   caching_allocator_options base)
 {
-  std::vector<std::string> seen;
+  struct seen_key {
+    std::string key;      // as the user typed it (lower case)
+    std::string setting;  // what it sets (aliases and overlapping keys share one)
+  };
+  std::vector<seen_key> seen;
   while (!conf.empty()) {
     std::size_t const comma      = conf.find(',');
     std::string_view const entry = detail::conf_trim(conf.substr(0, comma));
@@ -200,10 +220,11 @@ inline caching_allocator_options parse_alloc_conf(std::string_view conf,
                    "gpukit: alloc conf: entry '" + std::string{entry} + "' is not key:value");
     std::string const key        = detail::conf_lower(detail::conf_trim(entry.substr(0, colon)));
     std::string_view const value = detail::conf_trim(entry.substr(colon + 1));
-    GPUKIT_EXPECTS(std::find(seen.begin(), seen.end(), key) == seen.end(),
-                   "gpukit: alloc conf: key '" + key + "' is given twice");
-    seen.push_back(key);
-    GPUKIT_EXPECTS(detail::conf_apply(base, key, value),
+    for (seen_key const& k : seen) {
+      GPUKIT_EXPECTS(k.key != key, "gpukit: alloc conf: key '" + key + "' is given twice");
+    }
+    char const* setting = nullptr;
+    GPUKIT_EXPECTS(detail::conf_apply(base, key, value, setting),
                    "gpukit: alloc conf: unknown key '" + key +
                      "' (known: segments, expandable_segments, limit, max_bytes, limit_fraction, "
                      "fraction, page_size, growable_page_bytes, growable_reserve_bytes, "
@@ -212,6 +233,12 @@ inline caching_allocator_options parse_alloc_conf(std::string_view conf,
                      "thread_cache, thread_cache_bytes, thread_cache_max_block_bytes, "
                      "thread_cache_blocks_per_class, release_before_grow, oom_wait_for_frees_ms, "
                      "nvtx_annotate)");
+    std::string const what = setting != nullptr ? setting : key;
+    for (seen_key const& k : seen) {
+      GPUKIT_EXPECTS(k.setting != what, "gpukit: alloc conf: '" + k.key + "' and '" + key +
+                                          "' both set " + what + "; give one of them");
+    }
+    seen.push_back({key, what});
   }
   GPUKIT_EXPECTS(
     base.small_request_bytes <= base.small_segment_bytes,
