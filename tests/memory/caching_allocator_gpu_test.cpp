@@ -127,6 +127,88 @@ TEST_SUITE("gpu")
     GPUKIT_CUDA_TRY(cudaStreamSynchronize(s));
     alloc.forget_stream(s);
   }
+  TEST_CASE("caching_allocator on CUDA: a small request on a full device is cut from a large block")
+  {
+    for (auto source : {gpukit::segment_source::stream_ordered, gpukit::segment_source::synchronous,
+                        gpukit::segment_source::growable}) {
+      CAPTURE(static_cast<int>(source));
+      gpukit::caching_allocator_options o;
+      o.source = source;
+      gpukit::basic_caching_allocator<gpukit::cuda_runtime> alloc{gpukit::cuda_runtime::instance(),
+                                                                  0, o};
+      alloc.set_limit(512 * mib);  // a full device at 512 MiB
+      cuda_stream s{gpukit::cuda_runtime::instance()};
+      std::vector<void*> large;
+      for (;;) {
+        try {
+          large.push_back(alloc.allocate_async(5 * mib, s));
+        } catch (gpukit::out_of_memory const&) {
+          break;
+        }
+      }
+      REQUIRE(large.size() > 8);
+      for (std::size_t i = 0; i < large.size(); i += 2) {
+        alloc.deallocate_async(large[i], 5 * mib, s);
+        large[i] = nullptr;
+      }
+      auto& rt = gpukit::cuda_runtime::instance();
+      std::vector<void*> small;
+      for (int i = 0; i < 32; ++i) {
+        void* p = nullptr;
+        REQUIRE_NOTHROW(p = alloc.allocate_async(256 * 1024, s));
+        gpukit::test::fill(rt, p, 256 * 1024, static_cast<unsigned char>(i), s);
+        small.push_back(p);
+      }
+      for (int i = 0; i < 32; ++i) {
+        CHECK(gpukit::test::holds(rt, small[static_cast<std::size_t>(i)], 256 * 1024,
+                                  static_cast<unsigned char>(i), s));
+      }
+      CHECK(alloc.stats().num_recovery_steps[4] > 0);
+      CHECK(gpukit::detail::check_invariants(alloc) == "");
+      for (void* p : small) { alloc.deallocate_async(p, 256 * 1024, s); }
+      for (void* p : large) {
+        if (p != nullptr) { alloc.deallocate_async(p, 5 * mib, s); }
+      }
+      (void)alloc.release();
+      CHECK(alloc.stats().reserved_bytes.current == 0);
+      alloc.forget_stream(s);
+    }
+  }
+
+  TEST_CASE("caching_allocator on CUDA: release() during a capture begun on the stream directly")
+  {
+    for (auto source :
+         {gpukit::segment_source::stream_ordered, gpukit::segment_source::synchronous}) {
+      CAPTURE(static_cast<int>(source));
+      gpukit::caching_allocator_options o;
+      o.source = source;
+      gpukit::basic_caching_allocator<gpukit::cuda_runtime> alloc{gpukit::cuda_runtime::instance(),
+                                                                  0, o};
+      cuda_stream s{gpukit::cuda_runtime::instance()};
+      alloc.deallocate_async(alloc.allocate_async(64 * mib, s), 64 * mib, s);
+      GPUKIT_CUDA_TRY(cudaStreamSynchronize(s));
+      GPUKIT_CUDA_TRY(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
+      (void)alloc.release();  // the segment of the capturing stream stays
+      cudaGraph_t graph{};
+      CHECK(cudaStreamEndCapture(s, &graph) == cudaSuccess);  // the capture is still valid
+      if (graph != nullptr) { GPUKIT_CUDA_TRY(cudaGraphDestroy(graph)); }
+      CHECK(alloc.stats().reserved_bytes.current == static_cast<std::int64_t>(64 * mib));
+      std::size_t free0 = 0, free1 = 0, total = 0;
+      GPUKIT_CUDA_TRY(cudaDeviceSynchronize());
+      GPUKIT_CUDA_TRY(cudaMemGetInfo(&free0, &total));
+      CHECK(alloc.release() == 64 * mib);
+      GPUKIT_CUDA_TRY(cudaDeviceSynchronize());
+      if (source == gpukit::segment_source::stream_ordered) {
+        cudaMemPool_t pool{};
+        GPUKIT_CUDA_TRY(cudaDeviceGetDefaultMemPool(&pool, 0));
+        GPUKIT_CUDA_TRY(cudaMemPoolTrimTo(pool, 0));
+      }
+      GPUKIT_CUDA_TRY(cudaMemGetInfo(&free1, &total));
+      CHECK(free1 >= free0 + 64 * mib);  // the device really has it back
+      alloc.forget_stream(s);
+    }
+  }
+
   TEST_CASE("caching_allocator on CUDA: recovery from real allocation failures on a full device")
   {
     // The device's default memory pool may hold memory that earlier tests freed (cudaMemGetInfo

@@ -12,8 +12,11 @@
 namespace gpukit::detail {
 
 /// Bytes and blocks of each pool kind whose frees wait for other streams' work: freed by their
-/// user, still active. Written under the allocator's lock, read on the fast path.
-struct pending_counts {
+/// user, still active. Written under the allocator's lock, read on the fast path. While none is
+/// pending, active equals allocated and its peaks follow the allocated ones: the fast path then
+/// reads one counter (`blocks`), on a line of its own.
+struct alignas(64) pending_counts {
+  std::atomic<std::int64_t> blocks{0};  // of both kinds
   std::atomic<std::int64_t> bytes[2]{}, count[2]{};
 
   void add(int kind, std::int64_t size, std::int64_t n) noexcept
@@ -21,6 +24,7 @@ struct pending_counts {
     auto const k = static_cast<std::size_t>(kind);
     bytes[k].store(bytes[k].load(std::memory_order_relaxed) + size, std::memory_order_relaxed);
     count[k].store(count[k].load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
+    blocks.store(blocks.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
   }
 };
 
@@ -30,10 +34,14 @@ struct pending_counts {
 /// shared ones and an allocation raises the peaks it makes, on whatever thread it runs. Until a
 /// second thread comes, the one thread's counters are exact and nothing here is written.
 struct shared_counts {
-  std::atomic<bool> on{false};
-  std::atomic<std::int64_t> bytes[2]{}, requested[2]{}, count[2]{};  // by pool kind
-  // Peaks by pool kind, then of both: [0] small, [1] large, [2] both.
-  std::atomic<std::int64_t> peak_bytes[3]{}, peak_requested[3]{}, peak_count[3]{};
+  // Three groups on lines of their own: the switch, read by every operation and written once; the
+  // current values, written by every operation; the peaks, read by every allocation and written
+  // only when one is exceeded.
+  alignas(64) std::atomic<bool> on{false};
+  alignas(64) std::atomic<std::int64_t> bytes[2]{}, requested[2]{}, count[2]{};  // by pool kind
+  // Peaks by pool kind, then of both: [0] small, [1] large, [2] both. Active peaks are raised only
+  // while frees are pending; otherwise they are the allocated ones.
+  alignas(64) std::atomic<std::int64_t> peak_bytes[3]{}, peak_requested[3]{}, peak_count[3]{};
   std::atomic<std::int64_t> peak_active_bytes[3]{}, peak_active_count[3]{};
 
   static void raise(std::atomic<std::int64_t>& peak, std::int64_t v) noexcept
@@ -52,16 +60,17 @@ struct shared_counts {
     std::int64_t const ob  = bytes[k ^ 1].load(std::memory_order_relaxed);
     std::int64_t const orq = requested[k ^ 1].load(std::memory_order_relaxed);
     std::int64_t const oc  = count[k ^ 1].load(std::memory_order_relaxed);
-    std::int64_t const pb  = pending.bytes[k].load(std::memory_order_relaxed);
-    std::int64_t const pc  = pending.count[k].load(std::memory_order_relaxed);
-    std::int64_t const opb = pending.bytes[k ^ 1].load(std::memory_order_relaxed);
-    std::int64_t const opc = pending.count[k ^ 1].load(std::memory_order_relaxed);
     raise(peak_bytes[k], b);
     raise(peak_requested[k], r);
     raise(peak_count[k], c);
     raise(peak_bytes[2], b + ob);
     raise(peak_requested[2], r + orq);
     raise(peak_count[2], c + oc);
+    if (pending.blocks.load(std::memory_order_relaxed) == 0) { return; }  // active == allocated
+    std::int64_t const pb  = pending.bytes[k].load(std::memory_order_relaxed);
+    std::int64_t const pc  = pending.count[k].load(std::memory_order_relaxed);
+    std::int64_t const opb = pending.bytes[k ^ 1].load(std::memory_order_relaxed);
+    std::int64_t const opc = pending.count[k ^ 1].load(std::memory_order_relaxed);
     raise(peak_active_bytes[k], b + pb);
     raise(peak_active_count[k], c + pc);
     raise(peak_active_bytes[2], b + pb + ob + opb);

@@ -132,6 +132,14 @@ void basic_caching_allocator<Runtime>::update_scanned_locked() const
       peak_active_count[2] = std::max(peak_active_count[2], c->peak_active_count.get());
     }
   }
+  // While no free is pending, active is allocated: its peak is at least the allocated one.
+  for (std::size_t i = 0; i < 2; ++i) {
+    caching_pool_stats const& p = pool_stats_locked(static_cast<int>(i));
+    peak_active_bytes[i]        = std::max(peak_active_bytes[i], p.allocated_bytes.peak);
+    peak_active_count[i]        = std::max(peak_active_count[i], p.allocation_count.peak);
+  }
+  peak_active_bytes[2] = std::max(peak_active_bytes[2], stats_.allocated_bytes.peak);
+  peak_active_count[2] = std::max(peak_active_count[2], stats_.allocation_count.peak);
   for (std::size_t i = 0; i < 2; ++i) {
     caching_pool_stats& p = pool_stats_locked(static_cast<int>(i));
     // Active: handed out, less the frees that have completed (pending frees are still active).

@@ -230,6 +230,7 @@ struct caching_thread_cache {
     raise(peak_bytes, b + o.bytes());
     raise(peak_requested, r + o.requested());
     raise(peak_count, c + o.count());
+    if (pending.blocks.load(std::memory_order_relaxed) == 0) { return; }  // active == allocated
     std::int64_t const pb = pending.bytes[k].load(std::memory_order_relaxed);
     std::int64_t const pc = pending.count[k].load(std::memory_order_relaxed);
     std::int64_t const ob = pending.bytes[k ^ 1].load(std::memory_order_relaxed);
