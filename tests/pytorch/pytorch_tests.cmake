@@ -6,6 +6,10 @@
 #   gpukit_torch.python    gpukit_torch.pluggable's ctypes layer (stats, empty_cache, snapshot, the CuPy
 #                          allocator's malloc and free); no torch needed. Reported skipped, with
 #                          the reason, in sanitizer builds and without python3 or its ctypes
+gpukit_test_wanted(wanted gpukit_torch_abi_test pytorch/gpukit_torch_abi_test.cpp)
+if(NOT wanted)
+  return()
+endif()
 include(${PROJECT_SOURCE_DIR}/bindings/torch/torch_library.cmake)
 set(gpukit_torch_sim_dir "${CMAKE_CURRENT_BINARY_DIR}/pytorch")
 if(GPUKIT_OUTPUT_DIRECTORY)
