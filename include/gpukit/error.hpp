@@ -159,8 +159,8 @@ struct oom_report {
     auto human = [](std::size_t b) {  // one decimal in the largest unit that keeps b >= 1
       if (b < 1024) { return std::to_string(b) + " B"; }
       char const* const units[] = {"KiB", "MiB", "GiB", "TiB"};
-      std::size_t unit = 1024;
-      int u            = 0;
+      std::size_t unit          = 1024;
+      int u                     = 0;
       while (u < 3 && b / unit >= 1024) {
         unit *= 1024;
         ++u;
@@ -175,7 +175,8 @@ struct oom_report {
                     " bytes)";
     s += "\n  device: " + human(device_total) + " total, " + human(device_free) + " free";
     s += "\n  allocator: " + human(allocated) + " allocated, " + human(reserved) + " reserved, " +
-         human(total_free_in_pool) + " free in pool, largest free block " + human(largest_free_block);
+         human(total_free_in_pool) + " free in pool, largest free block " +
+         human(largest_free_block);
     s += ", fragmentation " + std::to_string(static_cast<int>(fragmentation() * 100.0 + 0.5)) + "%";
     if (limit != 0) s += "\n  limit: " + human(limit);
     for (auto const& c : cached_per_stream) {

@@ -202,7 +202,7 @@ TEST_SUITE("oom_recovery")
       CHECK_FALSE(r.steps[1].attempted);  // no callbacks registered
       CHECK(r.steps[2].attempted);
       CHECK(r.steps[2].bytes_reclaimed == 0);  // the segment is in use: nothing to release
-      CHECK(r.steps[4].attempted);  // no small block could hold 50 MiB
+      CHECK(r.steps[4].attempted);             // no small block could hold 50 MiB
       CHECK(r.steps[4].bytes_reclaimed == 0);
       CHECK_FALSE(r.steps[5].attempted);  // waiting is off by default
       CHECK(r.hint.find("batch") != std::string::npos);
