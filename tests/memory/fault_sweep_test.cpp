@@ -1,11 +1,19 @@
 // SPDX-License-Identifier: Apache-2.0
-// The fault sweep: for each segment source, a fixed random workload of the caching allocator
-// (allocate, free across threads and streams, record_stream, migrate, out-of-memory recovery,
-// release, trim, graph capture, forget_stream, the destructor) is run once to count its runtime
-// calls, then once per call with that call made to fail (each call index of each operation the
-// workload makes). After each run: nothing crashed, no error but the runtime's own escaped, the
-// invariants hold, the allocator still serves, and once it is destroyed the simulated device is
-// back to zero bytes in use. Prints "fault points tried: N, survived: N".
+// The fault sweep: for each segment source (stream-ordered, synchronous, growable, debug mode's
+// quarantine, guard pages), a fixed random workload of the caching allocator runs once to count its
+// runtime calls, phase by phase, then once per call with that call made to fail (every call index
+// of every operation the workload makes, with each error the call can return). The workload's
+// phases: allocate; free with other-stream uses (record_stream, pending frees, frees on another
+// stream and from another thread); growth and out-of-memory recovery; release and trim; graph
+// capture (one the allocator is told about, one begun on the stream directly, a release during
+// each); free; reclaim; teardown (the destructor). The allocator lives on device 1 while the
+// calling thread's device is 0, so every device query and switch is a fault point too.
+//
+// After each run: nothing crashed, no error but the runtime's own escaped, every free that failed
+// succeeds when tried again (no block is stranded), the invariants hold, and the reclaim phase
+// gives everything back (release: nothing reserved and nothing held on the device) and then
+// allocates the device's whole capacity; once the allocator is destroyed the simulated device is
+// back to zero bytes in use. Prints, per phase, the fault points tried and survived, and the time.
 //
 // GPUKIT_FAULT_SWEEP_STRIDE=k tries every k-th call index only (default 1: all of them).
 #include "support/caching_allocator.hpp"
@@ -16,19 +24,69 @@
 
 #include <doctest/doctest.h>
 
+#include <array>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
-using namespace gpukit::test;  // sim_allocator, sim_stream, one_device, mib, gib
+using namespace gpukit::test;  // sim_allocator, sim_stream, mib, gib
 using gpukit::sim_op;
 using gpukit::sim_runtime;
 
 namespace {
+
+constexpr int device                = 1;  // the allocator's; the calling thread's device is 0
+constexpr std::size_t capacity      = 256 * mib;
+constexpr std::size_t op_count      = static_cast<std::size_t>(sim_op::count_);
+using op_counts                     = std::array<std::uint64_t, op_count>;
+constexpr char const* phase_names[] = {
+  "allocate",
+  "free with other-stream uses",
+  "growth and out-of-memory",
+  "release and trim",
+  "capture",
+  "free",
+  "reclaim",
+  "teardown",
+};
+constexpr std::size_t phase_count = std::size(phase_names);
+
+/// A segment source, or a debug mode over one.
+struct configuration {
+  char const* name;
+  gpukit::caching_allocator_options options;
+  std::size_t reclaim_bytes;  // what the reclaim phase allocates at once once all is given back
+};
+
+std::vector<configuration> configurations()
+{
+  auto with = [](gpukit::segment_source source) {
+    gpukit::caching_allocator_options o;
+    o.source        = source;
+    o.debug.enabled = false;
+    return o;
+  };
+  std::vector<configuration> c;
+  c.push_back({"stream_ordered", with(gpukit::segment_source::stream_ordered), capacity});
+  c.push_back({"synchronous", with(gpukit::segment_source::synchronous), capacity});
+  c.push_back({"growable", with(gpukit::segment_source::growable), capacity});
+  gpukit::caching_allocator_options debug = with(gpukit::segment_source::synchronous);
+  debug.debug.enabled                     = true;
+  debug.debug.quarantine_bytes            = 8 * mib;
+  c.push_back({"debug quarantine", debug, capacity});
+  gpukit::caching_allocator_options guard = with(gpukit::segment_source::growable);
+  guard.debug.enabled                     = true;
+  guard.debug.guard_pages                 = true;
+  // A block between guard pages: the whole device less a page on either side.
+  c.push_back({"guard pages", guard, capacity - 16 * mib});
+  return c;
+}
 
 struct live_block {
   void* p;
@@ -44,59 +102,66 @@ struct run_result {
 
 class sweep_run {
  public:
-  sweep_run(gpukit::segment_source source, std::optional<std::pair<sim_op, std::uint64_t>> fault,
+  sweep_run(configuration const& config, std::optional<std::pair<sim_op, std::uint64_t>> fault,
             cudaError_t error)
-      : source_{source}, fault_{fault}, error_{error}
+      : config_{config}, fault_{fault}, error_{error}
   {}
 
   run_result run()
   {
     run_result r;
-    sim_runtime sim{gpukit::sim_config{}.with_devices(1, 256 * mib)};
+    sim_runtime sim{devices(2, capacity)};
+    sim_ = &sim;
     sim_stream s1{}, s2{};
+    GPUKIT_CUDA_TRY(sim.set_device(device));
     GPUKIT_CUDA_TRY(sim.stream_create(s1));
     GPUKIT_CUDA_TRY(sim.stream_create(s2));
+    GPUKIT_CUDA_TRY(sim.set_device(0));
     streams_ = {s1, s2};
     {
       std::optional<sim_allocator> alloc;
-      gpukit::caching_allocator_options o;
-      o.source = source_;
-      alloc.emplace(sim, 0, o);
+      alloc.emplace(sim, device, config_.options);
       sim.reset_counters();
       if (fault_) { sim.inject_fault(fault_->first, fault_->second, error_); }
-      workload(sim, *alloc, r);
-      std::string const inv = gpukit::detail::check_invariants(*alloc);
-      if (!inv.empty()) { r.failure = "invariants after the workload: " + inv; }
-      calls_ = sim.total_calls();
-      for (int i = 0; i < static_cast<int>(sim_op::count_); ++i) {
-        per_op_[static_cast<std::size_t>(i)] = sim.calls(static_cast<sim_op>(i));
-      }
-      if (!fault_) {
-        // The baseline also counts the destructor's calls: they are fault points too.
-        alloc.reset();
-        for (int i = 0; i < static_cast<int>(sim_op::count_); ++i) {
-          per_op_[static_cast<std::size_t>(i)] = sim.calls(static_cast<sim_op>(i));
-        }
-      } else {
-        alloc.reset();  // the destructor, with the fault still pending if it was not reached
-      }
+      workload(*alloc, r);
+      phase(phase_count - 1);  // teardown
+      alloc.reset();           // with the fault still pending if it was not reached
+      phase_end_ = counts();
     }
     sim.clear_faults();
+    (void)sim.set_device(device);
     (void)sim.device_synchronize();
-    if (r.failure.empty() && sim.used_bytes(0) != 0) {
-      r.failure = "leak: " + std::to_string(sim.used_bytes(0)) + " bytes in use after teardown";
+    if (r.failure.empty() && sim.used_bytes(device) != 0) {
+      r.failure =
+        "leak: " + std::to_string(sim.used_bytes(device)) + " bytes in use after teardown";
     }
     (void)sim.stream_destroy(s1);
     (void)sim.stream_destroy(s2);
+    sim_ = nullptr;
     return r;
   }
 
-  [[nodiscard]] std::uint64_t calls(sim_op op) const
+  /// The calls of `op` that phase `p` makes: (first, last], counted from the workload's start.
+  [[nodiscard]] std::pair<std::uint64_t, std::uint64_t> calls(sim_op op, std::size_t p) const
   {
-    return per_op_[static_cast<std::size_t>(op)];
+    auto const i = static_cast<std::size_t>(op);
+    return {phase_start_[p][i], p + 1 < phase_count ? phase_start_[p + 1][i] : phase_end_[i]};
   }
 
  private:
+  op_counts counts() const
+  {
+    op_counts c{};
+    for (std::size_t i = 0; i < op_count; ++i) { c[i] = sim_->calls(static_cast<sim_op>(i)); }
+    return c;
+  }
+
+  void phase(std::size_t p)
+  {
+    op_counts const now = counts();
+    for (std::size_t q = p; q < phase_count; ++q) { phase_start_[q] = now; }
+  }
+
   // One step: runtime errors (cuda_error, out of memory) are expected; anything else is a bug.
   template <class F>
   void step(run_result& r, char const* what, F&& f)
@@ -138,63 +203,106 @@ class sweep_run {
     return rng_;
   }
 
-  void workload(sim_runtime& sim, sim_allocator& a, run_result& r)
+  void workload(sim_allocator& a, run_result& r)
   {
     std::size_t const sizes[] = {512, 4096, 200 * 1024, 3 * mib, 12 * mib, 40 * mib};
-    // Random allocations and frees over two streams, some frees on the other stream.
+    phase(0);  // allocate: random allocations and frees over two streams
     for (int i = 0; i < 24; ++i) {
       sim_stream const s = streams_[next() % 2];
       if (live_.size() < 3 || next() % 3 != 0) {
         alloc_step(r, a, sizes[next() % std::size(sizes)], s);
       } else {
-        free_step(r, a, static_cast<std::size_t>(next() % live_.size()), streams_[next() % 2]);
+        free_step(r, a, static_cast<std::size_t>(next() % live_.size()), s);
       }
     }
-    // record_stream, then the free waits for the other stream (pending); a cross-thread free.
-    if (!live_.empty()) {
+    phase(1);  // free with other-stream uses
+    for (int i = 0; i < 3 && live_.size() > 1; ++i) {
       step(r, "record_stream", [&] { a.record_stream(live_.front().p, streams_[1]); });
-      free_step(r, a, 0, streams_[0]);
+      free_step(r, a, 0, streams_[0]);                 // waits for stream 1 (pending)
+      free_step(r, a, live_.size() - 1, streams_[1]);  // on another stream than its own
     }
     if (!live_.empty()) {
+      step(r, "record_stream", [&] { a.record_stream(live_.back().p, streams_[0]); });
       std::thread t{[&] { free_step(r, a, live_.size() - 1, streams_[1]); }};
       t.join();
     }
-    // Cross-stream reuse (migration), then out of memory and its recovery.
+    phase(2);  // growth and out-of-memory: cross-stream reuse, then out of memory and recovery
     alloc_step(r, a, 40 * mib, streams_[1]);
     for (int i = 0; i < 6; ++i) { alloc_step(r, a, 60 * mib, streams_[i % 2]); }
+    for (int i = 0; i < 4; ++i) { alloc_step(r, a, 4096, streams_[i % 2]); }
+    phase(3);  // release and trim
     while (live_.size() > 4) { free_step(r, a, live_.size() - 1, streams_[0]); }
     step(r, "trim", [&] { (void)a.trim(8 * mib); });
     step(r, "release", [&] { (void)a.release(); });
     alloc_step(r, a, 100 * mib, streams_[0]);
-    capture(sim, a, r);
-    while (!live_.empty()) { free_step(r, a, 0, live_.front().stream); }
-    step(r, "forget_stream", [&] { a.forget_stream(streams_[1]); });
-    step(r, "release", [&] { (void)a.release(); });
-    // Frees that failed left their block allocated: freed now (the fault is single-shot).
-    for (int attempt = 0; attempt < 2; ++attempt) {
-      for (std::size_t i = live_.size(); i-- > 0;) { free_step(r, a, i, live_[i].stream); }
+    phase(4);
+    capture(a, r);
+    unannounced_capture(a, r);
+    phase(5);  // free: everything, then the frees that failed once more (the fault is single-shot)
+    while (!live_.empty()) {
+      std::size_t const before = live_.size();
+      free_step(r, a, 0, live_.front().stream);
+      if (live_.size() == before) { break; }
     }
-    // The allocator still serves (a second try once the fault, if it lands here, is used up).
-    // A fault not reached yet stays pending for the destructor.
+    step(r, "forget_stream", [&] { a.forget_stream(streams_[1]); });
+    for (std::size_t i = live_.size(); i-- > 0;) { free_step(r, a, i, live_[i].stream); }
+    if (!live_.empty() && r.failure.empty()) {
+      r.failure = std::to_string(live_.size()) + " block(s) cannot be freed after a failed free";
+    }
+    phase(6);
+    reclaim(a, r);
+  }
+
+  // Everything back, then the whole capacity in one block: a stranded block or a segment the
+  // allocator forgot shows here. Tried twice: the fault may land in the first try.
+  void reclaim(sim_allocator& a, run_result& r)
+  {
+    std::string why;
     for (int attempt = 0; attempt < 2; ++attempt) {
-      std::uint64_t const pending = sim.pending_faults();
-      try {
-        void* p = a.allocate_async(5 * mib, streams_[1]);
-        a.deallocate_async(p, 5 * mib, streams_[1]);
-        break;
-      } catch (std::exception const& e) {
-        if (attempt == 1 || sim.pending_faults() == pending) {
-          if (r.failure.empty()) { r.failure = std::string{"no longer serves: "} + e.what(); }
-          break;
-        }
+      std::uint64_t const pending = sim_->pending_faults();
+      why                         = reclaim_once(a);
+      if (why.empty() || sim_->pending_faults() == pending) { break; }
+    }
+    if (!why.empty() && r.failure.empty()) { r.failure = "reclaim: " + why; }
+    std::string const inv = gpukit::detail::check_invariants(a);
+    if (!inv.empty() && r.failure.empty()) { r.failure = "invariants: " + inv; }
+  }
+
+  std::string reclaim_once(sim_allocator& a)
+  {
+    try {
+      (void)a.release();
+      GPUKIT_CUDA_TRY(sim_->set_device(device));
+      cudaError_t const e = sim_->device_synchronize();
+      GPUKIT_CUDA_TRY(sim_->set_device(0));
+      GPUKIT_CUDA_TRY(e);
+      auto const reserved = a.stats().reserved_bytes.current;
+      if (reserved != 0) {
+        return std::to_string(reserved) + " bytes reserved after a full release";
       }
+      if (reserved == 0 && sim_->used_bytes(device) != 0) {
+        return "nothing reserved, but the device holds " +
+               std::to_string(sim_->used_bytes(device)) + " bytes after a full release";
+      }
+      void* p        = a.allocate_async(config_.reclaim_bytes, streams_[0]);
+      char* const c  = static_cast<char*>(p);  // its first and last pages are the device's
+      cudaError_t e1 = sim_->memset_async(c, 7, 4096, streams_[0]);
+      cudaError_t e2 = sim_->memset_async(c + config_.reclaim_bytes - 4096, 7, 4096, streams_[0]);
+      a.deallocate_async(p, config_.reclaim_bytes, streams_[0]);
+      GPUKIT_CUDA_TRY(e1);
+      GPUKIT_CUDA_TRY(e2);
+      (void)a.release();
+      return {};
+    } catch (std::exception const& e) {
+      return e.what();
     }
   }
 
-  void capture(sim_runtime& sim, sim_allocator& a, run_result& r)
+  // A capture the allocator is told about: its allocations come from a private pool.
+  void capture(sim_allocator& a, run_result& r)
   {
     sim_stream const s = streams_[0];
-    if (sim.begin_capture(s) != cudaSuccess) { return; }
+    if (sim_->begin_capture(s) != cudaSuccess) { return; }
     std::optional<sim_allocator::capture_id> id;
     step(r, "begin_capture", [&] { id = a.begin_capture(s); });
     if (id) {
@@ -202,28 +310,47 @@ class sweep_run {
       alloc_step(r, a, 2 * mib, s);
       alloc_step(r, a, 4096, s);
       step(r, "release during capture", [&] { (void)a.release(); });
-      while (live_.size() > before) { free_step(r, a, live_.size() - 1, s); }
+      while (live_.size() > before) {
+        std::size_t const n = live_.size();
+        free_step(r, a, live_.size() - 1, s);
+        if (live_.size() == n) { break; }
+      }
       step(r, "end_capture", [&] { a.end_capture(s); });
     }
-    (void)sim.end_capture(s);
+    (void)sim_->end_capture(s);
     if (id) {
       step(r, "release_capture_pool", [&] { a.release_capture_pool(*id); });
     }
   }
 
-  gpukit::segment_source source_;
+  // A capture begun on the stream directly: the allocator learns of it only by asking the stream.
+  // Releasing cached memory then must not free segments of that stream (the free would join the
+  // graph instead of happening).
+  void unannounced_capture(sim_allocator& a, run_result& r)
+  {
+    sim_stream const s = streams_[1];
+    alloc_step(r, a, 20 * mib, s);
+    if (!live_.empty() && live_.back().stream == s) { free_step(r, a, live_.size() - 1, s); }
+    if (sim_->begin_capture(s) != cudaSuccess) { return; }
+    step(r, "release during a capture begun on the stream", [&] { (void)a.release(); });
+    (void)sim_->end_capture(s);
+    step(r, "release after the capture", [&] { (void)a.release(); });
+  }
+
+  configuration const& config_;
   std::optional<std::pair<sim_op, std::uint64_t>> fault_;
   cudaError_t error_;
+  sim_runtime* sim_{nullptr};
   std::vector<sim_stream> streams_;
   std::vector<live_block> live_;
   std::uint64_t rng_{0x9e3779b97f4a7c15ull};
-  std::uint64_t calls_{0};
-  std::uint64_t per_op_[static_cast<std::size_t>(sim_op::count_)]{};
+  std::array<op_counts, phase_count> phase_start_{};
+  op_counts phase_end_{};
 };
 
 /// The errors a fault of `op` reports: out of memory for the calls that take memory, else an
-/// unknown error; the calls that name a stream also get an invalid handle (as if the stream had
-/// been destroyed).
+/// unknown error; the calls that name a stream or an event also get an invalid handle (as if it
+/// had been destroyed).
 std::vector<cudaError_t> errors_for(sim_op op)
 {
   switch (op) {
@@ -234,7 +361,10 @@ std::vector<cudaError_t> errors_for(sim_op op)
     case sim_op::stream_get_device:
     case sim_op::stream_query:
     case sim_op::stream_synchronize:
+    case sim_op::stream_is_capturing:
+    case sim_op::stream_wait_event:
     case sim_op::event_record:
+    case sim_op::memset_async:
     case sim_op::free_async: return {cudaErrorUnknown, cudaErrorInvalidResourceHandle};
     default: return {cudaErrorUnknown};
   }
@@ -244,53 +374,65 @@ std::vector<cudaError_t> errors_for(sim_op op)
 
 TEST_SUITE("fault_sweep")
 {
-  TEST_CASE("every runtime call of a random workload fails once and the allocator survives")
+  TEST_CASE("every runtime call of every phase fails once and nothing is lost")
   {
     long const stride = [] {
       char const* v = std::getenv("GPUKIT_FAULT_SWEEP_STRIDE");
       return v != nullptr && std::atol(v) > 0 ? std::atol(v) : 1L;
     }();
-    long tried = 0, survived = 0;
-    for (auto source : {gpukit::segment_source::stream_ordered, gpukit::segment_source::synchronous,
-                        gpukit::segment_source::growable}) {
-      CAPTURE(static_cast<int>(source));
-      sweep_run baseline{source, std::nullopt, cudaSuccess};
+    auto const start = std::chrono::steady_clock::now();
+    std::array<long, phase_count> tried{}, survived{};
+    std::map<std::string, long> per_configuration;
+    for (configuration const& config : configurations()) {
+      std::string const config_name = config.name;
+      CAPTURE(config_name);
+      sweep_run baseline{config, std::nullopt, cudaSuccess};
       run_result const b = baseline.run();
       REQUIRE(b.failure == "");
-      if (std::getenv("GPUKIT_FAULT_SWEEP_VERBOSE") != nullptr) {
-        std::printf("source %d: baseline runtime errors %d;", static_cast<int>(source),
-                    b.runtime_errors);
-        for (int i = 0; i < static_cast<int>(sim_op::count_); ++i) {
-          auto const op = static_cast<sim_op>(i);
-          if (baseline.calls(op) != 0) {
-            std::printf(" %s %llu", gpukit::to_string(op),
-                        static_cast<unsigned long long>(baseline.calls(op)));
-          }
-        }
-        std::printf("\n");
-      }
-      for (int i = 0; i < static_cast<int>(sim_op::count_); ++i) {
+      for (std::size_t i = 0; i < op_count; ++i) {
         auto const op = static_cast<sim_op>(i);
         for (cudaError_t const error : errors_for(op)) {
-          for (std::uint64_t nth = 1; nth <= baseline.calls(op);
-               nth += static_cast<std::uint64_t>(stride)) {
-            sweep_run one{source, std::make_pair(op, nth), error};
-            run_result const r = one.run();
-            ++tried;
-            if (r.failure.empty()) {
-              ++survived;
-            } else {
-              CAPTURE(gpukit::to_string(op));
-              CAPTURE(nth);
-              CAPTURE(static_cast<int>(error));
-              CHECK(r.failure == "");
+          for (std::size_t phase = 0; phase < phase_count; ++phase) {
+            // Each phase's calls from its first one: a bounded sweep still tries every phase.
+            auto const [first, last] = baseline.calls(op, phase);
+            for (std::uint64_t nth = first + 1; nth <= last;
+                 nth += static_cast<std::uint64_t>(stride)) {
+              sweep_run one{config, std::make_pair(op, nth), error};
+              run_result const r = one.run();
+              ++tried[phase];
+              ++per_configuration[config.name];
+              if (r.failure.empty()) {
+                ++survived[phase];
+              } else {
+                std::string const phase_name = phase_names[phase], op_name = gpukit::to_string(op);
+                CAPTURE(phase_name);
+                CAPTURE(op_name);
+                CAPTURE(nth);
+                CAPTURE(static_cast<int>(error));
+                CHECK(r.failure == "");
+              }
             }
           }
         }
       }
     }
-    std::printf("fault points tried: %ld, survived: %ld\n", tried, survived);
-    CHECK(tried > 0);
-    CHECK(survived == tried);
+    double const seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    long all_tried = 0, all_survived = 0;
+    for (std::size_t p = 0; p < phase_count; ++p) {
+      std::printf("fault sweep: phase %-28s %6ld tried, %6ld survived\n", phase_names[p], tried[p],
+                  survived[p]);
+      all_tried += tried[p];
+      all_survived += survived[p];
+      CHECK_MESSAGE(tried[p] > 0, "no fault point in phase ", phase_names[p]);
+    }
+    for (auto const& [name, n] : per_configuration) {
+      std::printf("fault sweep: source %-20s %6ld tried\n", name.c_str(), n);
+    }
+    std::printf(
+      "fault points tried: %ld, survived: %ld (survived: no leak, no invariant failure, everything "
+      "reclaimed), %.1f s\n",
+      all_tried, all_survived, seconds);
+    CHECK(all_survived == all_tried);
   }
 }
