@@ -230,8 +230,10 @@ class sweep_run {
     alloc_step(r, a, 40 * mib, streams_[1]);
     for (int i = 0; i < 6; ++i) { alloc_step(r, a, 60 * mib, streams_[i % 2]); }
     for (int i = 0; i < 4; ++i) { alloc_step(r, a, 4096, streams_[i % 2]); }
-    phase(3);  // release and trim
-    while (live_.size() > 4) { free_step(r, a, live_.size() - 1, streams_[0]); }
+    phase(3);                                         // release and trim
+    for (std::size_t n = live_.size(); n > 4; --n) {  // a failed free leaves its block live
+      free_step(r, a, n - 1, streams_[0]);
+    }
     step(r, "trim", [&] { (void)a.trim(8 * mib); });
     step(r, "release", [&] { (void)a.release(); });
     alloc_step(r, a, 100 * mib, streams_[0]);
@@ -271,6 +273,10 @@ class sweep_run {
   std::string reclaim_once(sim_allocator& a)
   {
     try {
+      if (reclaim_block_ != nullptr) {  // the last try's block, whose free failed
+        a.deallocate_async(reclaim_block_, config_.reclaim_bytes, streams_[0]);
+        reclaim_block_ = nullptr;
+      }
       (void)a.release();
       GPUKIT_CUDA_TRY(sim_->set_device(device));
       cudaError_t const e = sim_->device_synchronize();
@@ -285,10 +291,12 @@ class sweep_run {
                std::to_string(sim_->used_bytes(device)) + " bytes after a full release";
       }
       void* p        = a.allocate_async(config_.reclaim_bytes, streams_[0]);
+      reclaim_block_ = p;
       char* const c  = static_cast<char*>(p);  // its first and last pages are the device's
       cudaError_t e1 = sim_->memset_async(c, 7, 4096, streams_[0]);
       cudaError_t e2 = sim_->memset_async(c + config_.reclaim_bytes - 4096, 7, 4096, streams_[0]);
       a.deallocate_async(p, config_.reclaim_bytes, streams_[0]);
+      reclaim_block_ = nullptr;
       GPUKIT_CUDA_TRY(e1);
       GPUKIT_CUDA_TRY(e2);
       (void)a.release();
@@ -343,6 +351,7 @@ class sweep_run {
   sim_runtime* sim_{nullptr};
   std::vector<sim_stream> streams_;
   std::vector<live_block> live_;
+  void* reclaim_block_{nullptr};
   std::uint64_t rng_{0x9e3779b97f4a7c15ull};
   std::array<op_counts, phase_count> phase_start_{};
   op_counts phase_end_{};

@@ -158,7 +158,12 @@ bool basic_caching_allocator<Runtime>::debug_free(void* ptr, std::size_t bytes, 
       debug_->held_bytes -= evicted.back().size;
     }
   }
-  debug_release(evicted);
+  // The block is freed (quarantined) whatever happens now: a failure to release the blocks it
+  // pushed out must not tell the caller otherwise (a retry would be a double free). Those blocks
+  // are back in the quarantine (debug_release), for a later free or release() to try again.
+  try {
+    debug_release(evicted);
+  } catch (...) {}
   return true;
 }
 
