@@ -591,6 +591,7 @@ class basic_caching_allocator final {
   caching_pool_stats& pool_stats_locked(int kind) const noexcept;
   void update_peaks_locked() const;
   void share_counts_locked();
+  __attribute__((noinline)) void join_shared_counts(thread_cache& tc) noexcept;
   void reset_shared_peaks_locked();
   void update_scanned_locked() const;
   void count_reserved_locked(int kind, std::int64_t delta) noexcept;

@@ -311,12 +311,13 @@ __attribute__((always_inline)) inline void* basic_caching_allocator<Runtime>::ha
   b->owner.store(&tc, std::memory_order_release);
   tc.handed_out.insert(b->address(), b);
   if (tc.handed_out.size() > tc.purge_at) { purge_handed_out(tc); }
-  tc.count_alloc(b->kind, static_cast<std::int64_t>(b->size), static_cast<std::int64_t>(bytes),
-                 pending_);
-  if (shared_.on.load(std::memory_order_relaxed)) {
+  if (shared_.on.load(std::memory_order_relaxed)) {  // before this thread's own count: see join
+    if (!tc.joined) { join_shared_counts(tc); }
     shared_.count_alloc(b->kind, static_cast<std::int64_t>(b->size),
                         static_cast<std::int64_t>(bytes), pending_);
   }
+  tc.count_alloc(b->kind, static_cast<std::int64_t>(b->size), static_cast<std::int64_t>(bytes),
+                 pending_);
   if (recording_.on.load(std::memory_order_relaxed)) {
     record(tc, memory_event::action::alloc, b, stream);
   }
@@ -452,12 +453,13 @@ __attribute__((always_inline)) inline void basic_caching_allocator<Runtime>::cou
     unregister_memory_region(ptr);
   }  // debug: done
   tc.handed_out.erase(reinterpret_cast<std::uintptr_t>(ptr));
-  tc.count_free(b->kind, static_cast<std::int64_t>(b->size),
-                static_cast<std::int64_t>(b->requested));
   if (shared_.on.load(std::memory_order_relaxed)) {
+    if (!tc.joined) { join_shared_counts(tc); }
     shared_.count_free(b->kind, static_cast<std::int64_t>(b->size),
                        static_cast<std::int64_t>(b->requested));
   }
+  tc.count_free(b->kind, static_cast<std::int64_t>(b->size),
+                static_cast<std::int64_t>(b->requested));
   if (recording_.on.load(std::memory_order_relaxed)) {
     record(tc, memory_event::action::free, b, stream);
   }

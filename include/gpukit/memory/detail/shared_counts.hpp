@@ -39,6 +39,10 @@ struct shared_counts {
   // only when one is exceeded.
   alignas(64) std::atomic<bool> on{false};
   alignas(64) std::atomic<std::int64_t> bytes[2]{}, requested[2]{}, count[2]{};  // by pool kind
+  // The counts of the threads that have not operated since the switch (each joins with its own
+  // counts at its next operation): read by every allocation, written at joins.
+  alignas(64) std::atomic<std::int64_t> unjoined_bytes[2]{}, unjoined_requested[2]{},
+    unjoined_count[2]{};
   // Peaks by pool kind, then of both: [0] small, [1] large, [2] both. Active peaks are raised only
   // while frees are pending; otherwise they are the allocated ones.
   alignas(64) std::atomic<std::int64_t> peak_bytes[3]{}, peak_requested[3]{}, peak_count[3]{};
@@ -53,13 +57,20 @@ struct shared_counts {
   void count_alloc(int kind, std::int64_t size, std::int64_t req,
                    pending_counts const& pending) noexcept
   {
-    auto const k           = static_cast<std::size_t>(kind);
-    std::int64_t const b   = bytes[k].fetch_add(size, std::memory_order_relaxed) + size;
-    std::int64_t const r   = requested[k].fetch_add(req, std::memory_order_relaxed) + req;
-    std::int64_t const c   = count[k].fetch_add(1, std::memory_order_relaxed) + 1;
-    std::int64_t const ob  = bytes[k ^ 1].load(std::memory_order_relaxed);
-    std::int64_t const orq = requested[k ^ 1].load(std::memory_order_relaxed);
-    std::int64_t const oc  = count[k ^ 1].load(std::memory_order_relaxed);
+    auto const k    = static_cast<std::size_t>(kind);
+    auto const o    = k ^ 1;
+    auto const load = [](std::atomic<std::int64_t> const& a) {
+      return a.load(std::memory_order_relaxed);
+    };
+    std::int64_t const b =
+      bytes[k].fetch_add(size, std::memory_order_relaxed) + size + load(unjoined_bytes[k]);
+    std::int64_t const r =
+      requested[k].fetch_add(req, std::memory_order_relaxed) + req + load(unjoined_requested[k]);
+    std::int64_t const c =
+      count[k].fetch_add(1, std::memory_order_relaxed) + 1 + load(unjoined_count[k]);
+    std::int64_t const ob  = load(bytes[o]) + load(unjoined_bytes[o]);
+    std::int64_t const orq = load(requested[o]) + load(unjoined_requested[o]);
+    std::int64_t const oc  = load(count[o]) + load(unjoined_count[o]);
     raise(peak_bytes[k], b);
     raise(peak_requested[k], r);
     raise(peak_count[k], c);

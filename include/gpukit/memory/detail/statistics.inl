@@ -169,16 +169,21 @@ void basic_caching_allocator<Runtime>::share_counts_locked()
 {
   update_peaks_locked();
   update_scanned_locked();
+  // Each cache's counts as seen now wait in the unjoined sums until its thread's next operation
+  // puts its own in (join_shared_counts): an operation racing this switch is then not lost.
   for (std::size_t i = 0; i < 2; ++i) {
     std::int64_t b = 0, r = 0, c = 0;
     for (auto const& tc : threads_.caches) {
-      b += tc->pools[i].bytes();
-      r += tc->pools[i].requested();
-      c += tc->pools[i].count();
+      tc->join_bytes[i]     = tc->pools[i].bytes();
+      tc->join_requested[i] = tc->pools[i].requested();
+      tc->join_count[i]     = tc->pools[i].count();
+      b += tc->join_bytes[i];
+      r += tc->join_requested[i];
+      c += tc->join_count[i];
     }
-    shared_.bytes[i].store(b, std::memory_order_relaxed);
-    shared_.requested[i].store(r, std::memory_order_relaxed);
-    shared_.count[i].store(c, std::memory_order_relaxed);
+    shared_.unjoined_bytes[i].store(b, std::memory_order_relaxed);
+    shared_.unjoined_requested[i].store(r, std::memory_order_relaxed);
+    shared_.unjoined_count[i].store(c, std::memory_order_relaxed);
   }
   auto peaks = [&](std::size_t i, caching_pool_stats const& p) {
     shared_.peak_bytes[i].store(p.allocated_bytes.peak, std::memory_order_relaxed);
@@ -204,8 +209,9 @@ void basic_caching_allocator<Runtime>::reset_shared_peaks_locked()
   auto cur = [](std::atomic<std::int64_t> const& a) { return a.load(std::memory_order_relaxed); };
   std::int64_t tb = 0, tr = 0, tc = 0, tab = 0, tac = 0;
   for (std::size_t i = 0; i < 2; ++i) {
-    std::int64_t const b = cur(shared_.bytes[i]), r = cur(shared_.requested[i]),
-                       c  = cur(shared_.count[i]);
+    std::int64_t const b  = cur(shared_.bytes[i]) + cur(shared_.unjoined_bytes[i]),
+                       r  = cur(shared_.requested[i]) + cur(shared_.unjoined_requested[i]),
+                       c  = cur(shared_.count[i]) + cur(shared_.unjoined_count[i]);
     std::int64_t const ab = b + cur(pending_.bytes[i]), ac = c + cur(pending_.count[i]);
     shared_.peak_bytes[i].store(b, std::memory_order_relaxed);
     shared_.peak_requested[i].store(r, std::memory_order_relaxed);

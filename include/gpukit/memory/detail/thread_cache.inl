@@ -189,6 +189,10 @@ struct caching_thread_cache {
   std::size_t purge_at{4096};
   std::atomic<bool> flush_requested{false};
   bool orphaned{false};  // guarded by the allocator's mutex
+  // The shared counts (detail::shared_counts): whether this cache's own counts are in them, and
+  // its counts when they were switched on (written then, under the allocator's lock).
+  bool joined{false};
+  std::int64_t join_bytes[2]{}, join_requested[2]{}, join_count[2]{};
 
   /// What this thread handed out (`in`) and took back (`out`) of one pool kind: totals that only
   /// grow, so a current value is their difference and PyTorch's allocated/freed totals are free.
@@ -355,6 +359,28 @@ void basic_caching_allocator<Runtime>::on_thread_exit(void* allocator, void* cac
   tc->checked_stream = stream_type{};
   // The counters stay: the sums over caches stay right when another thread reuses this one.
   tc->orphaned = true;
+  if (self->shared_.on.load(std::memory_order_relaxed) && !tc->joined) {
+    self->join_shared_counts(*tc);  // its last counts, not the ones seen at the switch
+  }
+}
+
+// This thread's first operation since the shared counts were switched on: its counts enter them
+// now, replacing the ones the switch saw (which an operation of this thread racing the switch may
+// have missed). Taken out of the unjoined sums first, so no instant counts them twice.
+template <class Runtime>
+void basic_caching_allocator<Runtime>::join_shared_counts(thread_cache& tc) noexcept
+{
+  std::atomic_thread_fence(std::memory_order_acquire);  // the switch's snapshot of this cache
+  for (std::size_t i = 0; i < 2; ++i) {
+    auto const& f = tc.pools[i];
+    shared_.unjoined_bytes[i].fetch_sub(tc.join_bytes[i], std::memory_order_relaxed);
+    shared_.unjoined_requested[i].fetch_sub(tc.join_requested[i], std::memory_order_relaxed);
+    shared_.unjoined_count[i].fetch_sub(tc.join_count[i], std::memory_order_relaxed);
+    shared_.bytes[i].fetch_add(f.bytes(), std::memory_order_relaxed);
+    shared_.requested[i].fetch_add(f.requested(), std::memory_order_relaxed);
+    shared_.count[i].fetch_add(f.count(), std::memory_order_relaxed);
+  }
+  tc.joined = true;
 }
 
 // Drops the entries of blocks other threads have freed since (their descriptor now describes
