@@ -38,8 +38,7 @@ inline constexpr char const* recovery_step_names[] = {
   "user out-of-memory callbacks",
   "release cached free segments of the requesting stream",
   "release cached free segments of every stream (waiting only on the events that guard them)",
-  "serve it from a free block of the other pool (a small request from a large block, split; the "
-  "rest stays free and the block merges back when freed)",
+  "cut it from a free block of the other pool (split; merges back when freed)",
   "wait for blocks other threads are returning (oom_wait_for_frees_ms)",
 };
 /// How many steps the out-of-memory recovery ladder has.
