@@ -337,6 +337,7 @@ class sweep_run {
   void unannounced_capture(sim_allocator& a, run_result& r)
   {
     sim_stream const s = streams_[1];
+    step(r, "release", [&] { (void)a.release(); });  // so that the next block is a new segment
     alloc_step(r, a, 20 * mib, s);
     if (!live_.empty() && live_.back().stream == s) { free_step(r, a, live_.size() - 1, s); }
     if (sim_->begin_capture(s) != cudaSuccess) { return; }
