@@ -316,7 +316,9 @@ class basic_caching_allocator final {
   /// are freed on the stream that last used them, so this waits on no other work; synchronous
   /// segments go through `free`, which may synchronize the device. Returns the bytes released.
   /// An allocation that finds no memory waits for these frees before reporting out of memory.
-  /// During a graph capture, segments of capturing streams and synchronous segments stay.
+  /// During a graph capture, segments of capturing streams and synchronous segments stay; so do
+  /// the segments of a stream being captured without begin_capture (asked of the stream: a free
+  /// there would join the graph). Debug mode's quarantine is given back first.
   std::size_t release();
 
   /// Returns fully free segments until at most `target_reserved_bytes` are reserved (largest
