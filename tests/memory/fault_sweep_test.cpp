@@ -384,6 +384,30 @@ std::vector<cudaError_t> errors_for(sim_op op)
 
 TEST_SUITE("fault_sweep")
 {
+  TEST_CASE("one fault point, to debug a failure: GPUKIT_FAULT_SWEEP_ONLY=source,op,nth,error" *
+            doctest::skip(std::getenv("GPUKIT_FAULT_SWEEP_ONLY") == nullptr))
+  {
+    std::string const only = std::getenv("GPUKIT_FAULT_SWEEP_ONLY");
+    std::vector<std::string> f;
+    for (std::size_t at = 0, comma = 0; comma != std::string::npos; at = comma + 1) {
+      comma = only.find(',', at);
+      f.push_back(only.substr(at, comma == std::string::npos ? comma : comma - at));
+    }
+    REQUIRE(f.size() == 4);
+    for (configuration const& config : configurations()) {
+      if (f[0] != config.name) { continue; }
+      for (std::size_t i = 0; i < op_count; ++i) {
+        if (f[1] != gpukit::to_string(static_cast<sim_op>(i))) { continue; }
+        sweep_run one{config, std::make_pair(static_cast<sim_op>(i), std::stoull(f[2])),
+                      static_cast<cudaError_t>(std::stoi(f[3]))};
+        run_result const r = one.run();
+        CHECK(r.failure == "");
+        return;
+      }
+    }
+    FAIL("no such source or operation: " << only);
+  }
+
   TEST_CASE("every runtime call of every phase fails once and nothing is lost")
   {
     long const stride = [] {
