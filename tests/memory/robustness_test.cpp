@@ -104,6 +104,20 @@ TEST_SUITE("robustness")
     (void)sim.stream_destroy(b);
   }
 
+  TEST_CASE("release() returns the segments of a stream destroyed without forget_stream")
+  {
+    sim_runtime sim{one_device(4 * gib)};
+    sim_stream const dead = new_stream(sim);
+    sim_allocator alloc{sim, 0};
+    alloc.deallocate_async(alloc.allocate_async(64 * mib, dead), 64 * mib, dead);
+    GPUKIT_CUDA_TRY(sim.stream_destroy(dead));
+    CHECK(alloc.release() >= 64 * mib);  // asked whether it is being captured: it is gone
+    CHECK(alloc.stats().reserved_bytes.current == 0);
+    GPUKIT_CUDA_TRY(sim.device_synchronize());
+    CHECK(sim.used_bytes(0) == 0);
+    CHECK(gpukit::detail::check_invariants(alloc) == "");
+  }
+
   TEST_CASE("release and forget_stream survive a stream destroyed while its pool held segments")
   {
     for (auto source : {gpukit::segment_source::stream_ordered, gpukit::segment_source::synchronous,

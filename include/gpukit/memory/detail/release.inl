@@ -81,9 +81,9 @@ std::size_t basic_caching_allocator<Runtime>::release_locked(std::size_t target,
     }
     bool capturing                       = false;
     typename Runtime::error_type const e = runtime_.stream_is_capturing(s, capturing);
-    // A stream whose state cannot be told is treated as capturing: its segments stay for a later
-    // release (freeing one into a graph would lose it for good).
-    if (e == Runtime::invalid_resource_handle) { return true; }
+    // Destroyed: no capture (a capturing stream cannot be destroyed); the free below finds it
+    // dead and retires it.
+    if (e == Runtime::invalid_resource_handle) { return false; }
     GPUKIT_CUDA_TRY(e);
     (capturing ? capturing_streams : idle_streams).push_back(s);
     return capturing;
