@@ -4,6 +4,7 @@
 // failures, memory given back to the device).
 #include "memory/allocator_conformance.hpp"
 
+#include "support/fragmented_pool.hpp"
 #include "support/holders.hpp"
 #include "support/sizes.hpp"
 
@@ -138,19 +139,10 @@ TEST_SUITE("gpu")
                                                                   0, o};
       alloc.set_limit(512 * mib);  // a full device at 512 MiB
       cuda_stream s{gpukit::cuda_runtime::instance()};
-      std::vector<void*> large;
-      for (;;) {
-        try {
-          large.push_back(alloc.allocate_async(5 * mib, s));
-        } catch (gpukit::out_of_memory const&) {
-          break;
-        }
-      }
+      // Large blocks until memory runs out, then every other one freed: about half of it is
+      // free, in large blocks that live neighbours keep from being released.
+      std::vector<void*> const large = gpukit::test::fill_then_free_every_other(alloc, 5 * mib, s);
       REQUIRE(large.size() > 8);
-      for (std::size_t i = 0; i < large.size(); i += 2) {
-        alloc.deallocate_async(large[i], 5 * mib, s);
-        large[i] = nullptr;
-      }
       auto& rt = gpukit::cuda_runtime::instance();
       std::vector<void*> small;
       for (int i = 0; i < 32; ++i) {

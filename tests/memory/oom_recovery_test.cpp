@@ -2,6 +2,7 @@
 // Out-of-memory recovery on the simulated GPU: the ladder, callbacks, the report, retry_on_oom,
 // and a failure injected at every runtime call the allocation path makes.
 #include "support/caching_allocator.hpp"
+#include "support/fragmented_pool.hpp"
 #include "support/holders.hpp"
 #include "support/sim_gpu.hpp"
 #include "support/sizes.hpp"
@@ -98,23 +99,10 @@ TEST_SUITE("oom_recovery")
       sim_runtime sim{one_device(256 * mib)};
       sim_allocator alloc{sim, 0, segments_from(source)};
       stream_holder<sim_runtime> s{sim};
-      // Large blocks until the device is full, then every other one freed: about half the device
-      // is free, in large blocks that live neighbours keep from being released.
-      std::vector<void*> large;
-      for (;;) {
-        try {
-          large.push_back(alloc.allocate_async(5 * mib, s));
-        } catch (gpukit::out_of_memory const&) {
-          break;
-        }
-      }
+      // Large blocks until memory runs out, then every other one freed: about half of it is
+      // free, in large blocks that live neighbours keep from being released.
+      std::vector<void*> const large = gpukit::test::fill_then_free_every_other(alloc, 5 * mib, s);
       REQUIRE(large.size() > 8);
-      std::size_t freed = 0;
-      for (std::size_t i = 0; i < large.size(); i += 2) {
-        alloc.deallocate_async(large[i], 5 * mib, s);
-        large[i] = nullptr;
-        freed += 5 * mib;
-      }
       // Small requests: small segments cannot grow, so every one comes from a large block.
       std::vector<std::pair<void*, std::size_t>> small;
       std::size_t const sizes[] = {4096, 512, 1024 * 1024, 200 * 1024};
@@ -141,7 +129,6 @@ TEST_SUITE("oom_recovery")
       (void)alloc.release();
       CHECK(alloc.stats().reserved_bytes.current == 0);
       CHECK(gpukit::detail::check_invariants(alloc) == "");
-      (void)freed;
       alloc.forget_stream(s);
     }
   }
