@@ -599,7 +599,7 @@ class basic_caching_allocator final {
   void update_peaks_locked() const;
   void share_counts_locked();
   __attribute__((noinline)) void join_shared_counts(thread_cache& tc) noexcept;
-  void reset_shared_peaks_locked();
+  void store_shared_peaks_locked(bool from_current);
   void update_scanned_locked() const;
   void count_reserved_locked(int kind, std::int64_t delta) noexcept;
   void count_segment_locked(int kind, int delta) noexcept;

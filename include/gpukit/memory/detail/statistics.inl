@@ -185,50 +185,32 @@ void basic_caching_allocator<Runtime>::share_counts_locked()
     shared_.unjoined_requested[i].store(r, std::memory_order_relaxed);
     shared_.unjoined_count[i].store(c, std::memory_order_relaxed);
   }
-  auto peaks = [&](std::size_t i, caching_pool_stats const& p) {
-    shared_.peak_bytes[i].store(p.allocated_bytes.peak, std::memory_order_relaxed);
-    shared_.peak_requested[i].store(p.requested_bytes.peak, std::memory_order_relaxed);
-    shared_.peak_count[i].store(p.allocation_count.peak, std::memory_order_relaxed);
-    shared_.peak_active_bytes[i].store(p.active_bytes.peak, std::memory_order_relaxed);
-    shared_.peak_active_count[i].store(p.active_count.peak, std::memory_order_relaxed);
-  };
-  peaks(0, stats_.small_pool);
-  peaks(1, stats_.large_pool);
-  shared_.peak_bytes[2].store(stats_.allocated_bytes.peak, std::memory_order_relaxed);
-  shared_.peak_requested[2].store(stats_.requested_bytes.peak, std::memory_order_relaxed);
-  shared_.peak_count[2].store(stats_.allocation_count.peak, std::memory_order_relaxed);
-  shared_.peak_active_bytes[2].store(stats_.active_bytes.peak, std::memory_order_relaxed);
-  shared_.peak_active_count[2].store(stats_.active_count.peak, std::memory_order_relaxed);
+  store_shared_peaks_locked(false);
   shared_.on.store(true, std::memory_order_release);
 }
 
-// reset_peak with the shared counts on: each peak to its current value.
+// The shared peaks from stats_ (just updated by the caller): its peaks when the shared counts
+// start, its current values when reset_peak sets every peak to its current value.
 template <class Runtime>
-void basic_caching_allocator<Runtime>::reset_shared_peaks_locked()
+void basic_caching_allocator<Runtime>::store_shared_peaks_locked(bool from_current)
 {
-  auto cur = [](std::atomic<std::int64_t> const& a) { return a.load(std::memory_order_relaxed); };
-  std::int64_t tb = 0, tr = 0, tc = 0, tab = 0, tac = 0;
-  for (std::size_t i = 0; i < 2; ++i) {
-    std::int64_t const b  = cur(shared_.bytes[i]) + cur(shared_.unjoined_bytes[i]),
-                       r  = cur(shared_.requested[i]) + cur(shared_.unjoined_requested[i]),
-                       c  = cur(shared_.count[i]) + cur(shared_.unjoined_count[i]);
-    std::int64_t const ab = b + cur(pending_.bytes[i]), ac = c + cur(pending_.count[i]);
-    shared_.peak_bytes[i].store(b, std::memory_order_relaxed);
-    shared_.peak_requested[i].store(r, std::memory_order_relaxed);
-    shared_.peak_count[i].store(c, std::memory_order_relaxed);
-    shared_.peak_active_bytes[i].store(ab, std::memory_order_relaxed);
-    shared_.peak_active_count[i].store(ac, std::memory_order_relaxed);
-    tb += b;
-    tr += r;
-    tc += c;
-    tab += ab;
-    tac += ac;
-  }
-  shared_.peak_bytes[2].store(tb, std::memory_order_relaxed);
-  shared_.peak_requested[2].store(tr, std::memory_order_relaxed);
-  shared_.peak_count[2].store(tc, std::memory_order_relaxed);
-  shared_.peak_active_bytes[2].store(tab, std::memory_order_relaxed);
-  shared_.peak_active_count[2].store(tac, std::memory_order_relaxed);
+  auto store = [&](std::size_t i, auto const& bytes, auto const& requested, auto const& count,
+                   auto const& active_bytes, auto const& active_count) {
+    auto v = [&](auto const& stat) { return from_current ? stat.current : stat.peak; };
+    shared_.peak_bytes[i].store(v(bytes), std::memory_order_relaxed);
+    shared_.peak_requested[i].store(v(requested), std::memory_order_relaxed);
+    shared_.peak_count[i].store(v(count), std::memory_order_relaxed);
+    shared_.peak_active_bytes[i].store(v(active_bytes), std::memory_order_relaxed);
+    shared_.peak_active_count[i].store(v(active_count), std::memory_order_relaxed);
+  };
+  auto store_pool = [&](std::size_t i, caching_pool_stats const& p) {
+    store(i, p.allocated_bytes, p.requested_bytes, p.allocation_count, p.active_bytes,
+          p.active_count);
+  };
+  store_pool(0, stats_.small_pool);
+  store_pool(1, stats_.large_pool);
+  store(2, stats_.allocated_bytes, stats_.requested_bytes, stats_.allocation_count,
+        stats_.active_bytes, stats_.active_count);
 }
 
 template <class Runtime>
@@ -275,7 +257,7 @@ void basic_caching_allocator<Runtime>::reset_peak()
     reset(c->peak_active_count,
           c->pools[0].peak_active_count.get() + c->pools[1].peak_active_count.get());
   }
-  if (shared_.on.load(std::memory_order_relaxed)) { reset_shared_peaks_locked(); }
+  if (shared_.on.load(std::memory_order_relaxed)) { store_shared_peaks_locked(true); }
   auto reset_pool = [](caching_pool_stats& p) {
     for (stat_totals* t : {&p.allocated_bytes, &p.requested_bytes, &p.reserved_bytes,
                            &p.active_bytes, &p.inactive_split_bytes, &p.allocation_count,
