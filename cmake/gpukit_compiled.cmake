@@ -37,6 +37,8 @@ if(PROJECT_IS_TOP_LEVEL)
 endif()
 
 if(GPUKIT_INSTALL)
+  include(${CMAKE_CURRENT_LIST_DIR}/gpukit_relocatable.cmake)
+  gpukit_relocatable(gpukit_compiled)  # installed: no build or source folder inside
   install(TARGETS gpukit_compiled EXPORT gpukitTargets
     ARCHIVE DESTINATION "${CMAKE_INSTALL_LIBDIR}")
   # With a library inside, the package is no longer architecture independent: the version file is

@@ -1,0 +1,52 @@
+# SPDX-License-Identifier: Apache-2.0
+# cmake -DPREFIX=<install prefix> -DSOURCE_DIR=<gpukit source> -DBUILD_DIR=<gpukit build>
+#       -P relocatable.cmake
+# An install must be relocatable: no installed file (header, CMake package file, tool, library)
+# may name the source or the build folder it came from, whether as text or inside a binary's
+# strings (debug information, __FILE__). Both folders are looked for as given and with symbolic
+# links resolved.
+foreach(var IN ITEMS PREFIX SOURCE_DIR BUILD_DIR)
+  if(NOT ${var})
+    message(FATAL_ERROR "relocatable.cmake: -D${var}=... is required")
+  endif()
+endforeach()
+if(NOT IS_DIRECTORY "${PREFIX}")
+  message(FATAL_ERROR "relocatable: ${PREFIX} is not an install (package.install makes it)")
+endif()
+
+set(forbidden "")
+foreach(dir IN ITEMS "${SOURCE_DIR}" "${BUILD_DIR}")
+  file(REAL_PATH "${dir}" real)
+  list(APPEND forbidden "${dir}" "${real}")
+endforeach()
+list(REMOVE_DUPLICATES forbidden)
+set(patterns "")
+foreach(dir IN LISTS forbidden)
+  string(REGEX REPLACE "([][+.*()^$?|\\\\])" "\\\\\\1" escaped "${dir}")
+  list(APPEND patterns "${escaped}")
+endforeach()
+list(JOIN patterns "|" pattern)
+
+file(GLOB_RECURSE installed LIST_DIRECTORIES false "${PREFIX}/*")
+list(LENGTH installed count)
+if(count EQUAL 0)
+  message(FATAL_ERROR "relocatable: ${PREFIX} holds no file")
+endif()
+set(offenders "")
+foreach(file IN LISTS installed)
+  if(IS_SYMLINK "${file}")
+    continue()
+  endif()
+  file(STRINGS "${file}" hits REGEX "${pattern}")
+  if(hits)
+    list(GET hits 0 first)
+    file(RELATIVE_PATH rel "${PREFIX}" "${file}")
+    list(LENGTH hits n)
+    string(APPEND offenders "\n  ${rel}: ${n} string(s), e.g. '${first}'")
+  endif()
+endforeach()
+if(offenders)
+  message(FATAL_ERROR "relocatable: installed files name the source or build folder "
+    "(${forbidden}):${offenders}")
+endif()
+message(STATUS "relocatable: none of ${count} installed files names ${forbidden}")
