@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-# Sourced by scripts/demo and scripts/test: finds (or installs) what they need.
+# Sourced by the scripts: finds (or installs) what they need, and shared helpers.
 
 # Prints the packages the build needs that this machine lacks (names are Debian's).
 gpukit_missing_build_tools() {
@@ -30,3 +30,29 @@ gpukit_have_doctest() {
 
 # How many compile jobs to run: GPUKIT_JOBS, or one per core.
 gpukit_jobs() { echo "${GPUKIT_JOBS:-$(nproc)}"; }
+
+# Copies this checkout's files (tracked, and untracked but not ignored: what a commit of the
+# working tree would hold) into $1, as a user's fresh clone would have them: no build folders.
+gpukit_copy_checkout() {
+  local dest="$1"
+  mkdir -p "$dest"
+  git ls-files -z --cached --others --exclude-standard |
+    while IFS= read -r -d '' f; do [[ -f "$f" ]] && printf '%s\0' "$f"; done |
+    tar --null -T - -cf - | tar -xf - -C "$dest"
+}
+
+# Prints the python of a virtual environment build/venv-$1 holding the pip packages $2...,
+# created (from the package registry) when missing; prints nothing and returns 1 when it cannot
+# be made (no venv module, no registry). The packaging scripts take their tools from it.
+gpukit_tool_venv() {
+  local venv="build/venv-$1"
+  shift
+  if [[ ! -x "$venv/bin/python" ]] || ! "$venv/bin/python" -m pip show -q "${@%%[<>=]*}" >/dev/null 2>&1; then
+    rm -rf "$venv"
+    { python3 -m venv "$venv" && "$venv/bin/python" -m pip install -q "$@"; } >&2 || {
+      rm -rf "$venv"
+      return 1
+    }
+  fi
+  echo "$PWD/$venv/bin/python"
+}
