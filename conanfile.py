@@ -5,7 +5,7 @@
     conan install --requires=gpukit/<version>
 
 The package is gpukit's own CMake install (headers, gpukitConfig.cmake and its version file), so a
-consumer writes what the README shows, `find_package(gpukit 0.2 CONFIG REQUIRED)` and
+consumer writes what the README shows, `find_package(gpukit <major.minor> CONFIG REQUIRED)` and
 `target_link_libraries(app PRIVATE gpukit::gpukit)`, and gets the same target as from any other
 install: the CUDA runtime (GPUKIT_CUDA_RUNTIME_LINK), NVTX3 and CCCL come from the CUDA toolkit on
 the consumer's machine, which Conan does not package. The package id ignores the settings: one
