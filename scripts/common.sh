@@ -33,12 +33,17 @@ gpukit_jobs() { echo "${GPUKIT_JOBS:-$(nproc)}"; }
 
 # Copies this checkout's files (tracked, and untracked but not ignored: what a commit of the
 # working tree would hold) into $1, as a user's fresh clone would have them: no build folders.
+# Outside a git checkout (an unpacked release archive): every file but build*/ and dot folders.
 gpukit_copy_checkout() {
   local dest="$1"
   mkdir -p "$dest"
-  git ls-files -z --cached --others --exclude-standard |
-    while IFS= read -r -d '' f; do [[ -f "$f" ]] && printf '%s\0' "$f"; done |
-    tar --null -T - -cf - | tar -xf - -C "$dest"
+  if [[ -e .git ]]; then
+    git ls-files -z --cached --others --exclude-standard |
+      while IFS= read -r -d '' f; do [[ -f "$f" ]] && printf '%s\0' "$f"; done |
+      tar --null -T - -cf - | tar -xf - -C "$dest"
+  else
+    tar --exclude='./build*' --exclude='./.*' -cf - . | tar -xf - -C "$dest"
+  fi
 }
 
 # Prints the python of a virtual environment build/venv-$1 holding the pip packages $2...,
