@@ -18,7 +18,7 @@ int main()
   gpukit::sim_runtime sim{gpukit::sim_config{}.with_devices(1, std::size_t{1} << 30)};
   gpukit::basic_caching_allocator<gpukit::sim_runtime> alloc{sim, 0};
   std::size_t const bytes = std::size_t{8} << 20;
-  void* p = alloc.allocate_async(bytes, {});
+  void* p                 = alloc.allocate_async(bytes, {});
   alloc.deallocate_async(p, bytes, {});
   void* q = alloc.allocate_async(bytes, {});  // the cached block again
   alloc.deallocate_async(q, bytes, {});
