@@ -7,6 +7,9 @@ with PyTorch's allocator ("native") and once with gpukit_torch installed ("gpuki
     pytest bindings/torch/tests/test_compat.py                 # needs a GPU and gpukit_torch
     python bindings/torch/tests/test_compat.py [--out DIR] [--jobs N] [--allocators gpukit] [ROW ...]
 
+--allocators takes native, gpukit and gpukit:CONF (gpukit with GPUKIT_ALLOC_CONF=CONF in the
+row's process and its children, e.g. gpukit:segments:growable), comma-separated.
+
 A row passes when it does what PyTorch documents, with PyTorch's names and numbers. The script
 prints one line per row and allocator, and writes compat.json (and compat.md) into --out.
 """
@@ -349,12 +352,17 @@ def _run_row_here(row, allocator):
 
 
 def run_row(row, allocator, timeout=300):
-    """Runs one row in a fresh process. Returns (passed, detail, seconds)."""
+    """Runs one row in a fresh process. Returns (passed, detail, seconds). gpukit:CONF runs
+    as gpukit with GPUKIT_ALLOC_CONF=CONF in the environment (children of the row inherit it)."""
     start = time.time()
+    env = None
+    if allocator.startswith("gpukit:"):
+        env = dict(os.environ, GPUKIT_ALLOC_CONF=allocator.split(":", 1)[1])
+        allocator = "gpukit"
     try:
         r = subprocess.run(
             [sys.executable, HERE, "--child", row, allocator],
-            capture_output=True, text=True, timeout=timeout,
+            capture_output=True, text=True, timeout=timeout, env=env,
         )
     except subprocess.TimeoutExpired:
         return False, f"timed out after {timeout} s", time.time() - start
@@ -385,17 +393,20 @@ if pytest is not None:
 # ---- script ------------------------------------------------------------------------------
 
 
-def _write_results(out_dir, rows, results):
+def _write_results(out_dir, rows, results, allocators=ALLOCATORS):
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "compat.json"), "w") as f:
         json.dump(results, f, indent=1)
+    gpukits = [a for a in allocators if a.startswith("gpukit")]
     with open(os.path.join(out_dir, "compat.md"), "w") as f:
-        f.write("| row | native | gpukit | gpukit detail |\n|---|---|---|---|\n")
+        f.write(f"| row | {' | '.join(allocators)} | {gpukits[0] if gpukits else ''} detail |\n"
+                f"|{'---|' * (len(allocators) + 2)}\n")
         for row in rows:
             r = {x["allocator"]: x for x in results if x["row"] == row}
-            cells = [("pass" if r[a]["passed"] else "FAIL") if a in r else "-" for a in ALLOCATORS]
-            detail = r["gpukit"]["detail"].splitlines()[-1][:160] if "gpukit" in r else ""
-            f.write(f"| {row} | {cells[0]} | {cells[1]} | {detail.replace('|', '/')} |\n")
+            cells = [("pass" if r[a]["passed"] else "FAIL") if a in r else "-" for a in allocators]
+            detail = (r[gpukits[0]]["detail"].splitlines() or [""])[-1][:160] \
+                if gpukits and gpukits[0] in r else ""
+            f.write(f"| {row} | {' | '.join(cells)} | {detail.replace('|', '/')} |\n")
 
 
 def main(argv):
@@ -415,7 +426,10 @@ def main(argv):
         elif argv[0] == "--jobs":
             jobs = int(argv[1])
         else:
-            allocators = argv[1].split(",")
+            allocators = [a for a in argv[1].split(",") if a]
+            for a in allocators:
+                if a not in ALLOCATORS and not (a.startswith("gpukit:") and a[7:]):
+                    sys.exit(f"test_compat: unknown allocator {a!r} (native, gpukit, gpukit:CONF)")
         argv = argv[2:]
     rows = argv or ROWS
     cases = [(row, a) for row in rows for a in allocators]
@@ -441,7 +455,7 @@ def main(argv):
         for r in pool.map(one, cases):
             results.append(r)
             if out_dir:
-                _write_results(out_dir, rows, results)
+                _write_results(out_dir, rows, results, allocators)
     return 0 if all(x["passed"] for x in results) else 1
 
 
