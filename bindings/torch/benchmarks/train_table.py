@@ -250,9 +250,13 @@ def main():
     if args.dry_run:
         return 0
     deadline = harness.Deadline(args.deadline)
-    info = environment()
-    print(f"train_table: {harness.header_line(info)}; {args.rounds} rounds of {args.steps} steps "
-          f"after {args.warmup} warm-up", flush=True)
+    # The versions are asked of a Python that imports torch, torchvision and transformers (some
+    # seconds): meanwhile the first process runs, since the deadline counts them.
+    info = {}
+    asker = threading.Thread(target=lambda: info.update(environment()), daemon=True)
+    asker.start()
+    print(f"train_table: {args.rounds} rounds of {args.steps} steps after {args.warmup} warm-up",
+          flush=True)
     results, skipped, longest = [], [], {}
     for rnd in range(args.rounds):
         order = configs[rnd % len(configs):] + configs[:rnd % len(configs)]
@@ -278,6 +282,8 @@ def main():
                       flush=True)
                 for line in r.get("stderr_tail", []):
                     print(f"      | {line}", flush=True)
+    asker.join(timeout=120)
+    print(f"train_table: {harness.header_line(info)}", flush=True)
     rows = summarize(results, models, configs)
     table = markdown(rows, models, configs, skipped)
     print()
