@@ -26,7 +26,8 @@
 # Environment: PY (default /opt/torch/.venv/bin/python, else python3), TOTAL (560 s), budgets
 # BUILD_S (300), COMPAT_S (150), BENCH_S (150, split 35/35/30% over near_limit, threads_bench,
 # empty_free), TRAIN_S (320), JOBS (8), MAX_JOBS (compiler jobs, 8), WORK (scratch,
-# /tmp/gpukit-h200). A part whose budget the time left cannot give (less than MIN_PART_S, 40 s)
+# /tmp/gpukit-h200); COMPAT_ALLOCATORS (test_compat's --allocators) and TRAIN_ARGS (more options
+# for train_table.py, e.g. "--configs native,expandable,gpukit,gpukit:segments:growable"). A part whose budget the time left cannot give (less than MIN_PART_S, 40 s)
 # is skipped and summary.md says so; each script also stops starting work at its own deadline.
 set -u -o pipefail
 # Paths given relative to where the script was started from, before it moves to the repository.
@@ -76,7 +77,8 @@ WORK=${WORK:-/tmp/gpukit-h200}
 SITE_DIR=$WORK/site
 RES=$WORK/results
 THREADS_LIB=$SITE_DIR/gpukit_threads_bench.so
-COMPAT_ALLOCATORS=native,gpukit,gpukit:segments:growable,gpukit:segments:synchronous
+COMPAT_ALLOCATORS=${COMPAT_ALLOCATORS:-native,gpukit,gpukit:segments:growable,gpukit:segments:synchronous}
+read -ra TRAIN_EXTRA <<< "${TRAIN_ARGS:-}"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 
 start=$(date +%s)
@@ -111,7 +113,8 @@ if [ $dry_run -eq 1 ]; then
   fi
   if want train; then
     echo "  train: $TRAIN_S s"
-    "$PY" "$BENCH/train_table.py" --dry-run --deadline $((TRAIN_S - 15)) | sed 's/^/    /'
+    "$PY" "$BENCH/train_table.py" --dry-run --deadline $((TRAIN_S - 15)) "${TRAIN_EXTRA[@]}" |
+      sed 's/^/    /'
   fi
   echo "  out: $OUT/summary.md, $OUT/results.tgz, $OUT/site.tgz"
   exit 0
@@ -133,7 +136,7 @@ env_line="$(head -1 "$RES/env.txt"); $(sed -n 2p "$RES/env.txt"); $(sed -n 3p "$
   echo "# gpukit_torch on the GPU: $(head -1 "$RES/env.txt")"
   echo
   echo "$env_line; checkout $(sed -n 4p "$RES/env.txt") ($(sed -n 5p "$RES/env.txt"))."
-  echo "Command: \`bash $BENCH/run_h200.sh ${parts[*]}\`${SITE:+ with SITE=$SITE}; parts in"
+  echo "Command: \`bash $BENCH/run_h200.sh ${parts[*]}\`${SITE:+ with SITE=$SITE}${TRAIN_ARGS:+ and TRAIN_ARGS=\"$TRAIN_ARGS\"}; parts in"
   echo "the order compat, bench, train; TOTAL $TOTAL s."
   echo
 } > "$summary"
@@ -269,7 +272,7 @@ if want train; then
   if [ "$b" -ge "$MIN_PART_S" ]; then
     mkdir -p "$RES/train"
     run_part train_table "$b" "$PY" "$BENCH/train_table.py" --deadline $((b - 15)) \
-      --out "$RES/train"
+      --out "$RES/train" "${TRAIN_EXTRA[@]}"
     table "Training" "$RES/train/train_table.md"
   else
     skip "Training"
