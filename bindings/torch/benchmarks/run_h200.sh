@@ -18,7 +18,7 @@
 #           built with the package)
 #   train   train_table.py (five models, native / expandable / gpukit, alternated in rounds)
 #
-# Writes into $OUT (default ./h200-out): summary.md (every table with its command and the date,
+# Writes into $OUT (default $WORK/out): summary.md (every table with its command and the date,
 # GPU, driver and torch it ran on), results.tgz (results/: the raw JSON, tables and logs, to
 # unpack as benchmarks/results/<date>-h200-torch-default/) and site.tgz (the built package and
 # library: give it back as SITE= to the next call, which then builds nothing).
@@ -62,7 +62,6 @@ want() { # want PART: whether PART was asked for
   return 1
 }
 
-OUT=${OUT:-$REPO/h200-out}
 PY=${PY:-/opt/torch/.venv/bin/python}
 [ -x "$PY" ] || PY=python3
 TOTAL=${TOTAL:-560}
@@ -74,6 +73,7 @@ MIN_PART_S=${MIN_PART_S:-40}
 RESERVE_S=20 # packing the results at the end
 JOBS=${JOBS:-8}
 WORK=${WORK:-/tmp/gpukit-h200}
+OUT=${OUT:-$WORK/out}
 SITE_DIR=$WORK/site
 RES=$WORK/results
 THREADS_LIB=$SITE_DIR/gpukit_threads_bench.so
