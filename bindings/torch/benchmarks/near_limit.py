@@ -12,7 +12,9 @@ allocator, its expandable segments and gpukit's.
 The workload is a plan of allocations and frees made once from --seed, the same in every
 process, shaped like training with a sequence length drawn per step:
     persistent  parameters (48 tensors, half of them small, 1-512 KiB; about 9% of the cap) and
-                two optimizer states per parameter (28% in all), allocated before step 0, kept
+                two optimizer states per parameter (28% in all); the parameters allocated
+                before step 0, the states at the end of step 0 (as an optimizer's first step
+                makes them, between that step's gradients), all kept
     per step    a scale s in [0.25, 1] (the step's sequence length); forward: 12 layers, each
                 allocating 3 activations and one small one (4 KiB-1 MiB) kept for backward and
                 a temporary freed after the layer, their sizes s times the layer's own (the
@@ -101,11 +103,9 @@ def make_plan(seed, steps, cap, live_fraction):
     ops = []
     for p in params:
         alloc(ops, p)
-        alloc(ops, p)  # optimizer state: two per parameter
-        alloc(ops, p)
     plan.append(ops)
     scales = []
-    for _ in range(steps):
+    for step in range(steps):
         s = rng.uniform(0.25, 1.0)
         scales.append(s)
         ops, saved, grads = [], [], []
@@ -124,6 +124,10 @@ def make_plan(seed, steps, cap, live_fraction):
                     free(ops, alloc(ops, live[i]))
             for i in saved[layer]:
                 free(ops, i)
+        if step == 0:  # the optimizer's state, made at its first step (as AdamW does)
+            for p in params:
+                alloc(ops, p)
+                alloc(ops, p)
         for g in grads:
             free(ops, g)
         plan.append(ops)
