@@ -158,7 +158,7 @@ inline std::vector<std::string_view> entries(std::string_view conf)
     char const c = i < conf.size() ? conf[i] : ',';
     if (c == '[') { ++depth; }
     if (c == ']' && depth > 0) { --depth; }
-    if (c == ',' && depth == 0) {
+    if ((c == ',' && depth == 0) || i == conf.size()) {  // an unclosed '[' ends at the end
       std::string_view const e = trim(conf.substr(start, i - start));
       if (!e.empty()) { out.push_back(e); }
       start = i + 1;
