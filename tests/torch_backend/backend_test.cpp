@@ -600,6 +600,10 @@ TEST_SUITE("torch_backend")
     }
     CHECK(found);
     for (void* p : ps) { b.deallocate(p); }
+    // A size no rounding can hold is refused as too large, not rounded to 0.
+    CHECK_THROWS_AS((void)b.allocate(0, ~std::size_t{0} - 10, s.s), gpukit::bad_alloc);
+    CHECK_THROWS_AS((void)b.allocate(0, (~std::size_t{0} >> 1) + 1, s.s), gpukit::bad_alloc);
+    CHECK(b.stats(0).allocation.current == 0);
   }
 
   TEST_CASE("backend: a block freed while another stream uses it stays active, not allocated")

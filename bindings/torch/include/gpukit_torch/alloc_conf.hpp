@@ -4,7 +4,9 @@
 //
 // Quick start:
 //
+//   #include <gpukit/runtime/cuda_runtime.hpp>
 //   #include <gpukit_torch/alloc_conf.hpp>
+//   #include <gpukit_torch/backend.hpp>
 //
 //   // The defaults, then PYTORCH_CUDA_ALLOC_CONF (or its aliases), then GPUKIT_ALLOC_CONF:
 //   gpukit_torch::backend_conf c = gpukit_torch::backend_conf_from_env();
@@ -40,6 +42,10 @@ namespace gpukit_torch {
 ///   empty_cache(). With synchronous segments each release is a cudaFree, which synchronizes the
 ///   device, so releasing before every growth would stall training steps; with growable segments
 ///   the key has no effect (free pages move to where the pool grows without a release).
+/// The other growable settings keep gpukit's defaults: address space per stream and pool kind of
+/// 9/8 of the device's memory (growable_reserve_bytes:0, as PyTorch reserves), and 8 MiB pages
+/// for the large pool (page_size; PyTorch's is large_segment_size_mb, 20 MiB), which replays of
+/// PyTorch traces showed holding less memory at the edges of free ranges than 20 MiB pages.
 inline constexpr char const backend_default_conf[] =
   "segments:growable,"
   "release_before_grow:false";
@@ -60,7 +66,8 @@ struct size_rounding {
   /// from 32 GiB on), as PyTorch indexes them. 0 or 1: plain 512-byte rounding.
   std::array<std::size_t, 16> divisions{};
 
-  /// The block size PyTorch gives a request of `bytes` (bytes > 0).
+  /// The block size PyTorch gives a request of `bytes` (bytes > 0); `bytes` itself beyond 2^63,
+  /// which no device holds (rounding would overflow).
   [[nodiscard]] std::size_t round_size(std::size_t bytes) const noexcept;
   /// The divisions that apply to a request of `bytes`.
   [[nodiscard]] std::size_t divisions_for(std::size_t bytes) const noexcept;

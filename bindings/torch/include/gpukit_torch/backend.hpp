@@ -36,7 +36,8 @@
 //   hands out a whole cached block when its remainder is too small to split (at most 1 MiB in the
 //   large pool), gpukit always splits; growable segments count their address ranges as segments.
 // - Where growable segments are asked for and a device has no virtual memory management, that
-//   device gets synchronous (cudaMalloc) segments, and the warning handler is told once.
+//   device gets synchronous (cudaMalloc) segments, and the warning handler is told once, for the
+//   first such device (the extension makes one backend per process: one warning per process).
 //
 // Thread-safe.
 #pragma once

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <iterator>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -233,6 +234,8 @@ inline std::size_t size_rounding::round_size(std::size_t bytes) const noexcept
 {
   constexpr std::size_t unit = pytorch_min_block_bytes;
   if (bytes < unit) { return unit; }
+  // No device holds this much: left as asked, for the allocator to refuse by its size.
+  if (bytes > (std::numeric_limits<std::size_t>::max() >> 1)) { return bytes; }
   std::size_t const n = divisions_for(bytes);
   if (n > 1 && bytes > unit * n) {
     if (detail::is_power_of_two(bytes)) { return bytes; }
