@@ -199,9 +199,7 @@ TEST_SUITE("torch_alloc_conf")
     CHECK_FALSE(c.options.release_before_grow);
     CHECK(c.rounding.round_size(1) == 512);
     CHECK(c.host_settings.empty());
-    // One key per line: every entry of the string ends a line of its own in the source.
-    std::string const d = gpukit_torch::backend_default_conf;
-    CHECK(d.find("segments:growable") != std::string::npos);
+    CHECK(c.options.limit_fraction == 0.0);  // no limit unless asked for
   }
 
   TEST_CASE("torch conf: PyTorch's round_size, with and without power-of-two divisions")
