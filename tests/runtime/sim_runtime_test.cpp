@@ -200,6 +200,31 @@ TEST_SUITE("sim_runtime")
     CHECK(sim_config::from_env().device_capacities == std::vector<std::size_t>{80 * GiB});
   }
 
+  TEST_CASE("config: a GPU without virtual memory management says so and refuses vm_* calls")
+  {
+    CHECK(sim_config{}.virtual_memory);
+    sim_runtime rt{sim_config{}.with_devices(2, GiB).with_virtual_memory(false)};
+    gpukit::device_properties p;
+    OK(rt.get_device_properties(p, 1));
+    CHECK_FALSE(p.virtual_memory_management);
+    CHECK(p.memory_pools);
+    std::size_t g = 0;
+    CHECK(rt.vm_granularity(g, 0) == cudaErrorNotSupported);
+    CHECK(rt.last_misuse().find("sim_config::virtual_memory") != std::string::npos);
+    void* va = nullptr;
+    CHECK(rt.vm_reserve(&va, 2 * MiB, 0) == cudaErrorNotSupported);
+    CHECK(va == nullptr);
+    sim_runtime::physical_handle h = 0;
+    CHECK(rt.vm_create(h, 2 * MiB, 0, false) == cudaErrorNotSupported);
+    CHECK(h == 0);
+    std::size_t free = 0, total = 0;
+    OK(rt.mem_get_info(free, total));
+    CHECK(free == GiB);  // nothing was charged
+    void* p0 = nullptr;
+    OK(rt.malloc(&p0, MiB));  // ordinary device memory still works
+    OK(rt.free(p0));
+  }
+
   TEST_CASE("instance() is one process-wide simulated GPU")
   {
     auto& a = sim_runtime::instance();

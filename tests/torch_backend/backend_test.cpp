@@ -5,6 +5,7 @@
 #include <gpukit/memory/alloc_conf.hpp>
 #include <gpukit/memory/detail/allocator_invariants.hpp>
 #include <gpukit/runtime/sim_runtime.hpp>
+#include <gpukit_torch/alloc_conf.hpp>
 #include <gpukit_torch/backend.hpp>
 
 #include <doctest/doctest.h>
@@ -12,6 +13,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <array>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -33,6 +36,82 @@ gpukit::sim_config one_device(std::size_t capacity = 4 * GiB)
 }
 
 gpukit::caching_allocator_options conf(char const* text) { return gpukit::parse_alloc_conf(text); }
+
+gpukit_torch::backend_conf torch_conf(char const* text)
+{
+  return gpukit_torch::parse_backend_conf(
+    text, gpukit_torch::parse_backend_conf(gpukit_torch::backend_default_conf));
+}
+
+// PyTorch's statistics of blocks held by users, computed by PyTorch's rules (round_size; the
+// small pool for rounded sizes up to 1 MiB; allocated and active bytes count the rounded size,
+// requested bytes the size asked for) over a workload of allocations and frees.
+struct pytorch_model {
+  gpukit_torch::size_rounding rounding;
+  // [0] small, [1] large, [2] all
+  std::array<gpukit_torch::stat, 3> allocation{}, allocated_bytes{}, requested_bytes{};
+  std::vector<std::pair<std::size_t, std::size_t>> live;  // (asked, rounded), by handle
+
+  static void add(gpukit_torch::stat& s, std::int64_t n)
+  {
+    s.current += n;
+    s.allocated += n;
+    s.peak = std::max(s.peak, s.current);
+  }
+  static void take(gpukit_torch::stat& s, std::int64_t n)
+  {
+    s.current -= n;
+    s.freed += n;
+  }
+  std::size_t alloc(std::size_t bytes)
+  {
+    std::size_t const size = rounding.round_size(bytes);
+    std::size_t const kind = size <= MiB ? 0 : 1;
+    for (std::size_t i : {kind, std::size_t{2}}) {
+      add(allocation[i], 1);
+      add(allocated_bytes[i], static_cast<std::int64_t>(size));
+      add(requested_bytes[i], static_cast<std::int64_t>(bytes));
+    }
+    live.emplace_back(bytes, size);
+    return live.size() - 1;
+  }
+  void free(std::size_t handle)
+  {
+    auto const [bytes, size] = live[handle];
+    std::size_t const kind   = size <= MiB ? 0 : 1;
+    for (std::size_t i : {kind, std::size_t{2}}) {
+      take(allocation[i], 1);
+      take(allocated_bytes[i], static_cast<std::int64_t>(size));
+      take(requested_bytes[i], static_cast<std::int64_t>(bytes));
+    }
+  }
+};
+
+void check_stat(gpukit_torch::stat const& got, gpukit_torch::stat const& want)
+{
+  CHECK(got.current == want.current);
+  CHECK(got.peak == want.peak);
+  CHECK(got.allocated == want.allocated);
+  CHECK(got.freed == want.freed);
+}
+
+// Every statistic of blocks held by users, of each pool kind and of both, equals PyTorch's;
+// with no frees waiting on other streams, the active ones equal the allocated ones.
+void check_pytorch_numbers(gpukit_torch::device_stats const& s, pytorch_model const& m)
+{
+  std::array<gpukit_torch::device_pool_stats const*, 3> const got{&s.small_pool, &s.large_pool, &s};
+  for (std::size_t i = 0; i < 3; ++i) {
+    CAPTURE(i);
+    check_stat(got[i]->allocation, m.allocation[i]);
+    check_stat(got[i]->allocated_bytes, m.allocated_bytes[i]);
+    check_stat(got[i]->requested_bytes, m.requested_bytes[i]);
+    check_stat(got[i]->active, m.allocation[i]);
+    check_stat(got[i]->active_bytes, m.allocated_bytes[i]);
+  }
+  CHECK(s.max_split_size == -1);
+  CHECK(s.oversize_allocations.current == 0);
+  CHECK(s.oversize_segments.current == 0);
+}
 
 struct stream_guard {
   sim_runtime& rt;
@@ -428,5 +507,181 @@ TEST_SUITE("torch_backend")
     b.deallocate(p);
     b.deallocate(first);
     b.allocator(0).forget_stream(s.s);
+  }
+}
+
+TEST_SUITE("torch_backend")
+{
+  TEST_CASE("backend: a mixed-size workload gives PyTorch's memory_stats() numbers")
+  {
+    // Sizes on both sides of 512, of the small pool's 1 MiB, of PyTorch's 10 MiB segment
+    // threshold, and not multiples of 512 (gpukit alone would round them to 256).
+    std::vector<std::size_t> const sizes{
+      1,         511, 512,     513,     1000,          4096,         65537,
+      MiB - 100, MiB, MiB + 1, 3 * MiB, 5 * MiB + 300, 10 * MiB + 1, 32 * MiB + 777};
+    for (char const* text : {"", "segments:synchronous", "roundup_power2_divisions:4",
+                             "roundup_power2_divisions:[1:2,4:8,>:4],segments:synchronous"}) {
+      CAPTURE(text);
+      sim_runtime sim{one_device()};
+      auto const c = torch_conf(text);
+      sim_backend b{sim, c};
+      stream_guard s{sim};
+      pytorch_model m;
+      m.rounding = c.rounding;
+      std::vector<std::pair<void*, std::size_t>> held;  // (pointer, model handle)
+      for (int round = 0; round < 3; ++round) {
+        for (std::size_t i = 0; i < sizes.size(); ++i) {
+          std::size_t const bytes = sizes[(i * 5 + static_cast<std::size_t>(round)) % sizes.size()];
+          held.emplace_back(b.allocate(0, bytes, s.s), m.alloc(bytes));
+        }
+        check_pytorch_numbers(b.stats(0), m);
+        // Free every other block, oldest first: frees and reuse mix with new allocations.
+        for (std::size_t i = 0; i < held.size(); i += 2) {
+          b.deallocate(held[i].first);
+          m.free(held[i].second);
+        }
+        std::vector<std::pair<void*, std::size_t>> kept;
+        for (std::size_t i = 1; i < held.size(); i += 2) { kept.push_back(held[i]); }
+        held = kept;
+        check_pytorch_numbers(b.stats(0), m);
+        if (round == 1) {  // PyTorch's resets
+          b.reset_peak_stats(0);
+          b.reset_accumulated_stats(0);
+          for (auto* a : {&m.allocation, &m.allocated_bytes, &m.requested_bytes}) {
+            for (auto& st : *a) {
+              st.peak      = st.current;
+              st.allocated = 0;
+              st.freed     = 0;
+            }
+          }
+          check_pytorch_numbers(b.stats(0), m);
+        }
+      }
+      auto const st = b.stats(0);
+      CHECK(st.reserved_bytes.current >= st.allocated_bytes.current);
+      CHECK(st.small_pool.reserved_bytes.current >= st.small_pool.allocated_bytes.current);
+      CHECK(st.large_pool.reserved_bytes.current >= st.large_pool.allocated_bytes.current);
+      for (auto const& [p, h] : held) {
+        b.deallocate(p);
+        m.free(h);
+      }
+      check_pytorch_numbers(b.stats(0), m);
+      CHECK(b.stats(0).allocated_bytes.current == 0);
+      CHECK(gpukit::detail::check_invariants(b.allocator(0)).empty());
+    }
+  }
+
+  TEST_CASE("backend: PyTorch's worked example: 512 B, 1 MiB, 3 MiB and 10 MiB + 1 B")
+  {
+    sim_runtime sim{one_device()};
+    sim_backend b{sim, torch_conf("")};
+    stream_guard s{sim};
+    std::vector<void*> ps;
+    for (std::size_t n : {std::size_t{512}, MiB, 3 * MiB, 10 * MiB + 1}) {
+      ps.push_back(b.allocate(0, n, s.s));
+    }
+    auto const st = b.stats(0);
+    CHECK(st.allocated_bytes.current == 14681088);  // native PyTorch 2.11's memory_allocated()
+    CHECK(st.requested_bytes.current == 512 + MiB + 3 * MiB + 10 * MiB + 1);
+    CHECK(st.small_pool.allocated_bytes.current == 512 + MiB);
+    CHECK(st.large_pool.allocated_bytes.current == 3 * MiB + 10 * MiB + 512);
+    CHECK(st.small_pool.allocation.current == 2);
+    CHECK(st.large_pool.allocation.current == 2);
+    // The snapshot names the bytes asked for and the rounded block.
+    auto const snap = b.snapshot();
+    bool found      = false;
+    for (auto const& seg : snap.segments) {
+      for (auto const& blk : seg.blocks) {
+        if (blk.allocated && blk.requested == 10 * MiB + 1) {
+          found = true;
+          CHECK(blk.size == 10 * MiB + 512);
+        }
+      }
+    }
+    CHECK(found);
+    for (void* p : ps) { b.deallocate(p); }
+    // A size no rounding can hold is refused as too large, not rounded to 0.
+    CHECK_THROWS_AS((void)b.allocate(0, ~std::size_t{0} - 10, s.s), gpukit::bad_alloc);
+    CHECK_THROWS_AS((void)b.allocate(0, (~std::size_t{0} >> 1) + 1, s.s), gpukit::bad_alloc);
+    CHECK(b.stats(0).allocation.current == 0);
+  }
+
+  TEST_CASE("backend: a block freed while another stream uses it stays active, not allocated")
+  {
+    sim_runtime sim{one_device()};
+    sim_backend b{sim, torch_conf("segments:synchronous")};
+    stream_guard s{sim}, other{sim};
+    void* p = b.allocate(0, 1000, s.s);
+    b.record_stream(p, other.s);
+    GPUKIT_CUDA_TRY(sim.stall(other.s));  // its work, and so the free, cannot complete
+    b.deallocate(p);
+    auto st = b.stats(0);
+    CHECK(st.allocation.current == 0);
+    CHECK(st.allocated_bytes.current == 0);
+    CHECK(st.active.current == 1);
+    CHECK(st.active_bytes.current == 1024);
+    CHECK(st.small_pool.active_bytes.current == 1024);
+    CHECK(st.active_bytes.freed == 0);
+    // A new block while the old one waits: the active peak counts both.
+    void* q = b.allocate(0, 2000, s.s);
+    st      = b.stats(0);
+    CHECK(st.active_bytes.current == 1024 + 2048);
+    CHECK(st.active_bytes.peak == 1024 + 2048);
+    CHECK(st.allocated_bytes.peak == 2048);
+    GPUKIT_CUDA_TRY(sim.release(other.s));
+    GPUKIT_CUDA_TRY(sim.stream_synchronize(other.s));
+    b.deallocate(q);
+    void* r = b.allocate(0, 3000, s.s);  // polls the completed free
+    st      = b.stats(0);
+    CHECK(st.active_bytes.current == 3072);
+    CHECK(st.active_bytes.peak == 1024 + 2048);
+    CHECK(st.active_bytes.freed == 1024 + 2048);
+    CHECK(st.active_bytes.allocated == 1024 + 2048 + 3072);
+    b.deallocate(r);
+    b.allocator(0).forget_stream(other.s);
+  }
+
+  TEST_CASE("backend: growable segments are the default; without virtual memory, synchronous")
+  {
+    {
+      sim_runtime sim{one_device()};
+      sim_backend b{sim, gpukit_torch::parse_backend_conf(gpukit_torch::backend_default_conf)};
+      stream_guard s{sim};
+      void* p = b.allocate(0, 3 * MiB, s.s);
+      CHECK(b.allocator(0).segment_source_in_use() == gpukit::segment_source::growable);
+      CHECK(b.snapshot().segments.at(0).is_expandable);
+      b.deallocate(p);
+    }
+    sim_runtime sim{gpukit::sim_config{}.with_devices(2, 4 * GiB).with_virtual_memory(false)};
+    sim_backend b{sim, gpukit_torch::parse_backend_conf(gpukit_torch::backend_default_conf)};
+    std::vector<std::string> warnings;
+    b.set_warning_handler([&](std::string const& w) { warnings.push_back(w); });
+    stream_guard s{sim};
+    void* p = b.allocate(0, 3 * MiB, s.s);
+    CHECK(b.allocator(0).segment_source_in_use() == gpukit::segment_source::synchronous);
+    CHECK_FALSE(b.snapshot().segments.at(0).is_expandable);
+    CHECK(b.stats(0).allocated_bytes.current == 3 * MiB);
+    CHECK(b.allocator(1).segment_source_in_use() == gpukit::segment_source::synchronous);
+    REQUIRE(warnings.size() == 1);  // once, for both devices
+    CHECK(warnings[0].find("device 0") != std::string::npos);
+    CHECK(warnings[0].find("no virtual memory management") != std::string::npos);
+    CHECK(warnings[0].find("segments:synchronous") != std::string::npos);
+    b.deallocate(p);
+    // Asking for synchronous segments gives no warning.
+    sim_backend quiet{sim, torch_conf("segments:synchronous")};
+    quiet.set_warning_handler([&](std::string const& w) { warnings.push_back(w); });
+    CHECK(quiet.allocator(0).segment_source_in_use() == gpukit::segment_source::synchronous);
+    CHECK(warnings.size() == 1);
+  }
+
+  TEST_CASE("backend: per_process_memory_fraction limits each device from the start")
+  {
+    sim_runtime sim{one_device(GiB)};
+    sim_backend b{sim, torch_conf("per_process_memory_fraction:0.25")};
+    stream_guard s{sim};
+    CHECK(b.memory_fraction(0) == doctest::Approx(0.25));
+    void* p = b.allocate(0, 200 * MiB, s.s);
+    CHECK_THROWS_AS((void)b.allocate(0, 100 * MiB, s.s), gpukit::bad_alloc);
+    b.deallocate(p);
   }
 }

@@ -135,7 +135,7 @@ def run_one(model_name, config, args):
         env["PYTORCH_CUDA_ALLOC_CONF"] = ALLOC_CONF[config]
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", model_name, config,
            "--steps", str(args.steps), "--warmup", str(args.warmup), "--lib", args.lib,
-           "--batch-image", str(args.batch_image), "--batch-gpt2", str(args.batch_gpt2)]
+           ] + workloads.batch_options(args)
     if args.fp32:
         cmd.append("--fp32")
     return run_worker(cmd, env, args.timeout, model_name, config, tail_lines=6)

@@ -4,16 +4,20 @@
 and gpukit's native backend, side by side in one run.
 
     python3 bindings/torch/benchmarks/train_table.py [--rounds 2] [--models ...] [--configs ...]
-            [--out DIR]
+            [--deadline 300] [--out DIR] [--dry-run]
 
 Every (model, allocator) pair runs in its own process (an allocator is chosen before CUDA is
-first used). Rounds alternate the order of the allocators (round r starts at allocator r), so
-that drift of the machine during the run does not favour one of them; a pair's step times from
-every round are pooled and their median reported.
+first used), one at a time (the device's memory is measured). Rounds alternate the order of the
+allocators (round r starts at allocator r), so that drift of the machine during the run does not
+favour one of them; a pair's step times from every round are pooled and their median reported.
+A process starts only while --deadline (seconds since the start) leaves time for it (as long as
+that model's longest process so far, or 20 s before there was one); the rest are skipped, and
+the table says which.
 
-Models (workloads.py; bf16 autocast): resnet50, vit_b16, gpt2, gpt2_varlen, compiled (the
-last under torch.compile(mode="reduce-overhead"), CUDA graphs replayed from the allocator's graph
-pools).
+Models (workloads.py; bf16 autocast): resnet50 (batch 128), vit_b16 (batch 64), gpt2_varlen
+(sequence length 64..1024 per step), bert_varlen (64..512 per step), compiled (under
+torch.compile(mode="reduce-overhead"), CUDA graphs replayed from the allocator's graph pools) by
+default; gpt2 (fixed length) on request.
 Allocators (--configs):
     native        PyTorch's caching allocator
     expandable    the same with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
@@ -29,12 +33,11 @@ Measured:
     peak reserved torch.cuda.max_memory_reserved() (PyTorch's statistics, which gpukit's backend
                   fills too)
 The table gives each pair's median against the better of native and expandable (the target is
-within 2%) and its NVML peak against expandable's (the target is at or below it).
+within 2%) and its NVML peak against expandable's (the target is at most 0.5% above it).
 """
 
 import argparse
 import ctypes
-import json
 import os
 import statistics
 import sys
@@ -43,11 +46,16 @@ import time
 
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
 import workloads  # noqa: E402
 from workloads import GiB, build, environment, report, run_worker, time_steps  # noqa: E402
 
-MODELS = ("resnet50", "vit_b16", "gpt2_varlen", "compiled")  # the default; any of workloads.MODELS
+# The default; any of workloads.MODELS.
+MODELS = ("resnet50", "vit_b16", "gpt2_varlen", "bert_varlen", "compiled")
 CONFIGS = ("native", "expandable", "gpukit")
+TARGET_PEAK = 1.005  # gpukit's NVML peak over expandable's
+TARGET_STEP = 1.02  # gpukit's median step over the better of native's and expandable's
+FIRST_GUESS_S = 20  # a model's process, before one has run
 
 
 # ---- NVML through ctypes (no pynvml needed) ------------------------------------------------------
@@ -135,16 +143,15 @@ def worker(args):
 
 # ---- the driver --------------------------------------------------------------------------------
 
-def run_one(model_name, config, args):
+def run_one(model_name, config, args, timeout):
     env = dict(os.environ)
     env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
     if config == "expandable":
         env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", model_name, config,
            "--steps", str(args.steps), "--warmup", str(args.warmup),
-           "--batch-image", str(args.batch_image), "--batch-gpt2", str(args.batch_gpt2),
-           "--gpukit-conf", args.gpukit_conf]
-    return run_worker(cmd, env, args.timeout, model_name, config)
+           "--gpukit-conf", args.gpukit_conf] + workloads.batch_options(args)
+    return run_worker(cmd, env, timeout, model_name, config)
 
 
 def summarize(results, models, configs):
@@ -152,10 +159,12 @@ def summarize(results, models, configs):
     rows = {}
     for m in models:
         for c in configs:
-            runs = [r for r in results if r["model"] == m and r["config"] == c]
+            runs = [r for r in results if r["model"] == m and r["config"] == c
+                    and "skipped" not in r]
             ok = [r for r in runs if "error" not in r]
             if not ok:
-                rows[(m, c)] = {"error": runs[0]["error"] if runs else "not run"}
+                rows[(m, c)] = ({"error": runs[0]["error"]} if runs
+                                else {"skipped": "not run: the deadline came first"})
                 continue
             times = [t for r in ok for t in r["times_ms"]]
             rows[(m, c)] = {
@@ -168,10 +177,10 @@ def summarize(results, models, configs):
     return rows
 
 
-def markdown(rows, models, configs):
+def markdown(rows, models, configs, skipped):
     out = ["| model | allocator | median step (ms) | rounds' medians | vs best of native, expandable "
-           "| peak device (GiB, NVML) | vs expandable | peak reserved (GiB) |",
-           "|---|---|---|---|---|---|---|---|"]
+           "| peak device (GiB, NVML) | vs expandable | peak reserved (GiB) | target |",
+           "|---|---|---|---|---|---|---|---|---|"]
     for m in models:
         base = [rows[(m, c)]["median_ms"] for c in ("native", "expandable")
                 if c in configs and "median_ms" in rows[(m, c)]]
@@ -179,24 +188,57 @@ def markdown(rows, models, configs):
         exp = rows.get((m, "expandable"), {}).get("peak_device_bytes")
         for c in configs:
             r = rows[(m, c)]
-            if "error" in r:
-                out.append(f"| {m} | {c} | error: {r['error']} | | | | | |")
+            if "error" in r or "skipped" in r:
+                what = f"error: {r['error']}" if "error" in r else r["skipped"]
+                out.append(f"| {m} | {c} | {what} | | | | | | |")
                 continue
             vs_best = f"{r['median_ms'] / best:.3f}" if best else "-"
             vs_exp = f"{r['peak_device_bytes'] / exp:.3f}" if exp else "-"
             rm = ", ".join(f"{v:.1f}" for v in r["round_medians_ms"])
-            out.append(f"| {m} | {c} | {r['median_ms']:.2f} | {rm} | {vs_best} | "
+            target = ""
+            if c.startswith("gpukit") and best and exp:
+                met = (r["peak_device_bytes"] / exp <= TARGET_PEAK
+                       and r["median_ms"] / best <= TARGET_STEP)
+                target = (f"peak ≤ {TARGET_PEAK:g}x, step ≤ {TARGET_STEP:g}x: "
+                          + ("met" if met else "missed"))
+            failed = f" ({r['failed_rounds']} failed)" if r["failed_rounds"] else ""
+            out.append(f"| {m} | {c} | {r['median_ms']:.2f} | {rm}{failed} | {vs_best} | "
                        f"{r['peak_device_bytes'] / GiB:.2f} | {vs_exp} | "
-                       f"{r['peak_reserved_bytes'] / GiB:.2f} |")
+                       f"{r['peak_reserved_bytes'] / GiB:.2f} | {target} |")
+    if skipped:
+        out.append("")
+        out.append(f"Skipped at the deadline ({len(skipped)}): "
+                   + ", ".join(f"round {r} {m}/{c}" for r, m, c in skipped) + ".")
     return "\n".join(out)
 
 
+def plan(args, models, configs):
+    runs = args.rounds * len(models) * len(configs)
+    print(f"train_table plan: {args.rounds} rounds x {len(models)} models x {len(configs)} "
+          f"allocators = {runs} processes, one at a time; {args.warmup} warm-up + {args.steps} "
+          f"timed steps each; deadline {args.deadline:g} s (about {args.deadline / runs:.1f} s a "
+          f"process), at most {args.timeout} s a process; results in "
+          f"{args.out or '(stdout only)'}")
+    for m in models:
+        batch = workloads.batch_of(m, args) if m in workloads.BATCH else "32 x 256 (fixed)"
+        print(f"  model {m:<12} batch {batch}")
+    for rnd in range(args.rounds):
+        order = configs[rnd % len(configs):] + configs[:rnd % len(configs)]
+        print(f"  round {rnd}: every model under {', '.join(order)}, in that order")
+
+
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog=__doc__.split("\n\n", 2)[2])
     workloads.add_arguments(ap, MODELS, CONFIGS, timeout=180)
+    ap.set_defaults(steps=12, warmup=4)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--gpukit-conf", default="", help="install()'s settings for config gpukit")
+    ap.add_argument("--deadline", type=float, default=300.0,
+                    help="seconds for the whole run; processes that would not fit are skipped")
     ap.add_argument("--out", help="folder for train_table.{json,md}")
+    ap.add_argument("--dry-run", action="store_true", help="print the plan; import no torch")
     args = ap.parse_args()
     if args.steps < 1 or args.warmup < 0 or args.rounds < 1:
         ap.error(f"--steps {args.steps}, --warmup {args.warmup}, --rounds {args.rounds}: need "
@@ -204,18 +246,34 @@ def main():
     if args.worker:
         return worker(args)
     models, configs = workloads.selection(ap, args, CONFIGS, "gpukit:CONF")
-    started = time.perf_counter()
-    info = environment()
-    date = info["date"]
-    print(f"train_table: {info.get('gpu')}, torch {info.get('torch')} (CUDA {info.get('cuda')}), "
-          f"{date}; {args.rounds} rounds of {args.steps} steps after {args.warmup} warm-up",
+    plan(args, models, configs)
+    if args.dry_run:
+        return 0
+    deadline = harness.Deadline(args.deadline)
+    # The versions are asked of a Python that imports torch, torchvision and transformers (some
+    # seconds): meanwhile the first process runs, since the deadline counts them.
+    info = {}
+    asker = threading.Thread(target=lambda: info.update(environment()), daemon=True)
+    asker.start()
+    print(f"train_table: {args.rounds} rounds of {args.steps} steps after {args.warmup} warm-up",
           flush=True)
-    results = []
+    results, skipped, longest = [], [], {}
     for rnd in range(args.rounds):
         order = configs[rnd % len(configs):] + configs[:rnd % len(configs)]
         for m in models:
             for c in order:
-                r = run_one(m, c, args)
+                need = longest.get(m, FIRST_GUESS_S)
+                if not deadline.allows(need):
+                    skipped.append((rnd, m, c))
+                    results.append({"model": m, "config": c, "round": rnd,
+                                    "skipped": f"deadline: {deadline.left():.0f} s left, "
+                                               f"{need:.0f} s needed"})
+                    print(f"  round {rnd} {m:<12} {c:<12} skipped (deadline)", flush=True)
+                    continue
+                t0 = time.monotonic()
+                timeout = max(10, int(min(args.timeout, deadline.left())))
+                r = run_one(m, c, args, timeout)
+                longest[m] = max(longest.get(m, 0), time.monotonic() - t0)
                 r["round"] = rnd
                 results.append(r)
                 state = r.get("error") or (f"{statistics.median(r['times_ms']):.2f} ms, "
@@ -224,18 +282,17 @@ def main():
                       flush=True)
                 for line in r.get("stderr_tail", []):
                     print(f"      | {line}", flush=True)
+    asker.join(timeout=120)
+    print(f"train_table: {harness.header_line(info)}", flush=True)
     rows = summarize(results, models, configs)
-    table = markdown(rows, models, configs)
+    table = markdown(rows, models, configs, skipped)
     print()
     print(table)
-    print(f"\ntotal {time.perf_counter() - started:.0f} s")
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "train_table.md"), "w") as f:
-            f.write(f"{date}\n\n{table}\n")
-        with open(os.path.join(args.out, "train_table.json"), "w") as f:
-            json.dump({"date": date, "environment": info, "args": {k: v for k, v in vars(args).items() if k != "worker"},
-                       "results": results}, f, indent=1)
+    print(f"\ntotal {deadline.elapsed():.0f} s")
+    harness.write_outputs(args.out, "train_table", harness.command_line(), info, table,
+                          {"args": {k: v for k, v in vars(args).items() if k != "worker"},
+                           "results": results, "skipped": skipped,
+                           "rows": [dict(v, model=m, config=c) for (m, c), v in rows.items()]})
     return 1 if any("error" in r for r in results) else 0
 
 

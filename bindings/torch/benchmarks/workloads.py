@@ -2,13 +2,16 @@
 """What the PyTorch benchmarks (train_table.py, train_compare.py) share: the models they train on
 synthetic data, and running one (model, allocator) pair in its own process.
 
-Models (random initialisation, synthetic data, nothing downloaded):
-    resnet50      torchvision's ResNet-50, batch --batch-image of 224x224 images, SGD
-    vit_b16       torchvision's ViT-B/16, batch --batch-image of 224x224 images, AdamW
-    gpt2          transformers' GPT-2 small (124M), batch --batch-gpt2 x 1024 tokens, AdamW
-    gpt2_varlen   the same with a sequence length drawn per step (128..1024; one fixed sequence
+Models (random initialisation, synthetic data, nothing downloaded; batch sizes are each model's
+default below unless --batch-image, --batch-gpt2 or --batch-bert say otherwise):
+    resnet50      torchvision's ResNet-50, batch 128 of 224x224 images, SGD
+    vit_b16       torchvision's ViT-B/16, batch 64 of 224x224 images, AdamW
+    gpt2          transformers' GPT-2 small (124M), batch 8 x 1024 tokens, AdamW
+    gpt2_varlen   the same with a sequence length drawn per step (64..1024; one fixed sequence
                   for every allocator): shapes that vary from step to step, where allocators
                   fragment
+    bert_varlen   transformers' BERT base (110M) masked-LM, batch 32, sequence length drawn per
+                  step (64..512, one fixed sequence for every allocator), AdamW
     compiled      a 4-layer transformer encoder (d=1024, batch 32 x 256 tokens) under
                   torch.compile(mode="reduce-overhead"): CUDA graphs replayed from the allocator's
                   graph pools
@@ -22,13 +25,31 @@ import subprocess
 import sys
 import time
 
-MODELS = ("resnet50", "vit_b16", "gpt2", "gpt2_varlen", "compiled")
+MODELS = ("resnet50", "vit_b16", "gpt2", "gpt2_varlen", "bert_varlen", "compiled")
 GiB = float(1 << 30)
+# Each model's batch unless an option overrides it: (option's attribute, default).
+BATCH = {"resnet50": ("batch_image", 128), "vit_b16": ("batch_image", 64),
+         "gpt2": ("batch_gpt2", 8), "gpt2_varlen": ("batch_gpt2", 8),
+         "bert_varlen": ("batch_bert", 32)}
+
+
+def batch_of(name, args):
+    """The batch size model `name` trains with: its option's value when given, else its own."""
+    attr, default = BATCH[name]
+    value = getattr(args, attr, None)
+    return value if value else default
+
+
+def varying_lengths(total, lo, hi, seed=1234):
+    """One fixed sequence of lengths in [lo, hi], the same for every allocator."""
+    rng = random.Random(seed)
+    return [rng.randint(lo, hi) for _ in range(total)]
 
 
 def build(name, torch, args, amp=True):
     """The model's step(i) function: one training step (forward, backward, optimizer) on synthetic
-    data, under bf16 autocast unless amp is False. args: batch_image, batch_gpt2, warmup, steps."""
+    data, under bf16 autocast unless amp is False. args: batch_image, batch_gpt2, batch_bert
+    (None: the model's default), warmup, steps."""
     dev = torch.device("cuda")
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp)
 
@@ -47,8 +68,9 @@ def build(name, torch, args, amp=True):
         model = ctor(weights=None).to(dev)
         opt = (torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9) if name == "resnet50"
                else torch.optim.AdamW(model.parameters(), lr=1e-4))
-        x = torch.randn(args.batch_image, 3, 224, 224, device=dev)
-        y = torch.randint(0, 1000, (args.batch_image,), device=dev)
+        batch = batch_of(name, args)
+        x = torch.randn(batch, 3, 224, 224, device=dev)
+        y = torch.randint(0, 1000, (batch,), device=dev)
         loss_fn = torch.nn.CrossEntropyLoss()
         return train(model, opt, lambda i: loss_fn(model(x), y))
     if name in ("gpt2", "gpt2_varlen"):
@@ -59,14 +81,30 @@ def build(name, torch, args, amp=True):
         total = args.warmup + args.steps
         if name == "gpt2":
             lengths = [config.n_positions] * total
-        else:  # one fixed sequence of lengths, the same for every allocator
-            rng = random.Random(1234)
-            lengths = [rng.randint(128, config.n_positions) for _ in range(total)]
+        else:
+            lengths = varying_lengths(total, 64, config.n_positions)
+        batch = batch_of(name, args)
         gen = torch.Generator(device=dev)
         gen.manual_seed(0)
 
         def loss_of(i):
-            ids = torch.randint(0, config.vocab_size, (args.batch_gpt2, lengths[i]), device=dev,
+            ids = torch.randint(0, config.vocab_size, (batch, lengths[i]), device=dev,
+                                generator=gen)
+            return model(input_ids=ids, labels=ids).loss
+        return train(model, opt, loss_of)
+    if name == "bert_varlen":
+        import transformers
+        config = transformers.BertConfig()
+        model = transformers.BertForMaskedLM(config).to(dev)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        lengths = varying_lengths(args.warmup + args.steps, 64, config.max_position_embeddings,
+                                  seed=4321)
+        batch = batch_of(name, args)
+        gen = torch.Generator(device=dev)
+        gen.manual_seed(0)
+
+        def loss_of(i):
+            ids = torch.randint(0, config.vocab_size, (batch, lengths[i]), device=dev,
                                 generator=gen)
             return model(input_ids=ids, labels=ids).loss
         return train(model, opt, loss_of)
@@ -86,15 +124,26 @@ def build(name, torch, args, amp=True):
 
 def add_arguments(ap, models, configs, timeout):
     """The options both benchmarks take: --models, --configs (defaults: these), --steps,
-    --warmup, the batch sizes, --timeout, and the hidden --worker MODEL CONFIG."""
+    --warmup, the batch sizes (batch_options() passes them on), --timeout, and the hidden
+    --worker MODEL CONFIG."""
     ap.add_argument("--models", default=",".join(models))
     ap.add_argument("--configs", default=",".join(configs))
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--batch-image", type=int, default=64)
-    ap.add_argument("--batch-gpt2", type=int, default=8)
+    ap.add_argument("--batch-image", type=int, help="resnet50 and vit_b16 (default 128 and 64)")
+    ap.add_argument("--batch-gpt2", type=int, help="gpt2, gpt2_varlen (default 8)")
+    ap.add_argument("--batch-bert", type=int, help="bert_varlen (default 32)")
     ap.add_argument("--timeout", type=int, default=timeout, help="seconds per process")
     ap.add_argument("--worker", nargs=2, metavar=("MODEL", "CONFIG"), help=argparse.SUPPRESS)
+
+
+def batch_options(args):
+    """The batch options given on this command line, to pass on to a worker."""
+    out = []
+    for attr in ("batch_image", "batch_gpt2", "batch_bert"):
+        if getattr(args, attr, None):
+            out += ["--" + attr.replace("_", "-"), str(getattr(args, attr))]
+    return out
 
 
 def selection(ap, args, configs, variant):
@@ -158,15 +207,25 @@ def environment():
         info["gpu"] = out.stdout.strip().splitlines()[0] if out.stdout.strip() else None
     except (OSError, subprocess.TimeoutExpired):
         info["gpu"] = None
-    try:
-        out = subprocess.run([sys.executable, "-c",
-                              "import torch, torchvision, transformers; print(torch.__version__, "
-                              "torch.version.cuda, torchvision.__version__, "
-                              "transformers.__version__)"],
-                             capture_output=True, text=True, timeout=120)
-        v = out.stdout.split()
-        if len(v) == 4:
-            info.update(torch=v[0], cuda=v[1], torchvision=v[2], transformers=v[3])
+    try:  # each package on its own: one missing leaves the others' versions
+        out = subprocess.run([sys.executable, "-c", _VERSIONS], capture_output=True, text=True,
+                             timeout=120)
+        for line in out.stdout.splitlines():
+            key, _, value = line.partition(" ")
+            if value:
+                info[key] = value
     except (OSError, subprocess.TimeoutExpired):
         pass
     return info
+
+
+_VERSIONS = """
+for name in ("torch", "torchvision", "transformers"):
+    try:
+        m = __import__(name)
+        print(name, m.__version__)
+        if name == "torch":
+            print("cuda", m.version.cuda)
+    except Exception:
+        pass
+"""

@@ -151,11 +151,12 @@ c10::CachingDeviceAllocator::SegmentInfo to_c10(segment_info const& s)
 
 }  // namespace
 
-cuda_allocator::cuda_allocator(gpukit::caching_allocator_options options, std::string conf)
+cuda_allocator::cuda_allocator(backend_conf const& settings, std::string conf)
     : backend_{std::make_unique<backend<gpukit::cuda_runtime>>(gpukit::cuda_runtime::instance(),
-                                                               options)},
+                                                               settings)},
       conf_{std::move(conf)}
 {
+  backend_->set_warning_handler([](std::string const& w) { TORCH_WARN(w); });
   the_allocator.store(this, std::memory_order_release);
 }
 
@@ -224,7 +225,9 @@ c10::CachingDeviceAllocator::DeviceStats cuda_allocator::getDeviceStats(c10::Dev
   out.num_sync_all_streams = s.num_sync_all_streams;
   out.num_device_alloc     = s.num_device_alloc;
   out.num_device_free      = s.num_device_free;
-  out.max_split_size       = 0;
+  out.max_split_size       = s.max_split_size;  // -1: unlimited, as PyTorch reports SIZE_MAX
+  out.oversize_allocations = to_c10(s.oversize_allocations);
+  out.oversize_segments    = to_c10(s.oversize_segments);
   return out;
 }
 

@@ -26,8 +26,10 @@ namespace c10cuda = c10::cuda::CUDACachingAllocator;
 
 class cuda_allocator final : public c10cuda::CUDAAllocator {
  public:
-  /// `conf`: the GPUKIT_ALLOC_CONF settings it runs with, kept for snapshots.
-  cuda_allocator(gpukit::caching_allocator_options options, std::string conf);
+  /// `settings`: what the configuration made of the settings in `conf` (the strings it was
+  /// made from, kept for snapshots). Warnings (a device without virtual memory management)
+  /// become PyTorch warnings.
+  cuda_allocator(backend_conf const& settings, std::string conf);
 
   /// The allocator PyTorch uses, when it is this one (else nullptr).
   static cuda_allocator* current() noexcept;

@@ -2,8 +2,8 @@
 // gpukit_torch/csrc/module.cpp: gpukit_torch._C, the Python side of the native backend.
 #include "cuda_allocator.h"
 
-#include <gpukit/memory/alloc_conf.hpp>
 #include <gpukit/memory/detail/allocator_invariants.hpp>
+#include <gpukit_torch/alloc_conf.hpp>
 
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
 #include <torch/extension.h>
@@ -22,12 +22,6 @@ void bind_planner(pybind11::module_& m);  // planner.cpp
 
 namespace {
 
-// The backend's defaults: PyTorch's own choices where they differ from gpukit's (cudaMalloc
-// segments, which CUDA IPC can export and torch.multiprocessing can share; no segment released
-// before growing, since a cudaFree synchronizes the device). GPUKIT_ALLOC_CONF and install()'s
-// settings apply over them.
-constexpr char const* default_conf = "segments:synchronous,release_before_grow:false";
-
 std::shared_ptr<gpukit_torch::cuda_allocator>& installed()
 {
   static auto* a = new std::shared_ptr<gpukit_torch::cuda_allocator>{};  // never destroyed
@@ -40,8 +34,16 @@ std::string& installed_conf()
   return *s;
 }
 
-// Makes gpukit PyTorch's CUDA allocator. `conf`: settings over the defaults and
-// GPUKIT_ALLOC_CONF (its keys win). Returns the settings in effect.
+// The entries of the installed settings that PyTorch's pinned-memory allocator applies.
+std::string& host_settings()
+{
+  static auto* s = new std::string{};
+  return *s;
+}
+
+// Makes gpukit PyTorch's CUDA allocator. `conf`: settings over the backend's defaults,
+// PYTORCH_CUDA_ALLOC_CONF (or its aliases) and GPUKIT_ALLOC_CONF (gpukit_torch/alloc_conf.hpp;
+// later ones win). Returns the settings in effect; a refused or bad key raises ValueError.
 std::string install(std::string const& conf)
 {
   if (installed()) {
@@ -49,24 +51,20 @@ std::string install(std::string const& conf)
                 "gpukit_torch: installed, but PyTorch's allocator has been changed since");
     return installed_conf();
   }
-  gpukit::caching_allocator_options options;
-  std::string effective = default_conf;
+  gpukit_torch::backend_conf settings;
   try {
-    options = gpukit::parse_alloc_conf(default_conf);
-    options = gpukit::alloc_conf_from_env(gpukit::alloc_conf_variable, options);
-    options = gpukit::parse_alloc_conf(conf, options);
+    settings = gpukit_torch::parse_backend_conf(conf, gpukit_torch::backend_conf_from_env());
   } catch (gpukit::logic_error const& e) {
     TORCH_CHECK_VALUE(false, e.what());
   }
-  if (char const* env = std::getenv(gpukit::alloc_conf_variable); env != nullptr && *env != 0) {
-    effective += std::string{","} + env;
-  }
+  std::string effective = gpukit_torch::effective_conf_from_env();
   if (!conf.empty()) { effective += "," + conf; }
-  auto a = std::make_shared<gpukit_torch::cuda_allocator>(options, effective);
+  auto a = std::make_shared<gpukit_torch::cuda_allocator>(settings, effective);
   // Refuses (c10::Error) once PyTorch's own allocator has served CUDA memory.
   torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(a);
   installed()      = a;
   installed_conf() = effective;
+  host_settings()  = settings.host_settings;
   return effective;
 }
 
@@ -133,23 +131,28 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
   install_crash_trace();
   m.def("install", &install, pybind11::arg("conf") = std::string{},
         "Make gpukit PyTorch's CUDA allocator (before CUDA memory is first allocated). conf: "
-        "GPUKIT_ALLOC_CONF-style settings, over the environment's. Returns the settings.");
+        "settings (gpukit's or PyTorch's keys) over PYTORCH_CUDA_ALLOC_CONF's and "
+        "GPUKIT_ALLOC_CONF's. Returns the settings.");
   m.def("is_installed", &is_installed, "Whether gpukit is PyTorch's CUDA allocator now");
   m.def(
-    "default_conf", [] { return std::string{default_conf}; },
+    "default_conf", [] { return std::string{gpukit_torch::backend_default_conf}; },
     "The settings the backend starts from");
+  m.def(
+    "host_settings", [] { return host_settings(); },
+    "The installed settings' entries for PyTorch's pinned-memory allocator ('' when none)");
   m.def(
     "parse_conf",
     [](std::string const& conf) {
       try {
-        auto const o = gpukit::parse_alloc_conf(conf);
-        return std::string{gpukit::to_string(o.source)};
+        auto const c = gpukit_torch::parse_backend_conf(
+          conf, gpukit_torch::parse_backend_conf(gpukit_torch::backend_default_conf));
+        return std::string{gpukit::to_string(c.options.source)};
       } catch (gpukit::logic_error const& e) {
         TORCH_CHECK_VALUE(false, e.what());
       }
     },
-    "Checks GPUKIT_ALLOC_CONF-style settings (ValueError naming a bad key or value); "
-    "returns the segment source they select");
+    "Checks settings over the backend's defaults (ValueError naming a refused or bad key or "
+    "value); returns the segment source they select");
   m.def("gpukit_stats", &gpukit_stats, pybind11::arg("device") = 0,
         "gpukit's own statistics of a device");
   m.def(

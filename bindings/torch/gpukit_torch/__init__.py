@@ -13,9 +13,11 @@ torch.OutOfMemoryError (with gpukit's report), OOM observers, Tensor.record_stre
 torch.multiprocessing's CUDA tensor sharing keep working: the extension (gpukit_torch._C) is a
 c10::cuda::CUDACachingAllocator::CUDAAllocator compiled against the installed PyTorch.
 
-Settings: install("segments:growable,page_size:20MiB"), or GPUKIT_ALLOC_CONF in the environment
-(PyTorch-style key:value pairs; install()'s settings win). Setting GPUKIT_TORCH_INSTALL=1 installs
-on import. The pluggable allocator (libgpukit_torch.so through CUDAPluggableAllocator, for PyTorch
+Settings: the backend's defaults (growable segments), then PYTORCH_CUDA_ALLOC_CONF (or
+PYTORCH_HIP_ALLOC_CONF, PYTORCH_ALLOC_CONF: the first set, as PyTorch reads them), then
+GPUKIT_ALLOC_CONF, then install("segments:synchronous,roundup_power2_divisions:4"); later ones
+win. Each of PyTorch's keys takes effect with PyTorch's meaning or raises ValueError naming it and
+why gpukit does not need it. Setting GPUKIT_TORCH_INSTALL=1 installs on import. The pluggable allocator (libgpukit_torch.so through CUDAPluggableAllocator, for PyTorch
 builds this extension cannot be compiled against, and for CuPy) is gpukit_torch.pluggable,
 imported only when asked for.
 """
@@ -35,14 +37,22 @@ def _native():
 def install(conf: str = "") -> str:
     """Make gpukit PyTorch's CUDA allocator. Call before CUDA memory is first allocated.
 
-    conf: settings in GPUKIT_ALLOC_CONF's form (``"segments:growable,limit:40GiB"``), applied
-    over the backend's defaults and the environment's GPUKIT_ALLOC_CONF. Returns the settings in
-    effect. Raises ValueError naming an unknown key or bad value, and RuntimeError when PyTorch's
-    own allocator has already served CUDA memory. Calling it again returns the same settings.
+    conf: settings (gpukit's keys or PyTorch's: ``"segments:synchronous,limit:40GiB"``), applied
+    over the backend's defaults, PYTORCH_CUDA_ALLOC_CONF (or its aliases) and GPUKIT_ALLOC_CONF.
+    Returns the settings in effect. Raises ValueError naming an unknown or refused key or a bad
+    value, and RuntimeError when PyTorch's own allocator has already served CUDA memory. Calling
+    it again returns the same settings. PyTorch's pinned-memory keys (pinned_use_cuda_host_register,
+    ...) go to PyTorch's pinned-memory allocator, which gpukit leaves in place.
     """
-    import torch  # noqa: F401,PLC0415 (loads libtorch before the extension)
+    import torch  # noqa: PLC0415 (loads libtorch before the extension)
 
-    return _native().install(conf)
+    native = _native()
+    effective = native.install(conf)
+    host = native.host_settings()
+    if host:
+        # PyTorch reads its own variable; keys given through gpukit reach its pinned memory here.
+        torch.cuda.memory._set_allocator_settings(host)
+    return effective
 
 
 def is_installed() -> bool:
@@ -56,7 +66,8 @@ def default_conf() -> str:
 
 
 def check_conf(conf: str) -> str:
-    """Checks settings without installing; returns the segment source they select."""
+    """Checks settings over the backend's defaults without installing (ValueError naming a refused
+    or bad key); returns the segment source they select."""
     return _native().parse_conf(conf)
 
 

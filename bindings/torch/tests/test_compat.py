@@ -7,6 +7,9 @@ with PyTorch's allocator ("native") and once with gpukit_torch installed ("gpuki
     pytest bindings/torch/tests/test_compat.py                 # needs a GPU and gpukit_torch
     python bindings/torch/tests/test_compat.py [--out DIR] [--jobs N] [--allocators gpukit] [ROW ...]
 
+--allocators takes native, gpukit and gpukit:CONF (gpukit with GPUKIT_ALLOC_CONF=CONF in the
+row's process and its children, e.g. gpukit:segments:growable), comma-separated.
+
 A row passes when it does what PyTorch documents, with PyTorch's names and numbers. The script
 prints one line per row and allocator, and writes compat.json (and compat.md) into --out.
 """
@@ -160,6 +163,89 @@ def row_memory_stats(torch, allocator):
     summary = torch.cuda.memory_summary()
     assert "Allocated memory" in summary
     return f"allocated +{(now - base) // MiB} MiB; keys, peaks, reset, summary"
+
+
+# Sizes on both sides of 512 bytes and of the small pool's 1 MiB, most not multiples of 512;
+# the large ones chosen so that native PyTorch splits every block it hands out (it keeps a whole
+# block when the rest would be 1 MiB or less, which gpukit never does: see the README's limits).
+_SMALL_SIZES = [1, 511, 512, 513, 1000, 4096, 65537, MiB - 100, MiB]
+_LARGE_SIZES = [2 * MiB + 1, 3 * MiB + 100, 12 * MiB + 1]
+_USER_STATS = ("allocation.", "allocated_bytes.", "requested_bytes.", "active.", "active_bytes.")
+
+
+def _stats_workload(torch):
+    """A mixed-size workload: memory_allocated() at each step, then memory_stats()'s user counts."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    torch.cuda.reset_accumulated_memory_stats()
+    seen = []
+
+    def empty(n):
+        return torch.empty(n, dtype=torch.uint8, device="cuda")
+
+    held = [empty(n) for n in _LARGE_SIZES] + [empty(n) for n in _SMALL_SIZES * 3]
+    seen.append(torch.cuda.memory_allocated())
+    del held[1]  # 3 MiB + 100 alone between two allocated blocks: reused exactly below
+    held = held[:3] + held[3::2]
+    seen.append(torch.cuda.memory_allocated())
+    held += [empty(3 * MiB + 100)] + [empty(n) for n in reversed(_SMALL_SIZES)]
+    seen.append(torch.cuda.memory_allocated())
+    torch.cuda.reset_peak_memory_stats()
+    held = held[::3]
+    seen.append(torch.cuda.memory_allocated())
+    s = torch.cuda.memory_stats()
+    keys = sorted(k for k in s if k.startswith(_USER_STATS) or k.startswith("oversize_"))
+    out = {"memory_allocated": seen, "max_split_size": s["max_split_size"]}
+    out.update({k: s[k] for k in keys})
+    del held
+    return out
+
+
+def row_stats_match_native(torch, allocator):
+    mine = _stats_workload(torch)
+    if allocator == "native":
+        return "native " + json.dumps(mine, sort_keys=True)
+    passed, detail, _ = run_row("stats_match_native", "native")
+    assert passed, f"the native run failed: {detail}"
+    native = json.loads(detail[len("native "):])
+    differ = {k: (native[k], mine.get(k)) for k in native if mine.get(k) != native[k]}
+    assert not differ, f"(native, gpukit) where they differ: {differ}"
+    return f"memory_allocated() and {len(native) - 1} memory_stats() keys equal to native's"
+
+
+def _python_with_env(code, env):
+    """Runs `code` in a fresh Python with `env` added; returns (returncode, output)."""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, **env})
+    return r.returncode, (r.stdout + r.stderr).strip()
+
+
+def row_pytorch_alloc_conf(torch, allocator):
+    install = "import gpukit_torch; gpukit_torch.install(); " if allocator == "gpukit" else ""
+    # Carried over: PyTorch's segments, its rounding, and its pinned-memory key.
+    carried = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False,roundup_power2_divisions:4,"
+                                          "pinned_use_cuda_host_register:True"}
+    rc, out = _python_with_env(
+        install + "import torch; x = torch.empty(5 * 2**20 + 1, dtype=torch.uint8, device='cuda');"
+        " h = torch.empty(4096, pin_memory=True);"
+        " print('ALLOCATED', torch.cuda.memory_allocated(),"
+        " any(s['is_expandable'] for s in torch.cuda.memory_snapshot()))", carried)
+    assert rc == 0, out
+    line = [l for l in out.splitlines() if l.startswith("ALLOCATED ")][-1].split()
+    # 5 MiB + 1 byte in four steps between 4 and 8 MiB: 6 MiB, as PyTorch rounds it.
+    assert int(line[1]) == 6 * MiB, line
+    assert line[2] == "False", "expandable_segments:False should give cudaMalloc segments"
+    if allocator == "native":
+        return "PYTORCH_CUDA_ALLOC_CONF applied"
+    # Refused: a key gpukit does not need raises ValueError naming it, before anything runs.
+    rc, out = _python_with_env(
+        "import gpukit_torch\ntry:\n    gpukit_torch.install()\n"
+        "except ValueError as e:\n    print('REFUSED', e)",
+        {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128"})
+    assert rc == 0 and "REFUSED" in out, out
+    refused = [l for l in out.splitlines() if l.startswith("REFUSED ")][-1]
+    assert "max_split_size_mb" in refused and "PYTORCH_CUDA_ALLOC_CONF" in refused, refused
+    return "PYTORCH_CUDA_ALLOC_CONF carried over (6 MiB, cudaMalloc segments); max_split_size_mb refused"
 
 
 def row_empty_cache(torch, allocator):
@@ -349,12 +435,17 @@ def _run_row_here(row, allocator):
 
 
 def run_row(row, allocator, timeout=300):
-    """Runs one row in a fresh process. Returns (passed, detail, seconds)."""
+    """Runs one row in a fresh process. Returns (passed, detail, seconds). gpukit:CONF runs
+    as gpukit with GPUKIT_ALLOC_CONF=CONF in the environment (children of the row inherit it)."""
     start = time.time()
+    env = None
+    if allocator.startswith("gpukit:"):
+        env = dict(os.environ, GPUKIT_ALLOC_CONF=allocator.split(":", 1)[1])
+        allocator = "gpukit"
     try:
         r = subprocess.run(
             [sys.executable, HERE, "--child", row, allocator],
-            capture_output=True, text=True, timeout=timeout,
+            capture_output=True, text=True, timeout=timeout, env=env,
         )
     except subprocess.TimeoutExpired:
         return False, f"timed out after {timeout} s", time.time() - start
@@ -385,17 +476,20 @@ if pytest is not None:
 # ---- script ------------------------------------------------------------------------------
 
 
-def _write_results(out_dir, rows, results):
+def _write_results(out_dir, rows, results, allocators=ALLOCATORS):
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "compat.json"), "w") as f:
         json.dump(results, f, indent=1)
+    gpukits = [a for a in allocators if a.startswith("gpukit")]
     with open(os.path.join(out_dir, "compat.md"), "w") as f:
-        f.write("| row | native | gpukit | gpukit detail |\n|---|---|---|---|\n")
+        f.write(f"| row | {' | '.join(allocators)} | {gpukits[0] if gpukits else ''} detail |\n"
+                f"|{'---|' * (len(allocators) + 2)}\n")
         for row in rows:
             r = {x["allocator"]: x for x in results if x["row"] == row}
-            cells = [("pass" if r[a]["passed"] else "FAIL") if a in r else "-" for a in ALLOCATORS]
-            detail = r["gpukit"]["detail"].splitlines()[-1][:160] if "gpukit" in r else ""
-            f.write(f"| {row} | {cells[0]} | {cells[1]} | {detail.replace('|', '/')} |\n")
+            cells = [("pass" if r[a]["passed"] else "FAIL") if a in r else "-" for a in allocators]
+            detail = (r[gpukits[0]]["detail"].splitlines() or [""])[-1][:160] \
+                if gpukits and gpukits[0] in r else ""
+            f.write(f"| {row} | {' | '.join(cells)} | {detail.replace('|', '/')} |\n")
 
 
 def main(argv):
@@ -415,7 +509,10 @@ def main(argv):
         elif argv[0] == "--jobs":
             jobs = int(argv[1])
         else:
-            allocators = argv[1].split(",")
+            allocators = [a for a in argv[1].split(",") if a]
+            for a in allocators:
+                if a not in ALLOCATORS and not (a.startswith("gpukit:") and a[7:]):
+                    sys.exit(f"test_compat: unknown allocator {a!r} (native, gpukit, gpukit:CONF)")
         argv = argv[2:]
     rows = argv or ROWS
     cases = [(row, a) for row in rows for a in allocators]
@@ -441,7 +538,7 @@ def main(argv):
         for r in pool.map(one, cases):
             results.append(r)
             if out_dir:
-                _write_results(out_dir, rows, results)
+                _write_results(out_dir, rows, results, allocators)
     return 0 if all(x["passed"] for x in results) else 1
 
 

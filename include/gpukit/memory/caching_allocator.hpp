@@ -410,6 +410,22 @@ class basic_caching_allocator final {
   /// allocate+free pair with 4 to 16 threads on an H200 host, against 26 ns; benchmarks/results/).
   /// Takes the pool lock; does not synchronize.
   [[nodiscard]] caching_allocator_stats stats() const;
+  /// Blocks (and their bytes) of one pool kind that their users freed and that wait for other
+  /// streams' work: active, no longer allocated.
+  struct pending_frees {
+    std::int64_t bytes{0};
+    std::int64_t blocks{0};
+  };
+  /// The pending frees of pool kind `large ? large_pool : small_pool`: what stats() adds to the
+  /// allocated counts to make the active ones, read without the lock (relaxed loads), so that a
+  /// layer that keeps allocated counts of its own can follow active peaks as it allocates.
+  [[nodiscard]] pending_frees pending_frees_of(bool large) const noexcept
+  {
+    if (pending_.blocks.load(std::memory_order_relaxed) == 0) { return {}; }
+    std::size_t const k = large ? 1 : 0;
+    return {pending_.bytes[k].load(std::memory_order_relaxed),
+            pending_.count[k].load(std::memory_order_relaxed)};
+  }
   /// Resets every peak to its current value.
   void reset_peak();
 

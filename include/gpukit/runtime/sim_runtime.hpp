@@ -119,6 +119,10 @@ struct sim_config {
   /// Whether every device can access every other device's memory (device_can_access_peer), as
   /// GPUs joined by NVLink can; false: none can, and peer copies are staged through the host.
   bool peer_access{true};
+  /// device_properties::virtual_memory_management of every device; false: the vm_* operations
+  /// fail with cudaErrorNotSupported, as cuMem* calls do on a device (or under a driver, such as
+  /// some virtualized GPUs) without virtual memory management.
+  bool virtual_memory{true};
 
   /// `count` devices of `capacity_bytes` each (replaces device_capacities).
   /// Throws gpukit::logic_error when count < 1 or count > 64. Returns *this.
@@ -139,6 +143,9 @@ struct sim_config {
   /// Sets peer_access. Returns *this.
   sim_config& with_peer_access(bool on) &;
   sim_config&& with_peer_access(bool on) &&;
+  /// Sets virtual_memory. Returns *this.
+  sim_config& with_virtual_memory(bool on) &;
+  sim_config&& with_virtual_memory(bool on) &&;
 
   /// The configuration of sim_runtime::instance(): GPUKIT_SIM_DEVICES devices (default 1) of
   /// GPUKIT_SIM_CAPACITY bytes each (default 80 GiB; a K, M, G or T suffix multiplies by 2^10,
@@ -191,8 +198,9 @@ class sim_runtime final : public detail::cuda_error_vocabulary {
   //     of range.
   //   get_device_properties: Fills `p` for device `d`: the configured name, compute capability
   //     9.0, total_memory = the current capacity, 132 multiprocessors, 2 copy engines, unified
-  //     addressing, virtual memory and memory pools supported, ECC as configured
-  //     (sim_config::ecc_enabled), PCI 0000:<d>:00.0, simulated = true. cudaErrorInvalidDevice
+  //     addressing, memory pools supported, virtual memory as configured
+  //     (sim_config::virtual_memory), ECC as configured (sim_config::ecc_enabled),
+  //     PCI 0000:<d>:00.0, simulated = true. cudaErrorInvalidDevice
   //     when `d` is out of range.
   //   mem_get_info: Current device: total = capacity, free = capacity - used (0 when used exceeds
   //     a shrunk capacity).
@@ -235,7 +243,8 @@ class sim_runtime final : public detail::cuda_error_vocabulary {
   //     Does not block.
   //   host_unregister: Forgets the range registered at `p` (its start).
   //     cudaErrorHostMemoryNotRegistered otherwise.
-  // Virtual memory:
+  // Virtual memory (without sim_config::virtual_memory, vm_granularity, vm_reserve and vm_create
+  // return cudaErrorNotSupported and record a misuse message; nothing can be mapped then):
   //   vm_granularity: g = the configured granularity (sim_config::vm_granularity).
   //     cudaErrorInvalidDevice.
   //   vm_reserve: Reserves `bytes` of address space (no memory), aligned to max(alignment,
@@ -421,6 +430,7 @@ class sim_runtime final : public detail::cuda_error_vocabulary {
   [[nodiscard]] int current_device() const;
   [[nodiscard]] bool valid_device(int d) const noexcept;
   cudaError_t bad_device(char const* call, int d);
+  cudaError_t no_virtual_memory(char const* op);
   std::shared_ptr<detail::sim_stream> null_stream(int device);
   std::shared_ptr<detail::sim_stream> find_stream(stream_type s, char const* call,
                                                   cudaError_t& err);

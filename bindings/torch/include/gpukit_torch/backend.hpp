@@ -24,8 +24,20 @@
 //   that stream that no other pool's filter claims and that the pool's filter rejects pauses it.
 // - Every block handed out is recorded (device, stream, size, pool, call-stack context), so a free
 //   needs only the pointer, as PyTorch's free does, and snapshots can name pools and stacks.
-// - Statistics are gpukit's (current and peak), plus counts of bytes allocated and freed since the
-//   last reset_accumulated_stats. gpukit does not split its statistics by small and large pool.
+// - Requests are rounded as PyTorch rounds them (512 bytes at least and a multiple of 512, or
+//   roundup_power2_divisions' steps; gpukit_torch/alloc_conf.hpp), and the rounded size is the
+//   block gpukit allocates.
+// - Statistics mean what torch.cuda.memory_stats()'s do. The backend counts blocks held by users
+//   itself (allocation, allocated_bytes and requested_bytes; active and active_bytes are those
+//   plus blocks freed but waiting for other streams' work), with PyTorch's sizes: the rounded size
+//   for allocated and active bytes, the size asked for requested bytes, the small pool for rounded
+//   sizes up to 1 MiB. Segments, reserved bytes, inactive splits and the device counts are the
+//   caching allocator's. Where gpukit's policy differs from PyTorch's, so do the numbers: PyTorch
+//   hands out a whole cached block when its remainder is too small to split (at most 1 MiB in the
+//   large pool), gpukit always splits; growable segments count their address ranges as segments.
+// - Where growable segments are asked for and a device has no virtual memory management, that
+//   device gets synchronous (cudaMalloc) segments, and the warning handler is told once, for the
+//   first such device (the extension makes one backend per process: one warning per process).
 //
 // Thread-safe.
 #pragma once
@@ -33,6 +45,7 @@
 #include <gpukit/error.hpp>
 #include <gpukit/memory/caching_allocator.hpp>
 #include <gpukit/memory/ipc.hpp>
+#include <gpukit_torch/alloc_conf.hpp>
 
 #include <array>
 #include <atomic>
@@ -64,15 +77,14 @@ struct stat {
 };
 
 /// The statistics of torch.cuda.memory_stats() of one pool kind (".small_pool.", ".large_pool."),
-/// or of both (".all."), from gpukit's. `allocated` and `freed` count from the last reset of
-/// accumulated statistics; those of the inactive-split statistics stay 0 (gpukit does not track
-/// them).
+/// or of both (".all."). `allocated` and `freed` count from the last reset of accumulated
+/// statistics; those of the inactive-split statistics stay 0 (gpukit does not track them).
 struct device_pool_stats {
   stat allocation;            ///< blocks held by users
   stat segment;               ///< segments (growable: mapped pages) held from the device
   stat active;                ///< allocated blocks and blocks waiting on other streams' work
   stat inactive_split;        ///< free blocks inside partly used segments
-  stat allocated_bytes;       ///< bytes of blocks held by users (block sizes)
+  stat allocated_bytes;       ///< bytes of blocks held by users (PyTorch's rounded sizes)
   stat reserved_bytes;        ///< bytes held from the device
   stat active_bytes;          ///< bytes of active blocks
   stat inactive_split_bytes;  ///< bytes of inactive split blocks
@@ -89,6 +101,10 @@ struct device_stats : device_pool_stats {
   std::int64_t num_sync_all_streams{0};  ///< segment frees that may synchronize the device
   std::int64_t num_device_alloc{0};
   std::int64_t num_device_free{0};
+  /// PyTorch's max_split_size_mb in bytes, -1 when unlimited (always: gpukit does not use it).
+  std::int64_t max_split_size{-1};
+  stat oversize_allocations;  ///< blocks of at least max_split_size held (none)
+  stat oversize_segments;     ///< segments of at least max_split_size (none)
 };
 
 /// How much call-stack context history recording keeps (PyTorch's RecordContext).
@@ -161,10 +177,14 @@ class backend final {
   using context_recorder           = std::function<std::shared_ptr<void>()>;
   using oom_observer               = std::function<void(oom_info const&)>;
   using trace_observer             = std::function<void(trace_entry const&)>;
+  using warning_handler            = std::function<void(std::string const&)>;
   static constexpr int max_devices = 64;
 
-  /// A backend over `runtime`; each device's allocator gets `options` when first used.
+  /// A backend over `runtime`; each device's allocator gets `options` when first used, and
+  /// requests are rounded to 512 bytes.
   explicit backend(Runtime& runtime, gpukit::caching_allocator_options options = {});
+  /// A backend over `runtime` with the settings of `conf` (its options and its rounding).
+  backend(Runtime& runtime, backend_conf const& conf);
   /// Destroys the allocators (and so frees every block still allocated).
   ~backend();
   backend(backend const&)            = delete;
@@ -180,10 +200,15 @@ class backend final {
     return options_;
   }
   [[nodiscard]] Runtime& runtime() const noexcept { return runtime_; }
+  [[nodiscard]] size_rounding const& rounding() const noexcept { return rounding_; }
+  /// Where warnings go (default: standard error, one line each). Set before the first
+  /// allocation; the handler is called without the backend's locks.
+  void set_warning_handler(warning_handler handler);
 
   /// `bytes` on `device` in `stream` order, from the private pool whose filter accepts `stream`
-  /// when one is being allocated to. nullptr for 0 bytes. On failure the out-of-memory
-  /// observers run (and history records it) before the gpukit error is rethrown.
+  /// when one is being allocated to: a block of rounding().round_size(bytes). nullptr for 0 bytes.
+  /// On failure the out-of-memory observers run (and history records it) before the gpukit error is
+  /// rethrown.
   /// @throws gpukit::out_of_memory, gpukit::bad_alloc (limit), gpukit::logic_error, cuda_error
   [[nodiscard]] void* allocate(int device, std::size_t bytes, stream_type stream);
   /// Frees `ptr` on the stream it was allocated on. nullptr is ignored.
@@ -274,7 +299,8 @@ class backend final {
   struct record {
     int device{0};
     stream_type stream{};
-    std::size_t bytes{0};
+    std::size_t bytes{0};  // asked for
+    std::size_t size{0};   // rounded: the block's size to PyTorch and to the allocator
     pool_id pool{0, 0};
     std::shared_ptr<void> context;
   };
@@ -288,6 +314,7 @@ class backend final {
     typename allocator_type::capture_id id{0};
   };
   struct device_state;
+  struct user_counts;
 
   device_state& state(int device) const;
   device_state* state_if_created(int device) const noexcept;
@@ -299,15 +326,23 @@ class backend final {
   void on_failed_allocation(int device, std::size_t bytes, gpukit::bad_alloc const& e);
   void add_segment_events(int device, gpukit::memory_snapshot const& snap,
                           std::vector<trace_entry>& out) const;
-  segment_info to_segment_info(int device, gpukit::memory_snapshot::segment const& g) const;
+  segment_info to_segment_info(int device, gpukit::memory_snapshot::segment const& g,
+                               bool growable) const;
+  gpukit::caching_allocator_options options_for(int device, std::string& fallback) const;
+  void count_allocation(device_state& d, record const& r);
+  void count_free(device_state& d, record const& r);
+  void warn(std::string const& message) const;
   static std::int64_t now_us() noexcept;
 
   Runtime& runtime_;
   gpukit::caching_allocator_options options_;
+  size_rounding rounding_;
+  warning_handler warn_;
+  mutable std::atomic<bool> warned_no_vmm_{false};
   mutable std::mutex create_mutex_;
   mutable std::array<std::atomic<device_state*>, max_devices> devices_{};
 
-  mutable std::mutex records_mutex_;
+  mutable std::mutex records_mutex_;  // records_, and each device's user counts
   std::unordered_map<void const*, record> records_;
 
   mutable std::mutex pools_mutex_;  // pools, filters and captures under way, of every device

@@ -101,6 +101,15 @@ inline sim_config&& sim_config::with_peer_access(bool on) &&
 {
   return std::move(with_peer_access(on));
 }
+inline sim_config& sim_config::with_virtual_memory(bool on) &
+{
+  virtual_memory = on;
+  return *this;
+}
+inline sim_config&& sim_config::with_virtual_memory(bool on) &&
+{
+  return std::move(with_virtual_memory(on));
+}
 
 namespace detail {
 

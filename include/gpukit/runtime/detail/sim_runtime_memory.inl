@@ -64,7 +64,7 @@ inline cudaError_t sim_runtime::get_device_properties(device_properties& p, int 
   p.pci_device_id             = 0;
   p.ecc_enabled               = config_.ecc_enabled;
   p.unified_addressing        = true;
-  p.virtual_memory_management = true;
+  p.virtual_memory_management = config_.virtual_memory;
   p.memory_pools              = true;
   p.simulated                 = true;
   return cudaSuccess;

@@ -24,9 +24,18 @@ namespace gpukit {
 
 // ---- virtual memory -----------------------------------------------------------------------------
 
+inline cudaError_t sim_runtime::no_virtual_memory(char const* op)
+{
+  return misuse(
+    cudaErrorNotSupported,
+    std::string{op} +
+      ": this simulated GPU has no virtual memory management (sim_config::virtual_memory)");
+}
+
 inline cudaError_t sim_runtime::vm_granularity(std::size_t& g, int device)
 {
   if (auto e = enter(sim_op::vm_granularity); e != cudaSuccess) { return e; }
+  if (!config_.virtual_memory) { return no_virtual_memory("vm_granularity"); }
   if (!valid_device(device)) { return bad_device("vm_granularity", device); }
   g = config_.vm_granularity;
   return cudaSuccess;
@@ -35,6 +44,7 @@ inline cudaError_t sim_runtime::vm_granularity(std::size_t& g, int device)
 inline cudaError_t sim_runtime::vm_reserve(void** va, std::size_t bytes, std::size_t alignment)
 {
   if (auto e = enter(sim_op::vm_reserve); e != cudaSuccess) { return e; }
+  if (!config_.virtual_memory) { return no_virtual_memory("vm_reserve"); }
   auto const g = config_.vm_granularity;
   auto const args =
     "vm_reserve(" + std::to_string(bytes) + ", alignment " + std::to_string(alignment) + ")";
@@ -99,6 +109,7 @@ inline cudaError_t sim_runtime::vm_create(physical_handle& h, std::size_t bytes,
                                           bool shareable)
 {
   if (auto e = enter(sim_op::vm_create); e != cudaSuccess) { return e; }
+  if (!config_.virtual_memory) { return no_virtual_memory("vm_create"); }
   if (!valid_device(device)) { return bad_device("vm_create", device); }
   auto const g = config_.vm_granularity;
   if (bytes == 0 || bytes % g != 0) {

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <iterator>
 
@@ -20,6 +21,34 @@ struct backend<Runtime>::device_state {
   std::vector<capture_on_stream> captures;                  // under pools_mutex_
   mutable std::mutex base_mutex;
   gpukit::caching_allocator_stats base{};  // counters at the last reset of accumulated statistics
+  std::unique_ptr<user_counts> users;      // under records_mutex_
+};
+
+// PyTorch's counts of the blocks held by users, by pool kind: [0] small, [1] large, [2] both.
+// Active blocks are these plus the allocator's pending frees, so only the active peaks (raised by
+// allocations, the only events that add active blocks) and the active counts at the last reset
+// of accumulated statistics (from which the frees since are derived) are kept.
+template <class Runtime>
+struct backend<Runtime>::user_counts {
+  std::array<stat, 3> allocation{}, allocated_bytes{}, requested_bytes{};
+  std::array<std::int64_t, 3> active_peak{}, active_bytes_peak{};
+  std::array<std::int64_t, 3> active_base{}, active_bytes_base{};
+
+  // Pending frees of each kind, and of both.
+  static std::array<typename allocator_type::pending_frees, 3> pending(allocator_type const& a)
+  {
+    auto const s = a.pending_frees_of(false), l = a.pending_frees_of(true);
+    return {s, l, {s.bytes + l.bytes, s.blocks + l.blocks}};
+  }
+  void raise_active_peaks(allocator_type const& a)
+  {
+    auto const p = pending(a);
+    for (std::size_t i = 0; i < 3; ++i) {
+      active_peak[i] = std::max(active_peak[i], allocation[i].current + p[i].blocks);
+      active_bytes_peak[i] =
+        std::max(active_bytes_peak[i], allocated_bytes[i].current + p[i].bytes);
+    }
+  }
 };
 
 namespace detail {
@@ -35,6 +64,55 @@ template <class Runtime>
 backend<Runtime>::backend(Runtime& runtime, gpukit::caching_allocator_options options)
     : runtime_{runtime}, options_{options}
 {}
+
+template <class Runtime>
+backend<Runtime>::backend(Runtime& runtime, backend_conf const& conf)
+    : runtime_{runtime}, options_{conf.options}, rounding_{conf.rounding}
+{}
+
+template <class Runtime>
+void backend<Runtime>::set_warning_handler(warning_handler handler)
+{
+  std::lock_guard<std::mutex> lock{create_mutex_};
+  warn_ = std::move(handler);
+}
+
+template <class Runtime>
+void backend<Runtime>::warn(std::string const& message) const
+{
+  warning_handler h;
+  {
+    std::lock_guard<std::mutex> lock{create_mutex_};
+    h = warn_;
+  }
+  if (h) {
+    h(message);
+  } else {
+    std::fprintf(stderr, "%s\n", message.c_str());
+  }
+}
+
+// The allocator options of `device`: the backend's, with growable segments replaced by
+// synchronous ones where the device has no virtual memory management (`fallback` then says why).
+template <class Runtime>
+gpukit::caching_allocator_options backend<Runtime>::options_for(int device,
+                                                                std::string& fallback) const
+{
+  gpukit::caching_allocator_options o = options_;
+  if (o.source != gpukit::segment_source::growable) { return o; }
+  gpukit::device_properties props;
+  if (runtime_.get_device_properties(props, device) != Runtime::success ||
+      props.virtual_memory_management) {
+    return o;  // the allocator reports a failure to read the properties itself
+  }
+  o.source = gpukit::segment_source::synchronous;
+  fallback = "gpukit_torch: device " + std::to_string(device) + " (" + props.name +
+             ") has no virtual memory management, so it cannot have growable segments (the "
+             "backend's default): it uses synchronous (cudaMalloc) segments instead. Set "
+             "segments:synchronous (GPUKIT_ALLOC_CONF, or gpukit_torch.install()'s settings) to "
+             "choose them and silence this warning.";
+  return o;
+}
 
 template <class Runtime>
 backend<Runtime>::~backend()
@@ -56,13 +134,19 @@ typename backend<Runtime>::device_state& backend<Runtime>::state(int device) con
   if (device_state* d = state_if_created(device)) { return *d; }
   GPUKIT_EXPECTS(device >= 0 && device < max_devices,
                  "gpukit_torch: device " + std::to_string(device) + " is out of range");
-  std::lock_guard<std::mutex> lock{create_mutex_};
+  std::unique_lock<std::mutex> lock{create_mutex_};
   if (device_state* d = devices_[device].load(std::memory_order_acquire)) { return *d; }
-  auto d   = std::make_unique<device_state>();
-  d->alloc = std::make_unique<allocator_type>(runtime_, device, options_);
+  std::string fallback;
+  auto d      = std::make_unique<device_state>();
+  d->alloc    = std::make_unique<allocator_type>(runtime_, device, options_for(device, fallback));
+  d->users    = std::make_unique<user_counts>();
+  d->fraction = options_.limit_fraction > 0.0 ? options_.limit_fraction : 1.0;
   if (history_on_.load(std::memory_order_relaxed)) { d->alloc->start_recording(); }
   devices_[device].store(d.get(), std::memory_order_release);
-  return *d.release();
+  device_state& out = *d.release();
+  lock.unlock();
+  if (!fallback.empty() && !warned_no_vmm_.exchange(true)) { warn(fallback); }
+  return out;
 }
 
 template <class Runtime>
@@ -86,15 +170,17 @@ void* backend<Runtime>::allocate(int device, std::size_t bytes, stream_type stre
 {
   if (bytes == 0) { return nullptr; }
   device_state& d = state(device);
-  record r{device, stream, bytes, pool_id{0, 0}, capture_context(record_when::state)};
+  record r{device,        stream,
+           bytes,         rounding_.round_size(bytes),
+           pool_id{0, 0}, capture_context(record_when::state)};
   void* p = nullptr;
   try {
     if (routing_.load(std::memory_order_acquire) != 0) {
       std::lock_guard<std::mutex> lock{pools_mutex_};
       r.pool = route_locked(d, stream);
-      p      = d.alloc->allocate_async(bytes, stream);
+      p      = d.alloc->allocate_async(r.size, stream);
     } else {
-      p = d.alloc->allocate_async(bytes, stream);
+      p = d.alloc->allocate_async(r.size, stream);
     }
   } catch (gpukit::bad_alloc const& e) {
     on_failed_allocation(device, bytes, e);
@@ -108,8 +194,41 @@ void* backend<Runtime>::allocate(int device, std::size_t bytes, stream_type stre
              : nullptr});
   }
   std::lock_guard<std::mutex> lock{records_mutex_};
+  count_allocation(d, r);
   records_.emplace(p, std::move(r));
   return p;
+}
+
+template <class Runtime>
+void backend<Runtime>::count_allocation(device_state& d, record const& r)
+{
+  user_counts& u         = *d.users;
+  std::size_t const kind = r.size > options_.small_request_bytes ? 1 : 0;
+  for (std::size_t i : {kind, std::size_t{2}}) {
+    for (auto [s, n] : {std::pair{&u.allocation[i], std::int64_t{1}},
+                        std::pair{&u.allocated_bytes[i], static_cast<std::int64_t>(r.size)},
+                        std::pair{&u.requested_bytes[i], static_cast<std::int64_t>(r.bytes)}}) {
+      s->current += n;
+      s->allocated += n;
+      s->peak = std::max(s->peak, s->current);
+    }
+  }
+  u.raise_active_peaks(*d.alloc);
+}
+
+template <class Runtime>
+void backend<Runtime>::count_free(device_state& d, record const& r)
+{
+  user_counts& u         = *d.users;
+  std::size_t const kind = r.size > options_.small_request_bytes ? 1 : 0;
+  for (std::size_t i : {kind, std::size_t{2}}) {
+    for (auto [s, n] : {std::pair{&u.allocation[i], std::int64_t{1}},
+                        std::pair{&u.allocated_bytes[i], static_cast<std::int64_t>(r.size)},
+                        std::pair{&u.requested_bytes[i], static_cast<std::int64_t>(r.bytes)}}) {
+      s->current -= n;
+      s->freed += n;
+    }
+  }
 }
 
 template <class Runtime>
@@ -124,9 +243,10 @@ void backend<Runtime>::deallocate(void* ptr)
                                            ", which gpukit did not allocate (or freed already)");
     r = std::move(it->second);
     records_.erase(it);
+    count_free(state(r.device), r);
   }
   device_state& d = state(r.device);
-  d.alloc->deallocate_async(ptr, r.bytes, r.stream);
+  d.alloc->deallocate_async(ptr, r.size, r.stream);
   if (traced_.load(std::memory_order_relaxed)) {
     auto ctx = capture_context(record_when::all);
     if (!ctx) { ctx = r.context; }
@@ -435,13 +555,44 @@ device_stats backend<Runtime>::stats(int device) const
   out.num_sync_all_streams = i64(s.synchronizing_frees - b.synchronizing_frees);
   out.num_device_alloc     = i64(s.num_device_allocs - b.num_device_allocs);
   out.num_device_free      = i64(s.num_device_frees - b.num_device_frees);
+  // Blocks held by users, and active ones, with PyTorch's sizes (see user_counts).
+  std::lock_guard<std::mutex> lock{records_mutex_};
+  user_counts const& u = *d->users;
+  auto const pending   = user_counts::pending(*d->alloc);
+  std::array<device_pool_stats*, 3> const to{&out.small_pool, &out.large_pool, &out};
+  for (std::size_t i = 0; i < 3; ++i) {
+    device_pool_stats& o = *to[i];
+    o.allocation         = u.allocation[i];
+    o.allocated_bytes    = u.allocated_bytes[i];
+    o.requested_bytes    = u.requested_bytes[i];
+    auto active = [](stat const& held, std::int64_t waiting, std::int64_t peak, std::int64_t base) {
+      std::int64_t const current = held.current + waiting;
+      return stat{current, std::max(peak, current), held.allocated,
+                  held.allocated - (current - base)};
+    };
+    o.active       = active(u.allocation[i], pending[i].blocks, u.active_peak[i], u.active_base[i]);
+    o.active_bytes = active(u.allocated_bytes[i], pending[i].bytes, u.active_bytes_peak[i],
+                            u.active_bytes_base[i]);
+  }
   return out;
 }
 
 template <class Runtime>
 void backend<Runtime>::reset_peak_stats(int device)
 {
-  if (device_state* d = state_if_created(device)) { d->alloc->reset_peak(); }
+  device_state* d = state_if_created(device);
+  if (d == nullptr) { return; }
+  d->alloc->reset_peak();
+  std::lock_guard<std::mutex> lock{records_mutex_};
+  user_counts& u     = *d->users;
+  auto const pending = user_counts::pending(*d->alloc);
+  for (std::size_t i = 0; i < 3; ++i) {
+    for (stat* s : {&u.allocation[i], &u.allocated_bytes[i], &u.requested_bytes[i]}) {
+      s->peak = s->current;
+    }
+    u.active_peak[i]       = u.allocation[i].current + pending[i].blocks;
+    u.active_bytes_peak[i] = u.allocated_bytes[i].current + pending[i].bytes;
+  }
 }
 
 template <class Runtime>
@@ -452,6 +603,17 @@ void backend<Runtime>::reset_accumulated_stats(int device)
   {
     std::lock_guard<std::mutex> lock{d->base_mutex};
     d->base = d->alloc->stats();
+  }
+  std::lock_guard<std::mutex> lock{records_mutex_};
+  user_counts& u     = *d->users;
+  auto const pending = user_counts::pending(*d->alloc);
+  for (std::size_t i = 0; i < 3; ++i) {
+    for (stat* s : {&u.allocation[i], &u.allocated_bytes[i], &u.requested_bytes[i]}) {
+      s->allocated = 0;
+      s->freed     = 0;
+    }
+    u.active_base[i]       = u.allocation[i].current + pending[i].blocks;
+    u.active_bytes_base[i] = u.allocated_bytes[i].current + pending[i].bytes;
   }
 }
 
@@ -477,7 +639,8 @@ template <class Runtime>
 double backend<Runtime>::memory_fraction(int device) const
 {
   device_state const* d = state_if_created(device);
-  return d == nullptr ? 1.0 : d->fraction;
+  if (d != nullptr) { return d->fraction; }
+  return options_.limit_fraction > 0.0 ? options_.limit_fraction : 1.0;
 }
 
 template <class Runtime>
@@ -619,7 +782,8 @@ void backend<Runtime>::record_history(bool enabled, context_recorder recorder,
 
 template <class Runtime>
 segment_info backend<Runtime>::to_segment_info(int device,
-                                               gpukit::memory_snapshot::segment const& g) const
+                                               gpukit::memory_snapshot::segment const& g,
+                                               bool growable) const
 {
   segment_info s;
   s.device        = device;
@@ -627,18 +791,21 @@ segment_info backend<Runtime>::to_segment_info(int device,
   s.total_size    = g.size;
   s.stream        = g.stream;
   s.is_large      = !g.small;
-  s.is_expandable = options_.source == gpukit::segment_source::growable;
+  s.is_expandable = growable;
   std::lock_guard<std::mutex> lock{records_mutex_};
   for (auto const& b : g.blocks) {
     block_info bi{b.address, b.size, b.requested, b.allocated, nullptr};
     if (b.allocated) {
-      s.allocated_size += b.size;
-      s.requested_size += b.requested;
       auto it = records_.find(reinterpret_cast<void const*>(b.address));
       if (it != records_.end()) {
-        bi.context = it->second.context;
+        bi.requested = it->second.bytes;  // the allocator was asked for the rounded size
+        bi.context   = it->second.context;
         if (it->second.pool != pool_id(0, 0)) { s.owner = it->second.pool; }
       }
+    }
+    if (b.allocated) {
+      s.allocated_size += bi.size;
+      s.requested_size += bi.requested;
     }
     s.blocks.push_back(std::move(bi));
   }
@@ -680,7 +847,8 @@ memory_state backend<Runtime>::snapshot(pool_id pool, bool include_traces) const
     if (d == nullptr) { continue; }
     gpukit::memory_snapshot const snap = d->alloc->snapshot();
     for (auto const& g : snap.segments) {
-      segment_info s = to_segment_info(dev, g);
+      segment_info s = to_segment_info(
+        dev, g, d->alloc->segment_source_in_use() == gpukit::segment_source::growable);
       if (pool == pool_id(0, 0) || s.owner == pool) { m.segments.push_back(std::move(s)); }
     }
     if (m.traces.size() <= static_cast<std::size_t>(dev)) { m.traces.resize(dev + 1); }
