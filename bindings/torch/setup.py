@@ -100,7 +100,8 @@ if BuildExtension is None:
             "the installed PyTorch. Install PyTorch first, then build without isolation: "
             "pip install --no-build-isolation <gpukit_torch source>"
         )
-    BuildExtension = object  # the class below is never used: nothing is built
+    from setuptools.command.build_ext import build_ext as BuildExtension  # nothing to build
+
 
 class checked_build_ext(BuildExtension):
     """BuildExtension, then a check that no copy of libstdc++ was linked into the extension."""
