@@ -7,6 +7,7 @@
 
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
 #include <torch/extension.h>
+#include <torch/version.h>
 
 #include <execinfo.h>
 #include <unistd.h>
@@ -24,9 +25,11 @@ namespace {
 
 // The backend's defaults: PyTorch's own choices where they differ from gpukit's (cudaMalloc
 // segments, which CUDA IPC can export and torch.multiprocessing can share; no segment released
-// before growing, since a cudaFree synchronizes the device). GPUKIT_ALLOC_CONF and install()'s
-// settings apply over them.
-constexpr char const* default_conf = "segments:synchronous,release_before_grow:false";
+// before growing, since a cudaFree synchronizes the device; growable pages created exportable, as
+// PyTorch's expandable segments are, so that torch.multiprocessing shares them too).
+// GPUKIT_ALLOC_CONF and install()'s settings apply over them.
+constexpr char const* default_conf =
+  "segments:synchronous,release_before_grow:false,growable_shareable:true";
 
 std::shared_ptr<gpukit_torch::cuda_allocator>& installed()
 {
@@ -63,6 +66,8 @@ std::string install(std::string const& conf)
   }
   if (!conf.empty()) { effective += "," + conf; }
   auto a = std::make_shared<gpukit_torch::cuda_allocator>(options, effective);
+  // The layout of the handles torch.multiprocessing sends is this PyTorch's.
+  a->layer().set_torch_version(TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR);
   // Refuses (c10::Error) once PyTorch's own allocator has served CUDA memory.
   torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(a);
   installed()      = a;
@@ -150,6 +155,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
     },
     "Checks GPUKIT_ALLOC_CONF-style settings (ValueError naming a bad key or value); "
     "returns the segment source they select");
+  m.def(
+    "sharing_refusal",
+    [] {
+      pybind11::gil_scoped_release unlocked;  // the first call forks a probe and waits for it
+      return current().layer().sharing_refusal();
+    },
+    "Why CUDA tensors of growable memory cannot be shared with other processes here ('' when "
+    "they can): pidfd_getfd refused, probed once per process");
   m.def("gpukit_stats", &gpukit_stats, pybind11::arg("device") = 0,
         "gpukit's own statistics of a device");
   m.def(

@@ -23,7 +23,8 @@ imported only when asked for.
 import importlib
 import os
 
-__all__ = ["install", "is_installed", "default_conf", "check_conf", "gpukit_stats", "pluggable"]
+__all__ = ["install", "is_installed", "default_conf", "check_conf", "sharing_refusal",
+           "gpukit_stats", "pluggable"]
 
 
 def _native():
@@ -42,7 +43,11 @@ def install(conf: str = "") -> str:
     """
     import torch  # noqa: F401,PLC0415 (loads libtorch before the extension)
 
-    return _native().install(conf)
+    from . import _sharing  # noqa: PLC0415
+
+    settings = _native().install(conf)
+    _sharing.install()  # torch.multiprocessing: a tensor that cannot be shared never hangs a queue
+    return settings
 
 
 def is_installed() -> bool:
@@ -58,6 +63,14 @@ def default_conf() -> str:
 def check_conf(conf: str) -> str:
     """Checks settings without installing; returns the segment source they select."""
     return _native().parse_conf(conf)
+
+
+def sharing_refusal() -> str:
+    """Why CUDA tensors of growable memory cannot be shared with other processes here ('' when
+    they can): receivers take the pages' descriptors with pidfd_getfd, which old kernels lack
+    and containers or Yama's ptrace_scope may forbid. Probed once per process (a forked child
+    tries it on this one); GPUKIT_ALLOC_CONF=segments:synchronous avoids it."""
+    return _native().sharing_refusal()
 
 
 def gpukit_stats(device: int = 0) -> dict:
