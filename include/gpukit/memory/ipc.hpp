@@ -34,8 +34,10 @@
 // - Growable segments (segment_source::growable with growable_shareable): a POSIX file descriptor
 //   for each physical page holding the block (cuMemExportToShareableHandle); the importer imports
 //   them (cuMemImportFromShareableHandle), maps them into an address range it reserves, and
-//   grants its device access. Descriptors cross processes only over a unix socket (SCM_RIGHTS),
-//   which send_block_handle / receive_block_handle do (or by fork()).
+//   grants its device access. The allocator exports each page once and keeps its descriptor until
+//   the page is unmapped (caching_allocator::share_pages); the handle holds copies of them.
+//   Descriptors cross processes only over a unix socket (SCM_RIGHTS), which send_block_handle /
+//   receive_block_handle do, by fork(), or by pidfd_getfd (as PyTorch's receivers take them).
 //
 // The exporter must keep the block allocated, and not reuse it, while importers use it: the pages
 // (or the segment) stay the exporter's allocator's. Ordering work between the processes is the
