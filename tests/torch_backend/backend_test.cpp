@@ -576,11 +576,15 @@ TEST_SUITE("torch_backend")
     GPUKIT_CUDA_TRY(native.vm_set_access(va, 4 * MiB, 0));
     std::vector<char> theirs(4 * MiB, 'n');
     upload(native, va, theirs, stream_t{});
+    auto const syncs = sim.calls(gpukit::sim_op::device_synchronize);
     {
       std::shared_ptr<void> opened =
         b.open_ipc_handle(pytorch_handle(::getpid(), 2 * MiB, native_fds));
       CHECK(download(sim, opened.get(), theirs.size(), s.s) == theirs);
+      CHECK(sim.calls(gpukit::sim_op::device_synchronize) == syncs);
     }
+    // Unmapped once the device's work is done.
+    CHECK(sim.calls(gpukit::sim_op::device_synchronize) == syncs + 1);
     GPUKIT_CUDA_TRY(native.vm_unmap(va, 4 * MiB));
     GPUKIT_CUDA_TRY(native.vm_free(va, 4 * MiB));
     for (std::size_t i = 0; i < 2; ++i) {

@@ -671,7 +671,18 @@ std::shared_ptr<void> backend<Runtime>::open_ipc_handle(std::string const& handl
                             std::to_string(handle.size()) + " bytes, starting with byte " +
                             std::to_string(handle.empty() ? -1 : int{handle[0]}) + ")");
   }
-  auto block = std::make_shared<gpukit::imported_block<Runtime>>(runtime_, h, -1);
+  // Unmapped when the last tensor over it goes: after the device's work that may still use it
+  // (CUDA does not wait for it in cuMemUnmap).
+  std::shared_ptr<gpukit::imported_block<Runtime>> block{
+    new gpukit::imported_block<Runtime>{runtime_, h, -1},
+    [rt = &runtime_](gpukit::imported_block<Runtime>* b) {
+      try {
+        gpukit::device_guard<Runtime> guard{*rt, b->device()};
+        (void)rt->device_synchronize();
+      } catch (...) {  // the device could not be made current: unmapped all the same
+      }
+      delete b;
+    }};
   for (int peer : allocator(block->device()).peers()) { block->grant_access(peer); }
   opened_[handle] = block;
   return {block, block->data()};
