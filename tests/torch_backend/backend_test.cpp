@@ -601,6 +601,12 @@ TEST_SUITE("torch_backend")
     CHECK_THROWS_WITH_AS((void)b.open_ipc_handle(handle.substr(0, handle.size() - 2)),
                          doctest::Contains("does not hold one descriptor per page"),
                          gpukit::logic_error);
+    // A page count whose byte count wraps around is no descriptor list either.
+    std::string wraps = handle;
+    wraps.replace(2 + 16, 8, std::string{"\x04\0\0\0\0\0\0\x40", 8});  // 2^62 + 4 pages: 16 bytes
+    CHECK_THROWS_WITH_AS((void)b.open_ipc_handle(wraps + std::string(4, '\0')),
+                         doctest::Contains("does not hold one descriptor per page"),
+                         gpukit::logic_error);
     b.set_torch_version(2, 12);
     CHECK_THROWS_WITH_AS((void)b.share_ipc_handle(p), doctest::Contains("PyTorch 2.12"),
                          gpukit::logic_error);

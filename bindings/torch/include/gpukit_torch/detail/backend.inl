@@ -632,13 +632,15 @@ std::shared_ptr<void> backend<Runtime>::open_ipc_handle(std::string const& handl
     std::memcpy(&header, handle.data() + 2, sizeof header);
     std::size_t const rest = handle.size() - 2 - sizeof header;
     GPUKIT_EXPECTS(
-      header.pages == 0 || rest != header.pages * detail::fabric_handle_bytes,
+      header.pages == 0 || header.pages > rest / detail::fabric_handle_bytes ||
+        rest != header.pages * detail::fabric_handle_bytes,
       "gpukit_torch: getIpcDevPtr: the sender (process " + std::to_string(header.pid) +
         ") shared " + std::to_string(header.pages) +
         " pages as fabric handles (CUmemFabricHandle, IMEX), which gpukit does not "
         "import; set TORCH_CUDA_EXPANDABLE_SEGMENTS_IPC=0 or expandable_segments:False "
         "in the sender");
-    GPUKIT_EXPECTS(header.pages != 0 && rest == header.pages * sizeof(int) && header.pid > 0,
+    GPUKIT_EXPECTS(header.pages != 0 && header.pages <= rest / sizeof(int) &&
+                     rest == header.pages * sizeof(int) && header.pid > 0,
                    "gpukit_torch: getIpcDevPtr: an expandable-segment handle of " +
                      std::to_string(handle.size()) + " bytes (process " +
                      std::to_string(header.pid) + ", " + std::to_string(header.pages) +
