@@ -65,7 +65,11 @@ class FeederThread(unittest.TestCase):
         self.warned = []
         self.saved_show = warnings.showwarning
         warnings.simplefilter("always")
-        warnings.showwarning = lambda message, *a, **k: self.warned.append(str(message))
+        warnings.showwarning = self.record_warning
+
+    def record_warning(self, message, category, *args, **kwargs):
+        if issubclass(category, RuntimeWarning):  # not, e.g., a DeprecationWarning of fork()
+            self.warned.append(str(message))
 
     def tearDown(self):
         ForkingPickler._extra_reducers.clear()
