@@ -26,6 +26,10 @@
 //   needs only the pointer, as PyTorch's free does, and snapshots can name pools and stacks.
 // - Statistics are gpukit's (current and peak), plus counts of bytes allocated and freed since the
 //   last reset_accumulated_stats. gpukit does not split its statistics by small and large pool.
+// - Blocks travel between processes in PyTorch's handle formats (share_ipc_handle,
+//   open_ipc_handle): cudaMalloc segments as CUDA IPC handles, growable memory as PyTorch's
+//   expandable segments (one POSIX descriptor per page, taken by the receiver with pidfd_getfd:
+//   detail/pidfd.hpp). Where receivers would be refused, sharing fails in the sharing thread.
 //
 // Thread-safe.
 #pragma once
