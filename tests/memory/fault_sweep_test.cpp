@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// The fault sweep: for each segment source (stream-ordered, synchronous, growable, debug mode's
-// quarantine, guard pages), a fixed random workload of the caching allocator runs once to count its
+// The fault sweep: for each segment source (stream-ordered, synchronous, growable, growable with
+// shared pages and a peer device granted access, debug mode's quarantine, guard pages), a fixed
+// random workload of the caching allocator runs once to count its
 // runtime calls, phase by phase, then once per call with that call made to fail (every call index
 // of every operation the workload makes, with each error the call can return). The workload's
 // phases: allocate; free with other-stream uses (record_stream, pending frees, frees on another
@@ -13,7 +14,8 @@
 // succeeds when tried again (no block is stranded), the invariants hold, and the reclaim phase
 // gives everything back (release: nothing reserved and nothing held on the device) and then
 // allocates the device's whole capacity; once the allocator is destroyed the simulated device is
-// back to zero bytes in use. Prints, per phase, the fault points tried and survived, and the time.
+// back to zero bytes in use, and no descriptor the run opened is left open. Prints, per phase, the
+// fault points tried and survived, and the time.
 //
 // GPUKIT_FAULT_SWEEP_STRIDE=k tries every k-th call index only (default 1: all of them).
 #include "support/caching_allocator.hpp"
@@ -23,6 +25,8 @@
 #include <gpukit/runtime/sim_runtime.hpp>
 
 #include <doctest/doctest.h>
+
+#include <dirent.h>
 
 #include <array>
 #include <chrono>
@@ -76,6 +80,10 @@ std::vector<configuration> configurations()
   c.push_back({"stream_ordered", with(gpukit::segment_source::stream_ordered), capacity});
   c.push_back({"synchronous", with(gpukit::segment_source::synchronous), capacity});
   c.push_back({"growable", with(gpukit::segment_source::growable), capacity});
+  // Every growable block exported as pages (share_pages), device 0 granted access to every page.
+  gpukit::caching_allocator_options shared = with(gpukit::segment_source::growable);
+  shared.growable_shareable                = true;
+  c.push_back({"growable shared", shared, capacity});
   gpukit::caching_allocator_options debug = with(gpukit::segment_source::synchronous);
   debug.debug.enabled                     = true;
   debug.debug.quarantine_bytes            = 8 * mib;
@@ -94,6 +102,17 @@ struct live_block {
   sim_stream stream;
 };
 
+/// Descriptors this process has open.
+int open_descriptors()
+{
+  int n  = 0;
+  DIR* d = ::opendir("/proc/self/fd");
+  if (d == nullptr) { return -1; }
+  while (dirent const* e = ::readdir(d)) { n += e->d_name[0] != '.' ? 1 : 0; }
+  ::closedir(d);
+  return n;
+}
+
 /// The outcome of one run.
 struct run_result {
   std::string failure;  // empty: survived
@@ -110,6 +129,7 @@ class sweep_run {
   run_result run()
   {
     run_result r;
+    int const descriptors = open_descriptors();
     sim_runtime sim{devices(2, capacity)};
     sim_ = &sim;
     sim_stream s1{}, s2{};
@@ -138,6 +158,10 @@ class sweep_run {
     (void)sim.stream_destroy(s1);
     (void)sim.stream_destroy(s2);
     sim_ = nullptr;
+    if (r.failure.empty() && open_descriptors() != descriptors) {
+      r.failure = "leak: " + std::to_string(open_descriptors() - descriptors) +
+                  " descriptor(s) left open after teardown";
+    }
     return r;
   }
 
@@ -179,10 +203,17 @@ class sweep_run {
 
   void alloc_step(run_result& r, sim_allocator& a, std::size_t bytes, sim_stream s)
   {
+    std::size_t const before = live_.size();
     step(r, "allocate", [&] {
       void* p = a.allocate_async(bytes, s);
       live_.push_back({p, bytes, s});
     });
+    if (a.options().growable_shareable && live_.size() > before) {
+      void* const p = live_.back().p;
+      step(r, "share_pages", [&] {
+        if (a.extent(p).growable) { (void)a.share_pages(p); }  // capture pools' are not
+      });
+    }
   }
 
   void free_step(run_result& r, sim_allocator& a, std::size_t i, sim_stream s)
@@ -207,6 +238,9 @@ class sweep_run {
   {
     std::size_t const sizes[] = {512, 4096, 200 * 1024, 3 * mib, 12 * mib, 40 * mib};
     phase(0);  // allocate: random allocations and frees over two streams
+    if (a.options().growable_shareable) {
+      step(r, "grant_access", [&] { a.grant_access(0); });
+    }
     for (int i = 0; i < 24; ++i) {
       sim_stream const s = streams_[next() % 2];
       if (live_.size() < 3 || next() % 3 != 0) {

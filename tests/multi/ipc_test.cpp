@@ -15,10 +15,13 @@
 
 #include <doctest/doctest.h>
 
+#include <fcntl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <functional>
@@ -48,6 +51,9 @@ struct socket_pair {
     }
   }
 };
+
+/// Whether `fd` is an open descriptor of this process.
+bool is_open(int fd) { return ::fcntl(fd, F_GETFD) != -1 || errno != EBADF; }
 
 /// Copies `bytes` of device memory of `device` to host through a stream of that device.
 std::vector<char> read_device(sim_runtime& sim, int device, void const* p, std::size_t bytes)
@@ -231,9 +237,135 @@ TEST_SUITE("ipc")
       got.close_fds();
       std::vector<char> seen = read_device(b, 0, block.data(), bytes);
       CHECK(first_mismatch(seen.data(), bytes, 51) == bytes);
+      // A peer of the importing device is granted the imported pages (enablePeerAccess).
+      CHECK_FALSE(b.vm_accessible(block.data(), 1));
+      block.grant_access(1);
+      CHECK(b.vm_accessible(block.data(), 1));
+      CHECK(b.vm_accessible(static_cast<char*>(block.data()) + bytes - 1, 1));
       CHECK(b.used_bytes(0) == 0);  // imported memory is the exporter's device's
     }
     alloc.deallocate(p, bytes);
+  }
+
+  TEST_CASE("ipc: each page is exported once, and its descriptor closed when the page goes")
+  {
+    sim_runtime sim{two_gpus()};
+    auto o               = segments_from(gpukit::segment_source::growable, 2 * mib);
+    o.growable_shareable = true;
+    std::vector<int> kept;
+    {
+      sim_allocator alloc{sim, 0, o};
+      void* a       = alloc.allocate(3 * mib);         // pages 0 and 1, from the start
+      void* b       = alloc.allocate(3 * mib + 4096);  // 1 MiB into page 1, through page 3
+      auto const sa = alloc.share_pages(a);
+      auto const sb = alloc.share_pages(b);
+      CHECK(sa.offset == 0);
+      CHECK(sa.bytes == 3 * mib);
+      REQUIRE(sa.pages.size() == 2);
+      REQUIRE(static_cast<char*>(b) - static_cast<char*>(a) == 3 * mib);
+      CHECK(sb.offset == mib);
+      CHECK(sb.bytes >= 3 * mib + 4096);
+      REQUIRE(sb.pages.size() == 3);
+      for (auto const& page : sb.pages) {
+        CHECK(page.bytes == 2 * mib);
+        CHECK(is_open(page.fd));
+      }
+      CHECK(sb.pages[0].fd == sa.pages[1].fd);  // the page both blocks lie on: exported once
+      CHECK(sim.calls(gpukit::sim_op::vm_export_shareable) == 4);
+      auto const again = alloc.share_pages(b);  // no new export
+      CHECK(sim.calls(gpukit::sim_op::vm_export_shareable) == 4);
+      for (std::size_t i = 0; i < 3; ++i) { CHECK(again.pages[i].fd == sb.pages[i].fd); }
+      // export_block hands out its own copies, which it closes; the allocator's stay open.
+      {
+        gpukit::ipc_block_handle h = gpukit::export_block(alloc, b);
+        REQUIRE(h.fds.size() == 3);
+        for (std::size_t i = 0; i < 3; ++i) { CHECK(h.fds[i] != sb.pages[i].fd); }
+      }
+      CHECK(sim.calls(gpukit::sim_op::vm_export_shareable) == 4);
+      for (auto const& page : sb.pages) { CHECK(is_open(page.fd)); }
+
+      // Freed and released: the pages are unmapped and their descriptors closed.
+      alloc.deallocate(b, 3 * mib + 4096);
+      alloc.deallocate(a, 3 * mib);
+      alloc.release();
+      for (auto const& page : sb.pages) { CHECK_FALSE(is_open(page.fd)); }
+      CHECK_FALSE(is_open(sa.pages[0].fd));
+      CHECK(sim.used_bytes(0) == 0);
+
+      // Pages exported again after they come back are new descriptors of the new pages; those
+      // still mapped when the allocator goes are closed by its destructor.
+      void* c = alloc.allocate(5 * mib);
+      for (auto const& page : alloc.share_pages(c).pages) { kept.push_back(page.fd); }
+      CHECK(kept.size() == 3);
+      for (int fd : kept) { CHECK(is_open(fd)); }
+      alloc.deallocate(c, 5 * mib);
+    }
+    for (int fd : kept) { CHECK_FALSE(is_open(fd)); }
+  }
+
+  TEST_CASE("ipc: share_pages refuses what is not a shareable growable block, naming it")
+  {
+    sim_runtime sim{two_gpus()};
+    sim_allocator fixed{sim, 0, segments_from(gpukit::segment_source::synchronous)};
+    void* p = fixed.allocate(mib);
+    CHECK_THROWS_WITH_AS((void)fixed.share_pages(p), doctest::Contains("cudaMalloc segment"),
+                         gpukit::logic_error);
+    CHECK_THROWS_WITH_AS((void)fixed.share_pages(static_cast<char*>(p) + 256),
+                         doctest::Contains("is not a block this allocator has handed out"),
+                         gpukit::logic_error);
+    fixed.deallocate(p, mib);
+    sim_allocator plain{sim, 0, segments_from(gpukit::segment_source::growable, 2 * mib)};
+    void* q = plain.allocate(mib);
+    CHECK_THROWS_WITH_AS((void)plain.share_pages(q), doctest::Contains("growable_shareable"),
+                         gpukit::logic_error);
+    plain.deallocate(q, mib);
+    // An export the runtime refuses leaves nothing half-exported: the next call exports it.
+    auto o               = segments_from(gpukit::segment_source::growable, 2 * mib);
+    o.growable_shareable = true;
+    sim_allocator shared{sim, 0, o};
+    void* r = shared.allocate(3 * mib);
+    sim.inject_fault(gpukit::sim_op::vm_export_shareable, 2, cudaErrorMemoryAllocation);
+    CHECK_THROWS_AS((void)shared.share_pages(r), gpukit::cuda_error);
+    auto const pages = shared.share_pages(r);
+    REQUIRE(pages.pages.size() == 2);
+    CHECK(pages.pages[0].fd != pages.pages[1].fd);
+    shared.deallocate(r, 3 * mib);
+    CHECK(gpukit::detail::check_invariants(shared).empty());
+  }
+
+  TEST_CASE("ipc: grant_access gives a peer device the growable pages, now and when mapped")
+  {
+    sim_runtime sim{two_gpus()};
+    sim_allocator alloc{sim, 0, segments_from(gpukit::segment_source::growable, 2 * mib)};
+    void* a = alloc.allocate(3 * mib);
+    CHECK(sim.vm_accessible(a, 0));
+    CHECK_FALSE(sim.vm_accessible(a, 1));
+    alloc.grant_access(1);
+    CHECK(sim.vm_accessible(a, 1));
+    CHECK(sim.vm_accessible(static_cast<char*>(a) + 3 * mib - 1, 1));
+    CHECK(alloc.peers() == std::vector<int>{1});
+    void* b = alloc.allocate(9 * mib);  // new pages: granted as they are mapped
+    CHECK(sim.vm_accessible(b, 1));
+    CHECK(sim.vm_accessible(static_cast<char*>(b) + 9 * mib - 1, 1));
+    alloc.grant_access(1);  // again, and the allocator's own device: nothing more
+    alloc.grant_access(0);
+    CHECK(alloc.peers() == std::vector<int>{1});
+    CHECK_THROWS_WITH_AS(alloc.grant_access(-1), doctest::Contains("device -1"),
+                         gpukit::logic_error);
+    CHECK_THROWS_AS(alloc.grant_access(5), gpukit::cuda_error);  // no such device here
+    CHECK(alloc.peers() == std::vector<int>{1});
+
+    // A peer's access refused while mapping: the mapping is undone, the allocator stays whole.
+    alloc.deallocate(b, 9 * mib);
+    alloc.release();
+    sim.inject_fault(gpukit::sim_op::vm_set_access, 2, cudaErrorInvalidValue);  // the peer's
+    CHECK_THROWS_AS((void)alloc.allocate(20 * mib), gpukit::cuda_error);
+    CHECK(gpukit::detail::check_invariants(alloc).empty());
+    void* c = alloc.allocate(20 * mib);
+    CHECK(sim.vm_accessible(static_cast<char*>(c) + 20 * mib - 1, 1));
+    alloc.deallocate(c, 20 * mib);
+    alloc.deallocate(a, 3 * mib);
+    CHECK(gpukit::detail::check_invariants(alloc).empty());
   }
 
   TEST_CASE("ipc: what cannot be exported or imported is refused clearly")

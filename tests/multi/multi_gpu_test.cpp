@@ -13,10 +13,13 @@
 #include <gpukit/memory/caching_allocator.hpp>
 #include <gpukit/memory/detail/allocator_invariants.hpp>
 #include <gpukit/runtime/cuda_runtime.hpp>
+#include <gpukit/runtime/detail/driver_api.hpp>
 #include <gpukit/transfer/transfer_pipeline.hpp>
 
 #include <doctest/doctest.h>
 
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_runtime_api.h>
 
 #include <memory>
@@ -42,6 +45,23 @@ int device_of(void const* p)
   cudaPointerAttributes a{};
   REQUIRE(cudaPointerGetAttributes(&a, p) == cudaSuccess);
   return a.device;
+}
+
+/// cuMemGetAccess's answer for `device` at `p` (through the runtime's driver entry point).
+unsigned long long access_of(void const* p, int device)
+{
+  static PFN_cuMemGetAccess_v10020 get_access = [] {
+    PFN_cuMemGetAccess_v10020 fn = nullptr;
+    gpukit::detail::driver_entry_points d;
+    REQUIRE(gpukit::detail::resolve_driver_symbol(d, "cuMemGetAccess", fn));
+    return fn;
+  }();
+  CUmemLocation where{};
+  where.type               = CU_MEM_LOCATION_TYPE_DEVICE;
+  where.id                 = device;
+  unsigned long long flags = 0;
+  REQUIRE(get_access(&flags, &where, reinterpret_cast<CUdeviceptr>(p)) == CUDA_SUCCESS);
+  return flags;
 }
 
 }  // namespace
@@ -78,6 +98,46 @@ TEST_SUITE("gpu")
       alloc.release();
       CHECK(gpukit::detail::check_invariants(alloc).empty());
     }
+  }
+
+  TEST_CASE("multi on CUDA: a peer granted access reaches growable pages, later ones too")
+  {
+    GPUKIT_TEST_SKIP_UNLESS(gpu_count() >= 2, "fewer than 2 GPUs");
+    int can = 0;
+    REQUIRE(cudaDeviceCanAccessPeer(&can, 0, 1) == cudaSuccess);
+    GPUKIT_TEST_SKIP_UNLESS(can != 0, "device 0 cannot access device 1's memory");
+    auto& rt = gpukit::cuda_runtime::instance();
+    gpukit::caching_allocator alloc{rt, 1, segments_from(gpukit::segment_source::growable)};
+    void* a = alloc.allocate(24 * mib);
+    CHECK(access_of(a, 1) == CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    CHECK(access_of(a, 0) == CU_MEM_ACCESS_FLAGS_PROT_NONE);
+    alloc.grant_access(0);  // what PyTorch's enablePeerAccess(0, 1) asks
+    CHECK(access_of(a, 0) == CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    void* b = alloc.allocate(100 * mib);  // pages mapped after the grant
+    CHECK(access_of(b, 0) == CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    CHECK(access_of(static_cast<char*>(b) + 100 * mib - 1, 0) ==
+          CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    CHECK(alloc.peers() == std::vector<int>{0});
+
+    // Device 0 writes device 1's growable memory itself (a memset on a stream of device 0).
+    REQUIRE(cudaSetDevice(0) == cudaSuccess);
+    if (cudaError_t const e = cudaDeviceEnablePeerAccess(1, 0);
+        e == cudaErrorPeerAccessAlreadyEnabled) {
+      (void)cudaGetLastError();
+    } else {
+      REQUIRE(e == cudaSuccess);
+    }
+    stream_holder<gpukit::cuda_runtime> s0{rt, 0};
+    REQUIRE(cudaMemsetAsync(b, 0x3c, 100 * mib, s0) == cudaSuccess);
+    REQUIRE(cudaStreamSynchronize(s0) == cudaSuccess);
+    std::vector<unsigned char> back(100 * mib);
+    REQUIRE(cudaMemcpy(back.data(), b, back.size(), cudaMemcpyDeviceToHost) == cudaSuccess);
+    CHECK(back.front() == 0x3c);
+    CHECK(back.back() == 0x3c);
+    alloc.deallocate(b, 100 * mib);
+    alloc.deallocate(a, 24 * mib);
+    alloc.release();
+    CHECK(gpukit::detail::check_invariants(alloc).empty());
   }
 
   TEST_CASE("multi on CUDA: one pinned pool and a pipeline per device, peer copies")

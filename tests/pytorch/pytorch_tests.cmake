@@ -6,6 +6,8 @@
 #   gpukit_torch.python    gpukit_torch.pluggable's ctypes layer (stats, empty_cache, snapshot, the CuPy
 #                          allocator's malloc and free); no torch needed. Reported skipped, with
 #                          the reason, in sanitizer builds and without python3 or its ctypes
+#   gpukit_torch.sharing   gpukit_torch._sharing: a tensor that cannot be shared, put on an mp.Queue,
+#                          raises in the receiver and warns the sender; pure Python
 gpukit_test_wanted(wanted gpukit_torch_abi_test pytorch/gpukit_torch_abi_test.cpp)
 if(NOT wanted)
   return()
@@ -44,4 +46,15 @@ else()
                    $<TARGET_FILE:gpukit_torch_sim>)
   set_tests_properties(gpukit_torch.python PROPERTIES LABELS gpukit_torch SKIP_RETURN_CODE 77
     ENVIRONMENT "GPUKIT_SIM_DEVICES=2;GPUKIT_SIM_CAPACITY=1G")
+endif()
+# gpukit_torch._sharing (what torch.multiprocessing's tensor reducer does when sharing fails in a
+# queue's feeder thread), pure Python: no torch, no library.
+if(Python3_Interpreter_FOUND)
+  add_test(NAME gpukit_torch.sharing
+           COMMAND Python3::Interpreter ${CMAKE_CURRENT_SOURCE_DIR}/pytorch/sharing_test.py)
+  set_tests_properties(gpukit_torch.sharing PROPERTIES LABELS gpukit_torch TIMEOUT 300)
+else()
+  gpukit_add_skipped_test(gpukit_torch.sharing
+    "python3 was not found when this build was configured (install it, or set Python3_EXECUTABLE, and configure again)"
+    LABELS gpukit_torch)
 endif()

@@ -7,16 +7,22 @@
 #include <gpukit/runtime/sim_runtime.hpp>
 #include <gpukit_torch/alloc_conf.hpp>
 #include <gpukit_torch/backend.hpp>
+#include <gpukit_torch/detail/pidfd.hpp>
 
 #include <doctest/doctest.h>
 
+#include <dirent.h>
+#include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
+#include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -119,6 +125,78 @@ struct stream_guard {
   explicit stream_guard(sim_runtime& r) : rt{r} { GPUKIT_CUDA_TRY(rt.stream_create(s)); }
   ~stream_guard() { (void)rt.stream_destroy(s); }
 };
+
+/// Appends `v` as `n` little-endian bytes (the handle's ints, written out by hand).
+void put(std::string& s, std::uint64_t v, int n)
+{
+  for (int i = 0; i < n; ++i) { s.push_back(static_cast<char>((v >> (8 * i)) & 0xff)); }
+}
+
+/// PyTorch 2.11's expandable-segment handle, built byte by byte: "\x02e", the pid, 4 zero bytes,
+/// the page size, the number of pages, then each descriptor as a 4-byte int.
+std::string pytorch_handle(int pid, std::size_t page_bytes, std::vector<int> const& fds)
+{
+  std::string s{
+    "\x02"
+    "e"};
+  put(s, static_cast<std::uint32_t>(pid), 4);
+  put(s, 0, 4);
+  put(s, page_bytes, 8);
+  put(s, fds.size(), 8);
+  for (int fd : fds) { put(s, static_cast<std::uint32_t>(fd), 4); }
+  return s;
+}
+
+/// Open descriptors of this process.
+int open_fds()
+{
+  int n  = 0;
+  DIR* d = ::opendir("/proc/self/fd");
+  while (dirent* e = ::readdir(d)) { n += e->d_name[0] != '.' ? 1 : 0; }
+  ::closedir(d);
+  return n - 1;  // the directory's own
+}
+
+/// Replaces the pidfd system calls for a scope.
+struct pidfd_override {
+  gpukit_torch::detail::pidfd_calls saved = gpukit_torch::detail::pidfd_syscalls();
+  explicit pidfd_override(gpukit_torch::detail::pidfd_calls calls)
+  {
+    gpukit_torch::detail::pidfd_syscalls() = calls;
+  }
+  ~pidfd_override() { gpukit_torch::detail::pidfd_syscalls() = saved; }
+};
+
+// The refusals a test injects: the call fails with this errno.
+int injected_errno = 0;
+int refuse_open(int) { return errno = injected_errno, -1; }
+int refuse_getfd(int, int) { return errno = injected_errno, -1; }
+// The first pidfd_getfd succeeds, later ones fail with EBADF.
+int getfd_calls = 0;
+int getfd_once(int pidfd, int fd)
+{
+  if (getfd_calls++ == 0) { return gpukit_torch::detail::system_pidfd_getfd(pidfd, fd); }
+  return errno = EBADF, -1;
+}
+
+/// Copies `bytes` from host to device and waits.
+void upload(sim_runtime& sim, void* dst, std::vector<char> const& src, stream_t s)
+{
+  GPUKIT_CUDA_TRY(
+    sim.memcpy_async(dst, src.data(), src.size(), gpukit::memcpy_kind::host_to_device, s));
+  GPUKIT_CUDA_TRY(sim.stream_synchronize(s));
+}
+
+/// Device bytes, copied to the host.
+std::vector<char> download(sim_runtime& sim, void const* src, std::size_t bytes, stream_t s)
+{
+  std::vector<char> out(bytes);
+  GPUKIT_CUDA_TRY(sim.memcpy_async(out.data(), src, bytes, gpukit::memcpy_kind::device_to_host, s));
+  GPUKIT_CUDA_TRY(sim.stream_synchronize(s));
+  return out;
+}
+
+constexpr char const* growable_conf = "segments:growable,growable_shareable:true,page_size:2MiB";
 
 }  // namespace
 
@@ -507,6 +585,250 @@ TEST_SUITE("torch_backend")
     b.deallocate(p);
     b.deallocate(first);
     b.allocator(0).forget_stream(s.s);
+  }
+
+  TEST_CASE("backend: growable blocks travel in PyTorch's expandable-segment format, both ways")
+  {
+    sim_runtime sim{one_device()};
+    stream_guard s{sim};
+    sim_backend b{sim, conf(growable_conf)};
+    void* first = b.allocate(0, 3 * MiB, s.s);         // pages 0 and 1
+    void* p     = b.allocate(0, 3 * MiB + 4096, s.s);  // 1 MiB into page 1, through page 3
+    REQUIRE(static_cast<char*>(p) - static_cast<char*>(first) ==
+            static_cast<std::ptrdiff_t>(3 * MiB));
+    std::vector<char> mine(3 * MiB + 4096, 'x');
+    upload(sim, p, mine, s.s);
+
+    auto const [handle, offset] = b.share_ipc_handle(p);
+    CHECK(b.sharing_refusal().empty());
+    CHECK(offset == MiB);
+    std::vector<int> fds;
+    for (auto const& page : b.allocator(0).share_pages(p).pages) { fds.push_back(page.fd); }
+    REQUIRE(fds.size() == 3);
+    CHECK(handle == pytorch_handle(::getpid(), 2 * MiB, fds));  // byte for byte
+    CHECK(handle.size() == 2 + 24 + 3 * 4);
+    CHECK(b.share_ipc_handle(p).first == handle);  // the same string again: receivers' cache key
+
+    // Opened by another process (a child with a simulated GPU of its own), which reads the
+    // sender's bytes, writes its own, and opens the same handle to the same mapping.
+    pid_t const pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      int rc = 1;
+      try {
+        sim_runtime child{one_device()};
+        sim_backend cb{child, conf(growable_conf)};
+        std::shared_ptr<void> seg   = cb.open_ipc_handle(handle);
+        std::shared_ptr<void> again = cb.open_ipc_handle(handle);
+        char* at                    = static_cast<char*>(seg.get()) + offset;
+        bool const same             = download(child, at, mine.size(), stream_t{}) == mine;
+        upload(child, at, std::vector<char>(mine.size(), 'y'), stream_t{});
+        rc = same && again.get() == seg.get() ? 0 : 2;
+      } catch (std::exception const& e) {
+        std::fprintf(stderr, "child: %s\n", e.what());
+        rc = 3;
+      }
+      ::_exit(rc);
+    }
+    int status = 0;
+    REQUIRE(::waitpid(pid, &status, 0) == pid);
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+    CHECK(download(sim, p, mine.size(), s.s) == std::vector<char>(mine.size(), 'y'));
+
+    // The other way: a handle as PyTorch's own allocator writes it (pages it created and
+    // exported itself), opened by gpukit.
+    sim_runtime native{one_device()};
+    std::vector<sim_runtime::physical_handle> pages(2);
+    std::vector<int> native_fds;
+    for (auto& ph : pages) {
+      GPUKIT_CUDA_TRY(native.vm_create(ph, 2 * MiB, 0, true));
+      int fd = -1;
+      GPUKIT_CUDA_TRY(native.vm_export_shareable(fd, ph));
+      native_fds.push_back(fd);
+    }
+    void* va = nullptr;
+    GPUKIT_CUDA_TRY(native.vm_reserve(&va, 4 * MiB, 0));
+    for (std::size_t i = 0; i < 2; ++i) {
+      GPUKIT_CUDA_TRY(native.vm_map(static_cast<char*>(va) + i * 2 * MiB, 2 * MiB, pages[i]));
+    }
+    GPUKIT_CUDA_TRY(native.vm_set_access(va, 4 * MiB, 0));
+    std::vector<char> theirs(4 * MiB, 'n');
+    upload(native, va, theirs, stream_t{});
+    auto const syncs = sim.calls(gpukit::sim_op::device_synchronize);
+    {
+      std::shared_ptr<void> opened =
+        b.open_ipc_handle(pytorch_handle(::getpid(), 2 * MiB, native_fds));
+      CHECK(download(sim, opened.get(), theirs.size(), s.s) == theirs);
+      CHECK(sim.calls(gpukit::sim_op::device_synchronize) == syncs);
+    }
+    // Unmapped once the device's work is done.
+    CHECK(sim.calls(gpukit::sim_op::device_synchronize) == syncs + 1);
+    GPUKIT_CUDA_TRY(native.vm_unmap(va, 4 * MiB));
+    GPUKIT_CUDA_TRY(native.vm_free(va, 4 * MiB));
+    for (std::size_t i = 0; i < 2; ++i) {
+      GPUKIT_CUDA_TRY(native.vm_release(pages[i]));
+      ::close(native_fds[i]);
+    }
+
+    // Handles of other layouts are refused, naming what they hold.
+    std::string fabric = pytorch_handle(::getpid(), 2 * MiB, {});
+    fabric.replace(2 + 16, 8, std::string{"\x02\0\0\0\0\0\0\0", 8});  // 2 pages...
+    fabric += std::string(2 * 64, '\0');                              // of 64 bytes
+    CHECK_THROWS_WITH_AS((void)b.open_ipc_handle(fabric), doctest::Contains("fabric handles"),
+                         gpukit::logic_error);
+    CHECK_THROWS_WITH_AS((void)b.open_ipc_handle(handle.substr(0, handle.size() - 2)),
+                         doctest::Contains("does not hold one descriptor per page"),
+                         gpukit::logic_error);
+    // A page count whose byte count wraps around is no descriptor list either.
+    std::string wraps = handle;
+    wraps.replace(2 + 16, 8, std::string{"\x04\0\0\0\0\0\0\x40", 8});  // 2^62 + 4 pages: 16 bytes
+    CHECK_THROWS_WITH_AS((void)b.open_ipc_handle(wraps + std::string(4, '\0')),
+                         doctest::Contains("does not hold one descriptor per page"),
+                         gpukit::logic_error);
+    b.set_torch_version(2, 12);
+    CHECK_THROWS_WITH_AS((void)b.share_ipc_handle(p), doctest::Contains("PyTorch 2.12"),
+                         gpukit::logic_error);
+    b.set_torch_version(2, 4);
+    CHECK_THROWS_WITH_AS((void)b.open_ipc_handle(handle), doctest::Contains("segments:synchronous"),
+                         gpukit::logic_error);
+    b.set_torch_version(2, 11);
+
+    // Freed and released in the sender, the pages' descriptors are closed: a receiver opening
+    // the handle late is told why.
+    b.deallocate(p);
+    b.deallocate(first);
+    (void)b.empty_cache();
+    try {
+      (void)b.open_ipc_handle(handle);
+      FAIL("the descriptors were closed");
+    } catch (std::system_error const& e) {
+      CHECK(e.code().value() == EBADF);
+      CHECK(std::string{e.what()}.find("EBADF") != std::string::npos);
+      CHECK(std::string{e.what()}.find("GPUKIT_ALLOC_CONF=segments:synchronous") !=
+            std::string::npos);
+    }
+    b.allocator(0).forget_stream(s.s);
+  }
+
+  TEST_CASE("backend: each refusal of pidfd_open or pidfd_getfd names its cause and the setting")
+  {
+    sim_runtime sim{one_device()};
+    stream_guard s{sim};
+    struct expected {
+      int error;
+      bool on_open;
+      char const* says;
+    };
+    for (auto const& x : {expected{ENOSYS, false, "Linux 5.6"}, expected{EPERM, false, "ptrace"},
+                          expected{ESRCH, true, "exited"}, expected{EBADF, false, "freed"},
+                          expected{EMFILE, false, "errno"}}) {
+      CAPTURE(x.error);
+      // The receiver: the handle cannot be opened, with the errno and why.
+      sim_backend sender{sim, conf(growable_conf)};
+      void* p                     = sender.allocate(0, 3 * MiB, s.s);
+      auto const [handle, offset] = sender.share_ipc_handle(p);
+      injected_errno              = x.error;
+      int const before            = open_fds();
+      {
+        pidfd_override o{x.on_open ? gpukit_torch::detail::pidfd_calls{&refuse_open, &refuse_getfd}
+                                   : gpukit_torch::detail::pidfd_calls{
+                                       &gpukit_torch::detail::system_pidfd_open, &refuse_getfd}};
+        sim_backend receiver{sim, conf(growable_conf)};
+        try {
+          (void)receiver.open_ipc_handle(handle);
+          FAIL("the refusal was not reported");
+        } catch (std::system_error const& e) {
+          std::string const what = e.what();
+          CHECK(e.code().value() == x.error);
+          CHECK(what.find(x.on_open ? "pidfd_open(process " : "pidfd_getfd(process ") !=
+                std::string::npos);
+          CHECK(what.find(std::to_string(::getpid())) != std::string::npos);
+          CHECK(what.find(x.says) != std::string::npos);
+          CHECK(what.find("GPUKIT_ALLOC_CONF=segments:synchronous") != std::string::npos);
+        }
+        // The sender: its probe meets the same refusal, so sharing fails in the sharing thread.
+        sim_backend refused{sim, conf(growable_conf)};
+        void* q = refused.allocate(0, MiB, s.s);
+        try {
+          (void)refused.share_ipc_handle(q);
+          FAIL("the probe's refusal was not reported");
+        } catch (std::system_error const& e) {
+          CHECK(e.code().value() == x.error);
+          CHECK(std::string{e.what()}.find("cannot be shared with another process") !=
+                std::string::npos);
+          CHECK(std::string{e.what()}.find(x.says) != std::string::npos);
+          CHECK(std::string{e.what()}.find("segments:synchronous") != std::string::npos);
+        }
+        CHECK_FALSE(refused.sharing_refusal().empty());
+        refused.deallocate(q);
+        refused.allocator(0).forget_stream(s.s);
+      }
+      CHECK(open_fds() == before);  // nothing leaked on the way out
+      sender.deallocate(p);
+      sender.allocator(0).forget_stream(s.s);
+    }
+    {
+      // Descriptors taken before a later page's refusal are closed.
+      sim_backend sender{sim, conf(growable_conf)};
+      void* p           = sender.allocate(0, 5 * MiB, s.s);
+      auto const handle = sender.share_ipc_handle(p).first;
+      int const before  = open_fds();
+      getfd_calls       = 0;
+      pidfd_override o{{&gpukit_torch::detail::system_pidfd_open, &getfd_once}};
+      sim_backend receiver{sim, conf(growable_conf)};
+      CHECK_THROWS_AS((void)receiver.open_ipc_handle(handle), std::system_error);
+      CHECK(getfd_calls == 2);
+      CHECK(open_fds() == before);
+      sender.deallocate(p);
+      sender.allocator(0).forget_stream(s.s);
+    }
+    {
+      // cudaMalloc segments travel as CUDA IPC handles: no probe, no refusal.
+      injected_errno = EPERM;
+      pidfd_override o{{&refuse_open, &refuse_getfd}};
+      sim_backend sync{sim, conf("segments:synchronous")};
+      void* p = sync.allocate(0, MiB, s.s);
+      CHECK(sync.share_ipc_handle(p).first.substr(0, 2) == std::string{"\x02"
+                                                                       "c"});
+      sync.deallocate(p);
+      sync.allocator(0).forget_stream(s.s);
+    }
+    // The variable tests use to refuse pidfd_getfd in whole programs names errnos.
+    CHECK(gpukit_torch::detail::errno_from_name("EPERM") == EPERM);
+    CHECK(gpukit_torch::detail::errno_from_name("ENOSYS") == ENOSYS);
+    CHECK(gpukit_torch::detail::errno_from_name("9") == 9);
+    CHECK(gpukit_torch::detail::errno_from_name("EPERMX") == 0);
+    CHECK(gpukit_torch::detail::errno_from_name("") == 0);
+    CHECK(gpukit_torch::detail::errno_from_name(nullptr) == 0);
+  }
+
+  TEST_CASE("backend: enablePeerAccess gives the peer the growable pages and opened blocks")
+  {
+    sim_runtime sim{gpukit::sim_config{}.with_devices(2, 4 * GiB)};
+    GPUKIT_CUDA_TRY(sim.set_device(1));
+    stream_guard s{sim};  // a stream of device 1
+    sim_backend b{sim, conf(growable_conf)};
+    void* p = b.allocate(1, 3 * MiB, s.s);
+    CHECK_FALSE(sim.vm_accessible(p, 0));
+    auto const handle            = b.share_ipc_handle(p).first;
+    std::shared_ptr<void> opened = b.open_ipc_handle(handle);  // mapped for device 1 (current)
+    CHECK(sim.vm_accessible(opened.get(), 1));
+    CHECK_FALSE(sim.vm_accessible(opened.get(), 0));
+    b.grant_peer_access(0, 1);  // device 0 may access device 1's memory
+    CHECK(sim.vm_accessible(p, 0));
+    CHECK(sim.vm_accessible(opened.get(), 0));
+    void* q = b.allocate(1, 20 * MiB, s.s);  // mapped later: granted too
+    CHECK(sim.vm_accessible(static_cast<char*>(q) + 20 * MiB - 1, 0));
+    void* r                  = b.allocate(1, 4 * MiB, s.s);
+    std::shared_ptr<void> r2 = b.open_ipc_handle(b.share_ipc_handle(r).first);  // opened later
+    CHECK(sim.vm_accessible(r2.get(), 0));
+    CHECK_THROWS_AS(b.grant_peer_access(-1, 1), gpukit::logic_error);
+    opened.reset();
+    r2.reset();
+    for (void* x : {p, q, r}) { b.deallocate(x); }
+    b.allocator(1).forget_stream(s.s);
+    GPUKIT_CUDA_TRY(sim.set_device(0));
   }
 }
 

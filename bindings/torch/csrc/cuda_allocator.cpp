@@ -436,6 +436,9 @@ void cuda_allocator::enablePeerAccess(c10::DeviceIndex dev, c10::DeviceIndex dev
   } else {
     C10_CUDA_CHECK(err);
   }
+  // cudaDeviceEnablePeerAccess covers cudaMalloc memory only: growable pages (virtual memory)
+  // need cuMemSetAccess for the peer, now and as they are mapped.
+  translate("enablePeerAccess", [&] { backend_->grant_peer_access(dev, dev_to_access); });
 }
 
 cudaError_t cuda_allocator::memcpyAsync(void* dst, int dstDevice, const void* src, int srcDevice,

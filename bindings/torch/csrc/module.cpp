@@ -7,6 +7,7 @@
 
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
 #include <torch/extension.h>
+#include <torch/version.h>
 
 #include <execinfo.h>
 #include <unistd.h>
@@ -60,6 +61,8 @@ std::string install(std::string const& conf)
   std::string effective = gpukit_torch::effective_conf_from_env();
   if (!conf.empty()) { effective += "," + conf; }
   auto a = std::make_shared<gpukit_torch::cuda_allocator>(settings, effective);
+  // The layout of the handles torch.multiprocessing sends is this PyTorch's.
+  a->layer().set_torch_version(TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR);
   // Refuses (c10::Error) once PyTorch's own allocator has served CUDA memory.
   torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(a);
   installed()      = a;
@@ -153,6 +156,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
     },
     "Checks settings over the backend's defaults (ValueError naming a refused or bad key or "
     "value); returns the segment source they select");
+  m.def(
+    "sharing_refusal",
+    [] {
+      pybind11::gil_scoped_release unlocked;  // the first call forks a probe and waits for it
+      return current().layer().sharing_refusal();
+    },
+    "Why CUDA tensors of growable memory cannot be shared with other processes here ('' when "
+    "they can): pidfd_getfd refused, probed once per process");
   m.def("gpukit_stats", &gpukit_stats, pybind11::arg("device") = 0,
         "gpukit's own statistics of a device");
   m.def(

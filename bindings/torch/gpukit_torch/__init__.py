@@ -25,7 +25,8 @@ imported only when asked for.
 import importlib
 import os
 
-__all__ = ["install", "is_installed", "default_conf", "check_conf", "gpukit_stats", "pluggable"]
+__all__ = ["install", "is_installed", "default_conf", "check_conf", "sharing_refusal",
+           "gpukit_stats", "pluggable"]
 
 
 def _native():
@@ -46,12 +47,15 @@ def install(conf: str = "") -> str:
     """
     import torch  # noqa: PLC0415 (loads libtorch before the extension)
 
+    from . import _sharing  # noqa: PLC0415
+
     native = _native()
     effective = native.install(conf)
     host = native.host_settings()
     if host:
         # PyTorch reads its own variable; keys given through gpukit reach its pinned memory here.
         torch.cuda.memory._set_allocator_settings(host)
+    _sharing.install()  # torch.multiprocessing: a tensor that cannot be shared never hangs a queue
     return effective
 
 
@@ -69,6 +73,14 @@ def check_conf(conf: str) -> str:
     """Checks settings over the backend's defaults without installing (ValueError naming a refused
     or bad key); returns the segment source they select."""
     return _native().parse_conf(conf)
+
+
+def sharing_refusal() -> str:
+    """Why CUDA tensors of growable memory cannot be shared with other processes here ('' when
+    they can): receivers take the pages' descriptors with pidfd_getfd, which old kernels lack
+    and containers or Yama's ptrace_scope may forbid. Probed once per process (a forked child
+    tries it on this one); GPUKIT_ALLOC_CONF=segments:synchronous avoids it."""
+    return _native().sharing_refusal()
 
 
 def gpukit_stats(device: int = 0) -> dict:

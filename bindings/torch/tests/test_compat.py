@@ -425,6 +425,153 @@ def row_ipc_multiprocessing(torch, allocator):
     return "a child process wrote into the parent's CUDA tensor"
 
 
+def _in_expandable_segment(torch, t):
+    """Whether t's memory lies in an expandable (growable) segment, by the allocator's snapshot."""
+    p = t.data_ptr()
+    for seg in torch.cuda.memory_snapshot():
+        if seg["address"] <= p < seg["address"] + seg["total_size"]:
+            return seg.get("is_expandable", False)
+    raise AssertionError(f"no segment holds {p:#x}")
+
+
+def _growable_child(to_child, to_parent, allocator):
+    # A process with the parent's allocator: takes the parent's tensor, writes into it, and sends
+    # one of its own, which it keeps until the parent says it is done with it.
+    if allocator == "gpukit":
+        import gpukit_torch
+
+        gpukit_torch.install()
+    import torch
+
+    t = to_child.get(timeout=60)
+    t += 1
+    torch.cuda.synchronize()
+    del t
+    mine = torch.full((3 << 20,), 7.0, device="cuda")
+    assert _in_expandable_segment(torch, mine), "the child's tensor is not in growable memory"
+    to_parent.put(mine)
+    assert to_child.get(timeout=60) == "done"
+
+
+def row_ipc_growable_both_ways(torch, allocator):
+    import torch.multiprocessing as mp
+
+    t = torch.full((5 << 20,), 41.0, device="cuda")
+    assert _in_expandable_segment(torch, t), "the parent's tensor is not in growable memory"
+    ctx = mp.get_context("spawn")
+    to_child, to_parent = ctx.Queue(), ctx.Queue()
+    p = ctx.Process(target=_growable_child, args=(to_child, to_parent, allocator))
+    p.start()
+    try:
+        to_child.put(t)
+        theirs = to_parent.get(timeout=120)
+        torch.cuda.synchronize()
+        assert torch.all(t == 42.0), "the child's write did not reach the parent's tensor"
+        assert theirs.device.type == "cuda" and torch.all(theirs == 7.0), "the child's tensor"
+        del theirs
+        to_child.put("done")
+        p.join(60)
+        assert p.exitcode == 0, p.exitcode
+    finally:
+        if p.is_alive():
+            p.kill()
+    return "growable memory went to a child and back (expandable-segment handles both ways)"
+
+
+def _native_child(queue, done):
+    # PyTorch's own allocator (gpukit not installed) opens what the parent shares.
+    import torch
+
+    t = queue.get(timeout=60)
+    ok = bool(torch.all(t == 41.0))
+    t += 1
+    torch.cuda.synchronize()
+    del t
+    done.put("ok" if ok else "the child read other values")
+
+
+def row_ipc_growable_to_native_child(torch, allocator):
+    import torch.multiprocessing as mp
+
+    t = torch.full((5 << 20,), 41.0, device="cuda")
+    assert _in_expandable_segment(torch, t), "the parent's tensor is not in growable memory"
+    ctx = mp.get_context("spawn")
+    q, done = ctx.Queue(), ctx.Queue()
+    p = ctx.Process(target=_native_child, args=(q, done))
+    p.start()
+    try:
+        q.put(t)
+        assert (answer := done.get(timeout=120)) == "ok", answer
+        p.join(60)
+        assert p.exitcode == 0, p.exitcode
+    finally:
+        if p.is_alive():
+            p.kill()
+    torch.cuda.synchronize()
+    assert torch.all(t == 42.0), "the native child's write did not reach the parent's tensor"
+    return "a child with PyTorch's own allocator opened and wrote the parent's growable tensor"
+
+
+def _refused_child(queue, done):
+    try:
+        queue.get(timeout=60)
+        done.put("the tensor arrived although sharing was refused")
+    except Exception as e:  # noqa: BLE001 (the error the sender's feeder thread handed over)
+        done.put(f"{type(e).__name__}: {e}")
+
+
+def row_ipc_growable_refusal_reported(torch, allocator):
+    # GPUKIT_TORCH_REFUSE_PIDFD_GETFD=EPERM (set for this row) makes pidfd_getfd fail as in a
+    # container that forbids it.
+    if allocator == "native":
+        return "not applicable: the refusal is simulated through gpukit's pidfd_getfd wrapper"
+    import warnings
+
+    import torch.multiprocessing as mp
+
+    warned = []
+    warnings.simplefilter("always")
+    warnings.showwarning = lambda message, *args, **kwargs: warned.append(str(message))
+    t = torch.full((1 << 20,), 41.0, device="cuda")
+    assert _in_expandable_segment(torch, t), "the tensor is not in growable memory"
+    ctx = mp.get_context("spawn")
+    # Pickled in the calling thread: raised there, naming the cause and the setting.
+    try:
+        ctx.SimpleQueue().put(t)
+        raise AssertionError("sharing was not refused")
+    except RuntimeError as e:
+        assert "EPERM" in str(e) and "segments:synchronous" in str(e), str(e)
+    # mp.Queue pickles in its feeder thread: the receiver gets the error, the sender a warning.
+    q, done = ctx.Queue(), ctx.Queue()
+    p = ctx.Process(target=_refused_child, args=(q, done))
+    p.start()
+    try:
+        q.put(t)
+        answer = done.get(timeout=120)
+        p.join(60)
+        assert p.exitcode == 0, p.exitcode
+    finally:
+        if p.is_alive():
+            p.kill()
+    assert answer.startswith("SharingError") and "EPERM" in answer, answer
+    assert "segments:synchronous" in answer, answer
+    assert any("EPERM" in w for w in warned), f"the sender was not warned: {warned}"
+    return "refused in the sharing thread; through mp.Queue the receiver raised and the sender was warned"
+
+
+# Environment of a row's process, per allocator (growable memory under both allocators).
+ROW_ENV = {
+    row: {
+        "native": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
+        "gpukit": {"GPUKIT_ALLOC_CONF": "segments:growable"},
+    }
+    for row in ("ipc_growable_both_ways", "ipc_growable_to_native_child")
+}
+ROW_ENV["ipc_growable_refusal_reported"] = {
+    "native": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
+    "gpukit": {"GPUKIT_ALLOC_CONF": "segments:growable", "GPUKIT_TORCH_REFUSE_PIDFD_GETFD": "EPERM"},
+}
+
 ROWS = [name[4:] for name in sorted(globals()) if name.startswith("row_")]
 ALLOCATORS = ["native", "gpukit"]
 
@@ -438,10 +585,11 @@ def run_row(row, allocator, timeout=300):
     """Runs one row in a fresh process. Returns (passed, detail, seconds). gpukit:CONF runs
     as gpukit with GPUKIT_ALLOC_CONF=CONF in the environment (children of the row inherit it)."""
     start = time.time()
-    env = None
+    env = dict(os.environ)
     if allocator.startswith("gpukit:"):
-        env = dict(os.environ, GPUKIT_ALLOC_CONF=allocator.split(":", 1)[1])
+        env["GPUKIT_ALLOC_CONF"] = allocator.split(":", 1)[1]
         allocator = "gpukit"
+    env.update(ROW_ENV.get(row, {}).get(allocator, {}))  # a row's own settings win
     try:
         r = subprocess.run(
             [sys.executable, HERE, "--child", row, allocator],
@@ -517,7 +665,7 @@ def main(argv):
     rows = argv or ROWS
     cases = [(row, a) for row in rows for a in allocators]
     # The slowest rows (torch.compile, a second process) first, so that they overlap the rest.
-    cases.sort(key=lambda c: c[0] not in ("compile_reduce_overhead", "ipc_multiprocessing"))
+    cases.sort(key=lambda c: c[0] != "compile_reduce_overhead" and not c[0].startswith("ipc_"))
     results = []
 
     def one(case):

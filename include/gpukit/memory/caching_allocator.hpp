@@ -472,6 +472,40 @@ class basic_caching_allocator final {
   /// @throws gpukit::logic_error for any other pointer
   [[nodiscard]] block_extent extent(void const* ptr) const;
 
+  /// One physical page of a growable segment, exported as a POSIX file descriptor.
+  struct shared_page {
+    int fd{-1};  ///< the allocator's descriptor (CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+    std::size_t bytes{0};  ///< the page's size
+  };
+  /// The pages holding a block of a growable segment, as another process maps them.
+  struct shared_pages {
+    std::size_t offset{0};           ///< the block's start from the first page's
+    std::size_t bytes{0};            ///< the block's size
+    std::vector<shared_page> pages;  ///< the pages in address order, first to last
+  };
+  /// The pages holding `ptr`, a block of a growable segment this allocator has handed out (its
+  /// start), each exported as a POSIX file descriptor (cuMemExportToShareableHandle). A page is
+  /// exported once: later calls return the same descriptor, which the allocator keeps open until
+  /// the page is unmapped or the allocator destroyed. The descriptors are the allocator's: do not
+  /// close them (duplicate one to keep it); they stay valid while the block stays allocated.
+  /// Takes the pool lock; does not synchronize.
+  /// @throws gpukit::logic_error for any other pointer, a block of another segment source, or an
+  ///         allocator without growable_shareable (its pages cannot be exported)
+  /// @throws gpukit::cuda_error when the runtime refuses an export
+  [[nodiscard]] shared_pages share_pages(void const* ptr);
+
+  /// Grants device `peer_device` read-write access to the pages of this allocator's growable
+  /// segments (cuMemSetAccess): those mapped now and every page mapped later, as PyTorch's
+  /// enablePeerAccess needs (cudaDeviceEnablePeerAccess covers cudaMalloc memory, not virtual
+  /// memory). Granting the allocator's own device, or a peer granted before, does nothing.
+  /// Takes the pool lock; does not synchronize.
+  /// @throws gpukit::logic_error for a device ordinal below 0 or above 63
+  /// @throws gpukit::cuda_error when the runtime refuses access (nothing granted by this call is
+  ///         taken back; the peer is not remembered, so a later call tries again)
+  void grant_access(int peer_device);
+  /// The devices grant_access has granted, in the order granted.
+  [[nodiscard]] std::vector<int> peers() const;
+
   /// Two allocators are equal when they are the same object (memory from one cannot be freed
   /// through another).
   friend bool operator==(basic_caching_allocator const& a,
@@ -641,6 +675,8 @@ class basic_caching_allocator final {
   void unmap_stranded_pages_locked();
   void unmap_released_blocks_locked(std::size_t target, stream_type const* only_stream);
   void free_empty_ranges_locked();
+  typename Runtime::error_type grant_peers_locked(void* va, std::size_t bytes);
+  void close_page_fd_locked(segment& seg, std::size_t i) noexcept;
   // The list of spare pages a pool kind uses: one for both when their pages have the same size.
   int spare_kind(int kind) const noexcept
   {
@@ -665,6 +701,7 @@ class basic_caching_allocator final {
     std::vector<block*> unmapped[2];        // unmapped ranges, per pool kind
     std::vector<physical_handle> spare[2];  // unmapped physical pages, held
     std::vector<segment*> segments;
+    std::vector<int> peers;  // devices granted access to every mapped page (grant_access)
   };
   /// Streams and the events that order blocks between them.
   struct stream_state {

@@ -34,8 +34,10 @@
 // - Growable segments (segment_source::growable with growable_shareable): a POSIX file descriptor
 //   for each physical page holding the block (cuMemExportToShareableHandle); the importer imports
 //   them (cuMemImportFromShareableHandle), maps them into an address range it reserves, and
-//   grants its device access. Descriptors cross processes only over a unix socket (SCM_RIGHTS),
-//   which send_block_handle / receive_block_handle do (or by fork()).
+//   grants its device access. The allocator exports each page once and keeps its descriptor until
+//   the page is unmapped (caching_allocator::share_pages); the handle holds copies of them.
+//   Descriptors cross processes only over a unix socket (SCM_RIGHTS), which send_block_handle /
+//   receive_block_handle do, by fork(), or by pidfd_getfd (as PyTorch's receivers take them).
 //
 // The exporter must keep the block allocated, and not reuse it, while importers use it: the pages
 // (or the segment) stay the exporter's allocator's. Ordering work between the processes is the
@@ -49,6 +51,7 @@
 #include <gpukit/memory/caching_allocator.hpp>
 #include <gpukit/runtime/runtime.hpp>
 
+#include <fcntl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -129,14 +132,19 @@ template <class Runtime>
     GPUKIT_EXPECTS(alloc.options().growable_shareable,
                    "export_block: the block lies in a growable segment whose pages are not "
                    "shareable: set caching_allocator_options::growable_shareable");
-    h.type       = ipc_block_handle::kind::shareable_pages;
-    h.page_bytes = x.page_bytes;
-    h.offset     = x.offset - x.first_page * x.page_bytes;
-    h.fds.reserve(x.pages.size());
-    for (auto const& page : x.pages) {
-      int fd = -1;
-      GPUKIT_CUDA_TRY(rt.vm_export_shareable(fd, page));  // h closes those exported so far
-      h.fds.push_back(fd);
+    // Each page is exported once, by the allocator; the handle owns copies of its descriptors.
+    auto const shared = alloc.share_pages(ptr);
+    h.type            = ipc_block_handle::kind::shareable_pages;
+    h.page_bytes      = x.page_bytes;
+    h.offset          = shared.offset;
+    h.fds.reserve(shared.pages.size());
+    for (auto const& page : shared.pages) {
+      int const fd = ::fcntl(page.fd, F_DUPFD_CLOEXEC, 0);
+      if (fd < 0) {
+        throw std::system_error{errno, std::generic_category(),
+                                "gpukit: export_block: duplicating a page's descriptor"};
+      }
+      h.fds.push_back(fd);  // h closes those duplicated so far
     }
   } else {
     GPUKIT_EXPECTS(!x.stream_ordered,
@@ -236,6 +244,21 @@ class imported_block final {
   [[nodiscard]] std::size_t size() const noexcept { return bytes_; }
   /// The device the block is mapped for.
   [[nodiscard]] int device() const noexcept { return device_; }
+
+  /// Grants device `peer` read-write access to the mapping too (cuMemSetAccess), as PyTorch's
+  /// enablePeerAccess asks. Only blocks of shareable pages need it: a CUDA IPC handle's memory is
+  /// opened with lazy peer access. Does nothing for the block's own device or a closed block.
+  /// Does not synchronize.
+  /// @throws gpukit::cuda_error when the runtime refuses (e.g. a device that does not exist)
+  void grant_access(int peer)
+  {
+    if (base_ == nullptr || type_ != ipc_block_handle::kind::shareable_pages || peer == device_) {
+      return;
+    }
+    device_guard<Runtime> guard{*rt_, device_};
+    GPUKIT_CUDA_TRY(rt_->vm_set_access(base_, range_bytes_, peer),
+                    "vm_set_access of an imported block for peer device " + std::to_string(peer));
+  }
 
   /// Unmaps the block (cudaIpcCloseMemHandle, or cuMemUnmap and cuMemAddressFree). Work that
   /// uses it must have completed. Never throws; idempotent.

@@ -364,6 +364,9 @@ class sim_runtime final : public detail::cuda_error_vocabulary {
   [[nodiscard]] bool peer_access_enabled(int device, int peer) const noexcept;
   /// memcpy_peer_async calls between two devices without peer access either way.
   [[nodiscard]] std::uint64_t staged_peer_copies() const noexcept;
+  /// True when `p` lies in mapped virtual memory that vm_set_access made accessible to `device`
+  /// (the mapping's own device or a peer); false for any other address or device.
+  [[nodiscard]] bool vm_accessible(void const* p, int device) const;
 
   /// Fails the `nth` call (1-based, counted from now) of `op` with `error`, before the call has any
   /// effect (outputs untouched). Several injections may be pending, for the same op too; when more

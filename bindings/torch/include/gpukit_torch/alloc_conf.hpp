@@ -46,9 +46,12 @@ namespace gpukit_torch {
 /// 9/8 of the device's memory (growable_reserve_bytes:0, as PyTorch reserves), and 8 MiB pages
 /// for the large pool (page_size; PyTorch's is large_segment_size_mb, 20 MiB), which replays of
 /// PyTorch traces showed holding less memory at the edges of free ranges than 20 MiB pages.
+/// - growable_shareable:true: growable pages are created exportable as POSIX descriptors, as
+///   PyTorch's expandable segments are, so that torch.multiprocessing shares them.
 inline constexpr char const backend_default_conf[] =
   "segments:growable,"
-  "release_before_grow:false";
+  "release_before_grow:false,"
+  "growable_shareable:true";
 
 /// The variables PyTorch 2.11 reads its allocator settings from, in order: the first one set
 /// (and not empty) is used.

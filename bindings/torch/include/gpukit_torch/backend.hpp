@@ -38,6 +38,10 @@
 // - Where growable segments are asked for and a device has no virtual memory management, that
 //   device gets synchronous (cudaMalloc) segments, and the warning handler is told once, for the
 //   first such device (the extension makes one backend per process: one warning per process).
+// - Blocks travel between processes in PyTorch's handle formats (share_ipc_handle,
+//   open_ipc_handle): cudaMalloc segments as CUDA IPC handles, growable memory as PyTorch's
+//   expandable segments (one POSIX descriptor per page, taken by the receiver with pidfd_getfd:
+//   detail/pidfd.hpp). Where receivers would be refused, sharing fails in the sharing thread.
 //
 // Thread-safe.
 #pragma once
@@ -57,6 +61,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <system_error>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
@@ -285,15 +290,45 @@ class backend final {
   /// recorded (PyTorch's AllocatorTraceTracker), on the thread that caused it.
   void add_trace_observer(trace_observer observer);
 
-  /// PyTorch's shareable handle of block `ptr` ("\x02c" and the CUDA IPC handle of its segment,
-  /// PyTorch's own format, so that processes using PyTorch's allocator can open it too), and the
-  /// block's offset in the segment.
-  /// @throws gpukit::logic_error for a pointer not handed out or memory CUDA cannot export
+  /// PyTorch's shareable handle of block `ptr`, in PyTorch's own format so that processes using
+  /// PyTorch's allocator open it too, and the block's offset from the start of what the handle
+  /// maps:
+  /// - a cudaMalloc segment: "\x02c" and the segment's CUDA IPC handle; the offset in the segment;
+  /// - a growable segment (pages created shareable: growable_shareable): "\x02e", PyTorch's
+  ///   expandable-segment header (this process's id, 4 zero bytes, the page size and the number of
+  ///   pages, native-endian: 24 bytes) and one int per page, the POSIX descriptor the allocator
+  ///   exported it as (kept open until the page is unmapped); the offset in the first page. A
+  ///   receiver takes the descriptors with pidfd_open and pidfd_getfd.
+  /// Does not synchronize.
+  /// @throws gpukit::logic_error for a pointer not handed out, memory CUDA cannot export, or a
+  ///         growable block when the PyTorch version's handle layout is unknown to gpukit
+  /// @throws std::system_error (the errno, and a message naming the cause and the setting that
+  ///         avoids it) for a growable block when receivers would be refused the descriptors
+  ///         (sharing_refusal)
   [[nodiscard]] std::pair<std::string, std::size_t> share_ipc_handle(void* ptr);
-  /// Opens a handle from share_ipc_handle (in this or another process) on the current device:
-  /// the segment's start, mapped while any copy of the result lives (opened once per handle).
-  /// @throws gpukit::logic_error for a handle of another format
+  /// Opens a handle from share_ipc_handle, or from PyTorch's own allocator, of this or another
+  /// process on the current device: the start of what it maps (the segment, or the first page),
+  /// mapped while any copy of the result lives. Opened once per handle string (later opens of the
+  /// same bytes return the same mapping). Imported pages are made accessible to the current
+  /// device and to the peers grant_peer_access gave it.
+  /// @throws gpukit::logic_error for a handle of another format (fabric handles included)
+  /// @throws std::system_error (the errno, and a message naming the cause and the setting that
+  ///         avoids it) when pidfd_open or pidfd_getfd is refused
+  /// @throws gpukit::cuda_error when the runtime cannot import or map the memory
   [[nodiscard]] std::shared_ptr<void> open_ipc_handle(std::string const& handle);
+  /// Why growable blocks cannot be shared from this process ("" when they can): a probe, run once
+  /// per backend (a forked child taking one of this process's descriptors, as a receiver
+  /// does; see detail/pidfd.hpp). Blocks for the probe the first time.
+  [[nodiscard]] std::string const& sharing_refusal();
+  /// The PyTorch version whose handle layouts share_ipc_handle writes and open_ipc_handle reads
+  /// (2.11 unless told; the expandable-segment layout here is that of PyTorch 2.5 to 2.11).
+  void set_torch_version(int major, int minor) noexcept;
+  /// PyTorch's enablePeerAccess(device, peer), in its argument order: `device` may access
+  /// `peer`'s memory: `peer`'s growable pages, now and later, and the
+  /// growable blocks other processes shared that are open on `peer` (cuMemSetAccess).
+  /// cudaDeviceEnablePeerAccess, which the caller makes, covers cudaMalloc memory.
+  /// @throws gpukit::logic_error for a device out of range; gpukit::cuda_error when refused
+  void grant_peer_access(int device, int peer);
 
  private:
   struct record {
@@ -339,6 +374,13 @@ class backend final {
   size_rounding rounding_;
   warning_handler warn_;
   mutable std::atomic<bool> warned_no_vmm_{false};
+  std::atomic<int> torch_version_{211};  // major * 100 + minor
+
+  std::mutex ipc_mutex_;  // everything below
+  std::map<std::string, std::weak_ptr<gpukit::imported_block<Runtime>>> opened_;  // by handle
+  bool probed_{false};
+  std::string refusal_;  // the probe's finding, and its errno
+  int probe_error_{0};
   mutable std::mutex create_mutex_;
   mutable std::array<std::atomic<device_state*>, max_devices> devices_{};
 

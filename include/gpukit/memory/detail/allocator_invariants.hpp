@@ -79,6 +79,14 @@ struct allocator_invariants {
       std::size_t n = 0;
       for (auto m : seg->mapped) { n += m; }
       if (n != seg->mapped_pages) { err += "mapped page count mismatch; "; }
+      // A page's exported descriptor lives only while the page is mapped (it is closed when
+      // the page is unmapped: its memory may then hold another page).
+      for (std::size_t i = 0; i < seg->fds.size(); ++i) {
+        if (seg->fds[i] >= 0 && (i >= seg->mapped.size() || seg->mapped[i] == 0)) {
+          err += "descriptor of an unmapped page left open; ";
+          break;
+        }
+      }
       t.segment_bytes += seg->mapped_pages * seg->page;
       t.kind_bytes[seg->kind] += seg->mapped_pages * seg->page;
     } else {

@@ -203,6 +203,7 @@ void basic_caching_allocator<Runtime>::teardown() noexcept
       for (std::size_t i = 0; i < seg->mapped.size(); ++i) {
         if (seg->mapped[i] == 0) { continue; }
         void* at = static_cast<char*>(seg->ptr) + i * seg->page;
+        close_page_fd_locked(*seg, i);
         call([&] { return runtime_.vm_unmap(at, seg->page); });
         call([&] { return runtime_.vm_release(seg->handles[i]); });
       }

@@ -21,7 +21,15 @@
 // Release (release, trim, the out-of-memory ladder): synchronizes the streams that own free
 // blocks (only those, on the allocator's device), unmaps every fully free page, releases spare
 // pages, and returns address ranges that hold nothing.
+//
+// Sharing (share_pages, with growable_shareable): a page holding a shared block is exported once
+// as a POSIX descriptor, kept in its segment until the page is unmapped (or the allocator
+// destroyed), when it is closed: its physical memory may then hold another range's page, and a
+// descriptor must never name memory other than the page it was exported for. Peers
+// (grant_access) get access to every mapped page, and to each page when it is mapped.
 #pragma once
+
+#include <unistd.h>
 
 #include <algorithm>
 #include <limits>
@@ -79,6 +87,7 @@ typename Runtime::error_type basic_caching_allocator<Runtime>::unmap_page_locked
   typename Runtime::error_type const e =
     runtime_.vm_unmap(static_cast<char*>(seg.ptr) + i * seg.page, seg.page);
   if (e != Runtime::success) { return e; }
+  close_page_fd_locked(seg, i);
   pages_.spare[spare_kind(seg.kind)].push_back(seg.handles[i]);
   count_reserved_locked(seg.kind, -static_cast<std::int64_t>(seg.page));
   count_reserved_locked(spare_kind(seg.kind), static_cast<std::int64_t>(seg.page));
@@ -218,6 +227,11 @@ bool basic_caching_allocator<Runtime>::map_pages_locked(segment& seg, std::size_
     // Pages left mapped by an earlier failed undo are in the range too: they stay as they were.
     return undo_map_locked(seg, now, e, oom, "vm_set_access");
   }
+  if (typename Runtime::error_type const e =
+        grant_peers_locked(page_address(seg, first), count * page);
+      e != Runtime::success) {
+    return undo_map_locked(seg, now, e, oom, "vm_set_access for a peer device");
+  }
   for (auto const& m : now) {
     seg.handles[m.index] = m.handle;
     seg.mapped[m.index]  = 1;
@@ -348,6 +362,7 @@ basic_caching_allocator<Runtime>::reserve_growable_locked(std::size_t size, int 
   seg->page     = page;
   seg->handles.assign(reserve / page, physical_handle{});
   seg->mapped.assign(reserve / page, 0);
+  if (options_.growable_shareable) { seg->fds.assign(reserve / page, -1); }
   if (options_.nvtx_annotate) {
     seg->nvtx_heap = register_memory_heap(p, reserve, "gpukit caching allocator (growable)");
   }
@@ -538,6 +553,108 @@ void basic_caching_allocator<Runtime>::free_empty_ranges_locked()
     pages_.segments[i] = pages_.segments.back();
     pages_.segments.pop_back();
   }
+}
+
+// Closes the descriptor page i of seg was exported as, if any.
+template <class Runtime>
+void basic_caching_allocator<Runtime>::close_page_fd_locked(segment& seg, std::size_t i) noexcept
+{
+  if (i < seg.fds.size() && seg.fds[i] >= 0) {
+    ::close(seg.fds[i]);
+    seg.fds[i] = -1;
+  }
+}
+
+// Gives every peer device access to [va, va + bytes), whole mapped pages.
+template <class Runtime>
+typename Runtime::error_type basic_caching_allocator<Runtime>::grant_peers_locked(void* va,
+                                                                                  std::size_t bytes)
+{
+  for (int peer : pages_.peers) {
+    if (typename Runtime::error_type const e = runtime_.vm_set_access(va, bytes, peer);
+        e != Runtime::success) {
+      return e;
+    }
+  }
+  return Runtime::success;
+}
+
+template <class Runtime>
+typename basic_caching_allocator<Runtime>::shared_pages
+basic_caching_allocator<Runtime>::share_pages(void const* ptr)
+{
+  std::lock_guard<std::mutex> lock{mutex_};
+  block const* b = pool_.blocks.find(reinterpret_cast<std::uintptr_t>(ptr));
+  GPUKIT_EXPECTS(
+    b != nullptr && b->state.load(std::memory_order_relaxed) == detail::block_state::allocated,
+    "caching_allocator::share_pages: " + detail::hex(ptr) +
+      " is not a block this allocator has handed out (device " + std::to_string(device_) + ")");
+  auto* seg = static_cast<segment*>(b->segment);
+  GPUKIT_EXPECTS(seg->growable, "caching_allocator::share_pages: " + detail::hex(ptr) +
+                                  " lies in a " +
+                                  (seg->stream_ordered ? "cudaMallocAsync" : "cudaMalloc") +
+                                  " segment, not a growable one (export_block shares it)");
+  GPUKIT_EXPECTS(!seg->fds.empty(),
+                 "caching_allocator::share_pages: " + detail::hex(ptr) +
+                   " lies in a growable segment whose pages are not shareable: set "
+                   "caching_allocator_options::growable_shareable");
+  std::size_t const off   = b->address() - reinterpret_cast<std::uintptr_t>(seg->ptr);
+  std::size_t const first = off / seg->page;
+  std::size_t const last  = (off + b->size - 1) / seg->page;
+  shared_pages out;
+  out.offset = off - first * seg->page;
+  out.bytes  = b->size;
+  out.pages.reserve(last + 1 - first);
+  device_guard<Runtime> guard{runtime_, device_};
+  for (std::size_t i = first; i <= last; ++i) {
+    if (seg->fds[i] < 0) {
+      int fd = -1;
+      GPUKIT_CUDA_TRY(
+        runtime_.vm_export_shareable(fd, seg->handles[i]),
+        "vm_export_shareable of page " + std::to_string(i) + " of a growable segment");
+      seg->fds[i] = fd;
+    }
+    out.pages.push_back(shared_page{seg->fds[i], seg->page});
+  }
+  return out;
+}
+
+template <class Runtime>
+void basic_caching_allocator<Runtime>::grant_access(int peer_device)
+{
+  GPUKIT_EXPECTS(
+    peer_device >= 0 && peer_device < 64,
+    "caching_allocator::grant_access: device " + std::to_string(peer_device) + " is out of range");
+  std::lock_guard<std::mutex> lock{mutex_};
+  auto& peers = pages_.peers;
+  if (peer_device == device_ || std::find(peers.begin(), peers.end(), peer_device) != peers.end()) {
+    return;
+  }
+  device_guard<Runtime> guard{runtime_, device_};
+  for (segment const* seg : pages_.segments) {
+    // Runs of adjacent mapped pages: vm_set_access takes whole adjacent mappings.
+    std::size_t const n = seg->mapped.size();
+    for (std::size_t i = 0; i < n;) {
+      if (seg->mapped[i] == 0) {
+        ++i;
+        continue;
+      }
+      std::size_t j = i;
+      while (j < n && seg->mapped[j] != 0) { ++j; }
+      GPUKIT_CUDA_TRY(
+        runtime_.vm_set_access(page_address(*seg, i), (j - i) * seg->page, peer_device),
+        "vm_set_access for peer device " + std::to_string(peer_device));
+      i = j;
+    }
+  }
+  peers.push_back(peer_device);
+}
+
+template <class Runtime>
+std::vector<int> basic_caching_allocator<Runtime>::peers() const
+{
+  std::lock_guard<std::mutex> lock{mutex_};
+  return pages_.peers;
 }
 
 }  // namespace gpukit

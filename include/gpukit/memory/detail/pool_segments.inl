@@ -29,6 +29,7 @@ struct basic_caching_allocator<Runtime>::segment {
   std::size_t page{0};
   std::vector<physical_handle> handles;  // per page
   std::vector<std::uint8_t> mapped;      // per page
+  std::vector<int> fds;                  // per page: its exported descriptor, or -1 (shareable)
   std::size_t mapped_pages{0};
 };
 

@@ -67,6 +67,17 @@ inline bool sim_runtime::peer_access_enabled(int device, int peer) const noexcep
   return ((peer_enabled_[static_cast<std::size_t>(device)].load() >> peer) & 1) != 0;
 }
 
+inline bool sim_runtime::vm_accessible(void const* p, int device) const
+{
+  if (!valid_device(device)) { return false; }
+  auto const a = reinterpret_cast<std::uintptr_t>(p);
+  std::lock_guard<std::mutex> lock{mem_mutex_};
+  auto m = mappings_.upper_bound(a);
+  if (m == mappings_.begin()) { return false; }
+  --m;
+  return a < m->first + m->second.bytes && ((m->second.access_mask >> device) & 1) != 0;
+}
+
 inline std::uint64_t sim_runtime::staged_peer_copies() const noexcept
 {
   return staged_peer_copies_.load(std::memory_order_relaxed);

@@ -3,6 +3,9 @@
 #pragma once
 
 #include "../backend.hpp"
+#include "pidfd.hpp"
+
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -677,44 +680,193 @@ std::pair<void*, std::size_t> backend<Runtime>::base_allocation(void const* ptr)
 // ---------------------------------------------------------------------------------------------
 // Interprocess sharing
 
+namespace detail {
+
+/// PyTorch's shareable handles: a version byte, then a type byte.
+inline constexpr char handle_version            = 2;
+inline constexpr char handle_cuda_malloc        = 'c';
+inline constexpr char handle_expandable_segment = 'e';
+
+/// What follows "\x02e" in PyTorch 2.5 to 2.11 (ExpandableSegment::share's ShareHeader): the
+/// sender's process id, padding (zero, so that equal handles are equal strings), the page size and
+/// the number of pages; then one int (a POSIX descriptor of the sender) per page.
+struct expandable_share_header {
+  std::int32_t pid;
+  std::uint32_t padding;
+  std::uint64_t page_bytes;
+  std::uint64_t pages;
+};
+static_assert(sizeof(expandable_share_header) == 24, "PyTorch's ShareHeader is 24 bytes");
+static_assert(sizeof(int) == 4 && sizeof(pid_t) == 4, "PyTorch's handle holds 4-byte ints");
+
+/// Bytes of one CUmemFabricHandle, which PyTorch 2.11 sends per page instead of a descriptor where
+/// IMEX fabric handles work.
+inline constexpr std::size_t fabric_handle_bytes = 64;
+
+/// "2.11" for 211.
+inline std::string torch_version_name(int v)
+{
+  return std::to_string(v / 100) + "." + std::to_string(v % 100);
+}
+
+}  // namespace detail
+
+template <class Runtime>
+void backend<Runtime>::set_torch_version(int major, int minor) noexcept
+{
+  torch_version_.store(major * 100 + minor, std::memory_order_relaxed);
+}
+
+template <class Runtime>
+std::string const& backend<Runtime>::sharing_refusal()
+{
+  std::lock_guard<std::mutex> lock{ipc_mutex_};
+  if (!probed_) {
+    auto const probe = detail::probe_pidfd_getfd();
+    refusal_         = probe.message();
+    probe_error_     = probe.error;
+    probed_          = true;
+  }
+  return refusal_;
+}
+
+namespace detail {
+
+/// Refuses PyTorch versions whose expandable-segment handles gpukit does not write or read.
+inline void check_expandable_layout(int version, char const* call)
+{
+  GPUKIT_EXPECTS(version >= 205 && version <= 211,
+                 std::string{"gpukit_torch: "} + call + ": PyTorch " + torch_version_name(version) +
+                   (version < 205 ? " has no expandable-segment handles (PyTorch 2.5 added them)"
+                                  : "'s expandable-segment handles differ from those of PyTorch "
+                                    "2.5 to 2.11, the layout gpukit writes and reads") +
+                   ", so growable memory cannot be shared: set GPUKIT_ALLOC_CONF="
+                   "segments:synchronous");
+}
+
+}  // namespace detail
+
 template <class Runtime>
 std::pair<std::string, std::size_t> backend<Runtime>::share_ipc_handle(void* ptr)
 {
-  gpukit::ipc_block_handle const h = gpukit::export_block(*state(device_of(ptr)).alloc, ptr);
-  GPUKIT_EXPECTS(h.type == gpukit::ipc_block_handle::kind::cuda_ipc,
-                 "gpukit_torch: shareIpcHandle: blocks of growable segments cannot be shared "
-                 "through PyTorch's handles; set GPUKIT_ALLOC_CONF=segments:synchronous");
-  std::string s{
-    "\x02"
-    "c"};
-  s.append(reinterpret_cast<char const*>(&h.memory), sizeof h.memory);
-  return {s, h.offset};
+  allocator_type& alloc = *state(device_of(ptr)).alloc;
+  if (!alloc.extent(ptr).growable) {
+    gpukit::ipc_block_handle const h = gpukit::export_block(alloc, ptr);
+    std::string s{detail::handle_version, detail::handle_cuda_malloc};
+    s.append(reinterpret_cast<char const*>(&h.memory), sizeof h.memory);
+    return {s, h.offset};
+  }
+  detail::check_expandable_layout(torch_version_.load(std::memory_order_relaxed), "shareIpcHandle");
+  if (std::string const& why = sharing_refusal(); !why.empty()) {
+    throw std::system_error{probe_error_, std::generic_category(), why};
+  }
+  auto const shared = alloc.share_pages(ptr);
+  detail::expandable_share_header header{};  // zeroed padding
+  header.pid        = static_cast<std::int32_t>(::getpid());
+  header.page_bytes = shared.pages.front().bytes;
+  header.pages      = shared.pages.size();
+  std::string s{detail::handle_version, detail::handle_expandable_segment};
+  s.append(reinterpret_cast<char const*>(&header), sizeof header);
+  for (auto const& page : shared.pages) {
+    std::int32_t const fd = page.fd;
+    s.append(reinterpret_cast<char const*>(&fd), sizeof fd);
+  }
+  return {s, shared.offset};
 }
 
 template <class Runtime>
 std::shared_ptr<void> backend<Runtime>::open_ipc_handle(std::string const& handle)
 {
-  static std::mutex mutex;
-  static auto* opened = new std::map<std::string, std::weak_ptr<void>>{};
   gpukit::ipc_block_handle h;
   std::size_t const n = sizeof h.memory;
-  if (handle.size() == n + 2 && handle[0] == '\x02' && handle[1] == 'c') {
+  bool const versioned =
+    handle.size() >= 2 && handle[0] == detail::handle_version &&
+    (handle[1] == detail::handle_cuda_malloc || handle[1] == detail::handle_expandable_segment);
+  std::lock_guard<std::mutex> lock{ipc_mutex_};
+  if (auto it = opened_.find(handle); it != opened_.end()) {
+    if (auto block = it->second.lock()) { return {block, block->data()}; }
+  }
+  if (versioned && handle[1] == detail::handle_expandable_segment) {
+    detail::check_expandable_layout(torch_version_.load(std::memory_order_relaxed), "getIpcDevPtr");
+    detail::expandable_share_header header{};
+    GPUKIT_EXPECTS(handle.size() >= 2 + sizeof header,
+                   "gpukit_torch: getIpcDevPtr: an expandable-segment handle of " +
+                     std::to_string(handle.size()) + " bytes is shorter than its header");
+    std::memcpy(&header, handle.data() + 2, sizeof header);
+    std::size_t const rest = handle.size() - 2 - sizeof header;
+    GPUKIT_EXPECTS(
+      header.pages == 0 || header.pages > rest / detail::fabric_handle_bytes ||
+        rest != header.pages * detail::fabric_handle_bytes,
+      "gpukit_torch: getIpcDevPtr: the sender (process " + std::to_string(header.pid) +
+        ") shared " + std::to_string(header.pages) +
+        " pages as fabric handles (CUmemFabricHandle, IMEX), which gpukit does not "
+        "import; set TORCH_CUDA_EXPANDABLE_SEGMENTS_IPC=0 or expandable_segments:False "
+        "in the sender");
+    GPUKIT_EXPECTS(header.pages != 0 && header.pages <= rest / sizeof(int) &&
+                     rest == header.pages * sizeof(int) && header.pid > 0,
+                   "gpukit_torch: getIpcDevPtr: an expandable-segment handle of " +
+                     std::to_string(handle.size()) + " bytes (process " +
+                     std::to_string(header.pid) + ", " + std::to_string(header.pages) +
+                     " pages of " + std::to_string(header.page_bytes) +
+                     " bytes) does not hold one descriptor per page");
+    h.type          = gpukit::ipc_block_handle::kind::shareable_pages;
+    h.page_bytes    = header.page_bytes;
+    h.bytes         = header.pages * header.page_bytes;
+    h.offset        = 0;
+    int const pidfd = detail::open_process(header.pid);
+    try {
+      for (std::size_t i = 0; i < header.pages; ++i) {
+        std::int32_t fd = 0;
+        std::memcpy(&fd, handle.data() + 2 + sizeof header + i * sizeof fd, sizeof fd);
+        h.fds.push_back(detail::take_descriptor(header.pid, pidfd, fd));  // h closes them
+      }
+    } catch (...) {
+      ::close(pidfd);
+      throw;
+    }
+    ::close(pidfd);
+  } else if (versioned && handle.size() == n + 2) {
     std::memcpy(&h.memory, handle.data() + 2, n);
+    h.bytes = 1;                    // unknown: the segment's start is what PyTorch asks for
   } else if (handle.size() == n) {  // PyTorch's unversioned handle
     std::memcpy(&h.memory, handle.data(), n);
+    h.bytes = 1;
   } else {
-    GPUKIT_EXPECTS(false, "gpukit_torch: getIpcDevPtr: not a CUDA IPC handle gpukit can open (" +
-                            std::to_string(handle.size()) +
-                            " bytes; expandable segments' "
-                            "handles are not supported)");
+    GPUKIT_EXPECTS(false, "gpukit_torch: getIpcDevPtr: not a handle of PyTorch's formats (" +
+                            std::to_string(handle.size()) + " bytes, starting with byte " +
+                            std::to_string(handle.empty() ? -1 : int{handle[0]}) + ")");
   }
-  std::lock_guard<std::mutex> lock{mutex};
-  if (auto p = (*opened)[handle].lock()) { return p; }
-  h.bytes     = 1;  // unknown: the segment's start is what PyTorch asks for
-  auto holder = std::make_shared<gpukit::imported_block<Runtime>>(runtime_, h, -1);
-  std::shared_ptr<void> p{holder, holder->data()};
-  (*opened)[handle] = p;
-  return p;
+  // Unmapped when the last tensor over it goes: after the device's work that may still use it
+  // (CUDA does not wait for it in cuMemUnmap).
+  std::shared_ptr<gpukit::imported_block<Runtime>> block{
+    new gpukit::imported_block<Runtime>{runtime_, h, -1},
+    [rt = &runtime_](gpukit::imported_block<Runtime>* b) {
+      try {
+        gpukit::device_guard<Runtime> guard{*rt, b->device()};
+        (void)rt->device_synchronize();
+      } catch (...) {  // the device could not be made current: unmapped all the same
+      }
+      delete b;
+    }};
+  for (int peer : allocator(block->device()).peers()) { block->grant_access(peer); }
+  opened_[handle] = block;
+  return {block, block->data()};
+}
+
+template <class Runtime>
+void backend<Runtime>::grant_peer_access(int device, int peer)
+{
+  state(peer).alloc->grant_access(device);
+  std::lock_guard<std::mutex> lock{ipc_mutex_};
+  for (auto it = opened_.begin(); it != opened_.end();) {
+    auto block = it->second.lock();
+    if (!block) {
+      it = opened_.erase(it);  // closed since
+      continue;
+    }
+    if (block->device() == peer) { block->grant_access(device); }
+    ++it;
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
