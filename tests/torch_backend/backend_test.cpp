@@ -302,6 +302,36 @@ TEST_SUITE("torch_backend")
     }
   }
 
+  TEST_CASE(
+    "backend: between beginAllocateToPool and the capture's first allocation, work on "
+    "other streams makes no call a global capture refuses")
+  {
+    sim_runtime sim{one_device()};
+    sim_backend b{sim, conf("segments:stream_ordered")};
+    stream_guard cap{sim};
+    stream_guard other{sim};
+    stream_guard user{sim};
+    // A free waiting on another stream's work: the next allocation would query its event.
+    void* used = b.allocate(0, MiB, other.s);
+    b.record_stream(used, user.s);
+    b.deallocate(used);
+    torch_graph g{sim, b, pool_id{1, 0}, cap.s};
+    g.capture_begin(cudaStreamCaptureModeGlobal);
+    auto const misuse = sim.misuse_count();
+    void* o           = b.allocate(0, 2 * MiB, other.s);  // an eager allocation elsewhere, first
+    void* p           = b.allocate(0, MiB, cap.s);
+    CHECK(sim.misuse_count() == misuse);
+    REQUIRE(g.capture_end() == cudaSuccess);
+    CHECK_THROWS_AS(b.allocator(0).end_capture_window(), gpukit::logic_error);  // none open now
+    b.deallocate(o);
+    b.deallocate(p);
+    b.release_pool(0, pool_id{1, 0});
+    (void)b.empty_cache();
+    CHECK(b.stats(0).active_bytes.current == 0);
+    CHECK(gpukit::detail::check_invariants(b.allocator(0)) == "");
+    for (stream_t s : {cap.s, other.s, user.s}) { b.allocator(0).forget_stream(s); }
+  }
+
   TEST_CASE("caching allocator: resume_capture reuses an ended capture pool, and refuses misuse")
   {
     sim_runtime sim{one_device()};

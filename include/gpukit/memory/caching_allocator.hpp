@@ -313,6 +313,16 @@ class basic_caching_allocator final {
   /// Call when the capture on `stream` ends (after cudaStreamEndCapture). The pool stays private.
   /// @throws gpukit::logic_error if no capture is under way on `stream`
   void end_capture(stream_type stream);
+  /// Call before a CUDA graph capture begins on streams the allocator is not told of yet (PyTorch
+  /// registers a private pool before cudaStreamBeginCapture, and learns the capture's streams at
+  /// their first allocation). Until the matching end_capture_window the allocator behaves as while
+  /// a capture is under way (no event query or synchronization, which a capture in global mode
+  /// refuses from any thread; no per-thread caches), so that no allocation or free elsewhere
+  /// invalidates the capture before begin_capture is called for its streams. Windows nest.
+  void begin_capture_window();
+  /// Ends a window begun by begin_capture_window.
+  /// @throws gpukit::logic_error without a window open
+  void end_capture_window();
   /// Gives the pool of capture `id` back to everyone: call once the graph is destroyed and its
   /// launches have completed. Blocks still allocated from it become ordinary blocks.
   /// @throws gpukit::logic_error for an unknown id or a capture that has not ended
@@ -684,7 +694,8 @@ class basic_caching_allocator final {
   struct capture_state {
     std::vector<std::unique_ptr<capture_pool>> pools;
     capture_id next_id{1};
-    std::atomic<int> underway{0};  // read on the fast path: written only at capture edges
+    int windows{0};                // begin_capture_window calls not yet ended
+    std::atomic<int> underway{0};  // captures and windows; read on the fast path
   };
   /// Recorded events: threads record into their caches' rings, the pool into `ring`.
   struct recording_state {

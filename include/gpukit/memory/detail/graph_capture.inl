@@ -62,6 +62,25 @@ void basic_caching_allocator<Runtime>::end_capture(stream_type stream)
 }
 
 template <class Runtime>
+void basic_caching_allocator<Runtime>::begin_capture_window()
+{
+  std::lock_guard<std::mutex> lock{mutex_};
+  ++capture_.windows;
+  capture_.underway.fetch_add(1, std::memory_order_relaxed);
+}
+
+template <class Runtime>
+void basic_caching_allocator<Runtime>::end_capture_window()
+{
+  std::lock_guard<std::mutex> lock{mutex_};
+  GPUKIT_EXPECTS(capture_.windows > 0,
+                 "end_capture_window: no capture window is open on this allocator (device " +
+                   std::to_string(device_) + ")");
+  --capture_.windows;
+  capture_.underway.fetch_sub(1, std::memory_order_relaxed);
+}
+
+template <class Runtime>
 void basic_caching_allocator<Runtime>::release_capture_pool(capture_id id)
 {
   std::lock_guard<std::mutex> lock{mutex_};
