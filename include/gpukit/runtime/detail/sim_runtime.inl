@@ -295,7 +295,7 @@ inline cudaError_t sim_runtime::capture_violation(sim_op op) noexcept
       bool const other = mode == cudaStreamCaptureModeGlobal && c.thread != self &&
                          c.mode == cudaStreamCaptureModeGlobal;
       if (!own && !other) { continue; }
-      c.invalidated = true;
+      c.invalidate(to_string(op));
       if (blamed == 0) {
         blamed      = c.id;
         blamed_mode = c.mode;
@@ -328,8 +328,8 @@ inline cudaError_t sim_runtime::on_capturing_stream(char const* call, std::uint6
     std::lock_guard<std::mutex> lock{capture_mutex_};
     detail::sim_graph_capture* c = capture_of_locked(stream_id);
     if (c == nullptr) { return cudaSuccess; }
-    c->invalidated = true;
-    id             = c->id;
+    c->invalidate(call);
+    id = c->id;
   }
   return misuse(cudaErrorStreamCaptureUnsupported,
                 std::string{call} + "(stream " + detail::sim_hex(std::uintptr_t{stream_id}) +
@@ -348,7 +348,7 @@ inline cudaError_t sim_runtime::on_captured_event(char const* call, std::uint64_
     auto it = captured_events_.find(event_id);
     if (it == captured_events_.end()) { return cudaSuccess; }
     id = it->second.capture;
-    if (detail::sim_graph_capture* c = capture_by_id_locked(id)) { c->invalidated = true; }
+    if (detail::sim_graph_capture* c = capture_by_id_locked(id)) { c->invalidate(call); }
   }
   return misuse(cudaErrorCapturedEvent,
                 std::string{call} + "(event " + detail::sim_hex(std::uintptr_t{event_id}) +

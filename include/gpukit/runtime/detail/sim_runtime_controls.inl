@@ -226,8 +226,8 @@ inline cudaError_t sim_runtime::end_capture(stream_type s)
       err = cudaErrorInvalidValue;
       why = "end_capture: the stream is not capturing";
     } else if (c->members.front().stream != stream->id) {
-      c->invalidated = true;
-      err            = cudaErrorStreamCaptureUnmatched;
+      c->invalidate("end_capture");
+      err = cudaErrorStreamCaptureUnmatched;
       why = "end_capture(stream " + detail::sim_hex(s) + "): capture " + std::to_string(c->id) +
             " was begun on stream " + detail::sim_hex(std::uintptr_t{c->members.front().stream}) +
             ", which must end it; the capture is invalidated";
@@ -236,7 +236,8 @@ inline cudaError_t sim_runtime::end_capture(stream_type s)
       if (c->invalidated) {
         err = cudaErrorStreamCaptureInvalidated;
         why = "end_capture(stream " + detail::sim_hex(s) + "): capture " + std::to_string(c->id) +
-              " was invalidated by a call it does not allow (see the misuse recorded then)";
+              " was invalidated by " + c->invalidated_by +
+              ", which it does not allow (see the misuse recorded then)";
       } else {
         for (auto const& m : c->members) {
           std::uint64_t const joined = detail::sim_reached(origin.reach, m.stream);

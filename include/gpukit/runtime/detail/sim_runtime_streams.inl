@@ -123,9 +123,9 @@ inline cudaError_t sim_runtime::stream_wait_event(stream_type s, event_type e)
           detail::sim_merge_reach(c->find(stream->id)->reach, it->second.reach);
           return cudaSuccess;
         } else {
-          c->invalidated     = true;
-          other->invalidated = true;
-          err                = cudaErrorStreamCaptureIsolation;
+          c->invalidate("stream_wait_event");
+          other->invalidate("stream_wait_event");
+          err = cudaErrorStreamCaptureIsolation;
           why = args + "the stream takes part in capture " + std::to_string(other->id) +
                 " and the event belongs to capture " + std::to_string(c->id) +
                 "; both are invalidated";

@@ -300,7 +300,14 @@ struct sim_graph_capture {
   int mode{0};
   std::thread::id thread;
   bool invalidated{false};
-  std::vector<member> members;  ///< members.front() is the origin
+  char const* invalidated_by{""};  ///< the first call that invalidated it
+  std::vector<member> members;     ///< members.front() is the origin
+
+  void invalidate(char const* call) noexcept
+  {
+    if (!invalidated) { invalidated_by = call; }
+    invalidated = true;
+  }
 
   [[nodiscard]] member* find(std::uint64_t stream)
   {
