@@ -244,7 +244,11 @@ class basic_caching_allocator final {
   basic_caching_allocator& operator=(basic_caching_allocator&&)      = delete;
 
   /// Allocates `bytes` usable in `stream` order. Does not synchronize.
-  /// @throws gpukit::logic_error if bytes is 0
+  /// The first use of a stream checks that it belongs to this allocator's device
+  /// (cudaStreamGetDevice); a stream first used while it is being captured into a CUDA graph is
+  /// checked at its first use after the capture instead, since that query would invalidate the
+  /// capture.
+  /// @throws gpukit::logic_error if bytes is 0, or for another device's stream
   /// @throws gpukit::bad_alloc if bytes exceeds the device or the limit
   /// @throws gpukit::out_of_memory if the device is full after recovery
   /// @throws gpukit::cuda_error if the runtime fails otherwise
