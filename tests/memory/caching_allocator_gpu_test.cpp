@@ -151,10 +151,10 @@ TEST_SUITE("gpu")
         alloc.deallocate_async(warm, mib, s1);
         GPUKIT_CUDA_TRY(rt.begin_capture(s1, mode));
         auto const id = alloc.begin_capture(s1);
-        GPUKIT_CUDA_TRY(cudaEventRecord(fork, s1));
-        GPUKIT_CUDA_TRY(cudaStreamWaitEvent(s2, fork, 0));
-        void* out = alloc.allocate_async(4 * mib, s1);
+        void* out     = alloc.allocate_async(4 * mib, s1);
         GPUKIT_CUDA_TRY(cudaMemsetAsync(out, 3, 4 * mib, s1));
+        GPUKIT_CUDA_TRY(cudaEventRecord(fork, s1));  // s2's copy below comes after the memset
+        GPUKIT_CUDA_TRY(cudaStreamWaitEvent(s2, fork, 0));
         void* side = alloc.allocate_async(2 * mib, s2);  // a side-stream temporary
         GPUKIT_CUDA_TRY(cudaMemsetAsync(side, 5, 2 * mib, s2));
         GPUKIT_CUDA_TRY(cudaMemcpyAsync(out, side, 2 * mib, cudaMemcpyDeviceToDevice, s2));

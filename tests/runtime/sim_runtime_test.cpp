@@ -1481,7 +1481,11 @@ TEST_SUITE("sim_runtime")
           CHECK(rt.last_misuse().find(std::string{name} + "(stream") != std::string::npos);
           CHECK(rt.last_misuse().find("invalidated") != std::string::npos);
           CHECK(is_capturing(rt, b));  // invalidated, still capturing until it ends
-          join(rt, a, b, join_e);
+          // Nothing more is captured: work, records and joins fail until the end.
+          CHECK(rt.launch_host_func(
+                  b, [](void*) {}, nullptr) == cudaErrorStreamCaptureInvalidated);
+          CHECK(rt.event_record(join_e, b) == cudaErrorStreamCaptureInvalidated);
+          CHECK(rt.stream_wait_event(a, fork_e) == cudaErrorStreamCaptureInvalidated);
           CHECK(rt.end_capture(a) == cudaErrorStreamCaptureInvalidated);
           CHECK_FALSE(is_capturing(rt, a));
           CHECK_FALSE(is_capturing(rt, b));

@@ -394,6 +394,8 @@ class sim_runtime final : public detail::cuda_error_vocabulary {
   ///   is not relaxed, and either that thread began a capture that is not in relaxed `mode`, or
   ///   it is in global capture mode and another thread's capture is in global `mode`. So: global
   ///   refuses them on every such thread, thread-local only on the capturing thread, relaxed none.
+  /// - Once a capture is invalidated, work enqueued on its streams, events recorded on them and
+  ///   waits that would join it return cudaErrorStreamCaptureInvalidated until end_capture.
   /// - malloc_async on a capturing stream is refused as a misuse (on CUDA it would silently
   ///   become a graph allocation node).
   /// Every refusal records a misuse message naming the call and the capture.
@@ -488,7 +490,7 @@ class sim_runtime final : public detail::cuda_error_vocabulary {
   cudaError_t on_capturing_stream(char const* call, std::uint64_t stream_id);
   cudaError_t on_captured_event(char const* call, std::uint64_t event_id);
   bool capturing(std::uint64_t stream_id) const;
-  bool note_captured_work(std::uint64_t stream_id);
+  bool note_captured_work(std::uint64_t stream_id, cudaError_t& err);
   detail::sim_graph_capture* capture_of_locked(std::uint64_t stream_id);  // capture_mutex_ held
   detail::sim_graph_capture* capture_by_id_locked(std::uint64_t id);      // capture_mutex_ held
 

@@ -384,14 +384,20 @@ inline bool sim_runtime::capturing(std::uint64_t stream_id) const
   return false;
 }
 
-// Counts one operation captured on `stream_id`; false when the stream is not capturing.
-inline bool sim_runtime::note_captured_work(std::uint64_t stream_id)
+// Counts one operation captured on `stream_id`; false when the stream is not capturing. In a
+// capture already invalidated, nothing is captured any more: err =
+// cudaErrorStreamCaptureInvalidated.
+inline bool sim_runtime::note_captured_work(std::uint64_t stream_id, cudaError_t& err)
 {
   if (captures_underway_.load(std::memory_order_acquire) == 0) { return false; }
   std::lock_guard<std::mutex> lock{capture_mutex_};
   for (auto& c : captures_) {
     if (auto* m = c.find(stream_id)) {
-      ++m->work;
+      if (c.invalidated) {
+        err = cudaErrorStreamCaptureInvalidated;
+      } else {
+        ++m->work;
+      }
       return true;
     }
   }
@@ -495,7 +501,8 @@ inline std::shared_ptr<detail::sim_event> sim_runtime::find_event(event_type e, 
 inline cudaError_t sim_runtime::enqueue(detail::sim_stream& s, std::function<void()> task,
                                         char const* call)
 {
-  if (note_captured_work(s.id)) { return cudaSuccess; }  // captured into a graph: recorded, not run
+  cudaError_t err = cudaSuccess;
+  if (note_captured_work(s.id, err)) { return err; }  // captured into a graph: recorded, not run
   if (s.enqueue(std::move(task))) { return cudaSuccess; }
   return misuse(cudaErrorInvalidResourceHandle,
                 std::string{call} + "(stream " + detail::sim_hex(std::uintptr_t{s.id}) +

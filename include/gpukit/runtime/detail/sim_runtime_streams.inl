@@ -116,6 +116,8 @@ inline cudaError_t sim_runtime::stream_wait_event(stream_type s, event_type e)
           err = cudaErrorCapturedEvent;
           why = args + "the event was last recorded during capture " +
                 std::to_string(it->second.capture) + ", which has ended";
+        } else if (c->invalidated && (other == nullptr || other == c)) {
+          return cudaErrorStreamCaptureInvalidated;
         } else if (other == nullptr) {
           c->members.push_back({stream->id, 0, it->second.reach});  // joins the capture
           return cudaSuccess;
@@ -208,6 +210,7 @@ inline cudaError_t sim_runtime::event_record(event_type e, stream_type s)
       captured_events_count_.load(std::memory_order_acquire) != 0) {
     std::lock_guard<std::mutex> lock{capture_mutex_};
     if (detail::sim_graph_capture* c = capture_of_locked(stream->id)) {
+      if (c->invalidated) { return cudaErrorStreamCaptureInvalidated; }
       // Recorded in a capture: a point of the graph that waits on it can join, never work that
       // completes.
       auto const* m                  = c->find(stream->id);
