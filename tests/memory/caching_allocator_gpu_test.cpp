@@ -128,6 +128,71 @@ TEST_SUITE("gpu")
     GPUKIT_CUDA_TRY(cudaStreamSynchronize(s));
     alloc.forget_stream(s);
   }
+  TEST_CASE(
+    "caching_allocator on CUDA: fork/join capture with a side stream allocating, freeing "
+    "and record_streaming, in every capture mode")
+  {
+    auto& rt = gpukit::cuda_runtime::instance();
+    for (int mode : {cudaStreamCaptureModeGlobal, cudaStreamCaptureModeThreadLocal,
+                     cudaStreamCaptureModeRelaxed}) {
+      for (auto source : {gpukit::segment_source::stream_ordered,
+                          gpukit::segment_source::synchronous, gpukit::segment_source::growable}) {
+        CAPTURE(mode);
+        CAPTURE(static_cast<int>(source));
+        gpukit::caching_allocator_options o;
+        o.source = source;
+        gpukit::basic_caching_allocator<gpukit::cuda_runtime> alloc{rt, 0, o};
+        cuda_stream s1{rt};
+        cuda_stream s2{rt};  // first met by the allocator inside the capture
+        cudaEvent_t fork{}, join{};
+        GPUKIT_CUDA_TRY(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+        GPUKIT_CUDA_TRY(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+        void* warm = alloc.allocate_async(mib, s1);
+        alloc.deallocate_async(warm, mib, s1);
+        GPUKIT_CUDA_TRY(rt.begin_capture(s1, mode));
+        auto const id = alloc.begin_capture(s1);
+        void* out     = alloc.allocate_async(4 * mib, s1);
+        GPUKIT_CUDA_TRY(cudaMemsetAsync(out, 3, 4 * mib, s1));
+        GPUKIT_CUDA_TRY(cudaEventRecord(fork, s1));  // s2's copy below comes after the memset
+        GPUKIT_CUDA_TRY(cudaStreamWaitEvent(s2, fork, 0));
+        void* side = alloc.allocate_async(2 * mib, s2);  // a side-stream temporary
+        GPUKIT_CUDA_TRY(cudaMemsetAsync(side, 5, 2 * mib, s2));
+        GPUKIT_CUDA_TRY(cudaMemcpyAsync(out, side, 2 * mib, cudaMemcpyDeviceToDevice, s2));
+        alloc.record_stream(out, s2);
+        alloc.deallocate_async(side, 2 * mib, s2);
+        GPUKIT_CUDA_TRY(cudaEventRecord(join, s2));
+        GPUKIT_CUDA_TRY(cudaStreamWaitEvent(s1, join, 0));
+        cudaGraph_t graph{};
+        // Any call that invalidates the capture (cudaStreamGetDevice on s2, a query, ...) makes
+        // this fail with cudaErrorStreamCaptureInvalidated.
+        REQUIRE(rt.end_capture(s1, graph) == cudaSuccess);
+        alloc.end_capture(s1);
+        cudaGraphExec_t exec{};
+        GPUKIT_CUDA_TRY(cudaGraphInstantiate(&exec, graph, 0));
+        GPUKIT_CUDA_TRY(cudaGraphLaunch(exec, s1));
+        GPUKIT_CUDA_TRY(cudaGraphLaunch(exec, s1));
+        std::vector<unsigned char> host(4 * mib);
+        GPUKIT_CUDA_TRY(cudaMemcpyAsync(host.data(), out, host.size(), cudaMemcpyDeviceToHost, s1));
+        GPUKIT_CUDA_TRY(cudaStreamSynchronize(s1));
+        CHECK(host.front() == 5);  // written on s2 inside the graph
+        CHECK(host[2 * mib - 1] == 5);
+        CHECK(host[2 * mib] == 3);  // written on s1
+        CHECK(host.back() == 3);
+        GPUKIT_CUDA_TRY(cudaGraphExecDestroy(exec));
+        GPUKIT_CUDA_TRY(cudaGraphDestroy(graph));
+        alloc.deallocate_async(out, 4 * mib, s1);  // used on s2 too: waits for s2's work
+        GPUKIT_CUDA_TRY(cudaStreamSynchronize(s2));
+        alloc.release_capture_pool(id);
+        (void)alloc.trim(0);
+        CHECK(alloc.stats().active_bytes.current == 0);
+        CHECK(gpukit::detail::check_invariants(alloc) == "");
+        GPUKIT_CUDA_TRY(cudaEventDestroy(fork));
+        GPUKIT_CUDA_TRY(cudaEventDestroy(join));
+        alloc.forget_stream(s1);
+        alloc.forget_stream(s2);
+      }
+    }
+  }
   TEST_CASE("caching_allocator on CUDA: a small request on a full device is cut from a large block")
   {
     for (auto source : {gpukit::segment_source::stream_ordered, gpukit::segment_source::synchronous,

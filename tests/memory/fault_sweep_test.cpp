@@ -6,9 +6,10 @@
 // of every operation the workload makes, with each error the call can return). The workload's
 // phases: allocate; free with other-stream uses (record_stream, pending frees, frees on another
 // stream and from another thread); growth and out-of-memory recovery; release and trim; graph
-// capture (one the allocator is told about, one begun on the stream directly, a release during
-// each); free; reclaim; teardown (the destructor). The allocator lives on device 1 while the
-// calling thread's device is 0, so every device query and switch is a fault point too.
+// capture (one the allocator is told about, with a side stream forked into it that allocates
+// and is recorded on a block, one begun on the stream directly, a release during each); free;
+// reclaim; teardown (the destructor). The allocator lives on device 1 while the calling thread's
+// device is 0, so every device query and switch is a fault point too.
 //
 // After each run: nothing crashed, no error but the runtime's own escaped, every free that failed
 // succeeds when tried again (no block is stranded), the invariants hold, and the reclaim phase
@@ -132,12 +133,16 @@ class sweep_run {
     int const descriptors = open_descriptors();
     sim_runtime sim{devices(2, capacity)};
     sim_ = &sim;
-    sim_stream s1{}, s2{};
+    sim_stream s1{}, s2{}, side{};
     GPUKIT_CUDA_TRY(sim.set_device(device));
     GPUKIT_CUDA_TRY(sim.stream_create(s1));
     GPUKIT_CUDA_TRY(sim.stream_create(s2));
+    GPUKIT_CUDA_TRY(sim.stream_create(side));
+    GPUKIT_CUDA_TRY(sim.event_create(fork_));
+    GPUKIT_CUDA_TRY(sim.event_create(join_));
     GPUKIT_CUDA_TRY(sim.set_device(0));
     streams_ = {s1, s2};
+    side_    = side;
     {
       std::optional<sim_allocator> alloc;
       alloc.emplace(sim, device, config_.options);
@@ -157,6 +162,9 @@ class sweep_run {
     }
     (void)sim.stream_destroy(s1);
     (void)sim.stream_destroy(s2);
+    (void)sim.stream_destroy(side);
+    (void)sim.event_destroy(fork_);
+    (void)sim.event_destroy(join_);
     sim_ = nullptr;
     if (r.failure.empty() && open_descriptors() != descriptors) {
       r.failure = "leak: " + std::to_string(open_descriptors() - descriptors) +
@@ -340,7 +348,20 @@ class sweep_run {
     }
   }
 
-  // A capture the allocator is told about: its allocations come from a private pool.
+  // Ends the capture on `s`: whatever call failed, the allocator never made one that
+  // invalidates a capture (on CUDA the graph would be lost).
+  void capture_ended(run_result& r, sim_stream s)
+  {
+    cudaError_t const e = sim_->end_capture(s);
+    if (e != cudaSuccess && r.failure.empty()) {
+      r.failure = std::string{"the capture ended with "} + sim_runtime::error_name(e) + ": " +
+                  sim_->last_misuse();
+    }
+  }
+
+  // A capture the allocator is told about: its allocations come from a private pool. A side
+  // stream the allocator has never seen is forked into it (it waits on an event of the capture),
+  // allocates there and uses a block of the capture's stream (record_stream), then joins back.
   void capture(sim_allocator& a, run_result& r)
   {
     sim_stream const s = streams_[0];
@@ -351,6 +372,17 @@ class sweep_run {
       std::size_t const before = live_.size();
       alloc_step(r, a, 2 * mib, s);
       alloc_step(r, a, 4096, s);
+      bool const forked = sim_->event_record(fork_, s) == cudaSuccess &&
+                          sim_->stream_wait_event(side_, fork_) == cudaSuccess;
+      if (forked) {
+        alloc_step(r, a, mib, side_);
+        if (live_.size() > before) {
+          step(r, "record_stream on the side stream",
+               [&] { a.record_stream(live_[before].p, side_); });
+        }
+        (void)sim_->event_record(join_, side_);
+        (void)sim_->stream_wait_event(s, join_);
+      }
       step(r, "release during capture", [&] { (void)a.release(); });
       while (live_.size() > before) {
         std::size_t const n = live_.size();
@@ -359,7 +391,7 @@ class sweep_run {
       }
       step(r, "end_capture", [&] { a.end_capture(s); });
     }
-    (void)sim_->end_capture(s);
+    capture_ended(r, s);
     if (id) {
       step(r, "release_capture_pool", [&] { a.release_capture_pool(*id); });
     }
@@ -367,16 +399,18 @@ class sweep_run {
 
   // A capture begun on the stream directly: the allocator learns of it only by asking the stream.
   // Releasing cached memory then must not free segments of that stream (the free would join the
-  // graph instead of happening).
+  // graph instead of happening), nor ask, query or wait for that stream (which invalidates the
+  // capture). Relaxed mode: of a capture it was not told about, the allocator cannot know that
+  // calls unsafe in global mode (event queries, synchronizations) would fail on other streams.
   void unannounced_capture(sim_allocator& a, run_result& r)
   {
     sim_stream const s = streams_[1];
     step(r, "release", [&] { (void)a.release(); });  // so that the next block is a new segment
     alloc_step(r, a, 20 * mib, s);
     if (!live_.empty() && live_.back().stream == s) { free_step(r, a, live_.size() - 1, s); }
-    if (sim_->begin_capture(s) != cudaSuccess) { return; }
+    if (sim_->begin_capture(s, cudaStreamCaptureModeRelaxed) != cudaSuccess) { return; }
     step(r, "release during a capture begun on the stream", [&] { (void)a.release(); });
-    (void)sim_->end_capture(s);
+    capture_ended(r, s);
     step(r, "release after the capture", [&] { (void)a.release(); });
   }
 
@@ -385,6 +419,8 @@ class sweep_run {
   cudaError_t error_;
   sim_runtime* sim_{nullptr};
   std::vector<sim_stream> streams_;
+  sim_stream side_{};  // used only inside the capture
+  gpukit::sim_runtime::event_type fork_{}, join_{};
   std::vector<live_block> live_;
   void* reclaim_block_{nullptr};
   std::uint64_t rng_{0x9e3779b97f4a7c15ull};

@@ -54,6 +54,20 @@ gpukit::caching_allocator_options with_source(gpukit::segment_source source)
 
 void settle(sim_runtime& sim) { GPUKIT_CUDA_TRY(sim.device_synchronize()); }
 
+constexpr int capture_modes[] = {cudaStreamCaptureModeGlobal, cudaStreamCaptureModeThreadLocal,
+                                 cudaStreamCaptureModeRelaxed};
+
+/// `waiter` waits for the work queued on `on` so far (PyTorch's waiter.wait_stream(on)): inside a
+/// capture, a fork (waiter joins the capture) or a join (the origin waits for a side stream).
+void wait_stream(sim_runtime& sim, sim_stream waiter, sim_stream on)
+{
+  gpukit::sim_runtime::event_type e{};
+  GPUKIT_CUDA_TRY(sim.event_create(e));
+  GPUKIT_CUDA_TRY(sim.event_record(e, on));
+  GPUKIT_CUDA_TRY(sim.stream_wait_event(waiter, e));
+  GPUKIT_CUDA_TRY(sim.event_destroy(e));
+}
+
 }  // namespace
 
 TEST_SUITE("robustness")
@@ -225,6 +239,141 @@ TEST_SUITE("robustness")
     CHECK(sim.used_bytes(0) == 0);
     alloc.forget_stream(s);
     (void)sim.stream_destroy(s);
+  }
+
+  TEST_CASE(
+    "graph capture: a side stream forked from the capture allocates, frees and "
+    "record_streams in every capture mode, and nothing leaks")
+  {
+    for (int mode : capture_modes) {
+      for (auto source : {gpukit::segment_source::stream_ordered,
+                          gpukit::segment_source::synchronous, gpukit::segment_source::growable}) {
+        INFO("capture mode " << mode << ", segment source " << static_cast<int>(source));
+        sim_runtime sim{one_device(4 * gib)};
+        sim_stream const s1 = new_stream(sim);  // the graph's stream, used before the capture
+        sim_stream const s2 = new_stream(sim);  // first met inside the capture
+        sim_allocator alloc{sim, 0, with_source(source)};
+        void* warm = alloc.allocate_async(mib, s1);
+        alloc.deallocate_async(warm, mib, s1);
+        auto const device_asks = sim.calls(sim_op::stream_get_device);
+
+        GPUKIT_CUDA_TRY(sim.begin_capture(s1, mode));
+        auto const id     = alloc.begin_capture(s1);
+        auto const misuse = sim.misuse_count();
+        wait_stream(sim, s2, s1);  // fork: s2 joins the capture
+        void* a = alloc.allocate_async(2 * mib, s2);
+        GPUKIT_CUDA_TRY(sim.memset_async(a, 7, 2 * mib, s2));  // captured work on s2
+        void* b = alloc.allocate_async(mib, s1);
+        CHECK(b != warm);  // from the capture's pool, not the cache of before
+        alloc.record_stream(b, s2);
+        alloc.deallocate_async(a, 2 * mib, s2);  // freed in the graph: reusable in it only
+        void* c = alloc.allocate_async(2 * mib, s1);
+        CHECK(c == a);                       // one pool for every stream of the capture
+        alloc.deallocate_async(b, mib, s1);  // used on s2 too: waits for the capture's end
+        CHECK(alloc.stats().active_bytes.current ==
+              alloc.stats().allocated_bytes.current + static_cast<std::int64_t>(mib));
+        wait_stream(sim, s1, s2);  // join
+        CHECK(sim.misuse_count() == misuse);
+        CHECK(sim.calls(sim_op::stream_get_device) == device_asks);  // never asked of s2 inside
+        alloc.end_capture(s1);
+        REQUIRE(sim.end_capture(s1) == cudaSuccess);  // no call invalidated the capture
+
+        // After the capture: s2 is checked at its next use, the deferred free comes back.
+        alloc.deallocate_async(c, 2 * mib, s1);
+        void* d = alloc.allocate_async(mib, s2);
+        CHECK(sim.calls(sim_op::stream_get_device) > device_asks);
+        CHECK(d != b);  // the capture's pool keeps its blocks until it is released
+        alloc.deallocate_async(d, mib, s2);
+        (void)alloc.trim(std::numeric_limits<std::size_t>::max());  // polls pending frees
+        CHECK(alloc.stats().active_bytes.current == 0);
+        alloc.release_capture_pool(id);
+        CHECK(gpukit::detail::check_invariants(alloc) == "");
+        alloc.forget_stream(s1);
+        alloc.forget_stream(s2);
+        CHECK(alloc.release() > 0);
+        CHECK(alloc.stats().allocated_bytes.current == 0);
+        CHECK(alloc.stats().reserved_bytes.current == 0);
+        settle(sim);
+        CHECK(sim.used_bytes(0) == 0);
+        GPUKIT_CUDA_TRY(sim.stream_destroy(s1));
+        GPUKIT_CUDA_TRY(sim.stream_destroy(s2));
+      }
+    }
+  }
+
+  TEST_CASE("graph capture: a second graph on a stream never seen before works in every mode")
+  {
+    for (int mode : capture_modes) {
+      INFO("capture mode " << mode);
+      sim_runtime sim{one_device(4 * gib)};
+      sim_allocator alloc{sim, 0, with_source(gpukit::segment_source::stream_ordered)};
+      sim_stream const first = new_stream(sim);
+      GPUKIT_CUDA_TRY(sim.begin_capture(first, mode));
+      auto const id1 = alloc.begin_capture(first);
+      void* p        = alloc.allocate_async(mib, first);  // first sight, inside the capture
+      alloc.deallocate_async(p, mib, first);
+      alloc.end_capture(first);
+      CHECK(sim.end_capture(first) == cudaSuccess);
+
+      sim_stream const second = new_stream(sim);  // the second graph's stream
+      GPUKIT_CUDA_TRY(sim.begin_capture(second, mode));
+      auto const id2        = alloc.begin_capture(second);
+      void* q               = alloc.allocate_async(3 * mib, second);
+      sim_stream const side = new_stream(sim);
+      wait_stream(sim, side, second);
+      void* r = alloc.allocate_async(mib, side);
+      alloc.record_stream(q, side);
+      alloc.deallocate_async(q, 3 * mib, second);
+      alloc.deallocate_async(r, mib, side);
+      wait_stream(sim, second, side);
+      alloc.end_capture(second);
+      CHECK(sim.end_capture(second) == cudaSuccess);
+      CHECK(alloc.stats().active_bytes.current == static_cast<std::int64_t>(3 * mib));
+      (void)alloc.trim(std::numeric_limits<std::size_t>::max());
+      CHECK(alloc.stats().active_bytes.current == 0);
+      alloc.release_capture_pool(id1);
+      alloc.release_capture_pool(id2);
+      CHECK(gpukit::detail::check_invariants(alloc) == "");
+      for (sim_stream s : {first, second, side}) { alloc.forget_stream(s); }
+      alloc.release();
+      CHECK(alloc.stats().reserved_bytes.current == 0);
+      for (sim_stream s : {first, second, side}) { GPUKIT_CUDA_TRY(sim.stream_destroy(s)); }
+    }
+  }
+
+  TEST_CASE(
+    "graph capture: the steps that wait or query skip a stream captured without the "
+    "allocator's knowledge")
+  {
+    sim_runtime sim{one_device(4 * gib)};
+    sim_stream const s = new_stream(sim), other = new_stream(sim);
+    sim_allocator alloc{sim, 0, with_source(gpukit::segment_source::growable)};
+    void* p = alloc.allocate_async(8 * mib, s);
+    void* q = alloc.allocate_async(mib, other);
+    alloc.record_stream(q, s);
+    alloc.deallocate_async(p, 8 * mib, s);
+    int relaxed = cudaStreamCaptureModeRelaxed;  // this thread's own unsafe calls are not at stake
+    GPUKIT_CUDA_TRY(sim.exchange_capture_mode(relaxed));
+    GPUKIT_CUDA_TRY(sim.begin_capture(s, cudaStreamCaptureModeRelaxed));
+    auto const misuse = sim.misuse_count();
+    alloc.deallocate_async(q, mib, other);              // its use on s waits for the capture's end
+    void* big = alloc.allocate_async(64 * mib, other);  // migration and harvest pass s by
+    alloc.deallocate_async(big, 64 * mib, other);
+    (void)alloc.release();  // s's pages stay: waiting for s would invalidate its capture
+    CHECK(logic_error_of([&] { alloc.forget_stream(s); }).find("being captured") !=
+          std::string::npos);
+    CHECK(sim.misuse_count() == misuse);
+    CHECK(sim.end_capture(s) == cudaSuccess);
+    GPUKIT_CUDA_TRY(sim.exchange_capture_mode(relaxed));
+    (void)alloc.trim(std::numeric_limits<std::size_t>::max());
+    CHECK(alloc.stats().active_bytes.current == 0);
+    CHECK(gpukit::detail::check_invariants(alloc) == "");
+    alloc.forget_stream(s);
+    alloc.forget_stream(other);
+    CHECK(alloc.release() > 0);
+    CHECK(alloc.stats().reserved_bytes.current == 0);
+    GPUKIT_CUDA_TRY(sim.stream_destroy(s));
+    GPUKIT_CUDA_TRY(sim.stream_destroy(other));
   }
 
   TEST_CASE("out of memory is never reported while frees release() issued are on their way")

@@ -667,6 +667,98 @@ void check_stream_wait_event(Runtime& rt)
   CHECK(rt.event_synchronize(after) == Runtime::success);
 }
 
+/// Graph capture as CUDA does it (measured on an H200), for the runtimes that can begin one (both
+/// shipped ones: begin_capture/end_capture are theirs, not the contract's): a stream that waits on
+/// an event recorded in a capture joins it; stream_is_capturing and stream_capture_id are legal
+/// on any capturing stream, stream_get_device invalidates the capture; work forked and not joined
+/// back fails the end; an event recorded in a capture cannot be queried; unsafe calls follow the
+/// capture's mode.
+template <class Runtime>
+void check_graph_capture(Runtime& rt)
+{
+  use_device_zero(rt);
+  scoped_stream<Runtime> a{rt};
+  scoped_stream<Runtime> b{rt};
+  scoped_event<Runtime> fork{rt};
+  scoped_event<Runtime> join{rt};
+  void* d = nullptr;
+  REQUIRE(rt.malloc(&d, 64 * kib) == Runtime::success);
+  auto capturing = [&](typename Runtime::stream_type s) {
+    bool c = false;
+    CHECK(rt.stream_is_capturing(s, c) == Runtime::success);
+    return c;
+  };
+  auto capture_id = [&](typename Runtime::stream_type s) {
+    unsigned long long id = 0;
+    CHECK(rt.stream_capture_id(s, id) == Runtime::success);
+    return id;
+  };
+  for (int mode : {Runtime::capture_mode_global, Runtime::capture_mode_thread_local,
+                   Runtime::capture_mode_relaxed}) {
+    INFO("capture mode " << mode);
+    // Fork and join: legal, and the side stream is part of the capture.
+    REQUIRE(rt.begin_capture(a, mode) == Runtime::success);
+    CHECK(rt.event_record(fork, a) == Runtime::success);
+    CHECK(rt.stream_wait_event(b, fork) == Runtime::success);
+    CHECK(capturing(b));
+    CHECK(capture_id(b) != 0);
+    CHECK(capture_id(b) == capture_id(a));
+    CHECK(rt.memset_async(d, 1, 64 * kib, b) == Runtime::success);
+    CHECK(rt.event_record(join, b) == Runtime::success);
+    CHECK(rt.stream_wait_event(a, join) == Runtime::success);
+    CHECK(rt.end_capture(a) == Runtime::success);
+    CHECK_FALSE(capturing(a));
+    CHECK_FALSE(capturing(b));
+    CHECK(capture_id(b) == 0);
+
+    // Asking a joined stream its device invalidates the capture.
+    REQUIRE(rt.begin_capture(a, mode) == Runtime::success);
+    CHECK(rt.event_record(fork, a) == Runtime::success);
+    CHECK(rt.stream_wait_event(b, fork) == Runtime::success);
+    int device = -1;
+    CHECK(rt.stream_get_device(b, device) == Runtime::stream_capture_unsupported);
+    CHECK(rt.event_record(join, b) == Runtime::stream_capture_invalidated);
+    CHECK(rt.end_capture(a) == Runtime::stream_capture_invalidated);
+    CHECK_FALSE(capturing(b));
+
+    // Work forked and never joined back.
+    REQUIRE(rt.begin_capture(a, mode) == Runtime::success);
+    CHECK(rt.event_record(fork, a) == Runtime::success);
+    CHECK(rt.stream_wait_event(b, fork) == Runtime::success);
+    CHECK(rt.memset_async(d, 2, 64 * kib, b) == Runtime::success);
+    CHECK(rt.end_capture(a) == Runtime::stream_capture_unjoined);
+    CHECK_FALSE(capturing(b));
+  }
+
+  // An event recorded in a capture is no work that completes (relaxed everywhere: only that rule
+  // is at stake).
+  int thread_mode = Runtime::capture_mode_relaxed;
+  REQUIRE(rt.exchange_capture_mode(thread_mode) == Runtime::success);
+  REQUIRE(rt.begin_capture(a, Runtime::capture_mode_relaxed) == Runtime::success);
+  CHECK(rt.event_record(fork, a) == Runtime::success);
+  CHECK(rt.event_query(fork) == Runtime::captured_event);
+  (void)rt.end_capture(a);
+  CHECK_FALSE(capturing(a));
+  CHECK(rt.exchange_capture_mode(thread_mode) == Runtime::success);
+
+  // Modes: a global capture refuses the capturing thread's malloc; a thread-local one lets
+  // another thread's through.
+  REQUIRE(rt.begin_capture(a, Runtime::capture_mode_global) == Runtime::success);
+  void* p = nullptr;
+  CHECK(rt.malloc(&p, 4 * kib) == Runtime::stream_capture_unsupported);
+  CHECK(rt.end_capture(a) == Runtime::stream_capture_invalidated);
+  REQUIRE(rt.begin_capture(a, Runtime::capture_mode_thread_local) == Runtime::success);
+  typename Runtime::error_type other = Runtime::unknown;
+  std::thread{[&] {
+    if (rt.set_device(0) == Runtime::success) { other = rt.malloc(&p, 4 * kib); }
+  }}.join();
+  CHECK(other == Runtime::success);
+  CHECK(rt.end_capture(a) == Runtime::success);
+  if (p != nullptr) { CHECK(rt.free(p) == Runtime::success); }
+  CHECK(rt.free(d) == Runtime::success);
+  check_no_pending_error<Runtime>();
+}
+
 /// Elapsed time between timing events; an error for events created without timing.
 template <class Runtime>
 void check_elapsed_time(Runtime& rt)
@@ -1097,6 +1189,8 @@ void check_out_of_memory(Runtime& rt)
   GPUKIT_RUNTIME_CONFORMANCE_CASE_DETAIL(runtime_expr, name_prefix, "events", check_events)      \
   GPUKIT_RUNTIME_CONFORMANCE_CASE_DETAIL(runtime_expr, name_prefix, "stream_wait_event",         \
                                          check_stream_wait_event)                                \
+  GPUKIT_RUNTIME_CONFORMANCE_CASE_DETAIL(runtime_expr, name_prefix, "graph capture",             \
+                                         check_graph_capture)                                    \
   GPUKIT_RUNTIME_CONFORMANCE_CASE_DETAIL(runtime_expr, name_prefix, "elapsed time",              \
                                          check_elapsed_time)                                     \
   GPUKIT_RUNTIME_CONFORMANCE_CASE_DETAIL(runtime_expr, name_prefix, "copies", check_copies)      \

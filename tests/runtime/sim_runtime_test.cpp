@@ -1378,3 +1378,259 @@ TEST_SUITE("sim_concurrency")
     OK(rt.stream_destroy(producer));
   }
 }
+
+// ---- Graph capture ------------------------------------------------------------------------------
+
+namespace {
+
+constexpr int capture_modes[] = {cudaStreamCaptureModeGlobal, cudaStreamCaptureModeThreadLocal,
+                                 cudaStreamCaptureModeRelaxed};
+
+/// A capture begun on `origin` in `mode` and forked to `side` (side waits on an event recorded on
+/// origin), as PyTorch's `side.wait_stream(origin)` does.
+void fork(sim_runtime& rt, stream_t origin, stream_t side, event_t e, int mode)
+{
+  OK(rt.begin_capture(origin, mode));
+  OK(rt.event_record(e, origin));
+  OK(rt.stream_wait_event(side, e));
+}
+
+/// Joins `side` back into `origin` (origin waits on an event recorded on side).
+void join(sim_runtime& rt, stream_t origin, stream_t side, event_t e)
+{
+  OK(rt.event_record(e, side));
+  OK(rt.stream_wait_event(origin, e));
+}
+
+bool is_capturing(sim_runtime& rt, stream_t s)
+{
+  bool capturing = false;
+  OK(rt.stream_is_capturing(s, capturing));
+  return capturing;
+}
+
+unsigned long long capture_id(sim_runtime& rt, stream_t s)
+{
+  unsigned long long id = 0;
+  OK(rt.stream_capture_id(s, id));
+  return id;
+}
+
+}  // namespace
+
+TEST_SUITE("sim_runtime")
+{
+  TEST_CASE_FIXTURE(two_streams,
+                    "graph capture: a stream that waits on the capture joins it, and "
+                    "must be joined back before it ends")
+  {
+    event_t fork_e{}, join_e{};
+    OK(rt.event_create(fork_e));
+    OK(rt.event_create(join_e));
+    void* d = nullptr;
+    OK(rt.malloc(&d, 4 * KiB));
+    OK(rt.memset_async(d, 1, 4 * KiB, b));
+    OK(rt.stream_synchronize(b));
+    for (int mode : capture_modes) {
+      INFO("capture mode " << mode);
+      fork(rt, a, b, fork_e, mode);
+      CHECK(is_capturing(rt, a));
+      CHECK(is_capturing(rt, b));
+      CHECK(capture_id(rt, a) != 0);
+      CHECK(capture_id(rt, b) == capture_id(rt, a));
+      OK(rt.memset_async(d, 2, 4 * KiB, b));  // captured, not run
+      join(rt, a, b, join_e);
+      OK(rt.end_capture(a));
+      CHECK_FALSE(is_capturing(rt, a));
+      CHECK_FALSE(is_capturing(rt, b));
+      CHECK(capture_id(rt, b) == 0);
+      OK(rt.stream_synchronize(b));  // legal again
+      CHECK(static_cast<unsigned char*>(d)[0] == 1);
+    }
+
+    // Work on the side stream after its last join: the capture ends unjoined, and ends.
+    fork(rt, a, b, fork_e, cudaStreamCaptureModeGlobal);
+    join(rt, a, b, join_e);
+    OK(rt.memset_async(d, 3, 4 * KiB, b));
+    CHECK(rt.end_capture(a) == cudaErrorStreamCaptureUnjoined);
+    CHECK(rt.last_misuse().find("never waited for") != std::string::npos);
+    CHECK_FALSE(is_capturing(rt, a));
+    CHECK_FALSE(is_capturing(rt, b));
+
+    // A fork with no work on the side stream needs no join; two captures have two ids.
+    fork(rt, a, b, fork_e, cudaStreamCaptureModeGlobal);
+    auto const first = capture_id(rt, a);
+    OK(rt.end_capture(a));
+    fork(rt, a, b, fork_e, cudaStreamCaptureModeGlobal);
+    CHECK(capture_id(rt, b) != first);
+    CHECK(rt.begin_capture(b) == cudaErrorInvalidValue);  // already capturing (joined)
+    OK(rt.end_capture(a));
+    CHECK(rt.end_capture(a) == cudaErrorInvalidValue);  // not capturing
+    CHECK(rt.begin_capture(a, 7) == cudaErrorInvalidValue);
+    CHECK(rt.last_misuse().find("mode 7") != std::string::npos);
+    OK(rt.free(d));
+    OK(rt.event_destroy(fork_e));
+    OK(rt.event_destroy(join_e));
+  }
+
+  TEST_CASE_FIXTURE(two_streams,
+                    "graph capture: stream_get_device, stream_query and "
+                    "stream_synchronize on any capturing stream invalidate it")
+  {
+    event_t fork_e{}, join_e{};
+    OK(rt.event_create(fork_e));
+    OK(rt.event_create(join_e));
+    using call_fn                                 = cudaError_t (*)(sim_runtime&, stream_t);
+    std::pair<char const*, call_fn> const calls[] = {
+      {"stream_get_device",
+       [](sim_runtime& r, stream_t s) {
+         int d = -1;
+         return r.stream_get_device(s, d);
+       }},
+      {"stream_query", [](sim_runtime& r, stream_t s) { return r.stream_query(s); }},
+      {"stream_synchronize", [](sim_runtime& r, stream_t s) { return r.stream_synchronize(s); }},
+    };
+    for (int mode : capture_modes) {
+      // Relaxed mode on this thread too: only the stream rule can refuse the call.
+      int thread_mode = cudaStreamCaptureModeRelaxed;
+      OK(rt.exchange_capture_mode(thread_mode));
+      for (auto const& [name, call] : calls) {
+        for (bool on_side : {false, true}) {
+          INFO("capture mode " << mode << ", " << name << " on the "
+                               << (on_side ? "joined" : "origin") << " stream");
+          fork(rt, a, b, fork_e, mode);
+          // What capture allows leaves it valid.
+          CHECK(is_capturing(rt, b));
+          CHECK(capture_id(rt, b) != 0);
+          CHECK(call(rt, on_side ? b : a) == cudaErrorStreamCaptureUnsupported);
+          CHECK(rt.last_misuse().find(std::string{name} + "(stream") != std::string::npos);
+          CHECK(rt.last_misuse().find("invalidated") != std::string::npos);
+          CHECK(is_capturing(rt, b));  // invalidated, still capturing until it ends
+          // Nothing more is captured: work, records and joins fail until the end.
+          CHECK(rt.launch_host_func(
+                  b, [](void*) {}, nullptr) == cudaErrorStreamCaptureInvalidated);
+          CHECK(rt.event_record(join_e, b) == cudaErrorStreamCaptureInvalidated);
+          CHECK(rt.stream_wait_event(a, fork_e) == cudaErrorStreamCaptureInvalidated);
+          CHECK(rt.end_capture(a) == cudaErrorStreamCaptureInvalidated);
+          CHECK_FALSE(is_capturing(rt, a));
+          CHECK_FALSE(is_capturing(rt, b));
+          CHECK(call(rt, on_side ? b : a) == cudaSuccess);  // after the capture: legal
+        }
+      }
+      OK(rt.exchange_capture_mode(thread_mode));
+    }
+    OK(rt.event_destroy(fork_e));
+    OK(rt.event_destroy(join_e));
+  }
+
+  TEST_CASE_FIXTURE(two_streams,
+                    "graph capture: an event recorded in a capture cannot be queried (907)")
+  {
+    event_t e{};
+    OK(rt.event_create(e));
+    int thread_mode = cudaStreamCaptureModeRelaxed;  // the capture rule alone, not the mode's
+    OK(rt.exchange_capture_mode(thread_mode));
+    OK(rt.begin_capture(a, cudaStreamCaptureModeRelaxed));
+    OK(rt.event_record(e, a));
+    CHECK(rt.event_query(e) == cudaErrorCapturedEvent);
+    CHECK(rt.last_misuse().find("event_query(event") != std::string::npos);
+    CHECK(rt.end_capture(a) == cudaErrorStreamCaptureInvalidated);
+
+    OK(rt.begin_capture(a, cudaStreamCaptureModeRelaxed));
+    OK(rt.event_record(e, a));
+    CHECK(rt.event_synchronize(e) == cudaErrorCapturedEvent);
+    CHECK(rt.end_capture(a) == cudaErrorStreamCaptureInvalidated);
+
+    // Still a captured event after the capture, until recorded again outside one.
+    OK(rt.begin_capture(a, cudaStreamCaptureModeRelaxed));
+    OK(rt.event_record(e, a));
+    OK(rt.end_capture(a));
+    CHECK(rt.event_query(e) == cudaErrorCapturedEvent);
+    CHECK(rt.stream_wait_event(b, e) == cudaErrorCapturedEvent);
+    CHECK_FALSE(is_capturing(rt, b));
+    OK(rt.event_record(e, a));
+    OK(rt.event_query(e));
+    OK(rt.event_synchronize(e));
+    OK(rt.exchange_capture_mode(thread_mode));
+    OK(rt.event_destroy(e));
+  }
+
+  TEST_CASE("graph capture: only the stream that began a capture ends it; captures stay apart")
+  {
+    sim_runtime rt{one_device()};
+    stream_t a{}, b{}, c{};
+    OK(rt.stream_create(a));
+    OK(rt.stream_create(b));
+    OK(rt.stream_create(c));
+    event_t e{}, f{};
+    OK(rt.event_create(e));
+    OK(rt.event_create(f));
+    fork(rt, a, b, e, cudaStreamCaptureModeGlobal);
+    CHECK(rt.end_capture(b) == cudaErrorStreamCaptureUnmatched);
+    CHECK(rt.last_misuse().find("which must end it") != std::string::npos);
+    CHECK(is_capturing(rt, b));
+    CHECK(rt.end_capture(a) == cudaErrorStreamCaptureInvalidated);
+    CHECK_FALSE(is_capturing(rt, b));
+
+    // A stream of one capture waiting on an event of another: both are invalidated.
+    OK(rt.begin_capture(a, cudaStreamCaptureModeGlobal));
+    OK(rt.begin_capture(c, cudaStreamCaptureModeGlobal));
+    CHECK(capture_id(rt, a) != capture_id(rt, c));
+    OK(rt.event_record(f, c));
+    CHECK(rt.stream_wait_event(a, f) == cudaErrorStreamCaptureIsolation);
+    CHECK(rt.end_capture(c) == cudaErrorStreamCaptureInvalidated);
+    CHECK(rt.end_capture(a) == cudaErrorStreamCaptureInvalidated);
+    OK(rt.event_destroy(e));
+    OK(rt.event_destroy(f));
+    for (stream_t s : {a, b, c}) { OK(rt.stream_destroy(s)); }
+  }
+
+  TEST_CASE("graph capture modes: which threads' unsafe calls fail and invalidate the capture")
+  {
+    // (capture mode, the calling thread, its capture mode) -> refused?
+    struct row {
+      int capture_mode;
+      bool same_thread;
+      int thread_mode;
+      bool refused;
+    };
+    int const G = cudaStreamCaptureModeGlobal, T = cudaStreamCaptureModeThreadLocal,
+              R      = cudaStreamCaptureModeRelaxed;
+    row const rows[] = {
+      {G, true, G, true},   {G, true, T, true},   {G, true, R, false},  {G, false, G, true},
+      {G, false, T, false}, {G, false, R, false}, {T, true, G, true},   {T, true, T, true},
+      {T, true, R, false},  {T, false, G, false}, {T, false, T, false}, {T, false, R, false},
+      {R, true, G, false},  {R, true, T, false},  {R, true, R, false},  {R, false, G, false},
+      {R, false, T, false}, {R, false, R, false},
+    };
+    sim_runtime rt{one_device()};
+    stream_t s{};
+    OK(rt.stream_create(s));
+    for (row const& r : rows) {
+      INFO("capture mode " << r.capture_mode << ", " << (r.same_thread ? "same" : "other")
+                           << " thread in mode " << r.thread_mode);
+      OK(rt.begin_capture(s, r.capture_mode));
+      cudaError_t got_malloc = cudaSuccess, got_sync = cudaSuccess;
+      auto unsafe_calls = [&] {
+        int mode = r.thread_mode;
+        (void)rt.exchange_capture_mode(mode);
+        void* p    = nullptr;
+        got_malloc = rt.malloc(&p, 4 * KiB);
+        if (got_malloc == cudaSuccess) { (void)rt.free(p); }
+        got_sync = rt.device_synchronize();
+        (void)rt.exchange_capture_mode(mode);
+      };
+      if (r.same_thread) {
+        unsafe_calls();
+      } else {
+        std::thread{unsafe_calls}.join();
+      }
+      auto const want = r.refused ? cudaErrorStreamCaptureUnsupported : cudaSuccess;
+      CHECK(got_malloc == want);
+      CHECK(got_sync == want);
+      CHECK(rt.end_capture(s) == (r.refused ? cudaErrorStreamCaptureInvalidated : cudaSuccess));
+    }
+    CHECK(rt.used_bytes(0) == 0);
+    OK(rt.stream_destroy(s));
+  }
+}

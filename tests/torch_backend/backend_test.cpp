@@ -198,6 +198,47 @@ std::vector<char> download(sim_runtime& sim, void const* src, std::size_t bytes,
 
 constexpr char const* growable_conf = "segments:growable,growable_shareable:true,page_size:2MiB";
 
+constexpr int capture_modes[] = {cudaStreamCaptureModeGlobal, cudaStreamCaptureModeThreadLocal,
+                                 cudaStreamCaptureModeRelaxed};
+
+/// `waiter` waits for the work queued on `on` so far (PyTorch's waiter.wait_stream(on)).
+void wait_stream(sim_runtime& sim, stream_t waiter, stream_t on)
+{
+  sim_runtime::event_type e{};
+  GPUKIT_CUDA_TRY(sim.event_create(e));
+  GPUKIT_CUDA_TRY(sim.event_record(e, on));
+  GPUKIT_CUDA_TRY(sim.stream_wait_event(waiter, e));
+  GPUKIT_CUDA_TRY(sim.event_destroy(e));
+}
+
+/// What torch.cuda.CUDAGraph does around a capture, through the backend: capture_begin registers
+/// the pool with a filter that accepts every stream of this capture (by the runtime's capture id,
+/// read with cudaStreamGetCaptureInfo) before cudaStreamBeginCapture; capture_end ends the
+/// capture first, then the allocation to the pool.
+struct torch_graph {
+  sim_runtime& sim;
+  sim_backend& b;
+  pool_id pool;
+  stream_t stream;
+  unsigned long long capture_id{0};
+
+  void capture_begin(int mode)
+  {
+    b.begin_allocate_to_pool(0, pool, [this](stream_t s) {
+      unsigned long long id = 0;
+      return sim.stream_capture_id(s, id) == cudaSuccess && id != 0 && id == capture_id;
+    });
+    GPUKIT_CUDA_TRY(sim.begin_capture(stream, mode));
+    GPUKIT_CUDA_TRY(sim.stream_capture_id(stream, capture_id));
+  }
+  cudaError_t capture_end()
+  {
+    cudaError_t const e = sim.end_capture(stream);
+    b.end_allocate_to_pool(0, pool);
+    return e;
+  }
+};
+
 }  // namespace
 
 TEST_SUITE("torch_backend")
@@ -327,6 +368,125 @@ TEST_SUITE("torch_backend")
     b.allocator(0).forget_stream(other.s);
     b.empty_cache();
     CHECK(b.stats(0).reserved_bytes.current == 0);
+  }
+
+  TEST_CASE(
+    "backend: a side stream forked from a graph capture allocates, frees and records "
+    "streams in every capture mode, as torch.cuda.graph does")
+  {
+    for (int mode : capture_modes) {
+      for (char const* segments : {"segments:stream_ordered", "segments:growable"}) {
+        INFO("capture mode " << mode << ", " << segments);
+        sim_runtime sim{one_device()};
+        sim_backend b{sim, conf(segments)};
+        stream_guard s1{sim};
+        stream_guard s2{sim};                   // never used before the capture
+        void* warm = b.allocate(0, MiB, s1.s);  // the graph's stream is used before capture
+        b.deallocate(warm);
+        auto const baseline = b.stats(0);
+        pool_id const pool{1, 0};
+        torch_graph g{sim, b, pool, s1.s};
+        g.capture_begin(mode);
+        auto const misuse = sim.misuse_count();
+        wait_stream(sim, s2.s, s1.s);  // s2.wait_stream(s1)
+        void* x = b.allocate(0, 2 * MiB, s1.s);
+        void* y = b.allocate(0, 3 * MiB, s2.s);  // allocated on the side stream in the capture
+        GPUKIT_CUDA_TRY(sim.memset_async(y, 1, 3 * MiB, s2.s));
+        b.record_stream(x, s2.s);  // x used on s2 too (tensor.record_stream)
+        void* z = b.allocate(0, MiB, s2.s);
+        b.deallocate(z);               // a temporary of the side stream
+        wait_stream(sim, s1.s, s2.s);  // join back
+        b.deallocate(x);               // used on s2: waits for the capture's end
+        CHECK(sim.misuse_count() == misuse);
+        REQUIRE(g.capture_end() == cudaSuccess);  // nothing invalidated the capture
+        // The graph's outputs stay the pool's (its replays write them).
+        CHECK(b.check_pool_live_allocations(0, pool, {y}));
+        auto const snap = b.snapshot(pool);
+        REQUIRE_FALSE(snap.segments.empty());
+        for (auto const& seg : snap.segments) { CHECK(seg.owner == pool); }
+        // Replays run on s1 (nothing to run on the simulated GPU); the graph is then reset.
+        b.deallocate(y);
+        b.release_pool(0, pool);
+        CHECK(b.pool_use_count(0, pool) == 0);
+        (void)b.empty_cache();  // also brings back x, freed with a use on s2 during the capture
+        auto const after = b.stats(0);
+        CHECK(after.allocated_bytes.current == baseline.allocated_bytes.current);
+        CHECK(after.active_bytes.current == baseline.active_bytes.current);
+        CHECK(after.allocation.current == 0);
+        CHECK(gpukit::detail::check_invariants(b.allocator(0)) == "");
+        b.allocator(0).forget_stream(s1.s);
+        b.allocator(0).forget_stream(s2.s);
+        (void)b.empty_cache();
+        CHECK(b.stats(0).reserved_bytes.current == 0);
+      }
+    }
+  }
+
+  TEST_CASE("backend: a second graph captured on a stream never seen before, in every mode")
+  {
+    for (int mode : capture_modes) {
+      INFO("capture mode " << mode);
+      sim_runtime sim{one_device()};
+      sim_backend b{sim, conf("segments:growable")};
+      stream_guard s1{sim};
+      torch_graph first{sim, b, pool_id{1, 0}, s1.s};
+      first.capture_begin(mode);  // s1 first met inside the capture
+      void* p = b.allocate(0, MiB, s1.s);
+      REQUIRE(first.capture_end() == cudaSuccess);
+
+      stream_guard s3{sim};  // the second graph's stream
+      stream_guard side{sim};
+      torch_graph second{sim, b, pool_id{2, 0}, s3.s};
+      second.capture_begin(mode);
+      void* q = b.allocate(0, 2 * MiB, s3.s);
+      wait_stream(sim, side.s, s3.s);
+      void* r = b.allocate(0, MiB, side.s);
+      b.record_stream(q, side.s);
+      wait_stream(sim, s3.s, side.s);
+      b.deallocate(q);
+      REQUIRE(second.capture_end() == cudaSuccess);
+      CHECK(b.check_pool_live_allocations(0, pool_id{2, 0}, {r}));
+      CHECK(b.check_pool_live_allocations(0, pool_id{1, 0}, {p}));
+      for (void* v : {p, r}) { b.deallocate(v); }
+      b.release_pool(0, pool_id{1, 0});
+      b.release_pool(0, pool_id{2, 0});
+      (void)b.empty_cache();
+      CHECK(b.stats(0).active_bytes.current == 0);
+      CHECK(gpukit::detail::check_invariants(b.allocator(0)) == "");
+      for (stream_t s : {s1.s, s3.s, side.s}) { b.allocator(0).forget_stream(s); }
+      (void)b.empty_cache();
+      CHECK(b.stats(0).reserved_bytes.current == 0);
+    }
+  }
+
+  TEST_CASE(
+    "backend: between beginAllocateToPool and the capture's first allocation, work on "
+    "other streams makes no call a global capture refuses")
+  {
+    sim_runtime sim{one_device()};
+    sim_backend b{sim, conf("segments:stream_ordered")};
+    stream_guard cap{sim};
+    stream_guard other{sim};
+    stream_guard user{sim};
+    // A free waiting on another stream's work: the next allocation would query its event.
+    void* used = b.allocate(0, MiB, other.s);
+    b.record_stream(used, user.s);
+    b.deallocate(used);
+    torch_graph g{sim, b, pool_id{1, 0}, cap.s};
+    g.capture_begin(cudaStreamCaptureModeGlobal);
+    auto const misuse = sim.misuse_count();
+    void* o           = b.allocate(0, 2 * MiB, other.s);  // an eager allocation elsewhere, first
+    void* p           = b.allocate(0, MiB, cap.s);
+    CHECK(sim.misuse_count() == misuse);
+    REQUIRE(g.capture_end() == cudaSuccess);
+    CHECK_THROWS_AS(b.allocator(0).end_capture_window(), gpukit::logic_error);  // none open now
+    b.deallocate(o);
+    b.deallocate(p);
+    b.release_pool(0, pool_id{1, 0});
+    (void)b.empty_cache();
+    CHECK(b.stats(0).active_bytes.current == 0);
+    CHECK(gpukit::detail::check_invariants(b.allocator(0)) == "");
+    for (stream_t s : {cap.s, other.s, user.s}) { b.allocator(0).forget_stream(s); }
   }
 
   TEST_CASE("caching allocator: resume_capture reuses an ended capture pool, and refuses misuse")

@@ -92,6 +92,78 @@ def row_graph_pool_sharing(torch, allocator):
     return "two graphs on one pool replay in order"
 
 
+def _side_stream_capture(torch, mode):
+    """Fork/join inside a capture: a side stream never used before allocates, frees and is
+    recorded on a tensor of the graph's stream, then joins back (torch.cuda.graph's own stream)."""
+    a = torch.randn(1 << 20, device="cuda")
+    ((a * 2 + (a + 1)) * 3 + a).sum()  # load the kernels before the capture
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, capture_error_mode=mode):
+        main = torch.cuda.current_stream()
+        t = a + 1  # on the graph's stream
+        side.wait_stream(main)  # fork: side joins the capture
+        with torch.cuda.stream(side):
+            b = a * 2  # allocated on the side stream inside the capture
+            tmp = b + t
+            t.record_stream(side)
+            c = tmp * 3
+            del tmp  # freed on the side stream inside the capture
+        main.wait_stream(side)  # join
+        d = c + a
+        del t  # used on the side stream too: its block waits for the capture's end
+    for v in (1.0, 2.0):
+        a.fill_(v)
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.all(b == 2 * v), f"b, value {v}"
+        assert torch.all(c == (3 * v + 1) * 3), f"c, value {v}"
+        assert torch.all(d == (3 * v + 1) * 3 + v), f"d, value {v}"
+    del b, c, d
+    g.reset()
+    return f"{mode} mode: the side stream allocated, freed and record_stream'ed; 2 replays match"
+
+
+def row_side_stream_capture_global(torch, allocator):
+    return _side_stream_capture(torch, "global")
+
+
+def row_side_stream_capture_thread_local(torch, allocator):
+    return _side_stream_capture(torch, "thread_local")
+
+
+def row_side_stream_capture_relaxed(torch, allocator):
+    return _side_stream_capture(torch, "relaxed")
+
+
+def row_second_graph_new_stream(torch, allocator):
+    a = torch.randn(1 << 20, device="cuda")
+    ((a * 2 + 1) * 2 - a).sum()  # load the kernels before the captures
+    torch.cuda.synchronize()
+    g1 = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g1):
+        b = a * 2
+    g2 = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()  # the second graph's own stream, first met inside its capture
+    with torch.cuda.graph(g2, stream=s):
+        c = b + 1
+        tmp = c * 2
+        d = tmp - c
+        del tmp
+    for v in (1.0, 3.0):
+        a.fill_(v)
+        g1.replay()
+        g2.replay()
+        torch.cuda.synchronize()
+        assert torch.all(b == 2 * v) and torch.all(c == 2 * v + 1), f"value {v}"
+        assert torch.all(d == 2 * v + 1), f"value {v}"
+    del b, c, d
+    g2.reset()
+    g1.reset()
+    return "a second graph captured on a new stream replays after the first"
+
+
 def row_make_graphed_callables(torch, allocator):
     model = _mlp(torch)
     ref = _mlp(torch)

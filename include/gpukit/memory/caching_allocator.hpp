@@ -244,7 +244,11 @@ class basic_caching_allocator final {
   basic_caching_allocator& operator=(basic_caching_allocator&&)      = delete;
 
   /// Allocates `bytes` usable in `stream` order. Does not synchronize.
-  /// @throws gpukit::logic_error if bytes is 0
+  /// The first use of a stream checks that it belongs to this allocator's device
+  /// (cudaStreamGetDevice); a stream first used while it is being captured into a CUDA graph is
+  /// checked at its first use after the capture instead, since that query would invalidate the
+  /// capture.
+  /// @throws gpukit::logic_error if bytes is 0, or for another device's stream
   /// @throws gpukit::bad_alloc if bytes exceeds the device or the limit
   /// @throws gpukit::out_of_memory if the device is full after recovery
   /// @throws gpukit::cuda_error if the runtime fails otherwise
@@ -280,6 +284,8 @@ class basic_caching_allocator final {
   /// segments in the order of, that stream later), from the thread that freed blocks on it last
   /// (other threads' cached blocks for it return to the pool at their next call). Synchronizes
   /// with `stream`. Called after the stream was destroyed, it synchronizes the device instead.
+  /// @throws gpukit::logic_error naming the stream while it is being captured into a CUDA graph
+  ///         (waiting for it would invalidate the capture); nothing changes then
   void forget_stream(stream_type stream);
 
   /// Registers a callback for the out-of-memory ladder (step 2), after those registered before.
@@ -294,9 +300,14 @@ class basic_caching_allocator final {
   /// allocating on it). Until end_capture, allocations on `stream` come from a private pool: its
   /// segments come from `malloc` in relaxed capture mode (legal during capture, outside the
   /// graph), and blocks freed on `stream` meanwhile are kept in that pool, so no block the graph
-  /// uses is handed to other work while the graph can replay. While any capture is under way, the
-  /// allocator makes no event query or synchronization (illegal in global capture mode) and skips
-  /// its per-thread caches. Returns the pool's id, for release_capture_pool.
+  /// uses is handed to other work while the graph can replay. Streams joined to the same capture
+  /// (side streams that waited on an event recorded in it, told apart by the runtime's
+  /// stream_capture_id) allocate and free through the same pool. While any capture is under way,
+  /// the allocator makes no event query or synchronization (illegal in global capture mode),
+  /// skips its per-thread caches, never calls on a capturing stream what would invalidate the
+  /// capture (asking its device, querying or synchronizing it), and keeps blocks freed with uses
+  /// on other streams (record_stream) until the capture has ended. Returns the pool's id, for
+  /// release_capture_pool.
   /// @throws gpukit::logic_error if a capture is already under way on `stream`
   capture_id begin_capture(stream_type stream);
   /// begin_capture into the ended pool `id` instead of a new one: its free blocks serve this
@@ -306,6 +317,16 @@ class basic_caching_allocator final {
   /// Call when the capture on `stream` ends (after cudaStreamEndCapture). The pool stays private.
   /// @throws gpukit::logic_error if no capture is under way on `stream`
   void end_capture(stream_type stream);
+  /// Call before a CUDA graph capture begins on streams the allocator is not told of yet (PyTorch
+  /// registers a private pool before cudaStreamBeginCapture, and learns the capture's streams at
+  /// their first allocation). Until the matching end_capture_window the allocator behaves as while
+  /// a capture is under way (no event query or synchronization, which a capture in global mode
+  /// refuses from any thread; no per-thread caches), so that no allocation or free elsewhere
+  /// invalidates the capture before begin_capture is called for its streams. Windows nest.
+  void begin_capture_window();
+  /// Ends a window begun by begin_capture_window.
+  /// @throws gpukit::logic_error without a window open
+  void end_capture_window();
   /// Gives the pool of capture `id` back to everyone: call once the graph is destroyed and its
   /// launches have completed. Blocks still allocated from it become ordinary blocks.
   /// @throws gpukit::logic_error for an unknown id or a capture that has not ended
@@ -602,7 +623,9 @@ class basic_caching_allocator final {
   void retire_dead_stream_locked(stream_type stream);
   void free_on_dead_stream(thread_cache& tc, block* b, void* ptr, stream_type stream);
   void forget_stream_locked(stream_type stream, bool synchronized);
+  bool capturing_locked(stream_type stream);
   std::size_t poll_pending_locked(bool wait = false);
+  bool arm_pending_locked(pending_free& pf);
   std::size_t migrate_locked(stream_type requester, bool wait);
   std::size_t make_global_locked(stream_pool& sp, std::uint64_t up_to_seq);
   event_type take_event_locked();
@@ -635,9 +658,10 @@ class basic_caching_allocator final {
                              int only_kind = -1, stream_type const* only_stream = nullptr);
   // Graph capture (detail/graph_capture.inl).
   capture_pool* active_capture_locked(stream_type stream);
+  capture_pool* capture_for_locked(stream_type stream, bool guess_on_error = false);
   capture_pool& capture_pool_locked(capture_id id);
   void* allocate_captured_locked(std::size_t bytes, std::size_t size, int kind, capture_pool& cp,
-                                 thread_cache& tc);
+                                 stream_type stream, thread_cache& tc);
   // Recording (detail/recording.inl).
   void record(thread_cache& tc, memory_event::action what, block const* b, stream_type stream);
   void record_pool_locked(memory_event::action what, std::uintptr_t address, std::size_t bytes,
@@ -727,7 +751,8 @@ class basic_caching_allocator final {
   struct capture_state {
     std::vector<std::unique_ptr<capture_pool>> pools;
     capture_id next_id{1};
-    std::atomic<int> underway{0};  // read on the fast path: written only at capture edges
+    int windows{0};                // begin_capture_window calls not yet ended
+    std::atomic<int> underway{0};  // captures and windows; read on the fast path
   };
   /// Recorded events: threads record into their caches' rings, the pool into `ring`.
   struct recording_state {

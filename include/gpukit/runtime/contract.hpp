@@ -124,6 +124,7 @@
 // ---- capture: graph-capture awareness ---------------------------------------------------------
 #define GPUKIT_RUNTIME_CAPTURE_OPS(X)                                                             \
   X(stream_is_capturing, (stream_type s, bool& capturing), "whether s is being captured into a graph (legal while capturing)") \
+  X(stream_capture_id, (stream_type s, unsigned long long& id), "the capture s takes part in, origin or joined (0: none); legal while capturing") \
   X(exchange_capture_mode, (int& mode), "swaps the thread's capture mode (capture_mode_global, _thread_local, _relaxed)")
 
 // ---- the capabilities -------------------------------------------------------------------------
@@ -166,6 +167,11 @@
   X(host_memory_already_registered, "host_register: the range is already page-locked")            \
   X(host_memory_not_registered, "host_unregister: the range was not registered")                  \
   X(stream_capture_unsupported, "the call is not allowed while a stream is captured")             \
+  X(stream_capture_invalidated, "the capture was invalidated by a call it does not allow")        \
+  X(stream_capture_unmatched, "end of a capture on a stream that did not begin it")               \
+  X(stream_capture_unjoined, "a stream forked into the capture was never joined back")            \
+  X(stream_capture_isolation, "a dependency between two captures, or a capture and outside work") \
+  X(captured_event, "a query or wait of an event last recorded during a capture")                 \
   X(launch_failure, "earlier asynchronous work failed")                                           \
   X(stub_library, "the program loaded the driver's stub library, not a driver")                   \
   X(system_not_ready, "the system is not ready (e.g. fabric manager not running)")                \
@@ -316,7 +322,7 @@ template <class R>
 inline constexpr bool runtime_has_ipc_v =
   runtime_has_core_v<R>&& std::conjunction_v<detail::runtime_ipc_ops<R>>;
 
-/// True when R has the core, the capture modes and both graph-capture operations.
+/// True when R has the core, the capture modes and every graph-capture operation.
 template <class R>
 inline constexpr bool runtime_has_capture_v =
   runtime_has_core_v<R>&& std::conjunction_v<detail::runtime_capture_ops<R>>;

@@ -226,10 +226,30 @@ class cuda_runtime final : public detail::cuda_error_vocabulary {
   //     on one thread, one at a time.
   //   stream_is_capturing: Whether `s` is being captured into a CUDA graph
   //     (cudaStreamIsCapturing; legal during capture). Does not block.
+  //   stream_capture_id: The id of the capture `s` takes part in, as the stream that began it or
+  //     as one joined to it by waiting on an event recorded in it; 0 when `s` is not capturing
+  //     (cudaStreamGetCaptureInfo; legal during capture, unlike cudaStreamGetDevice,
+  //     cudaStreamQuery, cudaStreamGetFlags and cudaStreamGetId, which invalidate it). Does not
+  //     block.
   //   exchange_capture_mode: Swaps the calling thread's stream capture mode
   //     (cudaThreadExchangeStreamCaptureMode), e.g. to cudaStreamCaptureModeRelaxed around a
   //     cudaMalloc that a capture in global mode would reject.
   GPUKIT_RUNTIME_OPS(GPUKIT_RUNTIME_DECLARE_OPERATION)
+
+  // ---- Graph capture itself (not in the contract: a graph is CUDA's own type) ----------------
+
+  /// Begins capturing `s` into a CUDA graph (cudaStreamBeginCapture). @param mode
+  /// capture_mode_global (the default, as CUDA's), capture_mode_thread_local or
+  /// capture_mode_relaxed: which threads' unsafe calls (cudaMalloc, synchronizations, queries)
+  /// the capture refuses. Does not block.
+  [[nodiscard]] cudaError_t begin_capture(stream_type s, int mode = capture_mode_global);
+  /// Ends the capture begun on `s` (cudaStreamEndCapture): `graph` = the captured graph, which
+  /// the caller destroys (cudaGraphDestroy). @return cudaErrorStreamCaptureInvalidated when a call
+  /// invalidated the capture, cudaErrorStreamCaptureUnjoined when a stream forked into it was not
+  /// joined back, cudaErrorStreamCaptureUnmatched when `s` did not begin it (graph null then).
+  [[nodiscard]] cudaError_t end_capture(stream_type s, cudaGraph_t& graph);
+  /// As above, destroying the graph at once: for code that needs only the capture's verdict.
+  [[nodiscard]] cudaError_t end_capture(stream_type s);
 };
 
 static_assert(is_runtime_v<cuda_runtime>, "cuda_runtime must satisfy the Runtime contract");

@@ -302,9 +302,13 @@ class sim_runtime final : public detail::cuda_error_vocabulary {
   //   stream_synchronize: Blocks until `s` has run the work submitted before the call. Counts as
   //     a synchronization.
   //   stream_query: cudaSuccess when `s` has run all submitted work, else cudaErrorNotReady. An
-  //     atomic check.
+  //     atomic check. On a capturing stream: see begin_capture (also for stream_synchronize,
+  //     stream_get_device, event_query and event_synchronize).
   //   stream_wait_event: Work submitted to `s` after this call waits for `e`'s capture as of this
-  //     call (no-op when `e` was never recorded or has completed). Does not block the host.
+  //     call (no-op when `e` was never recorded or has completed). Does not block the host. When
+  //     `e` was recorded in a graph capture under way, `s` joins that capture instead;
+  //     cudaErrorStreamCaptureIsolation when `s` takes part in another capture,
+  //     cudaErrorCapturedEvent when that capture has ended.
   //   stream_get_device: device = the device `s` was created on (the current device for the null
   //     stream). cudaErrorInvalidResourceHandle for a dead stream.
   // Events:
@@ -339,7 +343,9 @@ class sim_runtime final : public detail::cuda_error_vocabulary {
   //     as memcpy_async.
   //   launch_host_func: Runs fn(user) on `s`'s worker in stream order; fn must not call the
   //     runtime. Null fn: cudaErrorInvalidValue.
-  //   stream_is_capturing: Whether `s` is being captured (see begin_capture).
+  //   stream_is_capturing: Whether `s` is being captured, as the stream that began the capture or
+  //     one joined to it (see begin_capture). cudaErrorInvalidResourceHandle for a dead stream.
+  //   stream_capture_id: id = the capture `s` takes part in (see begin_capture), 0 when none.
   //     cudaErrorInvalidResourceHandle for a dead stream.
   //   exchange_capture_mode: Swaps the calling thread's capture mode (cudaStreamCaptureMode
   //     values) with `mode`.
@@ -385,15 +391,36 @@ class sim_runtime final : public detail::cuda_error_vocabulary {
   /// Lets a stalled stream run again. cudaErrorInvalidResourceHandle for a dead stream.
   [[nodiscard]] cudaError_t release(stream_type s);
 
-  /// Simulates CUDA graph capture on `s` (global mode, as cudaStreamBeginCapture's default): work
-  /// enqueued on `s` is recorded, not run (here: dropped), and until end_capture every thread
-  /// whose capture mode is not relaxed gets cudaErrorStreamCaptureUnsupported, with a misuse
-  /// message, from the calls CUDA prohibits then (malloc, free, host_alloc, host_free, queries and
-  /// synchronizations); malloc_async on `s` is reported too (on CUDA it would silently become a
-  /// graph allocation node). cudaErrorInvalidResourceHandle for a dead stream,
-  /// cudaErrorInvalidValue when `s` is already capturing.
-  [[nodiscard]] cudaError_t begin_capture(stream_type s);
-  /// Ends the capture begun by begin_capture(s). cudaErrorInvalidValue when `s` is not capturing.
+  /// Simulates CUDA graph capture on `s` as cudaStreamBeginCapture does, with CUDA's rules:
+  /// - Work enqueued on a capturing stream is recorded, not run (here: dropped). A stream joins
+  ///   the capture when it waits (stream_wait_event) on an event recorded on a capturing stream;
+  ///   it is then capturing too (stream_is_capturing, the same stream_capture_id).
+  /// - On any capturing stream, stream_get_device, stream_query and stream_synchronize fail with
+  ///   cudaErrorStreamCaptureUnsupported and invalidate the capture, in every mode (as CUDA's
+  ///   cudaStreamGetDevice, cudaStreamQuery, cudaStreamGetFlags and cudaStreamGetId do).
+  ///   event_query and event_synchronize of an event last recorded in a capture fail with
+  ///   cudaErrorCapturedEvent (invalidating the capture while it is under way).
+  /// - Unsafe calls (malloc, free, host_alloc, host_free, event and stream queries and
+  ///   synchronizations, device_synchronize) fail with cudaErrorStreamCaptureUnsupported, and
+  ///   invalidate the capture, when made from a thread whose capture mode (exchange_capture_mode)
+  ///   is not relaxed, and either that thread began a capture that is not in relaxed `mode`, or
+  ///   it is in global capture mode and another thread's capture is in global `mode`. So: global
+  ///   refuses them on every such thread, thread-local only on the capturing thread, relaxed none.
+  /// - Once a capture is invalidated, work enqueued on its streams, events recorded on them and
+  ///   waits that would join it return cudaErrorStreamCaptureInvalidated until end_capture.
+  /// - malloc_async on a capturing stream is refused as a misuse (on CUDA it would silently
+  ///   become a graph allocation node).
+  /// Every refusal records a misuse message naming the call and the capture.
+  /// @param mode capture_mode_global (default), capture_mode_thread_local or capture_mode_relaxed
+  /// cudaErrorInvalidResourceHandle for a dead stream; cudaErrorInvalidValue when `s` is already
+  /// capturing (begun or joined) or for an unknown mode. Does not block.
+  [[nodiscard]] cudaError_t begin_capture(stream_type s, int mode = capture_mode_global);
+  /// Ends the capture begun on `s`; every stream of it stops capturing. Returns
+  /// cudaErrorStreamCaptureInvalidated when a call invalidated it, else
+  /// cudaErrorStreamCaptureUnjoined when a joined stream has captured work that `s` never waited
+  /// for (the capture ends in both cases, as on CUDA). cudaErrorStreamCaptureUnmatched (and the
+  /// capture is invalidated) when `s` joined the capture but did not begin it;
+  /// cudaErrorInvalidValue when `s` is not capturing.
   [[nodiscard]] cudaError_t end_capture(stream_type s);
 
   /// Calls of `op` made since construction or reset_counters(), failed ones included (relaxed
@@ -464,12 +491,21 @@ class sim_runtime final : public detail::cuda_error_vocabulary {
   mutable std::mutex faults_mutex_;
   std::vector<pending_fault> faults_;  // guarded by faults_mutex_, in injection order
   std::atomic<std::size_t> faults_pending_{0};
-  // Graph capture (simulated): streams capturing, by id, and their count for the fast check.
+  // Graph capture (simulated): the captures under way and the events recorded in captures, with
+  // their counts for the fast checks. capture_mutex_ nests outside misuse_mutex_ only.
   mutable std::mutex capture_mutex_;
-  std::vector<std::uint64_t> capturing_;
+  std::vector<detail::sim_graph_capture> captures_;  // guarded by capture_mutex_
+  std::unordered_map<std::uint64_t, detail::sim_captured_event> captured_events_;  // by event id
+  std::uint64_t next_capture_id_{1};  // guarded by capture_mutex_
   std::atomic<int> captures_underway_{0};
+  std::atomic<std::size_t> captured_events_count_{0};
   cudaError_t capture_violation(sim_op op) noexcept;
+  cudaError_t on_capturing_stream(char const* call, std::uint64_t stream_id);
+  cudaError_t on_captured_event(char const* call, std::uint64_t event_id);
   bool capturing(std::uint64_t stream_id) const;
+  bool note_captured_work(std::uint64_t stream_id, cudaError_t& err);
+  detail::sim_graph_capture* capture_of_locked(std::uint64_t stream_id);  // capture_mutex_ held
+  detail::sim_graph_capture* capture_by_id_locked(std::uint64_t id);      // capture_mutex_ held
 
   mutable std::mutex misuse_mutex_;
   std::string last_misuse_;  // guarded by misuse_mutex_

@@ -22,6 +22,11 @@
 //   allocation ends those captures; releasing the last use gives the capture pools back.
 //   gpukit keys captures by stream: while a pool is allocated to on a stream, every allocation on
 //   that stream that no other pool's filter claims and that the pool's filter rejects pauses it.
+//   A side stream joined to a graph's capture is accepted by PyTorch's filter (same capture id)
+//   and gets a capture pool of the same pool. From beginAllocateToPool to endAllocateToPool the
+//   allocator keeps a capture window open: no event query or wait that a capture in global mode
+//   refuses, and never a call that invalidates a capture on a capturing stream (its device, a
+//   query, a wait), so graphs with side streams capture in every mode.
 // - Every block handed out is recorded (device, stream, size, pool, call-stack context), so a free
 //   needs only the pointer, as PyTorch's free does, and snapshots can name pools and stacks.
 // - Requests are rounded as PyTorch rounds them (512 bytes at least and a multiple of 512, or

@@ -259,8 +259,8 @@ void* basic_caching_allocator<Runtime>::allocate_slow(std::size_t bytes, std::si
   int const kind     = kind_for(size);
   bool const capture = capture_.underway.load(std::memory_order_relaxed) != 0;
   if (capture) {
-    if (capture_pool* cp = active_capture_locked(stream)) {
-      return allocate_captured_locked(bytes, size, kind, *cp, tc);
+    if (capture_pool* cp = capture_for_locked(stream)) {
+      return allocate_captured_locked(bytes, size, kind, *cp, stream, tc);
     }
   }
   if (debug_ != nullptr && debug_->guard && !capture) {  // guard pages (detail/debug_mode.inl)
@@ -467,7 +467,10 @@ __attribute__((always_inline)) inline void basic_caching_allocator<Runtime>::cou
 }
 
 // A block used on other streams too (record_stream): reusable once the work queued there up to
-// now has completed, so it waits as a pending free on an event per such stream.
+// now has completed, so it waits as a pending free on an event per such stream. During a graph
+// capture (of this allocator, or on any of those streams) an event would be part of the graph and
+// could not be queried: the block waits, its events unrecorded, until the capture has ended
+// (arm_pending_locked), kept for the capture's pool as free_to_pool_locked would keep it.
 template <class Runtime>
 void basic_caching_allocator<Runtime>::defer_free(thread_cache& tc, block* b, void* ptr,
                                                   stream_type stream, void* owner)
@@ -478,6 +481,26 @@ void basic_caching_allocator<Runtime>::defer_free(thread_cache& tc, block* b, vo
   pf.stream = stream;
   std::optional<device_guard<Runtime>> guard;  // its query and switch can fail too: inside the try
   try {
+    bool in_capture =
+      capture_.underway.load(std::memory_order_relaxed) != 0 || capturing_locked(stream);
+    for (std::size_t i = 0; i < b->recorded.size() && !in_capture; ++i) {
+      in_capture = !(b->recorded[i] == stream) && capturing_locked(b->recorded[i]);
+    }
+    if (in_capture) {
+      capture_pool* cp = b->capture_pool == 0 ? capture_for_locked(stream) : nullptr;
+      for (stream_type s : b->recorded) {
+        if (!(s == stream)) { pf.uses.push_back(s); }
+      }
+      if (!pf.uses.empty()) {
+        if (cp != nullptr) { b->capture_pool = cp->id; }
+        pending_.add(b->kind, static_cast<std::int64_t>(b->size), 1);  // still active: first
+        count_free(tc, b, ptr, stream);
+        b->recorded.clear();
+        b->state.store(detail::block_state::pending, std::memory_order_relaxed);
+        streams_.pending.push_back(std::move(pf));
+        return;
+      }
+    }
     guard.emplace(runtime_, device_);
     for (stream_type s : b->recorded) {
       if (s == stream) { continue; }

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // gpukit/memory/detail/graph_capture.inl: CUDA graph capture in basic_caching_allocator: each
 // capture gets a private pool (begin_capture, end_capture, release_capture_pool); while it is under
-// way, allocations on its stream come from that pool and new segments from a synchronous malloc in
-// relaxed capture mode. Not public API; included by caching_allocator.hpp.
+// way, allocations on its stream, and on the streams joined to it, come from that pool and new
+// segments from a synchronous malloc in relaxed capture mode. Not public API; included by
+// caching_allocator.hpp.
 #pragma once
 
 #include <gpukit/memory/caching_allocator.hpp>
@@ -61,6 +62,25 @@ void basic_caching_allocator<Runtime>::end_capture(stream_type stream)
 }
 
 template <class Runtime>
+void basic_caching_allocator<Runtime>::begin_capture_window()
+{
+  std::lock_guard<std::mutex> lock{mutex_};
+  ++capture_.windows;
+  capture_.underway.fetch_add(1, std::memory_order_relaxed);
+}
+
+template <class Runtime>
+void basic_caching_allocator<Runtime>::end_capture_window()
+{
+  std::lock_guard<std::mutex> lock{mutex_};
+  GPUKIT_EXPECTS(capture_.windows > 0,
+                 "end_capture_window: no capture window is open on this allocator (device " +
+                   std::to_string(device_) + ")");
+  --capture_.windows;
+  capture_.underway.fetch_sub(1, std::memory_order_relaxed);
+}
+
+template <class Runtime>
 void basic_caching_allocator<Runtime>::release_capture_pool(capture_id id)
 {
   std::lock_guard<std::mutex> lock{mutex_};
@@ -100,6 +120,42 @@ basic_caching_allocator<Runtime>::active_capture_locked(stream_type stream)
   return nullptr;
 }
 
+// The capture under way that `stream` takes part in: the one begun (or resumed) on it, else, for a
+// stream the runtime says is joined to a capture (a side stream that waited on an event recorded
+// in it), the one begun on a stream of that same runtime capture. nullptr when none. Only
+// stream_capture_id is asked, which is legal during capture. With `guess_on_error`, a failing
+// query (a free, which must not throw by now) gives the oldest capture under way: its pool holds
+// the block until release_capture_pool, longer than needed but never while a graph may use it.
+template <class Runtime>
+typename basic_caching_allocator<Runtime>::capture_pool*
+basic_caching_allocator<Runtime>::capture_for_locked(stream_type stream, bool guess_on_error)
+{
+  if (capture_pool* cp = active_capture_locked(stream)) { return cp; }
+  if (capture_.underway.load(std::memory_order_relaxed) == 0 || stream == stream_type{}) {
+    return nullptr;
+  }
+  auto fail = [&](typename Runtime::error_type e) -> capture_pool* {
+    if (!guess_on_error) { GPUKIT_CUDA_TRY(e); }
+    for (auto& cp : capture_.pools) {
+      if (cp->active) { return cp.get(); }
+    }
+    return nullptr;
+  };
+  unsigned long long id          = 0;
+  typename Runtime::error_type e = runtime_.stream_capture_id(stream, id);
+  if (e == Runtime::invalid_resource_handle) { return nullptr; }  // destroyed: not capturing
+  if (e != Runtime::success) { return fail(e); }
+  if (id == 0) { return nullptr; }
+  for (auto& cp : capture_.pools) {
+    if (!cp->active) { continue; }
+    unsigned long long origin = 0;
+    e                         = runtime_.stream_capture_id(cp->stream, origin);
+    if (e != Runtime::success) { return fail(e); }
+    if (origin == id) { return cp.get(); }
+  }
+  return nullptr;
+}
+
 template <class Runtime>
 typename basic_caching_allocator<Runtime>::capture_pool&
 basic_caching_allocator<Runtime>::capture_pool_locked(capture_id id)
@@ -111,12 +167,15 @@ basic_caching_allocator<Runtime>::capture_pool_locked(capture_id id)
   return *capture_.pools.front();  // not reached
 }
 
-// During capture: blocks come from the capture's private pool; new segments from a synchronous
-// malloc made in relaxed capture mode (legal during capture, and not part of the graph).
+// During capture: blocks come from the capture's private pool (for its stream and the streams
+// joined to it); new segments from a synchronous malloc made in relaxed capture mode (legal during
+// capture, and not part of the graph).
 template <class Runtime>
 void* basic_caching_allocator<Runtime>::allocate_captured_locked(std::size_t bytes,
                                                                  std::size_t size, int kind,
-                                                                 capture_pool& cp, thread_cache& tc)
+                                                                 capture_pool& cp,
+                                                                 stream_type stream,
+                                                                 thread_cache& tc)
 {
   block* b = cp.index[kind].find(size);
   if (b == nullptr) {
@@ -143,7 +202,7 @@ void* basic_caching_allocator<Runtime>::allocate_captured_locked(std::size_t byt
     cp.index[kind].insert(nb);
     b = nb;
   }
-  return hand_out(tc, take_locked(b, size, bytes, cp.stream), bytes, cp.stream);
+  return hand_out(tc, take_locked(b, size, bytes, stream), bytes, stream);
 }
 
 }  // namespace gpukit

@@ -165,7 +165,7 @@ std::size_t basic_caching_allocator<Runtime>::harvest_pages_locked(int kind, std
   for (auto& sp : streams_.pools) {
     bool any = false;
     for (int k = 0; k < nkinds; ++k) { any = any || !sp->index[kinds[k]].empty(); }
-    if (!any) { continue; }
+    if (!any || capturing_locked(sp->stream)) { continue; }  // a query would end its capture
     typename Runtime::error_type const q = runtime_.stream_query(sp->stream);
     // Busy, or destroyed (retired by the next migration or release): not a donor now.
     if (q == Runtime::not_ready || q == Runtime::invalid_resource_handle) { continue; }
@@ -498,12 +498,17 @@ void basic_caching_allocator<Runtime>::unmap_released_blocks_locked(std::size_t 
   };
   // The streams whose pages go are waited for first; destroyed ones are retired (their blocks
   // join the global pool) before any block is collected, as retiring merges blocks.
-  std::vector<stream_type> dead;
+  // Streams being captured (begun on the stream directly) are not waited for: their pages stay.
+  std::vector<stream_type> dead, capturing;
   for (auto& sp : streams_.pools) {
     if (only_stream != nullptr && !(sp->stream == *only_stream)) { continue; }
     for (auto& idx : sp->index) { idx.for_each(collect); }
     if (blocks.empty()) { continue; }
     blocks.clear();
+    if (capturing_locked(sp->stream)) {
+      capturing.push_back(sp->stream);
+      continue;
+    }
     typename Runtime::error_type const e = runtime_.stream_synchronize(sp->stream);
     if (e == Runtime::invalid_resource_handle) {
       dead.push_back(sp->stream);
@@ -515,6 +520,7 @@ void basic_caching_allocator<Runtime>::unmap_released_blocks_locked(std::size_t 
   for (stream_type d : dead) { retire_dead_stream_locked(d); }
   for (auto& sp : streams_.pools) {
     if (only_stream != nullptr && !(sp->stream == *only_stream)) { continue; }
+    if (std::find(capturing.begin(), capturing.end(), sp->stream) != capturing.end()) { continue; }
     for (auto& idx : sp->index) { idx.for_each(collect); }
   }
   if (only_stream == nullptr) {

@@ -94,8 +94,14 @@ void basic_caching_allocator<Runtime>::settle_frees_locked(recovery_request& r)
   recovery_.unsettled.clear();
   if (r.freed_on.empty()) { return; }
   device_guard<Runtime> guard{runtime_, device_};
+  std::vector<stream_type> capturing;  // waiting would end their capture: left unsettled
   while (!r.freed_on.empty()) {
-    stream_type const fs                 = r.freed_on.back();
+    stream_type const fs = r.freed_on.back();
+    if (capturing_locked(fs)) {
+      capturing.push_back(fs);
+      r.freed_on.pop_back();
+      continue;
+    }
     typename Runtime::error_type const e = runtime_.stream_synchronize(fs);
     if (e == Runtime::invalid_resource_handle) {
       retire_dead_stream_locked(fs);  // synchronizes the device: every free issued has landed
@@ -105,6 +111,7 @@ void basic_caching_allocator<Runtime>::settle_frees_locked(recovery_request& r)
     ++stats_.num_release_waits;
     r.freed_on.pop_back();
   }
+  recovery_.unsettled = std::move(capturing);  // settled by a later recovery
 }
 
 // (1) Blocks whose cross-stream events have completed (no waiting).

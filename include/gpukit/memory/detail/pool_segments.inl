@@ -229,7 +229,7 @@ void basic_caching_allocator<Runtime>::free_to_pool_locked(block* b, stream_type
   if (b->capture_pool == 0 && capture_.underway.load(std::memory_order_relaxed) != 0) {
     // Freed on a stream being captured: the graph may use the block when it replays, so it is
     // kept for that capture's pool (reusable within it) until release_capture_pool.
-    if (capture_pool* cp = active_capture_locked(stream)) { b->capture_pool = cp->id; }
+    if (capture_pool* cp = capture_for_locked(stream, true)) { b->capture_pool = cp->id; }
   }
   if (b->capture_pool != 0) {
     b->stream = stream;

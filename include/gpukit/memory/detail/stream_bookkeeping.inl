@@ -33,12 +33,20 @@ struct basic_caching_allocator<Runtime>::pending_free {
   block* b{nullptr};
   stream_type stream{};
   std::vector<event_type> events;
+  // Freed during a graph capture: the streams it was used on, whose events are recorded once no
+  // capture is under way (an event recorded in a capture cannot be queried). Empty once armed.
+  std::vector<stream_type> uses;
   bool to_global{false};  // its stream was forgotten: usable by every stream once done
 };
 
 // A stream's first use: it must belong to this allocator's device (on CUDA, cudaMallocAsync on
 // another device's stream takes that device's memory, and events of this device cannot be
 // recorded on it). The null stream stands for this device's.
+//
+// Asking a stream its device (cudaStreamGetDevice) invalidates a graph capture it takes part in,
+// in every capture mode, so a stream first met while it is capturing (a side stream joined to a
+// capture, a second graph's new stream) is asked only cudaStreamIsCapturing, and is taken to be
+// of this device: it is not remembered as checked, so its first use after the capture checks it.
 template <class Runtime>
 void basic_caching_allocator<Runtime>::check_stream_locked(stream_type stream, char const* what)
 {
@@ -55,8 +63,11 @@ bool basic_caching_allocator<Runtime>::check_stream_locked(stream_type stream, c
                                            stream) != streams_.checked.end()) {
     return true;
   }
-  int d                                = -1;
-  typename Runtime::error_type const r = runtime_.stream_get_device(stream, d);
+  bool capturing                 = false;
+  typename Runtime::error_type r = runtime_.stream_is_capturing(stream, capturing);
+  if (r == Runtime::success && capturing) { return true; }  // checked after the capture
+  int d = -1;
+  if (r == Runtime::success) { r = runtime_.stream_get_device(stream, d); }
   if (dead_ok && r == Runtime::invalid_resource_handle) {
     retire_dead_stream_locked(stream);
     return false;
@@ -84,7 +95,10 @@ bool basic_caching_allocator<Runtime>::check_free_stream(thread_cache& tc, strea
 {
   std::lock_guard<std::mutex> lock{mutex_};
   bool const live = check_stream_locked(stream, "deallocate_async", true);
-  if (live) { tc.checked_stream = stream; }
+  if (live && std::find(streams_.checked.begin(), streams_.checked.end(), stream) !=
+                streams_.checked.end()) {
+    tc.checked_stream = stream;  // not a stream taken on trust while it is capturing
+  }
   return live;
 }
 
@@ -134,6 +148,19 @@ basic_caching_allocator<Runtime>::stream_pool_locked(stream_type stream)
   return *streams_.pools.back();
 }
 
+// Whether `stream` takes part in a graph capture (asked of the runtime: legal during capture).
+// The null stream is never captured; a destroyed stream is not capturing (callers find it dead).
+template <class Runtime>
+bool basic_caching_allocator<Runtime>::capturing_locked(stream_type stream)
+{
+  if (stream == stream_type{}) { return false; }
+  bool capturing                       = false;
+  typename Runtime::error_type const e = runtime_.stream_is_capturing(stream, capturing);
+  if (e == Runtime::invalid_resource_handle) { return false; }
+  GPUKIT_CUDA_TRY(e);
+  return capturing;
+}
+
 template <class Runtime>
 void basic_caching_allocator<Runtime>::record_stream(void* ptr, stream_type stream)
 {
@@ -157,7 +184,11 @@ std::size_t basic_caching_allocator<Runtime>::poll_pending_locked(bool wait)
 {
   std::size_t moved = 0;
   for (std::size_t i = 0; i < streams_.pending.size();) {
-    auto& pf  = streams_.pending[i];
+    auto& pf = streams_.pending[i];
+    if (!pf.uses.empty() && !arm_pending_locked(pf)) {
+      ++i;  // freed during a capture that is still under way
+      continue;
+    }
     bool done = true;
     for (event_type e : pf.events) {
       typename Runtime::error_type const q =
@@ -188,6 +219,42 @@ std::size_t basic_caching_allocator<Runtime>::poll_pending_locked(bool wait)
   return moved;
 }
 
+// A free made during a graph capture (see defer_free): records an event on each stream that used
+// the block, now that no capture of this allocator is under way and none of those streams is
+// capturing. False, with nothing changed, while one still is.
+// @throws gpukit::cuda_error when an event cannot be recorded (nothing changes then)
+template <class Runtime>
+bool basic_caching_allocator<Runtime>::arm_pending_locked(pending_free& pf)
+{
+  if (capture_.underway.load(std::memory_order_relaxed) != 0) { return false; }
+  for (stream_type s : pf.uses) {
+    if (capturing_locked(s)) { return false; }
+  }
+  device_guard<Runtime> guard{runtime_, device_};
+  std::vector<event_type> events;
+  std::vector<stream_type> dead;
+  try {
+    for (stream_type s : pf.uses) {
+      event_type e                         = take_event_locked();
+      typename Runtime::error_type const r = runtime_.event_record(e, s);
+      if (r != Runtime::success) { streams_.spare_events.push_back(e); }
+      if (r == Runtime::invalid_resource_handle) {  // destroyed: retired once this is armed
+        dead.push_back(s);
+        continue;
+      }
+      GPUKIT_CUDA_TRY(r);
+      events.push_back(e);
+    }
+  } catch (...) {
+    streams_.spare_events.insert(streams_.spare_events.end(), events.begin(), events.end());
+    throw;
+  }
+  pf.events = std::move(events);
+  pf.uses.clear();
+  for (stream_type s : dead) { retire_dead_stream_locked(s); }
+  return true;
+}
+
 // Makes free blocks of other streams usable by any stream: one event per stream that holds free
 // blocks, recorded when first needed; once it completes, the blocks that stream had freed before
 // the event move to the global pool. With `wait`, blocks until those events complete.
@@ -200,6 +267,8 @@ std::size_t basic_caching_allocator<Runtime>::migrate_locked(stream_type request
   for (auto& sp : streams_.pools) {
     if (sp->stream == requester || (sp->index[0].empty() && sp->index[1].empty())) { continue; }
     if (!sp->migrating) {
+      // An event recorded on a capturing stream is part of the graph: it could not be queried.
+      if (capturing_locked(sp->stream)) { continue; }
       event_type e                         = take_event_locked();
       typename Runtime::error_type const r = runtime_.event_record(e, sp->stream);
       if (r != Runtime::success) { streams_.spare_events.push_back(e); }
@@ -296,6 +365,10 @@ void basic_caching_allocator<Runtime>::forget_stream_locked(stream_type stream, 
     return;
   }
   if (!synchronized) {
+    // Synchronizing a capturing stream would invalidate its capture.
+    GPUKIT_EXPECTS(!capturing_locked(stream),
+                   "forget_stream: stream " + detail::hex(stream_id(stream)) +
+                     " is being captured into a CUDA graph; forget it after the capture ends");
     device_guard<Runtime> guard{runtime_, device_};
     typename Runtime::error_type const r =
       runtime_.stream_synchronize(stream);  // the work queued on it so far

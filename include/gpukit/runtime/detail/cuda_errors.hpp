@@ -31,6 +31,11 @@ struct cuda_error_vocabulary {
   static constexpr error_type host_memory_already_registered = cudaErrorHostMemoryAlreadyRegistered;
   static constexpr error_type host_memory_not_registered     = cudaErrorHostMemoryNotRegistered;
   static constexpr error_type stream_capture_unsupported     = cudaErrorStreamCaptureUnsupported;
+  static constexpr error_type stream_capture_invalidated     = cudaErrorStreamCaptureInvalidated;
+  static constexpr error_type stream_capture_unmatched       = cudaErrorStreamCaptureUnmatched;
+  static constexpr error_type stream_capture_unjoined        = cudaErrorStreamCaptureUnjoined;
+  static constexpr error_type stream_capture_isolation       = cudaErrorStreamCaptureIsolation;
+  static constexpr error_type captured_event                 = cudaErrorCapturedEvent;
   static constexpr error_type launch_failure                 = cudaErrorLaunchFailure;
   static constexpr error_type stub_library                   = cudaErrorStubLibrary;
   static constexpr error_type system_not_ready               = cudaErrorSystemNotReady;

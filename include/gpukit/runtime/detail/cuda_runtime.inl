@@ -449,6 +449,35 @@ inline cudaError_t cuda_runtime::stream_is_capturing(stream_type s, bool& captur
   return e;
 }
 
+inline cudaError_t cuda_runtime::stream_capture_id(stream_type s, unsigned long long& id)
+{
+  id                             = 0;
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  unsigned long long capture     = 0;
+  cudaError_t const e = detail::cuda_result(::cudaStreamGetCaptureInfo(s, &status, &capture));
+  if (e == cudaSuccess && status != cudaStreamCaptureStatusNone) { id = capture; }
+  return e;
+}
+
+inline cudaError_t cuda_runtime::begin_capture(stream_type s, int mode)
+{
+  return detail::cuda_result(::cudaStreamBeginCapture(s, static_cast<cudaStreamCaptureMode>(mode)));
+}
+
+inline cudaError_t cuda_runtime::end_capture(stream_type s, cudaGraph_t& graph)
+{
+  graph = nullptr;
+  return detail::cuda_result(::cudaStreamEndCapture(s, &graph));
+}
+
+inline cudaError_t cuda_runtime::end_capture(stream_type s)
+{
+  cudaGraph_t graph   = nullptr;
+  cudaError_t const e = end_capture(s, graph);
+  if (graph != nullptr) { (void)::cudaGraphDestroy(graph); }
+  return e;
+}
+
 inline cudaError_t cuda_runtime::exchange_capture_mode(int& mode)
 {
   auto m              = static_cast<cudaStreamCaptureMode>(mode);

@@ -8,9 +8,11 @@
 //   handles). Held across the few syscalls of virtual-memory calls; malloc/free run mmap/munmap
 //   outside it.
 // - each stream, event and capture has its own mutex; queries are atomic loads.
+// - capture_mutex_: the graph captures under way and the events recorded in them.
 // Nesting, always in this order: handles_mutex_ -> draining_mutex_; mem_mutex_ -> misuse_mutex_
-// (a misuse found under the memory lock). Blocking waits hold no runtime lock; a stream's worker
-// takes mem_mutex_ (finishing free_async) while holding nothing else.
+// (a misuse found under the memory lock); capture_mutex_ -> misuse_mutex_. Blocking waits hold no
+// runtime lock; a stream's worker takes mem_mutex_ (finishing free_async) while holding nothing
+// else.
 #pragma once
 
 #include <gpukit/runtime/sim_runtime.hpp>
@@ -260,6 +262,16 @@ inline int& sim_capture_mode() noexcept
   thread_local int mode = cudaStreamCaptureModeGlobal;
   return mode;
 }
+
+inline char const* sim_capture_mode_name(int mode) noexcept
+{
+  switch (mode) {
+    case cudaStreamCaptureModeGlobal: return "global";
+    case cudaStreamCaptureModeThreadLocal: return "thread-local";
+    case cudaStreamCaptureModeRelaxed: return "relaxed";
+    default: return "unknown";
+  }
+}
 }  // namespace detail
 
 inline cudaError_t sim_runtime::capture_violation(sim_op op) noexcept
@@ -276,22 +288,129 @@ inline cudaError_t sim_runtime::capture_violation(sim_op op) noexcept
     case sim_op::device_synchronize: break;
     default: return cudaSuccess;
   }
-  if (detail::sim_capture_mode() == cudaStreamCaptureModeRelaxed) { return cudaSuccess; }
+  int const mode = detail::sim_capture_mode();
+  if (mode == cudaStreamCaptureModeRelaxed) { return cudaSuccess; }
+  // CUDA's rule: refused when this thread began a capture that is not relaxed, or when this
+  // thread is in global mode and another thread's capture is global. Each such capture is
+  // invalidated.
+  auto const self      = std::this_thread::get_id();
+  std::uint64_t blamed = 0;
+  int blamed_mode      = 0;
+  bool blamed_own      = false;
+  {
+    std::lock_guard<std::mutex> lock{capture_mutex_};
+    for (auto& c : captures_) {
+      bool const own   = c.thread == self && c.mode != cudaStreamCaptureModeRelaxed;
+      bool const other = mode == cudaStreamCaptureModeGlobal && c.thread != self &&
+                         c.mode == cudaStreamCaptureModeGlobal;
+      if (!own && !other) { continue; }
+      c.invalidate(to_string(op));
+      if (blamed == 0) {
+        blamed      = c.id;
+        blamed_mode = c.mode;
+        blamed_own  = own;
+      }
+    }
+  }
+  if (blamed == 0) { return cudaSuccess; }
   try {
     return misuse(cudaErrorStreamCaptureUnsupported,
-                  std::string{to_string(op)} +
-                    ": not allowed while a stream is being captured in global mode (call it "
-                    "before the capture, or in relaxed capture mode)");
+                  std::string{to_string(op)} + ": not allowed while capture " +
+                    std::to_string(blamed) + " (" + detail::sim_capture_mode_name(blamed_mode) +
+                    " mode, begun by " + (blamed_own ? "this" : "another") +
+                    " thread) is under way and this thread is in " +
+                    detail::sim_capture_mode_name(mode) +
+                    " capture mode; the capture is invalidated (call it before the capture, or "
+                    "in relaxed capture mode)");
   } catch (...) {
     return cudaErrorStreamCaptureUnsupported;
   }
+}
+
+// A call CUDA refuses on a capturing stream in every capture mode (cudaStreamGetDevice,
+// cudaStreamQuery, cudaStreamSynchronize, ...): refused, and the capture invalidated.
+inline cudaError_t sim_runtime::on_capturing_stream(char const* call, std::uint64_t stream_id)
+{
+  if (captures_underway_.load(std::memory_order_acquire) == 0) { return cudaSuccess; }
+  std::uint64_t id = 0;
+  {
+    std::lock_guard<std::mutex> lock{capture_mutex_};
+    detail::sim_graph_capture* c = capture_of_locked(stream_id);
+    if (c == nullptr) { return cudaSuccess; }
+    c->invalidate(call);
+    id = c->id;
+  }
+  return misuse(cudaErrorStreamCaptureUnsupported,
+                std::string{call} + "(stream " + detail::sim_hex(std::uintptr_t{stream_id}) +
+                  "): the stream is being captured (capture " + std::to_string(id) +
+                  "), where CUDA refuses this call in every capture mode; the capture is "
+                  "invalidated (ask stream_is_capturing first)");
+}
+
+// A query of an event last recorded in a capture: cudaErrorCapturedEvent, and the capture, if
+// still under way, is invalidated.
+inline cudaError_t sim_runtime::on_captured_event(char const* call, std::uint64_t event_id)
+{
+  std::uint64_t id = 0;
+  {
+    std::lock_guard<std::mutex> lock{capture_mutex_};
+    auto it = captured_events_.find(event_id);
+    if (it == captured_events_.end()) { return cudaSuccess; }
+    id = it->second.capture;
+    if (detail::sim_graph_capture* c = capture_by_id_locked(id)) { c->invalidate(call); }
+  }
+  return misuse(cudaErrorCapturedEvent,
+                std::string{call} + "(event " + detail::sim_hex(std::uintptr_t{event_id}) +
+                  "): the event was last recorded during capture " + std::to_string(id) +
+                  ", where it marks a point of the graph, not work that completes");
+}
+
+inline detail::sim_graph_capture* sim_runtime::capture_of_locked(std::uint64_t stream_id)
+{
+  for (auto& c : captures_) {
+    if (c.find(stream_id) != nullptr) { return &c; }
+  }
+  return nullptr;
+}
+
+inline detail::sim_graph_capture* sim_runtime::capture_by_id_locked(std::uint64_t id)
+{
+  for (auto& c : captures_) {
+    if (c.id == id) { return &c; }
+  }
+  return nullptr;
 }
 
 inline bool sim_runtime::capturing(std::uint64_t stream_id) const
 {
   if (captures_underway_.load(std::memory_order_acquire) == 0) { return false; }
   std::lock_guard<std::mutex> lock{capture_mutex_};
-  return std::find(capturing_.begin(), capturing_.end(), stream_id) != capturing_.end();
+  for (auto const& c : captures_) {
+    for (auto const& m : c.members) {
+      if (m.stream == stream_id) { return true; }
+    }
+  }
+  return false;
+}
+
+// Counts one operation captured on `stream_id`; false when the stream is not capturing. In a
+// capture already invalidated, nothing is captured any more: err =
+// cudaErrorStreamCaptureInvalidated.
+inline bool sim_runtime::note_captured_work(std::uint64_t stream_id, cudaError_t& err)
+{
+  if (captures_underway_.load(std::memory_order_acquire) == 0) { return false; }
+  std::lock_guard<std::mutex> lock{capture_mutex_};
+  for (auto& c : captures_) {
+    if (auto* m = c.find(stream_id)) {
+      if (c.invalidated) {
+        err = cudaErrorStreamCaptureInvalidated;
+      } else {
+        ++m->work;
+      }
+      return true;
+    }
+  }
+  return false;
 }
 
 inline cudaError_t sim_runtime::enter(sim_op op) noexcept
@@ -391,7 +510,8 @@ inline std::shared_ptr<detail::sim_event> sim_runtime::find_event(event_type e, 
 inline cudaError_t sim_runtime::enqueue(detail::sim_stream& s, std::function<void()> task,
                                         char const* call)
 {
-  if (capturing(s.id)) { return cudaSuccess; }  // captured into a graph: recorded, not run
+  cudaError_t err = cudaSuccess;
+  if (note_captured_work(s.id, err)) { return err; }  // captured into a graph: recorded, not run
   if (s.enqueue(std::move(task))) { return cudaSuccess; }
   return misuse(cudaErrorInvalidResourceHandle,
                 std::string{call} + "(stream " + detail::sim_hex(std::uintptr_t{s.id}) +

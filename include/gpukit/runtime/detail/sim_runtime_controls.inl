@@ -176,6 +176,19 @@ inline cudaError_t sim_runtime::stream_is_capturing(stream_type s, bool& is_capt
   return cudaSuccess;
 }
 
+inline cudaError_t sim_runtime::stream_capture_id(stream_type s, unsigned long long& id)
+{
+  id = 0;
+  if (auto e = enter(sim_op::stream_capture_id); e != cudaSuccess) { return e; }
+  cudaError_t err = cudaSuccess;
+  auto stream     = find_stream(s, "stream_capture_id", err);
+  if (!stream) { return err; }
+  if (captures_underway_.load(std::memory_order_acquire) == 0) { return cudaSuccess; }
+  std::lock_guard<std::mutex> lock{capture_mutex_};
+  if (detail::sim_graph_capture const* c = capture_of_locked(stream->id)) { id = c->id; }
+  return cudaSuccess;
+}
+
 inline cudaError_t sim_runtime::exchange_capture_mode(int& mode)
 {
   if (auto e = enter(sim_op::exchange_capture_mode); e != cudaSuccess) { return e; }
@@ -183,16 +196,30 @@ inline cudaError_t sim_runtime::exchange_capture_mode(int& mode)
   return cudaSuccess;
 }
 
-inline cudaError_t sim_runtime::begin_capture(stream_type s)
+inline cudaError_t sim_runtime::begin_capture(stream_type s, int mode)
 {
   cudaError_t err = cudaSuccess;
   auto stream     = find_stream(s, "begin_capture", err);
   if (!stream) { return err; }
-  std::lock_guard<std::mutex> lock{capture_mutex_};
-  if (std::find(capturing_.begin(), capturing_.end(), stream->id) != capturing_.end()) {
-    return misuse(cudaErrorInvalidValue, "begin_capture: the stream is already capturing");
+  if (mode != cudaStreamCaptureModeGlobal && mode != cudaStreamCaptureModeThreadLocal &&
+      mode != cudaStreamCaptureModeRelaxed) {
+    return misuse(cudaErrorInvalidValue, "begin_capture(stream " + detail::sim_hex(s) + ", mode " +
+                                           std::to_string(mode) +
+                                           "): not a capture mode (global 0, thread-local 1, "
+                                           "relaxed 2)");
   }
-  capturing_.push_back(stream->id);
+  std::lock_guard<std::mutex> lock{capture_mutex_};
+  if (detail::sim_graph_capture const* c = capture_of_locked(stream->id)) {
+    return misuse(
+      cudaErrorInvalidValue,
+      "begin_capture: the stream is already capturing (capture " + std::to_string(c->id) + ")");
+  }
+  detail::sim_graph_capture c;
+  c.id     = next_capture_id_++;
+  c.mode   = mode;
+  c.thread = std::this_thread::get_id();
+  c.members.push_back({stream->id, 0, {}});
+  captures_.push_back(std::move(c));
   captures_underway_.fetch_add(1, std::memory_order_acq_rel);
   return cudaSuccess;
 }
@@ -202,14 +229,44 @@ inline cudaError_t sim_runtime::end_capture(stream_type s)
   cudaError_t err = cudaSuccess;
   auto stream     = find_stream(s, "end_capture", err);
   if (!stream) { return err; }
-  std::lock_guard<std::mutex> lock{capture_mutex_};
-  auto it = std::find(capturing_.begin(), capturing_.end(), stream->id);
-  if (it == capturing_.end()) {
-    return misuse(cudaErrorInvalidValue, "end_capture: the stream is not capturing");
+  std::string why;
+  {
+    std::lock_guard<std::mutex> lock{capture_mutex_};
+    detail::sim_graph_capture* c = capture_of_locked(stream->id);
+    if (c == nullptr) {
+      err = cudaErrorInvalidValue;
+      why = "end_capture: the stream is not capturing";
+    } else if (c->members.front().stream != stream->id) {
+      c->invalidate("end_capture");
+      err = cudaErrorStreamCaptureUnmatched;
+      why = "end_capture(stream " + detail::sim_hex(s) + "): capture " + std::to_string(c->id) +
+            " was begun on stream " + detail::sim_hex(std::uintptr_t{c->members.front().stream}) +
+            ", which must end it; the capture is invalidated";
+    } else {
+      auto const& origin = c->members.front();
+      if (c->invalidated) {
+        err = cudaErrorStreamCaptureInvalidated;
+        why = "end_capture(stream " + detail::sim_hex(s) + "): capture " + std::to_string(c->id) +
+              " was invalidated by " + c->invalidated_by +
+              ", which it does not allow (see the misuse recorded then)";
+      } else {
+        for (auto const& m : c->members) {
+          std::uint64_t const joined = detail::sim_reached(origin.reach, m.stream);
+          if (m.stream == origin.stream || m.work <= joined) { continue; }
+          err = cudaErrorStreamCaptureUnjoined;
+          why = "end_capture(stream " + detail::sim_hex(s) + "): stream " +
+                detail::sim_hex(std::uintptr_t{m.stream}) + " joined capture " +
+                std::to_string(c->id) + " and captured " + std::to_string(m.work - joined) +
+                " operation(s) the origin never waited for (record an event on it and make the "
+                "origin wait on it before ending the capture)";
+          break;
+        }
+      }
+      captures_.erase(captures_.begin() + (c - captures_.data()));
+      captures_underway_.fetch_sub(1, std::memory_order_acq_rel);
+    }
   }
-  capturing_.erase(it);
-  captures_underway_.fetch_sub(1, std::memory_order_acq_rel);
-  return cudaSuccess;
+  return err == cudaSuccess ? err : misuse(err, std::move(why));
 }
 
 }  // namespace gpukit

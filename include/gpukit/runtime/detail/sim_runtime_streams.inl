@@ -78,6 +78,9 @@ inline cudaError_t sim_runtime::stream_synchronize(stream_type s)
   cudaError_t err = cudaSuccess;
   auto stream     = find_stream(s, "stream_synchronize", err);
   if (!stream) { return err; }
+  if (auto f = on_capturing_stream("stream_synchronize", stream->id); f != cudaSuccess) {
+    return f;
+  }
   stream->wait_for(stream->mark());
   return cudaSuccess;
 }
@@ -88,6 +91,7 @@ inline cudaError_t sim_runtime::stream_query(stream_type s)
   cudaError_t err = cudaSuccess;
   auto stream     = find_stream(s, "stream_query", err);
   if (!stream) { return err; }
+  if (auto f = on_capturing_stream("stream_query", stream->id); f != cudaSuccess) { return f; }
   return stream->idle() ? cudaSuccess : cudaErrorNotReady;
 }
 
@@ -99,6 +103,39 @@ inline cudaError_t sim_runtime::stream_wait_event(stream_type s, event_type e)
   if (!stream) { return err; }
   auto event = find_event(e, "stream_wait_event", err);
   if (!event) { return err; }
+  if (captured_events_count_.load(std::memory_order_acquire) != 0) {
+    std::string why;
+    {
+      std::lock_guard<std::mutex> lock{capture_mutex_};
+      if (auto it = captured_events_.find(event->id); it != captured_events_.end()) {
+        detail::sim_graph_capture* c     = capture_by_id_locked(it->second.capture);
+        detail::sim_graph_capture* other = capture_of_locked(stream->id);
+        auto const args = "stream_wait_event(stream " + detail::sim_hex(s) + ", event " +
+                          detail::sim_hex(e) + "): ";
+        if (c == nullptr) {
+          err = cudaErrorCapturedEvent;
+          why = args + "the event was last recorded during capture " +
+                std::to_string(it->second.capture) + ", which has ended";
+        } else if (c->invalidated && (other == nullptr || other == c)) {
+          return cudaErrorStreamCaptureInvalidated;
+        } else if (other == nullptr) {
+          c->members.push_back({stream->id, 0, it->second.reach});  // joins the capture
+          return cudaSuccess;
+        } else if (other == c) {
+          detail::sim_merge_reach(c->find(stream->id)->reach, it->second.reach);
+          return cudaSuccess;
+        } else {
+          c->invalidate("stream_wait_event");
+          other->invalidate("stream_wait_event");
+          err = cudaErrorStreamCaptureIsolation;
+          why = args + "the stream takes part in capture " + std::to_string(other->id) +
+                " and the event belongs to capture " + std::to_string(c->id) +
+                "; both are invalidated";
+        }
+      }
+    }
+    if (err != cudaSuccess) { return misuse(err, std::move(why)); }
+  }
   auto capture = event->current();
   if (!capture || capture->is_done()) { return cudaSuccess; }
   return enqueue(
@@ -111,6 +148,7 @@ inline cudaError_t sim_runtime::stream_get_device(stream_type s, int& device)
   cudaError_t err = cudaSuccess;
   auto stream     = find_stream(s, "stream_get_device", err);
   if (!stream) { return err; }
+  if (auto f = on_capturing_stream("stream_get_device", stream->id); f != cudaSuccess) { return f; }
   device = stream->device;
   return cudaSuccess;
 }
@@ -139,6 +177,11 @@ inline cudaError_t sim_runtime::event_destroy(event_type e)
     std::unique_lock<std::shared_mutex> lock{handles_mutex_};
     erased = events_.erase(id);
   }
+  if (erased != 0 && captured_events_count_.load(std::memory_order_acquire) != 0) {
+    std::lock_guard<std::mutex> lock{capture_mutex_};
+    captured_events_.erase(id);
+    captured_events_count_.store(captured_events_.size(), std::memory_order_release);
+  }
   if (erased == 0) {
     return misuse(cudaErrorInvalidResourceHandle,
                   "event_destroy(event " + detail::sim_hex(id) +
@@ -163,6 +206,24 @@ inline cudaError_t sim_runtime::event_record(event_type e, stream_type s)
                     " and the stream to device " + std::to_string(stream->device) +
                     " (create the event with the stream's device current)");
   }
+  if (captures_underway_.load(std::memory_order_acquire) != 0 ||
+      captured_events_count_.load(std::memory_order_acquire) != 0) {
+    std::lock_guard<std::mutex> lock{capture_mutex_};
+    if (detail::sim_graph_capture* c = capture_of_locked(stream->id)) {
+      if (c->invalidated) { return cudaErrorStreamCaptureInvalidated; }
+      // Recorded in a capture: a point of the graph that waits on it can join, never work that
+      // completes.
+      auto const* m                  = c->find(stream->id);
+      detail::sim_captured_event& ce = captured_events_[event->id];
+      ce.capture                     = c->id;
+      ce.reach                       = m->reach;
+      detail::sim_merge_reach(ce.reach, {{m->stream, m->work}});
+      captured_events_count_.store(captured_events_.size(), std::memory_order_release);
+      return cudaSuccess;
+    }
+    captured_events_.erase(event->id);
+    captured_events_count_.store(captured_events_.size(), std::memory_order_release);
+  }
   auto capture = std::make_shared<detail::sim_capture>(event->timing);
   if (stream->caught_up()) {
     capture->complete();  // nothing to wait for: complete now, as an idle GPU would almost at once
@@ -178,6 +239,12 @@ inline cudaError_t sim_runtime::event_record(event_type e, stream_type s)
 inline cudaError_t sim_runtime::event_query(event_type e)
 {
   if (auto f = enter(sim_op::event_query); f != cudaSuccess) { return f; }
+  if (captured_events_count_.load(std::memory_order_acquire) != 0) {
+    if (auto f = on_captured_event("event_query", reinterpret_cast<std::uintptr_t>(e));
+        f != cudaSuccess) {
+      return f;
+    }
+  }
   if (e != nullptr) {
     // The hot path: no reference counting, one shared lock and the event's own mutex.
     std::shared_lock<std::shared_mutex> lock{handles_mutex_};
@@ -197,6 +264,9 @@ inline cudaError_t sim_runtime::event_synchronize(event_type e)
   cudaError_t err = cudaSuccess;
   auto event      = find_event(e, "event_synchronize", err);
   if (!event) { return err; }
+  if (captured_events_count_.load(std::memory_order_acquire) != 0) {
+    if (auto f = on_captured_event("event_synchronize", event->id); f != cudaSuccess) { return f; }
+  }
   if (auto capture = event->current()) { capture->wait(); }
   return cudaSuccess;
 }

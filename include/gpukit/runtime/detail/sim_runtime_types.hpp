@@ -3,6 +3,7 @@
 // captures, events, devices, memory records). Not public API: names and layout change freely.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -17,6 +18,7 @@
 #include <thread>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 namespace gpukit::detail {
 
@@ -255,6 +257,72 @@ struct sim_event {
  private:
   mutable std::mutex mutex;
   std::shared_ptr<sim_capture> capture;  // guarded by mutex
+};
+
+/// What one stream of a graph capture has waited for: (member stream id, its captured operations)
+/// pairs, at most one per stream.
+using sim_capture_reach = std::vector<std::pair<std::uint64_t, std::uint64_t>>;
+
+/// Raises `into`'s entries to those of `from` (a wait on an event joins what it had reached).
+inline void sim_merge_reach(sim_capture_reach& into, sim_capture_reach const& from)
+{
+  for (auto const& [stream, work] : from) {
+    auto it =
+      std::find_if(into.begin(), into.end(), [&](auto const& e) { return e.first == stream; });
+    if (it == into.end()) {
+      into.emplace_back(stream, work);
+    } else if (it->second < work) {
+      it->second = work;
+    }
+  }
+}
+
+/// The work of `stream` that `reach` has waited for (0 when none).
+inline std::uint64_t sim_reached(sim_capture_reach const& reach, std::uint64_t stream)
+{
+  for (auto const& [s, work] : reach) {
+    if (s == stream) { return work; }
+  }
+  return 0;
+}
+
+/// One simulated graph capture, from begin_capture to end_capture: its mode, the thread that began
+/// it, and the streams taking part, the one that began it (the origin) first. A stream joins when
+/// it waits on an event recorded on a member; it is joined back when the origin has waited (maybe
+/// through other members) for all the work captured on it.
+struct sim_graph_capture {
+  struct member {
+    std::uint64_t stream{0};
+    std::uint64_t work{0};    ///< operations captured on this stream so far
+    sim_capture_reach reach;  ///< the other members' work it has waited for
+  };
+  std::uint64_t id{0};
+  int mode{0};
+  std::thread::id thread;
+  bool invalidated{false};
+  char const* invalidated_by{""};  ///< the first call that invalidated it
+  std::vector<member> members;     ///< members.front() is the origin
+
+  void invalidate(char const* call) noexcept
+  {
+    if (!invalidated) { invalidated_by = call; }
+    invalidated = true;
+  }
+
+  [[nodiscard]] member* find(std::uint64_t stream)
+  {
+    for (auto& m : members) {
+      if (m.stream == stream) { return &m; }
+    }
+    return nullptr;
+  }
+};
+
+/// An event last recorded on a capturing stream: the capture, and what a wait on it waits for
+/// (the recording stream's work so far and what that stream had reached).
+struct sim_captured_event {
+  std::uint64_t capture{0};
+  sim_capture_reach reach;
 };
 
 /// One simulated device: capacity and use (lock-free), and its lazily started null stream.

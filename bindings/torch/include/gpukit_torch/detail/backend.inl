@@ -354,6 +354,9 @@ void backend<Runtime>::begin_allocate_to_pool(int device, pool_id id, stream_fil
     }
   }
   d.underway.emplace_back(id, std::move(filter));
+  // The capture begins after this call, on streams met at their first allocation: until then no
+  // allocation or free may make a call that a capture refuses (an event query, a wait).
+  d.alloc->begin_capture_window();
   update_routing_locked();
 }
 
@@ -371,6 +374,7 @@ void backend<Runtime>::end_allocate_to_pool(int device, pool_id id)
   for (std::size_t i = d.captures.size(); i-- > 0;) {
     if (d.captures[i].pool == id) { pause_locked(d, i); }
   }
+  d.alloc->end_capture_window();
   update_routing_locked();
 }
 
