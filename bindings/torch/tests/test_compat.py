@@ -286,9 +286,12 @@ def row_stats_match_native(torch, allocator):
 
 
 def _python_with_env(code, env):
-    """Runs `code` in a fresh Python with `env` added; returns (returncode, output)."""
+    """Runs `code` in a fresh Python with `env` added and without the column's GPUKIT_ALLOC_CONF
+    (read after PyTorch's variable, it would override what the row sets there); returns
+    (returncode, output)."""
+    child = {k: v for k, v in os.environ.items() if k != "GPUKIT_ALLOC_CONF"}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                       env={**os.environ, **env})
+                       env={**child, **env})
     return r.returncode, (r.stdout + r.stderr).strip()
 
 
