@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // gpukit/runtime/detail/sim_runtime.inl: the bodies of gpukit::sim_runtime. Not public API;
-// included by gpukit/runtime/sim_runtime.hpp.
+// included by gpukit/runtime/sim_runtime.hpp, or in compiled mode by src/sim_runtime.cpp alone
+// (GPUKIT_DETAIL_COMPILED_INLINE, gpukit/detail/compiled.hpp).
 //
 // Locking (kept simple on purpose):
 // - handles_mutex_ (shared): the live stream and event tables; lookups take it shared.
@@ -13,6 +14,7 @@
 // takes mem_mutex_ (finishing free_async) while holding nothing else.
 #pragma once
 
+#include <gpukit/detail/compiled.hpp>
 #include <gpukit/runtime/sim_runtime.hpp>
 
 #include <fcntl.h>
@@ -32,7 +34,7 @@ namespace gpukit {
 
 // ---- sim_op -------------------------------------------------------------------------------------
 
-inline char const* to_string(sim_op op) noexcept
+GPUKIT_DETAIL_COMPILED_INLINE char const* to_string(sim_op op) noexcept
 {
   switch (op) {
 #define GPUKIT_DETAIL_SIM_OP_NAME(name, params, doc) \
@@ -47,7 +49,8 @@ inline char const* to_string(sim_op op) noexcept
 // ---- sim_config
 // -----------------------------------------------------------------------------------
 
-inline sim_config& sim_config::with_devices(int count, std::size_t capacity_bytes) &
+GPUKIT_DETAIL_COMPILED_INLINE sim_config& sim_config::with_devices(int count,
+                                                                   std::size_t capacity_bytes) &
 {
   GPUKIT_EXPECTS(
     count >= 1 && count <= 64,
@@ -55,59 +58,64 @@ inline sim_config& sim_config::with_devices(int count, std::size_t capacity_byte
   device_capacities.assign(static_cast<std::size_t>(count), capacity_bytes);
   return *this;
 }
-inline sim_config&& sim_config::with_devices(int count, std::size_t capacity_bytes) &&
+GPUKIT_DETAIL_COMPILED_INLINE sim_config&& sim_config::with_devices(int count,
+                                                                    std::size_t capacity_bytes) &&
 {
   return std::move(with_devices(count, capacity_bytes));
 }
-inline sim_config& sim_config::with_vm_granularity(std::size_t bytes) &
+GPUKIT_DETAIL_COMPILED_INLINE sim_config& sim_config::with_vm_granularity(std::size_t bytes) &
 {
   vm_granularity = bytes;
   return *this;
 }
-inline sim_config&& sim_config::with_vm_granularity(std::size_t bytes) &&
+GPUKIT_DETAIL_COMPILED_INLINE sim_config&& sim_config::with_vm_granularity(std::size_t bytes) &&
 {
   return std::move(with_vm_granularity(bytes));
 }
-inline sim_config& sim_config::with_device_name(std::string name) &
+GPUKIT_DETAIL_COMPILED_INLINE sim_config& sim_config::with_device_name(std::string name) &
 {
   device_name = std::move(name);
   return *this;
 }
-inline sim_config&& sim_config::with_device_name(std::string name) &&
+GPUKIT_DETAIL_COMPILED_INLINE sim_config&& sim_config::with_device_name(std::string name) &&
 {
   return std::move(with_device_name(std::move(name)));
 }
-inline sim_config& sim_config::with_misuse_log(bool on) &
+GPUKIT_DETAIL_COMPILED_INLINE sim_config& sim_config::with_misuse_log(bool on) &
 {
   log_misuse = on;
   return *this;
 }
-inline sim_config&& sim_config::with_misuse_log(bool on) &&
+GPUKIT_DETAIL_COMPILED_INLINE sim_config&& sim_config::with_misuse_log(bool on) &&
 {
   return std::move(with_misuse_log(on));
 }
-inline sim_config& sim_config::with_ecc(bool on) &
+GPUKIT_DETAIL_COMPILED_INLINE sim_config& sim_config::with_ecc(bool on) &
 {
   ecc_enabled = on;
   return *this;
 }
-inline sim_config&& sim_config::with_ecc(bool on) && { return std::move(with_ecc(on)); }
-inline sim_config& sim_config::with_peer_access(bool on) &
+GPUKIT_DETAIL_COMPILED_INLINE sim_config&& sim_config::with_ecc(bool on) &&
+{
+  return std::move(with_ecc(on));
+}
+GPUKIT_DETAIL_COMPILED_INLINE sim_config& sim_config::with_peer_access(bool on) &
 {
   peer_access = on;
   return *this;
 }
-inline sim_config&& sim_config::with_peer_access(bool on) &&
+GPUKIT_DETAIL_COMPILED_INLINE sim_config&& sim_config::with_peer_access(bool on) &&
 {
   return std::move(with_peer_access(on));
 }
 
 namespace detail {
 
-inline sim_config sim_config_from_values(char const* devices_text, char const* capacity_text);
+GPUKIT_DETAIL_COMPILED_INLINE sim_config sim_config_from_values(char const* devices_text,
+                                                                char const* capacity_text);
 
 // Parses "<digits>[K|M|G|T]" (binary multiples); false when it does not parse or overflows.
-inline bool sim_parse_bytes(char const* text, std::size_t& out)
+GPUKIT_DETAIL_COMPILED_INLINE bool sim_parse_bytes(char const* text, std::size_t& out)
 {
   if (text == nullptr || *text < '0' || *text > '9') { return false; }
   errno        = 0;
@@ -147,7 +155,7 @@ inline bool sim_parse_bytes(char const* text, std::size_t& out)
 
 }  // namespace detail
 
-inline sim_config sim_config::from_env()
+GPUKIT_DETAIL_COMPILED_INLINE sim_config sim_config::from_env()
 {
   return detail::sim_config_from_values(std::getenv("GPUKIT_SIM_DEVICES"),
                                         std::getenv("GPUKIT_SIM_CAPACITY"));
@@ -156,7 +164,8 @@ inline sim_config sim_config::from_env()
 namespace detail {
 
 // from_env() on given values (null: unset), so that the parser can be tested and fuzzed.
-inline sim_config sim_config_from_values(char const* devices_text, char const* capacity_text)
+GPUKIT_DETAIL_COMPILED_INLINE sim_config sim_config_from_values(char const* devices_text,
+                                                                char const* capacity_text)
 {
   sim_config c;
   std::size_t capacity = std::size_t{80} << 30;
@@ -180,7 +189,7 @@ inline sim_config sim_config_from_values(char const* devices_text, char const* c
 
 // ---- construction -----------------------------------------------------------------------------
 
-inline sim_runtime::sim_runtime(sim_config config)
+GPUKIT_DETAIL_COMPILED_INLINE sim_runtime::sim_runtime(sim_config config)
     : serial_{detail::sim_next_id()}, config_{std::move(config)},
       page_size_{static_cast<std::size_t>(::sysconf(_SC_PAGESIZE))}
 {
@@ -199,7 +208,7 @@ inline sim_runtime::sim_runtime(sim_config config)
   for (auto& p : peer_enabled_) { p.store(0, std::memory_order_relaxed); }
 }
 
-inline sim_runtime::~sim_runtime()
+GPUKIT_DETAIL_COMPILED_INLINE sim_runtime::~sim_runtime()
 {
   // Every stream, live, destroyed or null, drains its queue (stalls released) and exits.
   std::vector<std::shared_ptr<detail::sim_stream>> all;
@@ -237,7 +246,7 @@ inline sim_runtime::~sim_runtime()
   for (auto const& [id, ph] : physicals_) { ::close(ph.fd); }
 }
 
-inline sim_runtime& sim_runtime::instance()
+GPUKIT_DETAIL_COMPILED_INLINE sim_runtime& sim_runtime::instance()
 {
   static sim_runtime rt{sim_config::from_env()};
   return rt;
@@ -246,14 +255,14 @@ inline sim_runtime& sim_runtime::instance()
 // ---- plumbing ---------------------------------------------------------------------------------
 
 namespace detail {
-inline int& sim_capture_mode() noexcept
+GPUKIT_DETAIL_COMPILED_INLINE int& sim_capture_mode() noexcept
 {
   thread_local int mode = cudaStreamCaptureModeGlobal;
   return mode;
 }
 }  // namespace detail
 
-inline cudaError_t sim_runtime::capture_violation(sim_op op) noexcept
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::capture_violation(sim_op op) noexcept
 {
   switch (op) {
     case sim_op::malloc:
@@ -278,14 +287,14 @@ inline cudaError_t sim_runtime::capture_violation(sim_op op) noexcept
   }
 }
 
-inline bool sim_runtime::capturing(std::uint64_t stream_id) const
+GPUKIT_DETAIL_COMPILED_INLINE bool sim_runtime::capturing(std::uint64_t stream_id) const
 {
   if (captures_underway_.load(std::memory_order_acquire) == 0) { return false; }
   std::lock_guard<std::mutex> lock{capture_mutex_};
   return std::find(capturing_.begin(), capturing_.end(), stream_id) != capturing_.end();
 }
 
-inline cudaError_t sim_runtime::enter(sim_op op) noexcept
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::enter(sim_op op) noexcept
 {
   calls_[static_cast<std::size_t>(op)].fetch_add(1, std::memory_order_relaxed);
   if (captures_underway_.load(std::memory_order_acquire) != 0) {
@@ -295,7 +304,7 @@ inline cudaError_t sim_runtime::enter(sim_op op) noexcept
   return take_fault(op);
 }
 
-inline cudaError_t sim_runtime::take_fault(sim_op op) noexcept
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::take_fault(sim_op op) noexcept
 {
   std::lock_guard<std::mutex> lock{faults_mutex_};
   cudaError_t result = cudaSuccess;
@@ -311,7 +320,8 @@ inline cudaError_t sim_runtime::take_fault(sim_op op) noexcept
   return result;
 }
 
-inline cudaError_t sim_runtime::misuse(cudaError_t error, std::string message)
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::misuse(cudaError_t error,
+                                                              std::string message)
 {
   message = "gpukit sim: " + message;
   if (config_.log_misuse) { std::fprintf(stderr, "%s [%s]\n", message.c_str(), error_name(error)); }
@@ -323,21 +333,25 @@ inline cudaError_t sim_runtime::misuse(cudaError_t error, std::string message)
   return error;
 }
 
-inline int sim_runtime::current_device() const { return detail::sim_thread_device(serial_); }
+GPUKIT_DETAIL_COMPILED_INLINE int sim_runtime::current_device() const
+{
+  return detail::sim_thread_device(serial_);
+}
 
-inline bool sim_runtime::valid_device(int d) const noexcept
+GPUKIT_DETAIL_COMPILED_INLINE bool sim_runtime::valid_device(int d) const noexcept
 {
   return d >= 0 && static_cast<std::size_t>(d) < devices_.size();
 }
 
-inline cudaError_t sim_runtime::bad_device(char const* call, int d)
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::bad_device(char const* call, int d)
 {
   return misuse(cudaErrorInvalidDevice, std::string{call} + "(device " + std::to_string(d) +
                                           "): this simulated GPU has devices 0 to " +
                                           std::to_string(devices_.size() - 1));
 }
 
-inline std::shared_ptr<detail::sim_stream> sim_runtime::null_stream(int device)
+GPUKIT_DETAIL_COMPILED_INLINE std::shared_ptr<detail::sim_stream> sim_runtime::null_stream(
+  int device)
 {
   auto& dev = *devices_[static_cast<std::size_t>(device)];
   std::call_once(dev.null_once, [&] {
@@ -349,8 +363,8 @@ inline std::shared_ptr<detail::sim_stream> sim_runtime::null_stream(int device)
   return dev.null_stream;
 }
 
-inline std::shared_ptr<detail::sim_stream> sim_runtime::find_stream(stream_type s, char const* call,
-                                                                    cudaError_t& err)
+GPUKIT_DETAIL_COMPILED_INLINE std::shared_ptr<detail::sim_stream> sim_runtime::find_stream(
+  stream_type s, char const* call, cudaError_t& err)
 {
   if (s == nullptr) { return null_stream(current_device()); }
   auto const id = reinterpret_cast<std::uintptr_t>(s);
@@ -364,8 +378,8 @@ inline std::shared_ptr<detail::sim_stream> sim_runtime::find_stream(stream_type 
   return nullptr;
 }
 
-inline std::shared_ptr<detail::sim_event> sim_runtime::find_event(event_type e, char const* call,
-                                                                  cudaError_t& err)
+GPUKIT_DETAIL_COMPILED_INLINE std::shared_ptr<detail::sim_event> sim_runtime::find_event(
+  event_type e, char const* call, cudaError_t& err)
 {
   auto const id = reinterpret_cast<std::uintptr_t>(e);
   if (e != nullptr) {
@@ -379,8 +393,9 @@ inline std::shared_ptr<detail::sim_event> sim_runtime::find_event(event_type e, 
   return nullptr;
 }
 
-inline cudaError_t sim_runtime::enqueue(detail::sim_stream& s, std::function<void()> task,
-                                        char const* call)
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::enqueue(detail::sim_stream& s,
+                                                               std::function<void()> task,
+                                                               char const* call)
 {
   if (capturing(s.id)) { return cudaSuccess; }  // captured into a graph: recorded, not run
   if (s.enqueue(std::move(task))) { return cudaSuccess; }
@@ -389,7 +404,7 @@ inline cudaError_t sim_runtime::enqueue(detail::sim_stream& s, std::function<voi
                   "): the stream was destroyed while this call was in flight");
 }
 
-inline void sim_runtime::reap_streams()
+GPUKIT_DETAIL_COMPILED_INLINE void sim_runtime::reap_streams()
 {
   std::lock_guard<std::mutex> lock{draining_mutex_};
   auto const done =
@@ -398,7 +413,7 @@ inline void sim_runtime::reap_streams()
   draining_.erase(done, draining_.end());
 }
 
-inline void sim_runtime::wait_device(int device)
+GPUKIT_DETAIL_COMPILED_INLINE void sim_runtime::wait_device(int device)
 {
   std::vector<std::pair<std::shared_ptr<detail::sim_stream>, std::uint64_t>> marks;
   {
@@ -418,7 +433,7 @@ inline void sim_runtime::wait_device(int device)
   for (auto& [s, mark] : marks) { s->wait_for(mark); }
 }
 
-inline void sim_runtime::wait_all_devices()
+GPUKIT_DETAIL_COMPILED_INLINE void sim_runtime::wait_all_devices()
 {
   for (std::size_t d = 0; d < devices_.size(); ++d) { wait_device(static_cast<int>(d)); }
 }

@@ -3,8 +3,7 @@
 // included by gpukit/runtime/detail/sim_runtime.inl (its header comment describes the locking).
 #pragma once
 
-#include <gpukit/runtime/sim_runtime.hpp>
-
+#include <gpukit/detail/compiled.hpp>
 #include <gpukit/runtime/sim_runtime.hpp>
 
 #include <fcntl.h>
@@ -24,7 +23,7 @@ namespace gpukit {
 
 // ---- virtual memory -----------------------------------------------------------------------------
 
-inline cudaError_t sim_runtime::vm_granularity(std::size_t& g, int device)
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::vm_granularity(std::size_t& g, int device)
 {
   if (auto e = enter(sim_op::vm_granularity); e != cudaSuccess) { return e; }
   if (!valid_device(device)) { return bad_device("vm_granularity", device); }
@@ -32,7 +31,8 @@ inline cudaError_t sim_runtime::vm_granularity(std::size_t& g, int device)
   return cudaSuccess;
 }
 
-inline cudaError_t sim_runtime::vm_reserve(void** va, std::size_t bytes, std::size_t alignment)
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::vm_reserve(void** va, std::size_t bytes,
+                                                                  std::size_t alignment)
 {
   if (auto e = enter(sim_op::vm_reserve); e != cudaSuccess) { return e; }
   auto const g = config_.vm_granularity;
@@ -68,7 +68,7 @@ inline cudaError_t sim_runtime::vm_reserve(void** va, std::size_t bytes, std::si
   return cudaSuccess;
 }
 
-inline cudaError_t sim_runtime::vm_free(void* va, std::size_t bytes)
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::vm_free(void* va, std::size_t bytes)
 {
   if (auto e = enter(sim_op::vm_free); e != cudaSuccess) { return e; }
   auto const args = "vm_free(" + detail::sim_hex(va) + ", " + std::to_string(bytes) + ")";
@@ -95,8 +95,9 @@ inline cudaError_t sim_runtime::vm_free(void* va, std::size_t bytes)
   return cudaSuccess;
 }
 
-inline cudaError_t sim_runtime::vm_create(physical_handle& h, std::size_t bytes, int device,
-                                          bool shareable)
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::vm_create(physical_handle& h,
+                                                                 std::size_t bytes, int device,
+                                                                 bool shareable)
 {
   if (auto e = enter(sim_op::vm_create); e != cudaSuccess) { return e; }
   if (!valid_device(device)) { return bad_device("vm_create", device); }
@@ -124,7 +125,7 @@ inline cudaError_t sim_runtime::vm_create(physical_handle& h, std::size_t bytes,
   return cudaSuccess;
 }
 
-inline void sim_runtime::release_physical(std::uint64_t id)
+GPUKIT_DETAIL_COMPILED_INLINE void sim_runtime::release_physical(std::uint64_t id)
 {
   auto it = physicals_.find(id);
   ::close(it->second.fd);
@@ -134,7 +135,7 @@ inline void sim_runtime::release_physical(std::uint64_t id)
   physicals_.erase(it);
 }
 
-inline cudaError_t sim_runtime::vm_release(physical_handle h)
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::vm_release(physical_handle h)
 {
   if (auto e = enter(sim_op::vm_release); e != cudaSuccess) { return e; }
   std::lock_guard<std::mutex> lock{mem_mutex_};
@@ -148,7 +149,8 @@ inline cudaError_t sim_runtime::vm_release(physical_handle h)
   return cudaSuccess;
 }
 
-inline cudaError_t sim_runtime::vm_map(void* va, std::size_t bytes, physical_handle h)
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::vm_map(void* va, std::size_t bytes,
+                                                              physical_handle h)
 {
   if (auto e = enter(sim_op::vm_map); e != cudaSuccess) { return e; }
   auto const args = "vm_map(" + detail::sim_hex(va) + ", " + std::to_string(bytes) + ", handle " +
@@ -190,8 +192,8 @@ inline cudaError_t sim_runtime::vm_map(void* va, std::size_t bytes, physical_han
   return cudaSuccess;
 }
 
-inline bool sim_runtime::whole_mappings(std::uintptr_t va, std::size_t bytes,
-                                        std::string& why) const
+GPUKIT_DETAIL_COMPILED_INLINE bool sim_runtime::whole_mappings(std::uintptr_t va, std::size_t bytes,
+                                                               std::string& why) const
 {
   if (bytes == 0) {
     why = "zero bytes";
@@ -220,7 +222,7 @@ inline bool sim_runtime::whole_mappings(std::uintptr_t va, std::size_t bytes,
   return true;
 }
 
-inline cudaError_t sim_runtime::vm_unmap(void* va, std::size_t bytes)
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::vm_unmap(void* va, std::size_t bytes)
 {
   if (auto e = enter(sim_op::vm_unmap); e != cudaSuccess) { return e; }
   auto const a = reinterpret_cast<std::uintptr_t>(va);
@@ -243,7 +245,8 @@ inline cudaError_t sim_runtime::vm_unmap(void* va, std::size_t bytes)
   return cudaSuccess;
 }
 
-inline cudaError_t sim_runtime::vm_set_access(void* va, std::size_t bytes, int device)
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::vm_set_access(void* va, std::size_t bytes,
+                                                                     int device)
 {
   if (auto e = enter(sim_op::vm_set_access); e != cudaSuccess) { return e; }
   if (!valid_device(device)) { return bad_device("vm_set_access", device); }
