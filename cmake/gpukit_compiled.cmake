@@ -2,10 +2,10 @@
 # gpukit's compiled mode ({fmt}'s FMT_HEADER_ONLY the other way round): with -DGPUKIT_COMPILED=ON,
 # gpukit::compiled, a small static library, holds the instantiations over both runtimes,
 # cuda_runtime and sim_runtime, of the caching allocator, the pinned pool, the transfer pipeline,
-# the prefetcher and the checkpoint executor, and sim_runtime's own bodies (src/). Linking it
-# instead of gpukit::gpukit defines GPUKIT_COMPILED_LIBRARY, under which the headers declare those
-# instantiations `extern template` and sim_runtime.hpp declares its class only, so a consumer's
-# translation units no longer compile them (scripts/compile-time measures what that saves; the
+# the prefetcher and the checkpoint executor, and the bodies of sim_runtime and of the checkpoint
+# planners (src/). Linking it instead of gpukit::gpukit defines GPUKIT_COMPILED_LIBRARY, under which
+# the headers declare those instantiations `extern template`, and sim_runtime.hpp and planners.hpp
+# leave out their body files, so a consumer's translation units no longer compile them (scripts/compile-time measures what that saves; the
 # README's "Compiled mode" has the figure). Header-only (gpukit::gpukit) stays the default.
 #
 #   find_package(gpukit CONFIG REQUIRED)   # of a gpukit installed with -DGPUKIT_COMPILED=ON
@@ -25,6 +25,7 @@ add_library(gpukit_compiled STATIC
   src/caching_allocator.cpp
   src/checkpoint_executor.cpp
   src/pinned_pool.cpp
+  src/planners.cpp
   src/prefetcher.cpp
   src/sim_runtime.cpp
   src/transfer_pipeline.cpp)

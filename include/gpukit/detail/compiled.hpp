@@ -14,11 +14,12 @@
 #define GPUKIT_DETAIL_EXTERN_TEMPLATE(...) static_assert(true)
 #endif
 
-/// The `inline` of a body of a non-template class that compiled mode compiles once in src/
-/// (sim_runtime's, from detail/sim_runtime.inl): `inline` header-only, where every translation
-/// unit that includes the class's header compiles the bodies; nothing in compiled mode, where the
-/// header leaves its body file out (its consumers see declarations only) and the one source of the
-/// library that includes the body file makes them ordinary definitions.
+/// The `inline` of a body that is no template and that compiled mode compiles once in src/
+/// (sim_runtime's members, from detail/sim_runtime.inl; the checkpoint planners, from
+/// checkpoint/detail/planners_impl.hpp): `inline` header-only, where every translation unit that
+/// includes the header compiles the bodies; nothing in compiled mode, where the header leaves its
+/// body file out (its consumers see declarations only) and the one source of the library that
+/// includes the body file makes them ordinary definitions.
 #ifdef GPUKIT_COMPILED_LIBRARY
 #define GPUKIT_DETAIL_COMPILED_INLINE
 #else
