@@ -84,6 +84,7 @@
 
 #include <gpukit/checkpoint/chain.hpp>
 #include <gpukit/checkpoint/schedule.hpp>
+#include <gpukit/detail/compiled.hpp>
 #include <gpukit/detail/spare_events.hpp>
 #include <gpukit/error.hpp>
 #include <gpukit/host/pinned_pool.hpp>
@@ -645,3 +646,7 @@ class basic_checkpoint_executor final {
 using checkpoint_executor = basic_checkpoint_executor<cuda_runtime>;
 
 }  // namespace gpukit
+
+// Its members but run_async (a template over the caller's stages).
+GPUKIT_DETAIL_EXTERN_TEMPLATE(class gpukit::basic_checkpoint_executor<gpukit::cuda_runtime>);
+GPUKIT_DETAIL_EXTERN_TEMPLATE(class gpukit::basic_checkpoint_executor<gpukit::sim_runtime>);

@@ -427,6 +427,8 @@ using pinned_pool = basic_pinned_pool<cuda_runtime>;
 
 GPUKIT_DETAIL_EXTERN_TEMPLATE(class gpukit::pinned_buffer<gpukit::cuda_runtime>);
 GPUKIT_DETAIL_EXTERN_TEMPLATE(class gpukit::basic_pinned_pool<gpukit::cuda_runtime>);
+GPUKIT_DETAIL_EXTERN_TEMPLATE(class gpukit::pinned_buffer<gpukit::sim_runtime>);
+GPUKIT_DETAIL_EXTERN_TEMPLATE(class gpukit::basic_pinned_pool<gpukit::sim_runtime>);
 
 #if GPUKIT_HAS_CCCL_MEMORY_RESOURCE
 static_assert(gpukit::detail::is_host_device_sync_resource_v<gpukit::pinned_pool>,

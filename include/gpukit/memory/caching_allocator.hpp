@@ -881,6 +881,9 @@ basic_caching_allocator<Runtime>& default_caching_allocator(int device = -1)
 GPUKIT_DETAIL_EXTERN_TEMPLATE(class gpukit::basic_caching_allocator<gpukit::cuda_runtime>);
 GPUKIT_DETAIL_EXTERN_TEMPLATE(gpukit::basic_caching_allocator<gpukit::cuda_runtime>&
                                 gpukit::default_caching_allocator<gpukit::cuda_runtime>(int));
+GPUKIT_DETAIL_EXTERN_TEMPLATE(class gpukit::basic_caching_allocator<gpukit::sim_runtime>);
+GPUKIT_DETAIL_EXTERN_TEMPLATE(gpukit::basic_caching_allocator<gpukit::sim_runtime>&
+                                gpukit::default_caching_allocator<gpukit::sim_runtime>(int));
 
 #if GPUKIT_HAS_CCCL_MEMORY_RESOURCE
 static_assert(gpukit::detail::is_device_async_resource_v<gpukit::caching_allocator>,

@@ -532,4 +532,8 @@ static_assert(is_runtime_v<sim_runtime>);
 
 }  // namespace gpukit
 
+// The bodies: compiled by every includer header-only, once in gpukit::compiled
+// (src/sim_runtime.cpp) in compiled mode.
+#ifndef GPUKIT_COMPILED_LIBRARY
 #include <gpukit/runtime/detail/sim_runtime.inl>
+#endif

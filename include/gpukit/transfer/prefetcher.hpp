@@ -188,3 +188,4 @@ using prefetcher = basic_prefetcher<cuda_runtime>;
 #include <gpukit/transfer/detail/prefetcher.inl>
 
 GPUKIT_DETAIL_EXTERN_TEMPLATE(class gpukit::basic_prefetcher<gpukit::cuda_runtime>);
+GPUKIT_DETAIL_EXTERN_TEMPLATE(class gpukit::basic_prefetcher<gpukit::sim_runtime>);

@@ -340,3 +340,4 @@ using transfer_pipeline = basic_transfer_pipeline<cuda_runtime>;
 #include <gpukit/transfer/detail/transfer_pipeline.inl>
 
 GPUKIT_DETAIL_EXTERN_TEMPLATE(class gpukit::basic_transfer_pipeline<gpukit::cuda_runtime>);
+GPUKIT_DETAIL_EXTERN_TEMPLATE(class gpukit::basic_transfer_pipeline<gpukit::sim_runtime>);

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // gpukit/runtime/detail/sim_runtime.inl: the bodies of gpukit::sim_runtime. Not public API;
-// included by gpukit/runtime/sim_runtime.hpp.
+// included by gpukit/runtime/sim_runtime.hpp, or in compiled mode by src/sim_runtime.cpp alone
+// (GPUKIT_DETAIL_COMPILED_INLINE, gpukit/detail/compiled.hpp).
 //
 // Locking (kept simple on purpose):
 // - handles_mutex_ (shared): the live stream and event tables; lookups take it shared.
@@ -15,6 +16,7 @@
 // else.
 #pragma once
 
+#include <gpukit/detail/compiled.hpp>
 #include <gpukit/runtime/sim_runtime.hpp>
 
 #include <fcntl.h>
@@ -34,7 +36,7 @@ namespace gpukit {
 
 // ---- sim_op -------------------------------------------------------------------------------------
 
-inline char const* to_string(sim_op op) noexcept
+GPUKIT_DETAIL_COMPILED_INLINE char const* to_string(sim_op op) noexcept
 {
   switch (op) {
 #define GPUKIT_DETAIL_SIM_OP_NAME(name, params, doc) \
@@ -49,7 +51,8 @@ inline char const* to_string(sim_op op) noexcept
 // ---- sim_config
 // -----------------------------------------------------------------------------------
 
-inline sim_config& sim_config::with_devices(int count, std::size_t capacity_bytes) &
+GPUKIT_DETAIL_COMPILED_INLINE sim_config& sim_config::with_devices(int count,
+                                                                   std::size_t capacity_bytes) &
 {
   GPUKIT_EXPECTS(
     count >= 1 && count <= 64,
@@ -57,68 +60,73 @@ inline sim_config& sim_config::with_devices(int count, std::size_t capacity_byte
   device_capacities.assign(static_cast<std::size_t>(count), capacity_bytes);
   return *this;
 }
-inline sim_config&& sim_config::with_devices(int count, std::size_t capacity_bytes) &&
+GPUKIT_DETAIL_COMPILED_INLINE sim_config&& sim_config::with_devices(int count,
+                                                                    std::size_t capacity_bytes) &&
 {
   return std::move(with_devices(count, capacity_bytes));
 }
-inline sim_config& sim_config::with_vm_granularity(std::size_t bytes) &
+GPUKIT_DETAIL_COMPILED_INLINE sim_config& sim_config::with_vm_granularity(std::size_t bytes) &
 {
   vm_granularity = bytes;
   return *this;
 }
-inline sim_config&& sim_config::with_vm_granularity(std::size_t bytes) &&
+GPUKIT_DETAIL_COMPILED_INLINE sim_config&& sim_config::with_vm_granularity(std::size_t bytes) &&
 {
   return std::move(with_vm_granularity(bytes));
 }
-inline sim_config& sim_config::with_device_name(std::string name) &
+GPUKIT_DETAIL_COMPILED_INLINE sim_config& sim_config::with_device_name(std::string name) &
 {
   device_name = std::move(name);
   return *this;
 }
-inline sim_config&& sim_config::with_device_name(std::string name) &&
+GPUKIT_DETAIL_COMPILED_INLINE sim_config&& sim_config::with_device_name(std::string name) &&
 {
   return std::move(with_device_name(std::move(name)));
 }
-inline sim_config& sim_config::with_misuse_log(bool on) &
+GPUKIT_DETAIL_COMPILED_INLINE sim_config& sim_config::with_misuse_log(bool on) &
 {
   log_misuse = on;
   return *this;
 }
-inline sim_config&& sim_config::with_misuse_log(bool on) &&
+GPUKIT_DETAIL_COMPILED_INLINE sim_config&& sim_config::with_misuse_log(bool on) &&
 {
   return std::move(with_misuse_log(on));
 }
-inline sim_config& sim_config::with_ecc(bool on) &
+GPUKIT_DETAIL_COMPILED_INLINE sim_config& sim_config::with_ecc(bool on) &
 {
   ecc_enabled = on;
   return *this;
 }
-inline sim_config&& sim_config::with_ecc(bool on) && { return std::move(with_ecc(on)); }
-inline sim_config& sim_config::with_peer_access(bool on) &
+GPUKIT_DETAIL_COMPILED_INLINE sim_config&& sim_config::with_ecc(bool on) &&
+{
+  return std::move(with_ecc(on));
+}
+GPUKIT_DETAIL_COMPILED_INLINE sim_config& sim_config::with_peer_access(bool on) &
 {
   peer_access = on;
   return *this;
 }
-inline sim_config&& sim_config::with_peer_access(bool on) &&
+GPUKIT_DETAIL_COMPILED_INLINE sim_config&& sim_config::with_peer_access(bool on) &&
 {
   return std::move(with_peer_access(on));
 }
-inline sim_config& sim_config::with_virtual_memory(bool on) &
+GPUKIT_DETAIL_COMPILED_INLINE sim_config& sim_config::with_virtual_memory(bool on) &
 {
   virtual_memory = on;
   return *this;
 }
-inline sim_config&& sim_config::with_virtual_memory(bool on) &&
+GPUKIT_DETAIL_COMPILED_INLINE sim_config&& sim_config::with_virtual_memory(bool on) &&
 {
   return std::move(with_virtual_memory(on));
 }
 
 namespace detail {
 
-inline sim_config sim_config_from_values(char const* devices_text, char const* capacity_text);
+GPUKIT_DETAIL_COMPILED_INLINE sim_config sim_config_from_values(char const* devices_text,
+                                                                char const* capacity_text);
 
 // Parses "<digits>[K|M|G|T]" (binary multiples); false when it does not parse or overflows.
-inline bool sim_parse_bytes(char const* text, std::size_t& out)
+GPUKIT_DETAIL_COMPILED_INLINE bool sim_parse_bytes(char const* text, std::size_t& out)
 {
   if (text == nullptr || *text < '0' || *text > '9') { return false; }
   errno        = 0;
@@ -158,7 +166,7 @@ inline bool sim_parse_bytes(char const* text, std::size_t& out)
 
 }  // namespace detail
 
-inline sim_config sim_config::from_env()
+GPUKIT_DETAIL_COMPILED_INLINE sim_config sim_config::from_env()
 {
   return detail::sim_config_from_values(std::getenv("GPUKIT_SIM_DEVICES"),
                                         std::getenv("GPUKIT_SIM_CAPACITY"));
@@ -167,7 +175,8 @@ inline sim_config sim_config::from_env()
 namespace detail {
 
 // from_env() on given values (null: unset), so that the parser can be tested and fuzzed.
-inline sim_config sim_config_from_values(char const* devices_text, char const* capacity_text)
+GPUKIT_DETAIL_COMPILED_INLINE sim_config sim_config_from_values(char const* devices_text,
+                                                                char const* capacity_text)
 {
   sim_config c;
   std::size_t capacity = std::size_t{80} << 30;
@@ -191,7 +200,7 @@ inline sim_config sim_config_from_values(char const* devices_text, char const* c
 
 // ---- construction -----------------------------------------------------------------------------
 
-inline sim_runtime::sim_runtime(sim_config config)
+GPUKIT_DETAIL_COMPILED_INLINE sim_runtime::sim_runtime(sim_config config)
     : serial_{detail::sim_next_id()}, config_{std::move(config)},
       page_size_{static_cast<std::size_t>(::sysconf(_SC_PAGESIZE))}
 {
@@ -210,7 +219,7 @@ inline sim_runtime::sim_runtime(sim_config config)
   for (auto& p : peer_enabled_) { p.store(0, std::memory_order_relaxed); }
 }
 
-inline sim_runtime::~sim_runtime()
+GPUKIT_DETAIL_COMPILED_INLINE sim_runtime::~sim_runtime()
 {
   // Every stream, live, destroyed or null, drains its queue (stalls released) and exits.
   std::vector<std::shared_ptr<detail::sim_stream>> all;
@@ -248,7 +257,7 @@ inline sim_runtime::~sim_runtime()
   for (auto const& [id, ph] : physicals_) { ::close(ph.fd); }
 }
 
-inline sim_runtime& sim_runtime::instance()
+GPUKIT_DETAIL_COMPILED_INLINE sim_runtime& sim_runtime::instance()
 {
   static sim_runtime rt{sim_config::from_env()};
   return rt;
@@ -257,7 +266,7 @@ inline sim_runtime& sim_runtime::instance()
 // ---- plumbing ---------------------------------------------------------------------------------
 
 namespace detail {
-inline int& sim_capture_mode() noexcept
+GPUKIT_DETAIL_COMPILED_INLINE int& sim_capture_mode() noexcept
 {
   thread_local int mode = cudaStreamCaptureModeGlobal;
   return mode;
@@ -274,7 +283,7 @@ inline char const* sim_capture_mode_name(int mode) noexcept
 }
 }  // namespace detail
 
-inline cudaError_t sim_runtime::capture_violation(sim_op op) noexcept
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::capture_violation(sim_op op) noexcept
 {
   switch (op) {
     case sim_op::malloc:
@@ -329,7 +338,7 @@ inline cudaError_t sim_runtime::capture_violation(sim_op op) noexcept
 
 // A call CUDA refuses on a capturing stream in every capture mode (cudaStreamGetDevice,
 // cudaStreamQuery, cudaStreamSynchronize, ...): refused, and the capture invalidated.
-inline cudaError_t sim_runtime::on_capturing_stream(char const* call, std::uint64_t stream_id)
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::on_capturing_stream(char const* call, std::uint64_t stream_id)
 {
   if (captures_underway_.load(std::memory_order_acquire) == 0) { return cudaSuccess; }
   std::uint64_t id = 0;
@@ -349,7 +358,7 @@ inline cudaError_t sim_runtime::on_capturing_stream(char const* call, std::uint6
 
 // A query of an event last recorded in a capture: cudaErrorCapturedEvent, and the capture, if
 // still under way, is invalidated.
-inline cudaError_t sim_runtime::on_captured_event(char const* call, std::uint64_t event_id)
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::on_captured_event(char const* call, std::uint64_t event_id)
 {
   std::uint64_t id = 0;
   {
@@ -365,7 +374,7 @@ inline cudaError_t sim_runtime::on_captured_event(char const* call, std::uint64_
                   ", where it marks a point of the graph, not work that completes");
 }
 
-inline detail::sim_graph_capture* sim_runtime::capture_of_locked(std::uint64_t stream_id)
+GPUKIT_DETAIL_COMPILED_INLINE detail::sim_graph_capture* sim_runtime::capture_of_locked(std::uint64_t stream_id)
 {
   for (auto& c : captures_) {
     if (c.find(stream_id) != nullptr) { return &c; }
@@ -373,7 +382,7 @@ inline detail::sim_graph_capture* sim_runtime::capture_of_locked(std::uint64_t s
   return nullptr;
 }
 
-inline detail::sim_graph_capture* sim_runtime::capture_by_id_locked(std::uint64_t id)
+GPUKIT_DETAIL_COMPILED_INLINE detail::sim_graph_capture* sim_runtime::capture_by_id_locked(std::uint64_t id)
 {
   for (auto& c : captures_) {
     if (c.id == id) { return &c; }
@@ -381,7 +390,7 @@ inline detail::sim_graph_capture* sim_runtime::capture_by_id_locked(std::uint64_
   return nullptr;
 }
 
-inline bool sim_runtime::capturing(std::uint64_t stream_id) const
+GPUKIT_DETAIL_COMPILED_INLINE bool sim_runtime::capturing(std::uint64_t stream_id) const
 {
   if (captures_underway_.load(std::memory_order_acquire) == 0) { return false; }
   std::lock_guard<std::mutex> lock{capture_mutex_};
@@ -396,7 +405,7 @@ inline bool sim_runtime::capturing(std::uint64_t stream_id) const
 // Counts one operation captured on `stream_id`; false when the stream is not capturing. In a
 // capture already invalidated, nothing is captured any more: err =
 // cudaErrorStreamCaptureInvalidated.
-inline bool sim_runtime::note_captured_work(std::uint64_t stream_id, cudaError_t& err)
+GPUKIT_DETAIL_COMPILED_INLINE bool sim_runtime::note_captured_work(std::uint64_t stream_id, cudaError_t& err)
 {
   if (captures_underway_.load(std::memory_order_acquire) == 0) { return false; }
   std::lock_guard<std::mutex> lock{capture_mutex_};
@@ -413,7 +422,7 @@ inline bool sim_runtime::note_captured_work(std::uint64_t stream_id, cudaError_t
   return false;
 }
 
-inline cudaError_t sim_runtime::enter(sim_op op) noexcept
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::enter(sim_op op) noexcept
 {
   calls_[static_cast<std::size_t>(op)].fetch_add(1, std::memory_order_relaxed);
   if (captures_underway_.load(std::memory_order_acquire) != 0) {
@@ -423,7 +432,7 @@ inline cudaError_t sim_runtime::enter(sim_op op) noexcept
   return take_fault(op);
 }
 
-inline cudaError_t sim_runtime::take_fault(sim_op op) noexcept
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::take_fault(sim_op op) noexcept
 {
   std::lock_guard<std::mutex> lock{faults_mutex_};
   cudaError_t result = cudaSuccess;
@@ -439,7 +448,8 @@ inline cudaError_t sim_runtime::take_fault(sim_op op) noexcept
   return result;
 }
 
-inline cudaError_t sim_runtime::misuse(cudaError_t error, std::string message)
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::misuse(cudaError_t error,
+                                                              std::string message)
 {
   message = "gpukit sim: " + message;
   if (config_.log_misuse) { std::fprintf(stderr, "%s [%s]\n", message.c_str(), error_name(error)); }
@@ -451,21 +461,25 @@ inline cudaError_t sim_runtime::misuse(cudaError_t error, std::string message)
   return error;
 }
 
-inline int sim_runtime::current_device() const { return detail::sim_thread_device(serial_); }
+GPUKIT_DETAIL_COMPILED_INLINE int sim_runtime::current_device() const
+{
+  return detail::sim_thread_device(serial_);
+}
 
-inline bool sim_runtime::valid_device(int d) const noexcept
+GPUKIT_DETAIL_COMPILED_INLINE bool sim_runtime::valid_device(int d) const noexcept
 {
   return d >= 0 && static_cast<std::size_t>(d) < devices_.size();
 }
 
-inline cudaError_t sim_runtime::bad_device(char const* call, int d)
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::bad_device(char const* call, int d)
 {
   return misuse(cudaErrorInvalidDevice, std::string{call} + "(device " + std::to_string(d) +
                                           "): this simulated GPU has devices 0 to " +
                                           std::to_string(devices_.size() - 1));
 }
 
-inline std::shared_ptr<detail::sim_stream> sim_runtime::null_stream(int device)
+GPUKIT_DETAIL_COMPILED_INLINE std::shared_ptr<detail::sim_stream> sim_runtime::null_stream(
+  int device)
 {
   auto& dev = *devices_[static_cast<std::size_t>(device)];
   std::call_once(dev.null_once, [&] {
@@ -477,8 +491,8 @@ inline std::shared_ptr<detail::sim_stream> sim_runtime::null_stream(int device)
   return dev.null_stream;
 }
 
-inline std::shared_ptr<detail::sim_stream> sim_runtime::find_stream(stream_type s, char const* call,
-                                                                    cudaError_t& err)
+GPUKIT_DETAIL_COMPILED_INLINE std::shared_ptr<detail::sim_stream> sim_runtime::find_stream(
+  stream_type s, char const* call, cudaError_t& err)
 {
   if (s == nullptr) { return null_stream(current_device()); }
   auto const id = reinterpret_cast<std::uintptr_t>(s);
@@ -492,8 +506,8 @@ inline std::shared_ptr<detail::sim_stream> sim_runtime::find_stream(stream_type 
   return nullptr;
 }
 
-inline std::shared_ptr<detail::sim_event> sim_runtime::find_event(event_type e, char const* call,
-                                                                  cudaError_t& err)
+GPUKIT_DETAIL_COMPILED_INLINE std::shared_ptr<detail::sim_event> sim_runtime::find_event(
+  event_type e, char const* call, cudaError_t& err)
 {
   auto const id = reinterpret_cast<std::uintptr_t>(e);
   if (e != nullptr) {
@@ -507,8 +521,9 @@ inline std::shared_ptr<detail::sim_event> sim_runtime::find_event(event_type e, 
   return nullptr;
 }
 
-inline cudaError_t sim_runtime::enqueue(detail::sim_stream& s, std::function<void()> task,
-                                        char const* call)
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::enqueue(detail::sim_stream& s,
+                                                               std::function<void()> task,
+                                                               char const* call)
 {
   cudaError_t err = cudaSuccess;
   if (note_captured_work(s.id, err)) { return err; }  // captured into a graph: recorded, not run
@@ -518,7 +533,7 @@ inline cudaError_t sim_runtime::enqueue(detail::sim_stream& s, std::function<voi
                   "): the stream was destroyed while this call was in flight");
 }
 
-inline void sim_runtime::reap_streams()
+GPUKIT_DETAIL_COMPILED_INLINE void sim_runtime::reap_streams()
 {
   std::lock_guard<std::mutex> lock{draining_mutex_};
   auto const done =
@@ -527,7 +542,7 @@ inline void sim_runtime::reap_streams()
   draining_.erase(done, draining_.end());
 }
 
-inline void sim_runtime::wait_device(int device)
+GPUKIT_DETAIL_COMPILED_INLINE void sim_runtime::wait_device(int device)
 {
   std::vector<std::pair<std::shared_ptr<detail::sim_stream>, std::uint64_t>> marks;
   {
@@ -547,7 +562,7 @@ inline void sim_runtime::wait_device(int device)
   for (auto& [s, mark] : marks) { s->wait_for(mark); }
 }
 
-inline void sim_runtime::wait_all_devices()
+GPUKIT_DETAIL_COMPILED_INLINE void sim_runtime::wait_all_devices()
 {
   for (std::size_t d = 0; d < devices_.size(); ++d) { wait_device(static_cast<int>(d)); }
 }

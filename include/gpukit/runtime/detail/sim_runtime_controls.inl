@@ -4,8 +4,7 @@
 // gpukit/runtime/detail/sim_runtime.inl (its header comment describes the locking).
 #pragma once
 
-#include <gpukit/runtime/sim_runtime.hpp>
-
+#include <gpukit/detail/compiled.hpp>
 #include <gpukit/runtime/sim_runtime.hpp>
 
 #include <fcntl.h>
@@ -25,26 +24,27 @@ namespace gpukit {
 
 // ---- simulation controls ------------------------------------------------------------------------
 
-inline cudaError_t sim_runtime::set_capacity(int device, std::size_t bytes)
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::set_capacity(int device, std::size_t bytes)
 {
   if (!valid_device(device)) { return bad_device("set_capacity", device); }
   devices_[static_cast<std::size_t>(device)]->capacity.store(bytes, std::memory_order_relaxed);
   return cudaSuccess;
 }
 
-inline std::size_t sim_runtime::capacity(int device) const noexcept
+GPUKIT_DETAIL_COMPILED_INLINE std::size_t sim_runtime::capacity(int device) const noexcept
 {
   if (!valid_device(device)) { return 0; }
   return devices_[static_cast<std::size_t>(device)]->capacity.load(std::memory_order_relaxed);
 }
 
-inline std::size_t sim_runtime::used_bytes(int device) const noexcept
+GPUKIT_DETAIL_COMPILED_INLINE std::size_t sim_runtime::used_bytes(int device) const noexcept
 {
   if (!valid_device(device)) { return 0; }
   return devices_[static_cast<std::size_t>(device)]->used.load(std::memory_order_relaxed);
 }
 
-inline bool sim_runtime::host_pinned_for(void const* p, std::size_t bytes, int device) const
+GPUKIT_DETAIL_COMPILED_INLINE bool sim_runtime::host_pinned_for(void const* p, std::size_t bytes,
+                                                                int device) const
 {
   if (p == nullptr || !valid_device(device)) { return false; }
   auto const a = reinterpret_cast<std::uintptr_t>(p);
@@ -61,13 +61,14 @@ inline bool sim_runtime::host_pinned_for(void const* p, std::size_t bytes, int d
   return false;
 }
 
-inline bool sim_runtime::peer_access_enabled(int device, int peer) const noexcept
+GPUKIT_DETAIL_COMPILED_INLINE bool sim_runtime::peer_access_enabled(int device,
+                                                                    int peer) const noexcept
 {
   if (!valid_device(device) || !valid_device(peer)) { return false; }
   return ((peer_enabled_[static_cast<std::size_t>(device)].load() >> peer) & 1) != 0;
 }
 
-inline bool sim_runtime::vm_accessible(void const* p, int device) const
+GPUKIT_DETAIL_COMPILED_INLINE bool sim_runtime::vm_accessible(void const* p, int device) const
 {
   if (!valid_device(device)) { return false; }
   auto const a = reinterpret_cast<std::uintptr_t>(p);
@@ -78,12 +79,13 @@ inline bool sim_runtime::vm_accessible(void const* p, int device) const
   return a < m->first + m->second.bytes && ((m->second.access_mask >> device) & 1) != 0;
 }
 
-inline std::uint64_t sim_runtime::staged_peer_copies() const noexcept
+GPUKIT_DETAIL_COMPILED_INLINE std::uint64_t sim_runtime::staged_peer_copies() const noexcept
 {
   return staged_peer_copies_.load(std::memory_order_relaxed);
 }
 
-inline void sim_runtime::inject_fault(sim_op op, std::uint64_t nth, cudaError_t error)
+GPUKIT_DETAIL_COMPILED_INLINE void sim_runtime::inject_fault(sim_op op, std::uint64_t nth,
+                                                             cudaError_t error)
 {
   GPUKIT_EXPECTS(
     op >= sim_op::device_count && op < sim_op::count_,
@@ -97,20 +99,20 @@ inline void sim_runtime::inject_fault(sim_op op, std::uint64_t nth, cudaError_t 
   faults_pending_.store(faults_.size(), std::memory_order_release);
 }
 
-inline void sim_runtime::clear_faults()
+GPUKIT_DETAIL_COMPILED_INLINE void sim_runtime::clear_faults()
 {
   std::lock_guard<std::mutex> lock{faults_mutex_};
   faults_.clear();
   faults_pending_.store(0, std::memory_order_release);
 }
 
-inline std::size_t sim_runtime::pending_faults() const
+GPUKIT_DETAIL_COMPILED_INLINE std::size_t sim_runtime::pending_faults() const
 {
   std::lock_guard<std::mutex> lock{faults_mutex_};
   return faults_.size();
 }
 
-inline cudaError_t sim_runtime::stall(stream_type s)
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::stall(stream_type s)
 {
   cudaError_t err = cudaSuccess;
   auto stream     = find_stream(s, "stall", err);
@@ -119,7 +121,7 @@ inline cudaError_t sim_runtime::stall(stream_type s)
   return cudaSuccess;
 }
 
-inline cudaError_t sim_runtime::release(stream_type s)
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::release(stream_type s)
 {
   cudaError_t err = cudaSuccess;
   auto stream     = find_stream(s, "release", err);
@@ -128,44 +130,45 @@ inline cudaError_t sim_runtime::release(stream_type s)
   return cudaSuccess;
 }
 
-inline std::uint64_t sim_runtime::calls(sim_op op) const noexcept
+GPUKIT_DETAIL_COMPILED_INLINE std::uint64_t sim_runtime::calls(sim_op op) const noexcept
 {
   if (op < sim_op::device_count || op >= sim_op::count_) { return 0; }
   return calls_[static_cast<std::size_t>(op)].load(std::memory_order_relaxed);
 }
 
-inline std::uint64_t sim_runtime::total_calls() const noexcept
+GPUKIT_DETAIL_COMPILED_INLINE std::uint64_t sim_runtime::total_calls() const noexcept
 {
   std::uint64_t sum = 0;
   for (auto const& c : calls_) { sum += c.load(std::memory_order_relaxed); }
   return sum;
 }
 
-inline std::uint64_t sim_runtime::synchronizations() const noexcept
+GPUKIT_DETAIL_COMPILED_INLINE std::uint64_t sim_runtime::synchronizations() const noexcept
 {
   return synchronizations_.load(std::memory_order_relaxed);
 }
 
-inline void sim_runtime::reset_counters() noexcept
+GPUKIT_DETAIL_COMPILED_INLINE void sim_runtime::reset_counters() noexcept
 {
   for (auto& c : calls_) { c.store(0, std::memory_order_relaxed); }
   synchronizations_.store(0, std::memory_order_relaxed);
 }
 
-inline std::string sim_runtime::last_misuse() const
+GPUKIT_DETAIL_COMPILED_INLINE std::string sim_runtime::last_misuse() const
 {
   std::lock_guard<std::mutex> lock{misuse_mutex_};
   return last_misuse_;
 }
 
-inline std::uint64_t sim_runtime::misuse_count() const noexcept
+GPUKIT_DETAIL_COMPILED_INLINE std::uint64_t sim_runtime::misuse_count() const noexcept
 {
   return misuse_count_.load(std::memory_order_relaxed);
 }
 
 // --- Graph capture (simulated) -------------------------------------------------------------------
 
-inline cudaError_t sim_runtime::stream_is_capturing(stream_type s, bool& is_capturing)
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::stream_is_capturing(stream_type s,
+                                                                           bool& is_capturing)
 {
   is_capturing = false;
   if (auto e = enter(sim_op::stream_is_capturing); e != cudaSuccess) { return e; }
@@ -176,7 +179,7 @@ inline cudaError_t sim_runtime::stream_is_capturing(stream_type s, bool& is_capt
   return cudaSuccess;
 }
 
-inline cudaError_t sim_runtime::stream_capture_id(stream_type s, unsigned long long& id)
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::stream_capture_id(stream_type s, unsigned long long& id)
 {
   id = 0;
   if (auto e = enter(sim_op::stream_capture_id); e != cudaSuccess) { return e; }
@@ -189,14 +192,14 @@ inline cudaError_t sim_runtime::stream_capture_id(stream_type s, unsigned long l
   return cudaSuccess;
 }
 
-inline cudaError_t sim_runtime::exchange_capture_mode(int& mode)
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::exchange_capture_mode(int& mode)
 {
   if (auto e = enter(sim_op::exchange_capture_mode); e != cudaSuccess) { return e; }
   std::swap(mode, detail::sim_capture_mode());
   return cudaSuccess;
 }
 
-inline cudaError_t sim_runtime::begin_capture(stream_type s, int mode)
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::begin_capture(stream_type s, int mode)
 {
   cudaError_t err = cudaSuccess;
   auto stream     = find_stream(s, "begin_capture", err);
@@ -224,7 +227,7 @@ inline cudaError_t sim_runtime::begin_capture(stream_type s, int mode)
   return cudaSuccess;
 }
 
-inline cudaError_t sim_runtime::end_capture(stream_type s)
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::end_capture(stream_type s)
 {
   cudaError_t err = cudaSuccess;
   auto stream     = find_stream(s, "end_capture", err);

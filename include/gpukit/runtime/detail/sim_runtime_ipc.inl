@@ -4,8 +4,7 @@
 // header comment describes the locking).
 #pragma once
 
-#include <gpukit/runtime/sim_runtime.hpp>
-
+#include <gpukit/detail/compiled.hpp>
 #include <gpukit/runtime/sim_runtime.hpp>
 
 #include <fcntl.h>
@@ -29,7 +28,7 @@ namespace detail {
 
 /// The device whose simulated memory the memfd `fd` holds (from its name), or -1 when it is not
 /// one: "/memfd:<prefix><device> (deleted)".
-inline int sim_memfd_device(int fd, char const* prefix)
+GPUKIT_DETAIL_COMPILED_INLINE int sim_memfd_device(int fd, char const* prefix)
 {
   char link[64];
   std::snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
@@ -47,7 +46,8 @@ inline int sim_memfd_device(int fd, char const* prefix)
 
 }  // namespace detail
 
-inline cudaError_t sim_runtime::vm_export_shareable(int& fd, physical_handle h)
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::vm_export_shareable(int& fd,
+                                                                           physical_handle h)
 {
   if (auto e = enter(sim_op::vm_export_shareable); e != cudaSuccess) { return e; }
   std::lock_guard<std::mutex> lock{mem_mutex_};
@@ -67,7 +67,8 @@ inline cudaError_t sim_runtime::vm_export_shareable(int& fd, physical_handle h)
   return cudaSuccess;
 }
 
-inline cudaError_t sim_runtime::vm_import_shareable(physical_handle& h, int fd)
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::vm_import_shareable(physical_handle& h,
+                                                                           int fd)
 {
   if (auto e = enter(sim_op::vm_import_shareable); e != cudaSuccess) { return e; }
   auto const args  = "vm_import_shareable(fd " + std::to_string(fd) + ")";
@@ -95,7 +96,8 @@ inline cudaError_t sim_runtime::vm_import_shareable(physical_handle& h, int fd)
   return cudaSuccess;
 }
 
-inline cudaError_t sim_runtime::ipc_get_mem_handle(ipc_mem_handle& h, void* p)
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::ipc_get_mem_handle(ipc_mem_handle& h,
+                                                                          void* p)
 {
   if (auto e = enter(sim_op::ipc_get_mem_handle); e != cudaSuccess) { return e; }
   auto const args = "ipc_get_mem_handle(" + detail::sim_hex(p) + ")";
@@ -183,7 +185,8 @@ inline cudaError_t sim_runtime::ipc_get_mem_handle(ipc_mem_handle& h, void* p)
   return handle(al);
 }
 
-inline cudaError_t sim_runtime::ipc_open_mem_handle(void** p, ipc_mem_handle h)
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::ipc_open_mem_handle(void** p,
+                                                                           ipc_mem_handle h)
 {
   if (auto e = enter(sim_op::ipc_open_mem_handle); e != cudaSuccess) { return e; }
   if (p == nullptr) {
@@ -245,7 +248,7 @@ inline cudaError_t sim_runtime::ipc_open_mem_handle(void** p, ipc_mem_handle h)
   return cudaSuccess;
 }
 
-inline cudaError_t sim_runtime::ipc_close_mem_handle(void* p)
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::ipc_close_mem_handle(void* p)
 {
   if (auto e = enter(sim_op::ipc_close_mem_handle); e != cudaSuccess) { return e; }
   auto const base = reinterpret_cast<std::uintptr_t>(p);

@@ -4,8 +4,7 @@
 // header comment describes the locking).
 #pragma once
 
-#include <gpukit/runtime/sim_runtime.hpp>
-
+#include <gpukit/detail/compiled.hpp>
 #include <gpukit/runtime/sim_runtime.hpp>
 
 #include <fcntl.h>
@@ -25,21 +24,21 @@ namespace gpukit {
 
 // ---- devices ----------------------------------------------------------------------------------
 
-inline cudaError_t sim_runtime::device_count(int& n)
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::device_count(int& n)
 {
   if (auto e = enter(sim_op::device_count); e != cudaSuccess) { return e; }
   n = static_cast<int>(devices_.size());
   return cudaSuccess;
 }
 
-inline cudaError_t sim_runtime::get_device(int& d)
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::get_device(int& d)
 {
   if (auto e = enter(sim_op::get_device); e != cudaSuccess) { return e; }
   d = current_device();
   return cudaSuccess;
 }
 
-inline cudaError_t sim_runtime::set_device(int d)
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::set_device(int d)
 {
   if (auto e = enter(sim_op::set_device); e != cudaSuccess) { return e; }
   if (!valid_device(d)) { return bad_device("set_device", d); }
@@ -47,7 +46,8 @@ inline cudaError_t sim_runtime::set_device(int d)
   return cudaSuccess;
 }
 
-inline cudaError_t sim_runtime::get_device_properties(device_properties& p, int d)
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::get_device_properties(device_properties& p,
+                                                                             int d)
 {
   if (auto e = enter(sim_op::get_device_properties); e != cudaSuccess) { return e; }
   if (!valid_device(d)) { return bad_device("get_device_properties", d); }
@@ -70,7 +70,8 @@ inline cudaError_t sim_runtime::get_device_properties(device_properties& p, int 
   return cudaSuccess;
 }
 
-inline cudaError_t sim_runtime::mem_get_info(std::size_t& free, std::size_t& total)
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::mem_get_info(std::size_t& free,
+                                                                    std::size_t& total)
 {
   if (auto e = enter(sim_op::mem_get_info); e != cudaSuccess) { return e; }
   auto const& dev = *devices_[static_cast<std::size_t>(current_device())];
@@ -79,21 +80,21 @@ inline cudaError_t sim_runtime::mem_get_info(std::size_t& free, std::size_t& tot
   return cudaSuccess;
 }
 
-inline cudaError_t sim_runtime::driver_version(int& v)
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::driver_version(int& v)
 {
   if (auto e = enter(sim_op::driver_version); e != cudaSuccess) { return e; }
   v = 13000;
   return cudaSuccess;
 }
 
-inline cudaError_t sim_runtime::runtime_version(int& v)
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::runtime_version(int& v)
 {
   if (auto e = enter(sim_op::runtime_version); e != cudaSuccess) { return e; }
   v = 13000;
   return cudaSuccess;
 }
 
-inline cudaError_t sim_runtime::device_synchronize()
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::device_synchronize()
 {
   synchronizations_.fetch_add(1, std::memory_order_relaxed);
   if (auto e = enter(sim_op::device_synchronize); e != cudaSuccess) { return e; }
@@ -101,7 +102,8 @@ inline cudaError_t sim_runtime::device_synchronize()
   return cudaSuccess;
 }
 
-inline cudaError_t sim_runtime::device_can_access_peer(int& can, int device, int peer)
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::device_can_access_peer(int& can, int device,
+                                                                              int peer)
 {
   if (auto e = enter(sim_op::device_can_access_peer); e != cudaSuccess) { return e; }
   if (!valid_device(device)) { return bad_device("device_can_access_peer", device); }
@@ -110,7 +112,7 @@ inline cudaError_t sim_runtime::device_can_access_peer(int& can, int device, int
   return cudaSuccess;
 }
 
-inline cudaError_t sim_runtime::device_enable_peer_access(int peer)
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::device_enable_peer_access(int peer)
 {
   if (auto e = enter(sim_op::device_enable_peer_access); e != cudaSuccess) { return e; }
   int const d = current_device();
@@ -132,7 +134,8 @@ inline cudaError_t sim_runtime::device_enable_peer_access(int peer)
 
 // ---- device memory ------------------------------------------------------------------------------
 
-inline cudaError_t sim_runtime::allocate(void** p, std::size_t bytes, int device, bool async)
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::allocate(void** p, std::size_t bytes,
+                                                                int device, bool async)
 {
   auto& dev = *devices_[static_cast<std::size_t>(device)];
   if (bytes > std::numeric_limits<std::size_t>::max() - page_size_) {
@@ -159,7 +162,7 @@ inline cudaError_t sim_runtime::allocate(void** p, std::size_t bytes, int device
   return cudaSuccess;
 }
 
-inline std::string sim_runtime::describe_unknown(std::uintptr_t a) const
+GPUKIT_DETAIL_COMPILED_INLINE std::string sim_runtime::describe_unknown(std::uintptr_t a) const
 {
   if (auto it = allocations_.upper_bound(a); it != allocations_.begin()) {
     --it;
@@ -181,7 +184,7 @@ inline std::string sim_runtime::describe_unknown(std::uintptr_t a) const
   return "pointer was never allocated by this simulated device";
 }
 
-inline cudaError_t sim_runtime::malloc(void** p, std::size_t bytes)
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::malloc(void** p, std::size_t bytes)
 {
   if (auto e = enter(sim_op::malloc); e != cudaSuccess) { return e; }
   if (p == nullptr) {
@@ -195,7 +198,7 @@ inline cudaError_t sim_runtime::malloc(void** p, std::size_t bytes)
   return allocate(p, bytes, current_device(), false);
 }
 
-inline cudaError_t sim_runtime::free(void* p)
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::free(void* p)
 {
   synchronizations_.fetch_add(1, std::memory_order_relaxed);
   if (auto e = enter(sim_op::free); e != cudaSuccess) { return e; }
@@ -232,7 +235,8 @@ inline cudaError_t sim_runtime::free(void* p)
   return cudaSuccess;
 }
 
-inline cudaError_t sim_runtime::malloc_async(void** p, std::size_t bytes, stream_type s)
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::malloc_async(void** p, std::size_t bytes,
+                                                                    stream_type s)
 {
   if (auto e = enter(sim_op::malloc_async); e != cudaSuccess) { return e; }
   cudaError_t err = cudaSuccess;
@@ -255,7 +259,7 @@ inline cudaError_t sim_runtime::malloc_async(void** p, std::size_t bytes, stream
   return allocate(p, bytes, stream->device, true);
 }
 
-inline cudaError_t sim_runtime::free_async(void* p, stream_type s)
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::free_async(void* p, stream_type s)
 {
   if (auto e = enter(sim_op::free_async); e != cudaSuccess) { return e; }
   cudaError_t err = cudaSuccess;
@@ -305,7 +309,8 @@ inline cudaError_t sim_runtime::free_async(void* p, stream_type s)
 
 // ---- pinned host memory -------------------------------------------------------------------------
 
-inline cudaError_t sim_runtime::host_alloc(void** p, std::size_t bytes, unsigned flags)
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::host_alloc(void** p, std::size_t bytes,
+                                                                  unsigned flags)
 {
   if (auto e = enter(sim_op::host_alloc); e != cudaSuccess) { return e; }
   unsigned const known =
@@ -337,7 +342,7 @@ inline cudaError_t sim_runtime::host_alloc(void** p, std::size_t bytes, unsigned
   return cudaSuccess;
 }
 
-inline cudaError_t sim_runtime::host_free(void* p)
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::host_free(void* p)
 {
   synchronizations_.fetch_add(1, std::memory_order_relaxed);
   if (auto e = enter(sim_op::host_free); e != cudaSuccess) { return e; }
@@ -366,7 +371,8 @@ inline cudaError_t sim_runtime::host_free(void* p)
   return cudaSuccess;
 }
 
-inline cudaError_t sim_runtime::host_register(void* p, std::size_t bytes, unsigned flags)
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::host_register(void* p, std::size_t bytes,
+                                                                     unsigned flags)
 {
   if (auto e = enter(sim_op::host_register); e != cudaSuccess) { return e; }
   auto const args = "host_register(" + detail::sim_hex(p) + ", " + std::to_string(bytes) + ")";
@@ -401,7 +407,7 @@ inline cudaError_t sim_runtime::host_register(void* p, std::size_t bytes, unsign
   return cudaSuccess;
 }
 
-inline cudaError_t sim_runtime::host_unregister(void* p)
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::host_unregister(void* p)
 {
   if (auto e = enter(sim_op::host_unregister); e != cudaSuccess) { return e; }
   std::lock_guard<std::mutex> lock{mem_mutex_};

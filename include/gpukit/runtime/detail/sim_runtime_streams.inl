@@ -4,8 +4,7 @@
 // header comment describes the locking).
 #pragma once
 
-#include <gpukit/runtime/sim_runtime.hpp>
-
+#include <gpukit/detail/compiled.hpp>
 #include <gpukit/runtime/sim_runtime.hpp>
 
 #include <fcntl.h>
@@ -25,7 +24,7 @@ namespace gpukit {
 
 // ---- streams ------------------------------------------------------------------------------------
 
-inline cudaError_t sim_runtime::stream_create(stream_type& s)
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::stream_create(stream_type& s)
 {
   if (auto e = enter(sim_op::stream_create); e != cudaSuccess) { return e; }
   auto const id = detail::sim_next_id();
@@ -40,7 +39,7 @@ inline cudaError_t sim_runtime::stream_create(stream_type& s)
   return cudaSuccess;
 }
 
-inline cudaError_t sim_runtime::stream_destroy(stream_type s)
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::stream_destroy(stream_type s)
 {
   if (auto e = enter(sim_op::stream_destroy); e != cudaSuccess) { return e; }
   if (s == nullptr) {
@@ -71,7 +70,7 @@ inline cudaError_t sim_runtime::stream_destroy(stream_type s)
   return cudaSuccess;
 }
 
-inline cudaError_t sim_runtime::stream_synchronize(stream_type s)
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::stream_synchronize(stream_type s)
 {
   synchronizations_.fetch_add(1, std::memory_order_relaxed);
   if (auto e = enter(sim_op::stream_synchronize); e != cudaSuccess) { return e; }
@@ -85,7 +84,7 @@ inline cudaError_t sim_runtime::stream_synchronize(stream_type s)
   return cudaSuccess;
 }
 
-inline cudaError_t sim_runtime::stream_query(stream_type s)
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::stream_query(stream_type s)
 {
   if (auto e = enter(sim_op::stream_query); e != cudaSuccess) { return e; }
   cudaError_t err = cudaSuccess;
@@ -95,7 +94,8 @@ inline cudaError_t sim_runtime::stream_query(stream_type s)
   return stream->idle() ? cudaSuccess : cudaErrorNotReady;
 }
 
-inline cudaError_t sim_runtime::stream_wait_event(stream_type s, event_type e)
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::stream_wait_event(stream_type s,
+                                                                         event_type e)
 {
   if (auto f = enter(sim_op::stream_wait_event); f != cudaSuccess) { return f; }
   cudaError_t err = cudaSuccess;
@@ -142,7 +142,7 @@ inline cudaError_t sim_runtime::stream_wait_event(stream_type s, event_type e)
     *stream, [capture] { capture->wait(); }, "stream_wait_event");
 }
 
-inline cudaError_t sim_runtime::stream_get_device(stream_type s, int& device)
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::stream_get_device(stream_type s, int& device)
 {
   if (auto e = enter(sim_op::stream_get_device); e != cudaSuccess) { return e; }
   cudaError_t err = cudaSuccess;
@@ -155,7 +155,7 @@ inline cudaError_t sim_runtime::stream_get_device(stream_type s, int& device)
 
 // ---- events -------------------------------------------------------------------------------------
 
-inline cudaError_t sim_runtime::event_create(event_type& e, bool timing)
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::event_create(event_type& e, bool timing)
 {
   if (auto f = enter(sim_op::event_create); f != cudaSuccess) { return f; }
   auto const id = detail::sim_next_id();
@@ -168,7 +168,7 @@ inline cudaError_t sim_runtime::event_create(event_type& e, bool timing)
   return cudaSuccess;
 }
 
-inline cudaError_t sim_runtime::event_destroy(event_type e)
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::event_destroy(event_type e)
 {
   if (auto f = enter(sim_op::event_destroy); f != cudaSuccess) { return f; }
   auto const id      = reinterpret_cast<std::uintptr_t>(e);
@@ -191,7 +191,7 @@ inline cudaError_t sim_runtime::event_destroy(event_type e)
   return cudaSuccess;
 }
 
-inline cudaError_t sim_runtime::event_record(event_type e, stream_type s)
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::event_record(event_type e, stream_type s)
 {
   if (auto f = enter(sim_op::event_record); f != cudaSuccess) { return f; }
   cudaError_t err = cudaSuccess;
@@ -236,7 +236,7 @@ inline cudaError_t sim_runtime::event_record(event_type e, stream_type s)
   return cudaSuccess;
 }
 
-inline cudaError_t sim_runtime::event_query(event_type e)
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::event_query(event_type e)
 {
   if (auto f = enter(sim_op::event_query); f != cudaSuccess) { return f; }
   if (captured_events_count_.load(std::memory_order_acquire) != 0) {
@@ -257,7 +257,7 @@ inline cudaError_t sim_runtime::event_query(event_type e)
   return err;
 }
 
-inline cudaError_t sim_runtime::event_synchronize(event_type e)
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::event_synchronize(event_type e)
 {
   synchronizations_.fetch_add(1, std::memory_order_relaxed);
   if (auto f = enter(sim_op::event_synchronize); f != cudaSuccess) { return f; }
@@ -271,7 +271,9 @@ inline cudaError_t sim_runtime::event_synchronize(event_type e)
   return cudaSuccess;
 }
 
-inline cudaError_t sim_runtime::event_elapsed_time(float& ms, event_type start, event_type stop)
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::event_elapsed_time(float& ms,
+                                                                          event_type start,
+                                                                          event_type stop)
 {
   if (auto f = enter(sim_op::event_elapsed_time); f != cudaSuccess) { return f; }
   cudaError_t err = cudaSuccess;
@@ -302,7 +304,8 @@ inline cudaError_t sim_runtime::event_elapsed_time(float& ms, event_type start, 
 
 // ---- copies and host functions ------------------------------------------------------------------
 
-inline sim_runtime::placement sim_runtime::place(void const* p, std::size_t bytes) const
+GPUKIT_DETAIL_COMPILED_INLINE sim_runtime::placement sim_runtime::place(void const* p,
+                                                                        std::size_t bytes) const
 {
   placement out;
   auto const a = reinterpret_cast<std::uintptr_t>(p);
@@ -369,9 +372,9 @@ inline sim_runtime::placement sim_runtime::place(void const* p, std::size_t byte
   return out;
 }
 
-inline cudaError_t sim_runtime::check_side(char const* call, std::string const& args,
-                                           char const* side, void const* p, std::size_t bytes,
-                                           bool want_device, int want_device_id)
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t
+sim_runtime::check_side(char const* call, std::string const& args, char const* side, void const* p,
+                        std::size_t bytes, bool want_device, int want_device_id)
 {
   auto const fail = [&](std::string const& why) {
     return misuse(cudaErrorInvalidValue, std::string{call} + "(" + args + "): " + side + " " +
@@ -398,8 +401,9 @@ inline cudaError_t sim_runtime::check_side(char const* call, std::string const& 
   return cudaSuccess;
 }
 
-inline cudaError_t sim_runtime::memcpy_async(void* dst, void const* src, std::size_t bytes,
-                                             memcpy_kind kind, stream_type s)
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::memcpy_async(void* dst, void const* src,
+                                                                    std::size_t bytes,
+                                                                    memcpy_kind kind, stream_type s)
 {
   if (auto e = enter(sim_op::memcpy_async); e != cudaSuccess) { return e; }
   cudaError_t err = cudaSuccess;
@@ -450,8 +454,8 @@ inline cudaError_t sim_runtime::memcpy_async(void* dst, void const* src, std::si
     *stream, [dst, src, bytes] { std::memmove(dst, src, bytes); }, "memcpy_async");
 }
 
-inline cudaError_t sim_runtime::memcpy_peer_async(void* dst, int dst_device, void const* src,
-                                                  int src_device, std::size_t bytes, stream_type s)
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::memcpy_peer_async(
+  void* dst, int dst_device, void const* src, int src_device, std::size_t bytes, stream_type s)
 {
   if (auto e = enter(sim_op::memcpy_peer_async); e != cudaSuccess) { return e; }
   cudaError_t err = cudaSuccess;
@@ -479,7 +483,9 @@ inline cudaError_t sim_runtime::memcpy_peer_async(void* dst, int dst_device, voi
     *stream, [dst, src, bytes] { std::memmove(dst, src, bytes); }, "memcpy_peer_async");
 }
 
-inline cudaError_t sim_runtime::memset_async(void* dst, int value, std::size_t bytes, stream_type s)
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::memset_async(void* dst, int value,
+                                                                    std::size_t bytes,
+                                                                    stream_type s)
 {
   if (auto e = enter(sim_op::memset_async); e != cudaSuccess) { return e; }
   cudaError_t err = cudaSuccess;
@@ -495,7 +501,8 @@ inline cudaError_t sim_runtime::memset_async(void* dst, int value, std::size_t b
     *stream, [dst, value, bytes] { std::memset(dst, value, bytes); }, "memset_async");
 }
 
-inline cudaError_t sim_runtime::launch_host_func(stream_type s, host_fn fn, void* user)
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::launch_host_func(stream_type s, host_fn fn,
+                                                                        void* user)
 {
   if (auto e = enter(sim_op::launch_host_func); e != cudaSuccess) { return e; }
   cudaError_t err = cudaSuccess;

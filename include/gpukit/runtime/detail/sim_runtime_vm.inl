@@ -3,8 +3,7 @@
 // included by gpukit/runtime/detail/sim_runtime.inl (its header comment describes the locking).
 #pragma once
 
-#include <gpukit/runtime/sim_runtime.hpp>
-
+#include <gpukit/detail/compiled.hpp>
 #include <gpukit/runtime/sim_runtime.hpp>
 
 #include <fcntl.h>
@@ -24,7 +23,7 @@ namespace gpukit {
 
 // ---- virtual memory -----------------------------------------------------------------------------
 
-inline cudaError_t sim_runtime::no_virtual_memory(char const* op)
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::no_virtual_memory(char const* op)
 {
   return misuse(
     cudaErrorNotSupported,
@@ -32,7 +31,7 @@ inline cudaError_t sim_runtime::no_virtual_memory(char const* op)
       ": this simulated GPU has no virtual memory management (sim_config::virtual_memory)");
 }
 
-inline cudaError_t sim_runtime::vm_granularity(std::size_t& g, int device)
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::vm_granularity(std::size_t& g, int device)
 {
   if (auto e = enter(sim_op::vm_granularity); e != cudaSuccess) { return e; }
   if (!config_.virtual_memory) { return no_virtual_memory("vm_granularity"); }
@@ -41,7 +40,8 @@ inline cudaError_t sim_runtime::vm_granularity(std::size_t& g, int device)
   return cudaSuccess;
 }
 
-inline cudaError_t sim_runtime::vm_reserve(void** va, std::size_t bytes, std::size_t alignment)
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::vm_reserve(void** va, std::size_t bytes,
+                                                                  std::size_t alignment)
 {
   if (auto e = enter(sim_op::vm_reserve); e != cudaSuccess) { return e; }
   if (!config_.virtual_memory) { return no_virtual_memory("vm_reserve"); }
@@ -78,7 +78,7 @@ inline cudaError_t sim_runtime::vm_reserve(void** va, std::size_t bytes, std::si
   return cudaSuccess;
 }
 
-inline cudaError_t sim_runtime::vm_free(void* va, std::size_t bytes)
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::vm_free(void* va, std::size_t bytes)
 {
   if (auto e = enter(sim_op::vm_free); e != cudaSuccess) { return e; }
   auto const args = "vm_free(" + detail::sim_hex(va) + ", " + std::to_string(bytes) + ")";
@@ -105,8 +105,9 @@ inline cudaError_t sim_runtime::vm_free(void* va, std::size_t bytes)
   return cudaSuccess;
 }
 
-inline cudaError_t sim_runtime::vm_create(physical_handle& h, std::size_t bytes, int device,
-                                          bool shareable)
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::vm_create(physical_handle& h,
+                                                                 std::size_t bytes, int device,
+                                                                 bool shareable)
 {
   if (auto e = enter(sim_op::vm_create); e != cudaSuccess) { return e; }
   if (!config_.virtual_memory) { return no_virtual_memory("vm_create"); }
@@ -135,7 +136,7 @@ inline cudaError_t sim_runtime::vm_create(physical_handle& h, std::size_t bytes,
   return cudaSuccess;
 }
 
-inline void sim_runtime::release_physical(std::uint64_t id)
+GPUKIT_DETAIL_COMPILED_INLINE void sim_runtime::release_physical(std::uint64_t id)
 {
   auto it = physicals_.find(id);
   ::close(it->second.fd);
@@ -145,7 +146,7 @@ inline void sim_runtime::release_physical(std::uint64_t id)
   physicals_.erase(it);
 }
 
-inline cudaError_t sim_runtime::vm_release(physical_handle h)
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::vm_release(physical_handle h)
 {
   if (auto e = enter(sim_op::vm_release); e != cudaSuccess) { return e; }
   std::lock_guard<std::mutex> lock{mem_mutex_};
@@ -159,7 +160,8 @@ inline cudaError_t sim_runtime::vm_release(physical_handle h)
   return cudaSuccess;
 }
 
-inline cudaError_t sim_runtime::vm_map(void* va, std::size_t bytes, physical_handle h)
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::vm_map(void* va, std::size_t bytes,
+                                                              physical_handle h)
 {
   if (auto e = enter(sim_op::vm_map); e != cudaSuccess) { return e; }
   auto const args = "vm_map(" + detail::sim_hex(va) + ", " + std::to_string(bytes) + ", handle " +
@@ -201,8 +203,8 @@ inline cudaError_t sim_runtime::vm_map(void* va, std::size_t bytes, physical_han
   return cudaSuccess;
 }
 
-inline bool sim_runtime::whole_mappings(std::uintptr_t va, std::size_t bytes,
-                                        std::string& why) const
+GPUKIT_DETAIL_COMPILED_INLINE bool sim_runtime::whole_mappings(std::uintptr_t va, std::size_t bytes,
+                                                               std::string& why) const
 {
   if (bytes == 0) {
     why = "zero bytes";
@@ -231,7 +233,7 @@ inline bool sim_runtime::whole_mappings(std::uintptr_t va, std::size_t bytes,
   return true;
 }
 
-inline cudaError_t sim_runtime::vm_unmap(void* va, std::size_t bytes)
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::vm_unmap(void* va, std::size_t bytes)
 {
   if (auto e = enter(sim_op::vm_unmap); e != cudaSuccess) { return e; }
   auto const a = reinterpret_cast<std::uintptr_t>(va);
@@ -254,7 +256,8 @@ inline cudaError_t sim_runtime::vm_unmap(void* va, std::size_t bytes)
   return cudaSuccess;
 }
 
-inline cudaError_t sim_runtime::vm_set_access(void* va, std::size_t bytes, int device)
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::vm_set_access(void* va, std::size_t bytes,
+                                                                     int device)
 {
   if (auto e = enter(sim_op::vm_set_access); e != cudaSuccess) { return e; }
   if (!valid_device(device)) { return bad_device("vm_set_access", device); }
