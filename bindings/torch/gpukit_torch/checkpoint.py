@@ -224,7 +224,8 @@ class BlockCost:
     forward_transient_bytes: the peak inside a forward (with or without recording) beyond what
     it leaves allocated; backward_transient_bytes: the peak inside the backward beyond what was
     allocated when it started and the input's gradient it leaves (the parameters' gradients it
-    creates are in it); grad_bytes: the parameters' gradients."""
+    creates are in it); grad_bytes: the parameters' gradients; saves_output: whether what its
+    backward keeps includes its output (then x_i lives as long as its tape)."""
 
     forward_ms: float
     backward_ms: float
@@ -233,18 +234,21 @@ class BlockCost:
     forward_transient_bytes: int = 0
     backward_transient_bytes: int = 0
     grad_bytes: int = 0
+    saves_output: bool = False  # its tape holds its output (a ReLU or Tanh last saves it)
 
     @property
     def transient_bytes(self) -> int:
         return max(self.forward_transient_bytes, self.backward_transient_bytes)
 
     def stage(self, time_unit_ms: float = 1e-3):
-        """(f, b, a, t) for the planner: times in integer units of time_unit_ms (at least 1)."""
+        """(f, b, a, t) for the planner: times in integer units of time_unit_ms (at least 1). A
+        tape that holds the block's output counts it (the simulator may drop x_i while the tape
+        lives; where it keeps both, the cost model takes the second copy off again)."""
         return (
             max(1, round(self.forward_ms / time_unit_ms)),
             max(1, round(self.backward_ms / time_unit_ms)),
             int(self.output_bytes),
-            int(self.tape_bytes),
+            int(self.tape_bytes) + (int(self.output_bytes) if self.saves_output else 0),
         )
 
 
@@ -334,16 +338,14 @@ def _grads_as(params, persist: bool):
 
 def _recorded_forward(block, call, x, keep_saved=False):
     """The block's forward with autograd recording, on x detached: (input leaf, output, saved).
-    saved lists the tensors autograd saved when keep_saved, else it is empty: a list of them keeps
-    them alive after the backward has freed the graph, which memory measurements must not see."""
+    saved lists the tensors autograd saved when keep_saved (a list of them keeps them alive after
+    the backward has freed the graph, which memory measurements must not see), else the
+    addresses of their storages."""
     xin = x.detach().requires_grad_(x.is_floating_point() or x.is_complex())
     saved = []
-    if not keep_saved:
-        with torch.enable_grad():
-            return xin, call.with_hidden(xin)(block), saved
 
     def pack(t):
-        saved.append(t)
+        saved.append(t if keep_saved else t.untyped_storage().data_ptr())
         return t
 
     with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
@@ -379,9 +381,10 @@ def _measure_sizes(block, call, x, probe, grads_persist):
         fn_transient = probe.peak() - base - a
         base = probe.allocated()
         probe.reset_peak()
-        xin, out, _ = _recorded_forward(block, call, x)
+        xin, out, saved = _recorded_forward(block, call, x)
         probe.sync()
         held = probe.allocated() - base
+        saves_output = _hidden_of(out).untyped_storage().data_ptr() in saved
         fe_transient = probe.peak() - base - held
         # The gradient of the output and the parameters' gradients (zeros, when a step adds into
         # them) exist before the backward starts, as in a training step.
@@ -397,8 +400,9 @@ def _measure_sizes(block, call, x, probe, grads_persist):
             probe.sync()
             backward_peak = probe.peak() - entry
             del inputs
-        del xin, out, h, g
-        return max(0, a), max(0, held - a), max(0, fn_transient, fe_transient), max(0, backward_peak), y
+        del xin, out, h, g, saved
+        return (max(0, a), max(0, held - a), max(0, fn_transient, fe_transient), max(0, backward_peak),
+                saves_output, y)
     # Elsewhere: the bytes of the output's storage, and of the tensors autograd saves beyond the
     # input's, the output's and the block's parameters and buffers.
     with torch.no_grad():
@@ -409,7 +413,8 @@ def _measure_sizes(block, call, x, probe, grads_persist):
     if isinstance(block, nn.Module):  # parameters and buffers are not activations
         known |= {t.untyped_storage().data_ptr() for t in (*block.parameters(), *block.buffers())}
     tape = [s for s in saved if s.untyped_storage().data_ptr() not in known]
-    return _storage_bytes([_hidden_of(y)]), _storage_bytes(tape), 0, None, y
+    saves_output = any(s.untyped_storage().data_ptr() == h.untyped_storage().data_ptr() for s in saved)
+    return _storage_bytes([_hidden_of(y)]), _storage_bytes(tape), 0, None, saves_output, y
 
 
 def _time_block(timer, block, call, x):
@@ -435,7 +440,7 @@ def _profile_calls(blocks, calls, x, repetitions, warmup, probe, grads_persist):
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         x = x.detach()
         for block, call in zip(blocks, calls):
-            a, t, fwd_transient, backward_peak, y = _measure_sizes(block, call, x, probe, grads_persist)
+            a, t, fwd_transient, backward_peak, saves_output, y = _measure_sizes(block, call, x, probe, grads_persist)
             fwd, bwd = [], []
             for rep in range(warmup + repetitions):
                 ms_f, ms_b = _time_block(timer, block, call, x)
@@ -443,7 +448,8 @@ def _profile_calls(blocks, calls, x, repetitions, warmup, probe, grads_persist):
                     fwd.append(ms_f)
                     bwd.append(ms_b)
             grads = sum(_rounded(p.numel() * p.element_size()) for p in _params(block))
-            costs.append(BlockCost(statistics.median(fwd), statistics.median(bwd), a, t, fwd_transient, 0, grads))
+            costs.append(BlockCost(statistics.median(fwd), statistics.median(bwd), a, t, fwd_transient, 0, grads,
+                                   saves_output))
             backward_peaks.append(backward_peak)
             x = _hidden_of(y).detach()
     # The backward's transient is what its peak holds beyond the input's gradient, which the
@@ -573,6 +579,7 @@ def _evaluate(costs: Sequence[BlockCost], schedule: str, outside: Optional[Outsi
     ops = _parse(schedule)
     L = len(costs)
     first_backward = next(k for k, (kind, _) in enumerate(ops) if kind == "B")
+    twice_during, twice_after = _outputs_counted_twice(costs, ops)
     peak, grads = max(o.prefix_peak_bytes, o.tail_bytes), 0
     for k, (kind, i) in enumerate(ops):
         c = costs[i - 1]
@@ -580,12 +587,40 @@ def _evaluate(costs: Sequence[BlockCost], schedule: str, outside: Optional[Outsi
             extra = c.backward_transient_bytes + (c.output_bytes if i == L else 0)
         else:
             extra = c.forward_transient_bytes
-        peak = max(peak, o.before_bytes + r["op_peak"][k] + extra + grads)
+        peak = max(peak, o.before_bytes + r["op_peak"][k] - twice_during[k] + extra + grads)
         if kind == "B" and o.grads_persist:
             grads += c.grad_bytes
         if k == first_backward - 1:  # the head and the loss, forward and backward, run here
-            peak = max(peak, o.before_bytes + r["after"][k] + costs[-1].output_bytes + o.head_bytes)
+            peak = max(peak, o.before_bytes + r["after"][k] - twice_after[k] + costs[-1].output_bytes
+                       + o.head_bytes)
     return r["time"] * _TIME_UNIT_MS + o.ms, peak + int(correction)
+
+
+def _outputs_counted_twice(costs, ops):
+    """Per operation (during it, and after it), the bytes of outputs x_i that the simulator
+    counts twice: as x_i and inside tape_i, where the tape holds the output (saves_output; its
+    stage's tape counts a_i) and both are alive. The chain's four numbers cannot say that a tape
+    holds x_i; PyTorch's graph does."""
+    L = len(costs)
+    last = _last_uses(ops, L)
+    x_alive = [False] * (L + 1)
+    tape_alive = [False] * (L + 1)
+    during, after = [0] * len(ops), [0] * len(ops)
+    for k, (kind, i) in enumerate(ops):
+        if kind != "B":
+            x_alive[i] = True
+            if kind == "Fe":
+                tape_alive[i] = True
+        during[k] = sum(costs[j - 1].output_bytes for j in range(1, L + 1)
+                        if costs[j - 1].saves_output and tape_alive[j] and x_alive[j])
+        if kind == "B":
+            tape_alive[i] = False
+        for what, j in last[k]:
+            if what == "x":
+                x_alive[j] = False
+        after[k] = sum(costs[j - 1].output_bytes for j in range(1, L + 1)
+                       if costs[j - 1].saves_output and tape_alive[j] and x_alive[j])
+    return during, after
 
 
 def _plan(costs, budget_bytes, outside=None, correction=0, planner="best") -> CheckpointPlan:
@@ -614,7 +649,9 @@ def _plan(costs, budget_bytes, outside=None, correction=0, planner="best") -> Ch
             f"gradients, what runs around the blocks and a correction of {int(correction)})",
             need,
         )
-    lo, hi = least, max(least, budget)
+    # The planner's chain counts an output twice where a tape holds it and the simulator keeps it
+    # as well: its budget may exceed ours by that much.
+    lo, hi = least, max(least, budget + sum(c.output_bytes for c in costs if c.saves_output))
     if attempt(hi) is None or attempt(hi)[2] > budget:
         for _ in range(40):  # bisection: lo's plan fits, hi's does not
             if hi - lo <= ALLOCATION_ROUNDING:
@@ -707,6 +744,29 @@ def _unpack(slot):
     return slot.run.unpack(slot)
 
 
+class _InputView:
+    """What autograd keeps, in place of a saved view of a block's input x_j: x_j is read back
+    from the activations that the schedule keeps."""
+
+    __slots__ = ("run", "j", "size", "stride", "offset", "requires_grad")
+
+    def __init__(self, run, j, size, stride, offset, requires_grad):
+        self.run, self.j, self.size, self.stride, self.offset = run, j, size, stride, offset
+        self.requires_grad = requires_grad
+
+
+def _unpack_input(saved):
+    if not isinstance(saved, _InputView):
+        return saved
+    x = saved.run.x[saved.j]
+    if x is None:
+        raise RuntimeError(
+            f"gpukit_torch.checkpoint: block {saved.j + 1}'s backward needs x_{saved.j}, which "
+            f"schedule {saved.run.chain.plan.schedule!r} has not kept"
+        )
+    return x.as_strided(saved.size, saved.stride, saved.offset)
+
+
 def _once_on_gradient(tensor, fn):
     """Calls fn() when the gradient of `tensor` is ready, once: the hook removes itself (a leaf
     the caller passes again would otherwise carry it into the next step)."""
@@ -774,7 +834,19 @@ class _Run:
             x_in.requires_grad,
         )
         if kind == "Fe":
-            out = call(fn)
+            # What the block saves of its input is read back from the kept x_{i-1} (which the
+            # schedule keeps, or recomputes, for B<i>), so that the graph does not hold x_{i-1}
+            # where the schedule drops it, as the simulator counts.
+            # (The hook must not refer to x_in: autograd keeps the hooks with what they saved.)
+            ptr, dtype = x_in.untyped_storage().data_ptr(), x_in.dtype
+
+            def pack(t, i=i):
+                if t.untyped_storage().data_ptr() == ptr and t.dtype == dtype:
+                    return _InputView(self, i - 1, t.size(), t.stride(), t.storage_offset(), t.requires_grad)
+                return t
+
+            with torch.autograd.graph.saved_tensors_hooks(pack, _unpack_input):
+                out = call(fn)
         else:
             with torch.autograd.graph.saved_tensors_hooks(lambda t, i=i: self._pack(i), _unpack):
                 out = call(fn)
@@ -805,15 +877,14 @@ class _Run:
     def before_backward(self, i):
         """The gradient of x_i is ready: B<i+1> has run, B<i> runs next (i = 0: the backward of
         the blocks is over). Runs the schedule's operations up to B<i>."""
-        if self.watch is not None:
-            (self.watch.backward_start if i == len(self.chain.blocks) else
-             self.watch.backward_end if i == 0 else lambda: None)()
+        if self.watch is not None and i == len(self.chain.blocks):
+            self.watch.backward_start()  # before any recomputation: the head's peak ends here
         ops = self.ops
         while self.pos < len(ops):
             kind, j = ops[self.pos]
             if kind == "B":
                 if j == i:
-                    return
+                    break
                 if j < i:
                     raise RuntimeError(
                         f"gpukit_torch.checkpoint: the backward reached block {i} after B{j} of "
@@ -824,6 +895,8 @@ class _Run:
                 self._recompute(kind, j)
             self._done(self.pos)
             self.pos += 1
+        if self.watch is not None and i == 0:
+            self.watch.backward_end()  # after B<1>'s tape went: what follows is the step's
 
     def _recompute(self, kind, j):
         x_in, call = self.x[j - 1], self.calls[j]
@@ -862,7 +935,9 @@ class _Run:
                             "the same operations twice, so it cannot be recomputed"
                         )
                     self.frames[j] = frame
-            self.x[j] = _hidden_of(out).detach()
+            if self.x[j] is None:  # where x_j is still kept, the recomputed copy goes at once
+                self.x[j] = _hidden_of(out).detach()
+            del out
         finally:
             if rng is not None:
                 torch.set_rng_state(now[0])
