@@ -640,30 +640,43 @@ def _plan(costs, budget_bytes, outside=None, correction=0, planner="best") -> Ch
             tried[b] = None if r["infeasible"] else (r, *_evaluate(costs, r["schedule"], outside, correction))
         return tried[b]
 
-    lowest = attempt(least)
-    if lowest is None or lowest[2] > budget:
-        need = lowest[2] if lowest is not None else least
-        raise infeasible_budget(
-            f"gpukit_torch.checkpoint: no schedule fits {budget} bytes; the least budget with one "
-            f"is {need} bytes (the planner's chain at least {least} bytes, the rest transients, "
-            f"gradients, what runs around the blocks and a correction of {int(correction)})",
-            need,
-        )
-    # The planner's chain counts an output twice where a tape holds it and the simulator keeps it
-    # as well: its budget may exceed ours by that much.
-    lo, hi = least, max(least, budget + sum(c.output_bytes for c in costs if c.saves_output))
-    if attempt(hi) is None or attempt(hi)[2] > budget:
+    def fits(b):
+        a = attempt(b)
+        return a is not None and a[2] <= budget
+
+    # The planner's budgets from its least to what storing everything takes in its chain (and
+    # beyond: it counts an output twice where a tape holds it and the simulator keeps it too).
+    L = len(stages)
+    store_all = " ".join([f"Fe{i}" for i in range(1, L + 1)] + [f"B{i}" for i in range(L, 0, -1)])
+    twice = sum(c.output_bytes for c in costs if c.saves_output)
+    top = max(least, int(p.simulate_ops(stages, store_all)["peak"])) + twice
+    hi = min(max(least, budget + twice), top)
+    if not fits(hi):
+        # The whole model's peak need not fall with the planner's budget (gradients kept to the
+        # end of the backward, a head that runs on what the forward kept): scan, then bisect
+        # between the largest budget whose plan fits and the next one.
+        points = sorted({least + (top - least) * k // 24 for k in range(25)})
+        ok = [b for b in points if fits(b)]
+        if not ok:
+            need = min(a[2] for a in (attempt(b) for b in points) if a is not None)
+            raise infeasible_budget(
+                f"gpukit_torch.checkpoint: no schedule fits {budget} bytes; the least budget with one "
+                f"is {need} bytes (the planner's chain at least {least} bytes, the rest transients, "
+                f"gradients, what runs around the blocks and a correction of {int(correction)})",
+                need,
+            )
+        lo = ok[-1]
+        hi = next((b for b in points if b > lo), top)
         for _ in range(40):  # bisection: lo's plan fits, hi's does not
             if hi - lo <= ALLOCATION_ROUNDING:
                 break
             mid = (lo + hi) // 2
-            a = attempt(mid)
-            if a is not None and a[2] <= budget:
+            if fits(mid):
                 lo = mid
             else:
                 hi = mid
-    fits = [a for a in tried.values() if a is not None and a[2] <= budget]
-    r, t, peak = min(fits, key=lambda a: (a[1], a[2]))
+    fitting = [a for a in tried.values() if a is not None and a[2] <= budget]
+    r, t, peak = min(fitting, key=lambda a: (a[1], a[2]))
     return CheckpointPlan(
         schedule=r["schedule"],
         budget=budget,
@@ -1100,22 +1113,38 @@ def _default_loss(out):
 
 
 class _StepWatch:
-    """Memory and time of one training step around the blocks, from the probe's counters: what
-    OutsideCost holds, the step's peak and its time. The peak counter is reset at the blocks'
-    edges; the step's peak is the largest of the parts."""
+    """Memory and time of one training step around the blocks: what OutsideCost holds, the
+    step's peak and its time. The allocator's counters are read on the host as the step goes
+    (they change when the host allocates, so nothing waits for the device); the peak counter is
+    reset at the blocks' edges, and the step's peak is the largest of the parts. Times come from
+    CUDA events recorded at the same edges (a steady clock off CUDA), read when the step is over."""
 
-    def __init__(self, probe, clock):
-        self.probe, self.clock = probe, clock
+    def __init__(self, probe, device):
+        self.probe = probe
+        self.cuda = device.type == "cuda"
         probe.sync()
         self.base = probe.allocated()
         probe.reset_peak()
         self.top = 0
-        self.marks = {"start": clock()}
+        self.marks = {}
         self.before = self.prefix = self.head = self.tail = 0
         self.exit_allocated = None
+        self._mark("start")
+
+    def _mark(self, name):
+        if self.cuda:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            self.marks[name] = e
+        else:
+            self.marks[name] = time.perf_counter()
+
+    def _ms(self, a, b):
+        if self.cuda:
+            return self.marks[a].elapsed_time(self.marks[b])
+        return (self.marks[b] - self.marks[a]) * 1e3
 
     def _part(self):
-        self.probe.sync()
         p = self.probe.peak()
         self.top = max(self.top, p)
         return p
@@ -1123,47 +1152,37 @@ class _StepWatch:
     def chain_entry(self):
         self.prefix = self._part() - self.base
         self.before = self.probe.allocated() - self.base
-        self.marks["entry"] = self.clock()
+        self._mark("entry")
 
     def chain_exit(self):
         self._part()
         self.exit_allocated = self.probe.allocated()
         self.probe.reset_peak()
-        self.marks["exit"] = self.clock()
+        self._mark("exit")
 
     def backward_start(self):
         p = self._part()
         if self.exit_allocated is not None:
             self.head = p - self.exit_allocated
         self.probe.reset_peak()
-        self.marks["backward"] = self.clock()
+        self._mark("backward")
 
     def backward_end(self):
         self._part()
         self.probe.reset_peak()
-        self.marks["backward_end"] = self.clock()
-        self.tail_from = True
+        self._mark("backward_end")
 
     def finish(self):
+        self._mark("end")
+        self.probe.sync()
         p = self._part()
-        self.marks["end"] = self.clock()
         if "backward_end" in self.marks:
             self.tail = p - self.base
-        m = self.marks
         outside_ms = 0.0
         for a, b in (("start", "entry"), ("exit", "backward"), ("backward_end", "end")):
-            if a in m and b in m:
-                outside_ms += m[b] - m[a]
-        return dict(peak=self.top - self.base, ms=m["end"] - m["start"], outside_ms=outside_ms)
-
-
-def _clock_for(device):
-    if device.type == "cuda":
-        def clock():
-            torch.cuda.synchronize(device)
-            return time.perf_counter() * 1e3
-        return clock
-    return lambda: time.perf_counter() * 1e3
+            if a in self.marks and b in self.marks:
+                outside_ms += self._ms(a, b)
+        return dict(peak=self.top - self.base, ms=self._ms("start", "end"), outside_ms=outside_ms)
 
 
 def _resolve_blocks(model, blocks):
@@ -1270,7 +1289,8 @@ def _restore_grads(params, grads):
 
 def apply(model: nn.Module, budget_bytes: int, example_inputs, *, blocks=None,
           loss_fn: Optional[Callable] = None, probe: Optional[MemoryProbe] = None,
-          repetitions: int = 5, warmup: int = 2, max_rounds: int = 4) -> CheckpointPlan:
+          repetitions: int = 5, warmup: int = 2, max_rounds: int = 4,
+          costs: Optional[List[BlockCost]] = None, outside: Optional[OutsideCost] = None) -> CheckpointPlan:
     """Plans `model`'s repeated blocks under `budget_bytes` and runs them under the plan, in place.
 
     budget_bytes: the peak of one training step (forward, loss, backward) beyond what is
@@ -1280,6 +1300,9 @@ def apply(model: nn.Module, budget_bytes: int, example_inputs, *, blocks=None,
     else the sum of its first tensor). blocks: names or modules of the blocks, in the order the
     model calls them (default find_blocks(model)). probe: the allocator's counters (default
     MemoryProbe on CUDA; without one, off CUDA, sizes come from storages and no step is measured).
+    costs, outside: an earlier plan's .costs and .outside for the same blocks and batch (e.g. to
+    plan the model again for another budget): the blocks are not profiled again, and the first
+    step is predicted with what runs around them.
 
     Profiles the blocks (profile(), on the calls a forward of the model makes), plans, replaces
     each block's forward, and closes the loop: it runs a step, measures its peak, what runs
@@ -1304,9 +1327,15 @@ def apply(model: nn.Module, budget_bytes: int, example_inputs, *, blocks=None,
         probe = MemoryProbe(device)
     loss_fn = loss_fn or _default_loss
     grads_persist = any(p.grad is None for m in mods for p in _params(m))
-    costs = _profile_calls(mods, calls, x0, repetitions, warmup, probe, grads_persist)
+    if costs is None:
+        costs = _profile_calls(mods, calls, x0, repetitions, warmup, probe, grads_persist)
+    elif len(costs) != len(mods):
+        raise ValueError(f"gpukit_torch.checkpoint.apply: {len(costs)} costs for {len(mods)} blocks")
     del calls, x0
-    outside = OutsideCost(grads_persist=grads_persist)
+    if outside is None:
+        outside = OutsideCost(grads_persist=grads_persist)
+    else:
+        outside = OutsideCost(**{**asdict(outside), "grads_persist": grads_persist})
     chain = _Chain(mods)
     current = _plan(costs, budget_bytes, outside)
     current.blocks = [n for n, _ in named]
@@ -1316,11 +1345,10 @@ def apply(model: nn.Module, budget_bytes: int, example_inputs, *, blocks=None,
     if probe is None:
         return current
     rounds, correction = [], 0
-    clock = _clock_for(device)
     try:
         with _state_kept(model, device) as restore_grads:
             for _ in range(max_rounds):
-                chain.watch = watch = _StepWatch(probe, clock)
+                chain.watch = watch = _StepWatch(probe, device)
                 try:
                     loss_fn(_step_inputs(model, example_inputs)).backward()
                     measured = watch.finish()

@@ -436,8 +436,8 @@ class GPTLike(nn.Module):
 
     def forward(self, ids, use_cache=False):
         t = ids.shape[1]
-        x = self.wte(ids) + self.wpe(torch.arange(t))
-        mask = torch.ones(t, t, dtype=torch.bool).tril()
+        x = self.wte(ids) + self.wpe(torch.arange(t, device=ids.device))
+        mask = torch.ones(t, t, dtype=torch.bool, device=ids.device).tril()
         for block in self.h:
             x = block(x, mask, output_attentions=True, use_cache=use_cache)[0]
         return self.head(self.ln_f(x))
@@ -473,9 +473,10 @@ class LlamaLike(nn.Module):
     def forward(self, ids):
         t = ids.shape[1]
         x = self.embed(ids)
-        pos = torch.arange(t, dtype=torch.float32)[:, None] / (1 + torch.arange(self.d // 8))
+        pos = torch.arange(t, dtype=torch.float32, device=ids.device)[:, None] / (
+            1 + torch.arange(self.d // 8, device=ids.device))
         rotary = (pos.cos().repeat(1, 2), pos.sin().repeat(1, 2))
-        mask = torch.ones(t, t, dtype=torch.bool).tril()
+        mask = torch.ones(t, t, dtype=torch.bool, device=ids.device).tril()
         for layer in self.layers:
             x = layer(hidden_states=x, attention_mask=mask, position_embeddings=rotary, scale=self.scale * 1.0)
         return self.head(self.norm(x))
@@ -772,3 +773,73 @@ def test_cuda_profile_measures_the_tape():
     (cost,) = ckpt.profile([block], x, repetitions=1, warmup=0)
     assert cost.output_bytes >= batch * width * 4
     assert cost.tape_bytes >= 2 * batch * 4 * width * 4, cost
+
+
+def cuda_step_peak(model, inputs, steps=2):
+    """(peak beyond the step's start, of the last of `steps` steps; .grad None at each start)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    for _ in range(steps):
+        for p in params:
+            p.grad = None
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        model(*inputs).float().pow(2).mean().backward()
+        torch.cuda.synchronize()
+    for p in params:
+        p.grad = None
+    return torch.cuda.max_memory_allocated() - base
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("fraction", [1.0, 0.6, 0.3])
+def test_cuda_apply_keeps_the_budget_and_predicts_the_peak(fraction):
+    # A GPT-like model big enough that activations dominate; the loss as cuda_step_peak takes it.
+    torch.manual_seed(0)
+    model = GPTLike(layers=8, d=256, vocab=1000, seq=256).cuda()
+    ids = torch.randint(0, 1000, (8, 256), device="cuda")
+
+    def loss(out):
+        return out.float().pow(2).mean()
+
+    store_all = cuda_step_peak(model, (ids,))
+    with pytest.raises(ckpt.infeasible_budget) as e:
+        ckpt.apply(model, 0, (ids,), loss_fn=loss)
+    least = e.value.minimum_budget
+    budget = int(least + (store_all - least) * fraction)
+    p = ckpt.apply(model, budget, (ids,), loss_fn=loss)
+    measured = cuda_step_peak(model, (ids,))
+    assert measured <= budget, p
+    assert abs(p.predicted_peak - measured) <= 0.03 * measured, (measured, p)
+
+
+@pytest.mark.gpu
+@gpu
+def test_cuda_transformers_gpt2_within_budget():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        n_layer=6, n_embd=256, n_head=8, n_positions=512, vocab_size=2048, use_cache=False)).cuda().train()
+    ids = torch.randint(0, 2048, (8, 512), device="cuda")
+    batch = dict(input_ids=ids, labels=ids, use_cache=False)
+    params = list(model.parameters())
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    model(**batch).loss.backward()
+    store_all = torch.cuda.max_memory_allocated() - base
+    for q in params:
+        q.grad = None
+    p = ckpt.apply(model, store_all // 2, batch)
+    for _ in range(2):
+        for q in params:
+            q.grad = None
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        model(**batch).loss.backward()
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - base
+        assert peak <= store_all // 2, (peak, p)
+    assert abs(p.predicted_peak - peak) <= 0.03 * peak, (peak, p)
