@@ -221,8 +221,10 @@ class MemoryProbe:
 class BlockCost:
     """What profile() measured for one block (times in milliseconds, sizes in bytes).
 
-    forward_transient_bytes: the peak inside a forward (with or without recording) beyond what
-    it leaves allocated; backward_transient_bytes: the peak inside the backward beyond what was
+    forward_transient_bytes: the peak inside a recording forward (`Fe`) beyond what it leaves
+    allocated (its output and tape); untaped_transient_bytes: the same for a forward that keeps
+    no tape (`Fn`: what it saves is freed when it returns), beyond its output;
+    backward_transient_bytes: the peak inside the backward beyond what was
     allocated when it started and the input's gradient it leaves (the parameters' gradients it
     creates are in it); grad_bytes: the parameters' gradients; saves_output: whether what its
     backward keeps includes its output (then x_i lives as long as its tape)."""
@@ -235,10 +237,11 @@ class BlockCost:
     backward_transient_bytes: int = 0
     grad_bytes: int = 0
     saves_output: bool = False  # its tape holds its output (a ReLU or Tanh last saves it)
+    untaped_transient_bytes: int = 0
 
     @property
     def transient_bytes(self) -> int:
-        return max(self.forward_transient_bytes, self.backward_transient_bytes)
+        return max(self.forward_transient_bytes, self.untaped_transient_bytes, self.backward_transient_bytes)
 
     def stage(self, time_unit_ms: float = 1e-3):
         """(f, b, a, t) for the planner: times in integer units of time_unit_ms (at least 1). A
@@ -401,8 +404,8 @@ def _measure_sizes(block, call, x, probe, grads_persist):
             backward_peak = probe.peak() - entry
             del inputs
         del xin, out, h, g, saved
-        return (max(0, a), max(0, held - a), max(0, fn_transient, fe_transient), max(0, backward_peak),
-                saves_output, y)
+        return (max(0, a), max(0, held - a), (max(0, fe_transient), max(0, fn_transient)),
+                max(0, backward_peak), saves_output, y)
     # Elsewhere: the bytes of the output's storage, and of the tensors autograd saves beyond the
     # input's, the output's and the block's parameters and buffers.
     with torch.no_grad():
@@ -414,7 +417,7 @@ def _measure_sizes(block, call, x, probe, grads_persist):
         known |= {t.untyped_storage().data_ptr() for t in (*block.parameters(), *block.buffers())}
     tape = [s for s in saved if s.untyped_storage().data_ptr() not in known]
     saves_output = any(s.untyped_storage().data_ptr() == h.untyped_storage().data_ptr() for s in saved)
-    return _storage_bytes([_hidden_of(y)]), _storage_bytes(tape), 0, None, saves_output, y
+    return _storage_bytes([_hidden_of(y)]), _storage_bytes(tape), (0, 0), None, saves_output, y
 
 
 def _time_block(timer, block, call, x):
@@ -440,7 +443,8 @@ def _profile_calls(blocks, calls, x, repetitions, warmup, probe, grads_persist):
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         x = x.detach()
         for block, call in zip(blocks, calls):
-            a, t, fwd_transient, backward_peak, saves_output, y = _measure_sizes(block, call, x, probe, grads_persist)
+            a, t, (fe_transient, fn_transient), backward_peak, saves_output, y = _measure_sizes(
+                block, call, x, probe, grads_persist)
             fwd, bwd = [], []
             for rep in range(warmup + repetitions):
                 ms_f, ms_b = _time_block(timer, block, call, x)
@@ -448,8 +452,8 @@ def _profile_calls(blocks, calls, x, repetitions, warmup, probe, grads_persist):
                     fwd.append(ms_f)
                     bwd.append(ms_b)
             grads = sum(_rounded(p.numel() * p.element_size()) for p in _params(block))
-            costs.append(BlockCost(statistics.median(fwd), statistics.median(bwd), a, t, fwd_transient, 0, grads,
-                                   saves_output))
+            costs.append(BlockCost(statistics.median(fwd), statistics.median(bwd), a, t, fe_transient, 0, grads,
+                                   saves_output, fn_transient))
             backward_peaks.append(backward_peak)
             x = _hidden_of(y).detach()
     # The backward's transient is what its peak holds beyond the input's gradient, which the
@@ -585,8 +589,10 @@ def _evaluate(costs: Sequence[BlockCost], schedule: str, outside: Optional[Outsi
         c = costs[i - 1]
         if kind == "B":
             extra = c.backward_transient_bytes + (c.output_bytes if i == L else 0)
-        else:
+        elif kind == "Fe":
             extra = c.forward_transient_bytes
+        else:
+            extra = c.untaped_transient_bytes
         peak = max(peak, o.before_bytes + r["op_peak"][k] - twice_during[k] + extra + grads)
         if kind == "B" and o.grads_persist:
             grads += c.grad_bytes
@@ -948,9 +954,19 @@ class _Run:
                             "the same operations twice, so it cannot be recomputed"
                         )
                     self.frames[j] = frame
-            if self.x[j] is None:  # where x_j is still kept, the recomputed copy goes at once
-                self.x[j] = _hidden_of(out).detach()
-            del out
+            h = _hidden_of(out)
+            if self.x[j] is None:
+                self.x[j] = h.detach()
+            elif kind == "Fe":
+                # x_j is still kept: the recomputed copy goes at once, and a tape that saved the
+                # output reads the kept one instead.
+                ptr, kept = h.untyped_storage().data_ptr(), self.x[j]
+                self.frames[j] = [
+                    kept.as_strided(t.size(), t.stride(), t.storage_offset())
+                    if t.untyped_storage().data_ptr() == ptr and t.dtype == kept.dtype else t
+                    for t in self.frames[j]
+                ]
+            del out, h
         finally:
             if rng is not None:
                 torch.set_rng_state(now[0])

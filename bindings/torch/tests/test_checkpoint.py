@@ -329,8 +329,9 @@ def test_profile_reads_the_injected_probe():
     for i, (c, (a, t, ft, bt, a_in, g)) in enumerate(zip(costs, SIZES)):
         assert c.output_bytes == a
         assert c.tape_bytes == t
+        assert c.forward_transient_bytes == ft
         # A forward without recording frees its tape only when it returns: its peak is a + t + ft.
-        assert c.forward_transient_bytes == t + ft
+        assert c.untaped_transient_bytes == t + ft
         # The backward's peak beyond the input's gradient that the simulator counts (a_{i-1};
         # none for the first block): the weight's gradient, kept, and the spike.
         counted = SIZES[i - 1][0] if i > 0 else 0
@@ -556,6 +557,12 @@ def test_apply_finds_the_blocks_and_keeps_the_gradients(name, use_grad):
     assert torch.equal(got[0], expected[0])
     for g, e in zip(got[1], expected[1]):
         assert torch.allclose(g, e, rtol=0, atol=1e-12), name
+    if name == "gpt":  # a tuple's other outputs pass through a planned block as they are
+        x = torch.randn(2, 16, 32, dtype=torch.double, requires_grad=True)
+        mask = torch.ones(16, 16, dtype=torch.bool).tril()
+        out = model.h[0](x, mask, output_attentions=True)
+        ref = reference.h[0](x, mask, output_attentions=True)
+        assert isinstance(out, tuple) and len(out) == 2 and torch.equal(out[1], ref[1])
     assert ckpt.remove(model) == len(names)
     assert all(getattr(m, "_gpukit_checkpoint", None) is None for m in model.modules())
 
@@ -674,6 +681,62 @@ def test_closed_loop_corrects_an_injected_overshoot():
     assert f"correction +{first['correction_bytes'] / (1 << 20):.2f} MiB" in text and "step 2:" in text
     # apply() left the parameters' .grad as it found them (None).
     assert all(q.grad is None for q in model.parameters())
+
+
+class ScriptedSavesOutput(torch.autograd.Function):
+    """ScriptedOp whose tape also holds its output (as a ReLU's does)."""
+
+    @staticmethod
+    def forward(ctx, x, w, mem, sizes):
+        a, t, ft, bt, a_in, g = sizes
+        out = mem.attach(x * w, a)
+        tape = mem.attach(x.new_zeros(1), t)
+        mem.spike(ft)
+        ctx.save_for_backward(x, w, tape, out)
+        ctx.mem, ctx.sizes = mem, sizes
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, w, _, _ = ctx.saved_tensors
+        a, t, ft, bt, a_in, g = ctx.sizes
+        gx = ctx.mem.attach(grad * w, a_in) if ctx.needs_input_grad[0] else None
+        gw = ctx.mem.attach((grad * x).sum(0), g)
+        ctx.mem.spike(bt)
+        return gx, gw, None, None
+
+
+class ScriptedBlockSavingOutput(ScriptedBlock):
+    def forward(self, x):
+        return ScriptedSavesOutput.apply(x, self.w, self.mem, self.sizes)
+
+
+def test_a_whole_step_is_predicted_to_the_byte_at_every_budget():
+    # Every byte through the fake allocator, blocks whose tapes hold their outputs among them:
+    # what the cost model adds to the simulator (transients, gradients left by the backward,
+    # tapes holding outputs, inputs read back from the kept activations, what runs around the
+    # blocks) must add up to what the step allocates, whatever the schedule.
+    mem = FakeAllocator()
+    sizes = [(64 * KiB, 128 * KiB, 16 * KiB, 16 * KiB, 64 * KiB, 512)] * 8
+    sizes[0] = (64 * KiB, 128 * KiB, 16 * KiB, 16 * KiB, 8 * KiB, 512)
+    model = ScriptedModel(mem, sizes)
+    for k in (1, 3, 4, 6):
+        model.blocks[k] = ScriptedBlockSavingOutput(mem, sizes[k], surprising=True)
+    names = [f"blocks.{i}" for i in range(8)]
+    x = torch.ones(3, 4, dtype=torch.double)
+    p = ckpt.apply(model, 1 << 30, (x,), probe=mem, repetitions=1, warmup=0, blocks=names)
+    assert [c.saves_output for c in p.costs] == [k in (1, 3, 4, 6) for k in range(8)]
+    with pytest.raises(ckpt.infeasible_budget) as e:
+        ckpt.plan(p.costs, 0, p.outside)
+    least = e.value.minimum_budget
+    schedules = set()
+    for fraction in (0.0, 0.2, 0.4, 0.6, 0.8, 1.0):
+        budget = int(least + (p.predicted_peak - least) * fraction)
+        q = ckpt.apply(model, budget, (x,), probe=mem, blocks=names, costs=p.costs, outside=p.outside)
+        assert len(q.rounds) == 1 and q.correction_bytes == 0, q
+        assert q.measured_peak == q.predicted_peak <= budget, q
+        schedules.add(q.schedule)
+    assert len(schedules) >= 4
 
 
 def test_closed_loop_refuses_what_it_cannot_fit():
