@@ -31,5 +31,5 @@ if [[ "$model" == tests ]]; then
   exit $rc
 fi
 PYTHONUNBUFFERED=1 OUT=$OUT timeout 580 "$PY" benchmarks/checkpoint/torch_checkpoint.py \
-  --model "$model" --deadline-s "${DEADLINE_S:-500}" 2>&1 | tee "$OUT/torch_checkpoint_$model.txt"
+  --model "$model" --deadline-s "${DEADLINE_S:-450}" 2>&1 | tee "$OUT/torch_checkpoint_$model.txt"
 exit "${PIPESTATUS[0]}"

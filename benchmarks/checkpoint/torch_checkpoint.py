@@ -258,7 +258,7 @@ def bench(name, steps, warmup, deadline_s, n_budgets, compile_budgets):
         least = 0
     except ckpt.infeasible_budget as e:
         least = e.minimum_budget
-    budgets = [int(least + (store_all - least) * k / (n_budgets - 1)) for k in range(n_budgets)]
+    budgets = sorted({int(least + (store_all - least) * k / (n_budgets - 1)) for k in range(n_budgets)})
 
     def gpukit(budget):
         def fn():
