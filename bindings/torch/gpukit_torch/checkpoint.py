@@ -16,9 +16,9 @@ chains of up to 11 blocks, rotor's dynamic program beyond; bound in gpukit_torch
 from csrc/planner.cpp on first use where that extension is not installed) and replaces the
 blocks' forward in place. It then runs training steps on `example_inputs` and closes the loop:
 the first step measures what runs around the blocks (embeddings, head, loss) and compares the
-measured peak with the prediction; where the step went over the prediction, the overshoot is
-added to the model as a correction and the plan is made again, until a measured step is within
-the prediction and the budget. The returned CheckpointPlan reports every round. sequential() and
+measured peak with the prediction; where the step went over what the model predicts for it, the
+overshoot is added to the model as a correction and the plan is made again, until a measured
+step is within the model's prediction and the budget. The returned CheckpointPlan reports every round. sequential() and
 PlannedSequential do the same for an nn.Sequential of one-tensor blocks, without the loop.
 
 ## The cost model
@@ -1323,8 +1323,10 @@ def apply(model: nn.Module, budget_bytes: int, example_inputs, *, blocks=None,
     Profiles the blocks (profile(), on the calls a forward of the model makes), plans, replaces
     each block's forward, and closes the loop: it runs a step, measures its peak, what runs
     around the blocks (OutsideCost) and its time, adds to correction_bytes what the step measured
-    beyond the model's prediction for it, plans again, and runs the new plan, until a step
-    measures no more than predicted (up to max_rounds steps). Parameters' .grad, buffers and the
+    beyond what the model predicts for it (with what that step measured around the blocks),
+    plans again, and runs the new plan, until a step measures no more than the model predicts
+    and fits the budget (up to max_rounds steps); the returned plan's predicted peak and time are
+    then the model's with that step's measurements. Parameters' .grad, buffers and the
     RNG state are restored after these steps. Returns the CheckpointPlan (its rounds hold each
     step's prediction, measurement and correction); remove(model) undoes it. Raises
     infeasible_budget (a ValueError) naming the least budget that has a plan, ValueError for
@@ -1371,25 +1373,26 @@ def apply(model: nn.Module, budget_bytes: int, example_inputs, *, blocks=None,
                 finally:
                     chain.watch = None
                     restore_grads()
-                # What the step measured around the blocks; the largest of the steps' sizes and the
-                # least of their times (a first step also pays for warming up what it runs).
-                seen = OutsideCost(watch.before, watch.prefix, watch.head, watch.tail,
-                                   measured["outside_ms"], grads_persist)
-                if rounds:
-                    seen = OutsideCost(*(max(getattr(outside, f), getattr(seen, f)) for f in
-                                         ("before_bytes", "prefix_peak_bytes", "head_bytes", "tail_bytes")),
-                                       min(outside.ms, seen.ms), grads_persist)
-                outside = seen
+                # What the step measured around the blocks: its sizes (a later step's stand for
+                # the steps that follow it better than an earlier one's, which may hold what
+                # libraries allocate once on first use), and the least time of the steps.
+                outside = OutsideCost(watch.before, watch.prefix, watch.head, watch.tail,
+                                      min(measured["outside_ms"], outside.ms) if rounds else measured["outside_ms"],
+                                      grads_persist)
                 model_time, model_peak = _evaluate(costs, current.schedule, outside, correction)
                 over = measured["peak"] - model_peak
                 rounds.append(dict(
                     schedule=current.schedule, predicted_peak=current.predicted_peak,
                     predicted_time_ms=current.predicted_time_ms, measured_peak=measured["peak"],
                     measured_time_ms=measured["ms"], model_peak=model_peak,
-                    correction_bytes=max(0, over),
+                    correction_bytes=_rounded(max(0, over)),
                 ))
                 current.measured_peak, current.measured_time_ms = measured["peak"], measured["ms"]
-                if measured["peak"] <= current.predicted_peak and measured["peak"] <= int(budget_bytes):
+                if over <= 0 and measured["peak"] <= int(budget_bytes) and model_peak <= int(budget_bytes):
+                    # The model, with what this step measured around the blocks, accounts for the
+                    # step: the plan stays, predicted by that model.
+                    current.predicted_peak, current.predicted_time_ms = model_peak, model_time
+                    current.outside = outside
                     break
                 correction += _rounded(max(0, over))
                 following = _plan(costs, budget_bytes, outside, correction)
