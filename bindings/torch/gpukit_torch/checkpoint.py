@@ -597,8 +597,9 @@ def _evaluate(costs: Sequence[BlockCost], schedule: str, outside: Optional[Outsi
         if kind == "B" and o.grads_persist:
             grads += c.grad_bytes
         if k == first_backward - 1:  # the head and the loss, forward and backward, run here
-            peak = max(peak, o.before_bytes + r["after"][k] - twice_after[k] + costs[-1].output_bytes
-                       + o.head_bytes)
+            # on x_L, which the simulator has dropped (a tape that holds it counts it already)
+            x_last = 0 if costs[-1].saves_output else costs[-1].output_bytes
+            peak = max(peak, o.before_bytes + r["after"][k] - twice_after[k] + x_last + o.head_bytes)
     return r["time"] * _TIME_UNIT_MS + o.ms, peak + int(correction)
 
 
