@@ -1258,13 +1258,16 @@ def remove(model: nn.Module) -> int:
     for m in model.modules():
         if getattr(m, "_gpukit_checkpoint", None) is not None:
             del m.forward
-            del m._gpukit_checkpoint
+            if m._gpukit_own_forward is not None:  # a forward of its own, set on the instance
+                m.forward = m._gpukit_own_forward
+            del m._gpukit_checkpoint, m._gpukit_own_forward
             n += 1
     return n
 
 
 def _patch(block, chain, i):
     own = block.forward
+    block._gpukit_own_forward = block.__dict__.get("forward")
 
     @torch._dynamo.disable
     def forward(*args, **kwargs):

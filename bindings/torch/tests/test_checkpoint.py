@@ -582,6 +582,19 @@ def test_blocks_named_and_their_errors():
         ckpt.apply(gpt, 1 << 30, dict(ids=ids[0], use_cache=True))
 
 
+def test_remove_restores_each_forward():
+    model = make_blocks()
+    x = make_input()
+    own = model[2].forward
+    model[2].forward = lambda t: own(t) * 1.0  # a forward set on the instance before apply()
+    mine = model[2].forward
+    ckpt.apply(model, 1 << 30, (x,), repetitions=1, warmup=0)
+    assert model[2].forward is not mine
+    assert ckpt.remove(model) == L
+    assert model[2].forward is mine and "forward" not in model[3].__dict__
+    assert ckpt.remove(model) == 0
+
+
 def test_a_model_that_changes_the_hidden_state_between_blocks_is_refused():
     class Between(nn.Module):
         def __init__(self):
