@@ -1,24 +1,36 @@
 # SPDX-License-Identifier: Apache-2.0
-"""gpukit's checkpoint plans against torch.utils.checkpoint.checkpoint_sequential, on the GPU.
+"""gpukit's checkpoint plans of real PyTorch models against PyTorch's own options, on the GPU.
 
-For two models, a stack of GPT-2 blocks and ResNet-50's bottleneck stages (both written here, so
-neither transformers nor torchvision is needed), one table each over memory budgets:
+One model a run (--model): transformers' GPT2LMHeadModel (12 layers), a small LlamaForCausalLM
+(8 layers) or torchvision's ResNet-50 (its 16 Bottlenecks planned). One table, one row a
+configuration, each measured in the same process:
 
 - store-all (no checkpointing);
-- checkpoint_sequential(blocks, segments) for every segments setting 1..L (use_reentrant=False);
-- gpukit's plan (gpukit_torch.checkpoint) at the peak that each checkpoint_sequential setting
-  measured, with its predicted peak and time beside the measured ones.
+- torch.utils.checkpoint per block (use_reentrant=False);
+- checkpoint_sequential at every segment count s = 1..L: the blocks cut as
+  torch.utils.checkpoint.checkpoint_sequential cuts them (segments of L // s, the last one run
+  without checkpointing), each segment run under torch.utils.checkpoint.checkpoint
+  (use_reentrant=False). checkpoint_sequential itself takes one-tensor functions; transformers'
+  blocks take keyword arguments, so the segments are checkpointed where the model calls them;
+- torch.compile with torch._functorch.config.activation_memory_budget (the min-cut partitioner's
+  budget) at each --compile-budgets value, where the model compiles;
+- gpukit (gpukit_torch.checkpoint.apply) at --budgets budgets evenly from its least feasible
+  budget to store-all's peak, and at the peak that each anchor above measured, with its
+  predicted peak and time beside the measured ones.
 
-Peak = torch.cuda.max_memory_allocated() during a training step, beyond what is allocated when the
-step starts (parameters, their gradients, the input); time = the median step time over >= 20
-steps after a warm-up, with CUDA events. The tables go to stdout and, when $OUT is set, to
-$OUT/torch_checkpoint.md (and .json). The last line is one JSON summary.
+Peak = torch.cuda.max_memory_allocated() during one training step (forward, loss, backward;
+parameters' .grad None at its start, as after zero_grad()) beyond what is allocated when it
+starts, measured on the step after --warmup steps (for gpukit: after apply()'s own steps, which
+close its loop); time = the median of --steps steps, with CUDA events. The table goes to stdout
+and to $OUT/torch_checkpoint_<model>.md, every number to $OUT/torch_checkpoint_<model>.json; the
+last line is a one-line JSON summary. Configurations left when --deadline-s is near are listed as
+skipped, so the run fits one GPU call.
 
-    PYTHONPATH=/tmp/gpukit_torch_site /opt/torch/.venv/bin/python \\
-        benchmarks/checkpoint/torch_checkpoint.py [--steps 20] [--models gpt2,resnet50]
+    python3 benchmarks/checkpoint/torch_checkpoint.py --model gpt2 [--steps 20] [--deadline-s 540]
+    python3 benchmarks/checkpoint/torch_checkpoint.py --model llama --dry-run   # no GPU: plans only
 
-(after `/opt/torch/.venv/bin/python -m pip install --no-build-isolation --no-deps --target
-/tmp/gpukit_torch_site ./bindings/torch`). Exits 2 at once without CUDA.
+--dry-run builds the model on the CPU with a small batch, profiles it there (sizes from storages)
+and prints gpukit's plan at each budget; it measures nothing.
 """
 
 import argparse
@@ -30,103 +42,139 @@ import time
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint_sequential
+from torch.utils.checkpoint import checkpoint
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+try:  # the installed package (planner bound in gpukit_torch._C), else this checkout's
+    import gpukit_torch.checkpoint as ckpt
+except ImportError:
+    sys.path.insert(0, os.path.join(HERE, "..", "..", "bindings", "torch"))
+    import gpukit_torch.checkpoint as ckpt  # noqa: E402
 
 MiB = 1 << 20
 
 
-# ---- models --------------------------------------------------------------------------------------
+# ---- models ----------------------------------------------------------------------------------
 
 
-class GPT2Block(nn.Module):
-    """One GPT-2 block: pre-LN causal self-attention and MLP, each with a residual."""
+def gpt2(device, batch, seq):
+    import transformers  # noqa: PLC0415
 
-    def __init__(self, d, heads, dropout=0.1):
-        super().__init__()
-        self.heads = heads
-        self.ln1 = nn.LayerNorm(d)
-        self.qkv = nn.Linear(d, 3 * d)
-        self.proj = nn.Linear(d, d)
-        self.ln2 = nn.LayerNorm(d)
-        self.fc = nn.Linear(d, 4 * d)
-        self.out = nn.Linear(4 * d, d)
-        self.drop = nn.Dropout(dropout)
-
-    def forward(self, x):
-        b, t, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
-        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
-        a = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                                       dropout_p=0.1 if self.training else 0.0)
-        x = x + self.drop(self.proj(a.transpose(1, 2).reshape(b, t, d)))
-        return x + self.drop(self.out(nn.functional.gelu(self.fc(self.ln2(x)), approximate="tanh")))
+    config = transformers.GPT2Config(n_layer=12, n_embd=768, n_head=12, n_positions=1024, use_cache=False)
+    model = transformers.GPT2LMHeadModel(config).to(device).train()
+    ids = torch.randint(0, config.vocab_size, (batch, seq), device=device)
+    return model, dict(input_ids=ids, labels=ids, use_cache=False), None
 
 
-def gpt2(device, layers=12, d=768, heads=12, batch=4, seq=1024):
-    blocks = [GPT2Block(d, heads) for _ in range(layers)]
-    x = torch.randn(batch, seq, d, device=device, requires_grad=True)
-    return nn.Sequential(*blocks).to(device), x
+def llama(device, batch, seq):
+    import transformers  # noqa: PLC0415
+
+    config = transformers.LlamaConfig(
+        hidden_size=1024, intermediate_size=2816, num_hidden_layers=8, num_attention_heads=16,
+        num_key_value_heads=4, vocab_size=32000, max_position_embeddings=4096, use_cache=False)
+    model = transformers.LlamaForCausalLM(config).to(device).train()
+    ids = torch.randint(0, config.vocab_size, (batch, seq), device=device)
+    return model, dict(input_ids=ids, labels=ids, use_cache=False), None
 
 
-class Bottleneck(nn.Module):
-    """ResNet-50's bottleneck: 1x1, 3x3 (stride), 1x1 convolutions with batch norm, a residual."""
+def resnet50(device, batch, size):
+    import torchvision  # noqa: PLC0415
 
-    def __init__(self, cin, width, stride=1):
-        super().__init__()
-        cout = width * 4
-        self.conv1 = nn.Conv2d(cin, width, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(width)
-        self.conv2 = nn.Conv2d(width, width, 3, stride=stride, padding=1, bias=False)
-        self.bn2 = nn.BatchNorm2d(width)
-        self.conv3 = nn.Conv2d(width, cout, 1, bias=False)
-        self.bn3 = nn.BatchNorm2d(cout)
-        self.relu = nn.ReLU(inplace=True)
-        self.down = None
-        if stride != 1 or cin != cout:
-            self.down = nn.Sequential(nn.Conv2d(cin, cout, 1, stride=stride, bias=False),
-                                      nn.BatchNorm2d(cout))
-
-    def forward(self, x):
-        y = self.relu(self.bn1(self.conv1(x)))
-        y = self.relu(self.bn2(self.conv2(y)))
-        y = self.bn3(self.conv3(y))
-        return self.relu(y + (x if self.down is None else self.down(x)))
+    model = torchvision.models.resnet50().to(device).to(memory_format=torch.channels_last).train()
+    x = torch.randn(batch, 3, size, size, device=device).to(memory_format=torch.channels_last)
+    y = torch.randint(0, 1000, (batch,), device=device)
+    return model, (x,), lambda out: nn.functional.cross_entropy(out, y)
 
 
-class Head(nn.Module):
-    def __init__(self, cin, classes=1000):
-        super().__init__()
-        self.fc = nn.Linear(cin, classes)
-
-    def forward(self, x):
-        return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
+MODELS = {  # builder, batch, sequence (or image size), on the GPU and in --dry-run
+    "gpt2": (gpt2, (4, 1024), (2, 256)),
+    "llama": (llama, (4, 1024), (2, 256)),
+    "resnet50": (resnet50, (64, 224), (4, 96)),
+}
 
 
-def resnet50(device, batch=64, size=224):
-    """ResNet-50 as a chain: the stem, the 16 bottlenecks (3, 4, 6, 3), the head: 18 blocks."""
-    stem = nn.Sequential(nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False), nn.BatchNorm2d(64),
-                         nn.ReLU(inplace=True), nn.MaxPool2d(3, stride=2, padding=1))
-    blocks, cin = [stem], 64
-    for width, count, stride in ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)):
-        for k in range(count):
-            blocks.append(Bottleneck(cin, width, stride if k == 0 else 1))
-            cin = width * 4
-    blocks.append(Head(cin))
-    x = torch.randn(batch, 3, size, size, device=device, requires_grad=True)
-    return nn.Sequential(*blocks).to(device).to(memory_format=torch.channels_last), \
-        x.detach().to(memory_format=torch.channels_last).requires_grad_()
+# ---- the anchors: PyTorch's own checkpointing, where the model calls its blocks ----------------
+
+
+def _forward_of(block):
+    return type(block).forward.__get__(block)
+
+
+def per_block(blocks):
+    """torch.utils.checkpoint around every block."""
+    for b in blocks:
+        own = _forward_of(b)
+        b.forward = lambda *a, _own=own, **k: checkpoint(_own, *a, use_reentrant=False, **k)
+
+
+def segments(blocks, count):
+    """checkpoint_sequential's cut: segments of L // count blocks, the remainder in the last one,
+    which runs without checkpointing. The first block of a segment runs the whole segment under
+    one checkpoint (the other blocks' calls, with the same other arguments, inside it); the
+    segment's other blocks return its output when the model calls them."""
+    L = len(blocks)
+    size = L // count
+    bounds = [(k * size, (k + 1) * size) for k in range(count - 1)]
+    for s, e in bounds:
+        owns = [_forward_of(b) for b in blocks[s:e]]
+        cell = {}
+
+        def run_segment(*a, _owns=owns, **k):
+            out = None
+            for own in _owns:
+                out = own(*a, **k)
+                h = out if isinstance(out, torch.Tensor) else out[0]
+                a = (h,) + tuple(a[1:]) if a else a
+                if not a:
+                    k = dict(k, hidden_states=h)
+            return out
+
+        def first(*a, _run=run_segment, _cell=cell, **k):
+            _cell["out"] = checkpoint(_run, *a, use_reentrant=False, **k)
+            return _cell["out"]
+
+        def rest(*a, _cell=cell, **k):
+            return _cell["out"]
+
+        blocks[s].forward = first
+        for b in blocks[s + 1:e]:
+            b.forward = rest
+
+
+def restore(blocks):
+    for b in blocks:
+        b.__dict__.pop("forward", None)
 
 
 # ---- measurement ---------------------------------------------------------------------------------
 
 
-def measure(step, params, steps, warmup=3):
-    """(peak bytes beyond the step's start, median step ms) of `step()` (forward + backward)."""
-    for p in params:
-        p.grad = torch.zeros_like(p)
+class Deadline:
+    def __init__(self, seconds):
+        self.end = time.time() + seconds
+        self.longest = 0.0
+
+    def allows(self):
+        return time.time() + 1.5 * self.longest < self.end
+
+    def took(self, seconds):
+        self.longest = max(self.longest, seconds)
+
+
+def measure(model, batch, loss_fn, steps, warmup):
+    """(peak bytes beyond the step's start on the step after `warmup`, median step ms)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def step():
+        for p in params:
+            p.grad = None
+        loss_fn(run(model, batch)).backward()
+
     for _ in range(warmup):
         step()
     torch.cuda.synchronize()
+    for p in params:
+        p.grad = None
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
     step()
@@ -140,70 +188,122 @@ def measure(step, params, steps, warmup=3):
         stop.record()
         stop.synchronize()
         times.append(start.elapsed_time(stop))
-    return peak, statistics.median(times)
+    for p in params:
+        p.grad = None
+    return peak, statistics.median(times), times
 
 
-def sequential_schedule(L, segments):
-    """checkpoint_sequential(segments) as a gpukit schedule: the last segment recorded, each other
-    run without recording and recomputed (recorded) before its backward."""
-    size = L // segments  # as torch: segments of L // segments, the remainder in the last one
-    bounds, start = [], 1
-    for _ in range(segments - 1):
-        bounds.append((start, start + size - 1))
-        start += size
-    bounds.append((start, L))
-    ops = []
-    for s, e in bounds[:-1]:
-        ops += [f"Fn{i}" for i in range(s, e + 1)]
-    s, e = bounds[-1]
-    ops += [f"Fe{i}" for i in range(s, e + 1)] + [f"B{i}" for i in range(e, s - 1, -1)]
-    for s, e in reversed(bounds[:-1]):
-        ops += [f"Fe{i}" for i in range(s, e + 1)] + [f"B{i}" for i in range(e, s - 1, -1)]
-    return " ".join(ops)
+def run(model, batch):
+    return model(**batch) if isinstance(batch, dict) else model(*batch)
 
 
-def run_model(name, model, x, steps, ckpt):
-    blocks = list(model)
+def default_loss(out):
+    return ckpt._default_loss(out)
+
+
+def bench(name, steps, warmup, deadline_s, n_budgets, compile_budgets):
+    builder, shape, _ = MODELS[name]
+    device = torch.device("cuda")
+    torch.manual_seed(0)
+    model, batch, loss_fn = builder(device, *shape)
+    loss_fn = loss_fn or default_loss
+    names = ckpt.find_blocks(model)
+    blocks = [model.get_submodule(n) for n in names]
     L = len(blocks)
-    params = [p for p in model.parameters() if p.requires_grad]
-
-    def plain():
-        model(x).sum().backward()
-
-    t0 = time.time()
-    costs = ckpt.profile(blocks, x, repetitions=5, warmup=2)
-    profile_s = time.time() - t0
-    all_time, all_pred = ckpt.simulate(costs, sequential_schedule(L, 1))  # store-all
+    deadline = Deadline(deadline_s)
     rows = []
-    peak, ms = measure(plain, params, steps)
-    rows.append(dict(config="store-all", peak=peak, ms=ms, pred_peak=all_pred, pred_ms=all_time))
-    for segments in range(1, L + 1):
-        def seq(segments=segments):
-            checkpoint_sequential(model, segments, x, use_reentrant=False).sum().backward()
 
-        peak, ms = measure(seq, params, steps)
-        pt, pp = ckpt.simulate(costs, sequential_schedule(L, segments))
-        rows.append(dict(config=f"checkpoint_sequential({segments})", peak=peak, ms=ms,
-                         pred_peak=pp, pred_ms=pt))
-    seq_rows = list(rows[1:])
-    for r in seq_rows:
+    def row(config, fn, **extra):
+        if not deadline.allows():
+            rows.append(dict(config=config, note="skipped: deadline", **extra))
+            return None
+        t0 = time.time()
         try:
-            plan = ckpt.plan(costs, r["peak"])
-        except ckpt.infeasible_budget as e:
-            rows.append(dict(config=f"gpukit @ {r['config']}", budget=r["peak"], peak=None, ms=None,
-                             pred_peak=None, pred_ms=None, note=f"infeasible (least {e.minimum_budget / MiB:.0f} MiB)"))
-            continue
-        planned = ckpt.PlannedSequential(blocks, plan, costs)
+            r = fn()
+        except Exception as e:  # noqa: BLE001 (a configuration that fails is a row, not the end)
+            torch.cuda.empty_cache()
+            rows.append(dict(config=config, note=f"failed: {type(e).__name__}: {str(e)[:160]}", **extra))
+            return None
+        finally:
+            deadline.took(time.time() - t0)
+        r = dict(config=config, **extra, **r)
+        rows.append(r)
+        print(f"  {config}: peak {r.get('peak', 0) / MiB:.1f} MiB, {r.get('ms', 0):.2f} ms", file=sys.stderr, flush=True)
+        return r
 
-        def step(planned=planned):
-            planned(x).sum().backward()
+    def anchor(patch):
+        def fn():
+            patch()
+            try:
+                peak, ms, times = measure(model, batch, loss_fn, steps, warmup)
+            finally:
+                restore(blocks)
+            return dict(peak=peak, ms=ms, times=times)
+        return fn
 
-        peak, ms = measure(step, params, steps)
-        recomputed = sum(1 for k, _ in plan.ops if k != "B") - L
-        rows.append(dict(config=f"gpukit @ {r['config']}", budget=r["peak"], peak=peak, ms=ms,
-                         pred_peak=plan.predicted_peak, pred_ms=plan.predicted_time_ms,
-                         note=f"{recomputed} recomputed", vs_seq_ms=r["ms"]))
-    return dict(model=name, blocks=L, profile_s=profile_s, rows=rows)
+    anchors = [row("store-all", anchor(lambda: None), kind="anchor")]
+    anchors.append(row("torch.utils.checkpoint per block", anchor(lambda: per_block(blocks)), kind="anchor"))
+    for s in range(1, L + 1):
+        anchors.append(row(f"checkpoint_sequential({s})", anchor(lambda s=s: segments(blocks, s)), kind="anchor"))
+
+    # gpukit: one profile, then plans for each budget (the closed loop runs inside apply()).
+    t0 = time.time()
+    first = ckpt.apply(model, 1 << 40, batch, loss_fn=loss_fn)
+    profile_s = time.time() - t0
+    ckpt.remove(model)
+    costs, outside = first.costs, first.outside
+    store_all = first.predicted_peak
+    try:
+        ckpt.plan(costs, 0, outside)
+        least = 0
+    except ckpt.infeasible_budget as e:
+        least = e.minimum_budget
+    budgets = sorted({int(least + (store_all - least) * k / (n_budgets - 1)) for k in range(n_budgets)})
+
+    def gpukit(budget):
+        def fn():
+            p = ckpt.apply(model, budget, batch, loss_fn=loss_fn, costs=costs, outside=outside)
+            try:
+                peak, ms, times = measure(model, batch, loss_fn, steps, warmup)
+            finally:
+                ckpt.remove(model)
+            return dict(peak=peak, ms=ms, times=times, pred_peak=p.predicted_peak, pred_ms=p.predicted_time_ms,
+                        recomputed=p.recomputations, correction=p.correction_bytes, rounds=p.rounds,
+                        schedule=p.schedule)
+        return fn
+
+    for b in budgets:
+        row(f"gpukit @ {b / MiB:.1f} MiB", gpukit(b), kind="gpukit", budget=b)
+    for a in [a for a in anchors if a is not None and "peak" in a]:
+        if a["peak"] >= least:
+            r = row(f"gpukit @ {a['config']}", gpukit(a["peak"]), kind="gpukit", budget=a["peak"])
+            if r is not None:
+                r["anchor_ms"] = a["ms"]
+
+    # torch.compile with the partitioner's activation memory budget, last: it takes longest.
+    for frac in compile_budgets:
+        def compiled(frac=frac):
+            import torch._dynamo  # noqa: PLC0415
+            import torch._functorch.config as fconfig  # noqa: PLC0415
+
+            torch._dynamo.reset()
+            old = fconfig.activation_memory_budget
+            fconfig.activation_memory_budget = frac
+            try:
+                cm = torch.compile(model)
+                peak, ms, times = measure(cm, batch, loss_fn, steps, warmup)
+            finally:
+                fconfig.activation_memory_budget = old
+                torch._dynamo.reset()
+            return dict(peak=peak, ms=ms, times=times)
+
+        a = row(f"torch.compile activation_memory_budget={frac}", compiled, kind="anchor")
+        if a is not None and a["peak"] >= least:
+            r = row(f"gpukit @ {a['config']}", gpukit(a["peak"]), kind="gpukit", budget=a["peak"])
+            if r is not None:
+                r["anchor_ms"] = a["ms"]
+    return dict(model=name, blocks=names, batch=list(shape), profile_s=profile_s, least=least,
+                store_all_predicted=store_all, outside=first.outside.__dict__, rows=rows)
 
 
 def table(result):
@@ -216,78 +316,117 @@ def table(result):
     def err(m, p):
         return "-" if m is None or p is None or m == 0 else f"{100.0 * (p - m) / m:+.1f}%"
 
-    lines = [f"### {result['model']} ({result['blocks']} blocks; profiled in {result['profile_s']:.1f} s)", "",
-             "| configuration | budget MiB | peak MiB | predicted MiB | peak error | step ms | predicted ms | time error | note |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    lines = [
+        f"### {result['model']} ({len(result['blocks'])} blocks, batch {result['batch']}; profiled in "
+        f"{result['profile_s']:.1f} s; least feasible {mib(result['least'])} MiB)", "",
+        "| configuration | budget MiB | peak MiB | predicted MiB | peak error | step ms | predicted ms | time error | note |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in result["rows"]:
-        lines.append(f"| {r['config']} | {mib(r.get('budget'))} | {mib(r['peak'])} | {mib(r['pred_peak'])} | "
-                     f"{err(r['peak'], r['pred_peak'])} | {ms(r['ms'])} | {ms(r['pred_ms'])} | "
-                     f"{err(r['ms'], r['pred_ms'])} | {r.get('note', '')} |")
+        note = r.get("note", "")
+        if r.get("kind") == "gpukit" and "peak" in r:
+            note = f"{r['recomputed']} recomputed, correction {r['correction'] / MiB:.1f} MiB, {len(r['rounds'])} steps in apply"
+            if r["peak"] > r["budget"]:
+                note += ", OVER BUDGET"
+            if "anchor_ms" in r:
+                note += f", {r['anchor_ms'] / r['ms']:.2f}x the anchor"
+        lines.append(f"| {r['config']} | {mib(r.get('budget'))} | {mib(r.get('peak'))} | {mib(r.get('pred_peak'))} | "
+                     f"{err(r.get('peak'), r.get('pred_peak'))} | {ms(r.get('ms'))} | {ms(r.get('pred_ms'))} | "
+                     f"{err(r.get('ms'), r.get('pred_ms'))} | {note} |")
     return "\n".join(lines) + "\n"
 
 
-def summary(results):
-    """Per model: gpukit's plans at each checkpoint_sequential peak, how many were faster, the
-    largest peak over budget, and the largest prediction errors."""
-    out = {}
-    for res in results:
-        g = [r for r in res["rows"] if r["config"].startswith("gpukit") and r["peak"] is not None]
-        out[res["model"]] = dict(
-            plans=len(g),
-            faster=sum(1 for r in g if r["ms"] <= r["vs_seq_ms"]),
-            over_budget_max=max((r["peak"] / r["budget"] - 1 for r in g), default=0.0),
-            peak_error_max=max((abs(r["pred_peak"] / r["peak"] - 1) for r in g), default=0.0),
-            time_error_max=max((abs(r["pred_ms"] / r["ms"] - 1) for r in g), default=0.0),
-            speedup_median=statistics.median([r["vs_seq_ms"] / r["ms"] for r in g]) if g else 0.0,
-        )
-    return out
+def summary(result):
+    """gpukit's rows: how many, over budget, the largest prediction errors; and against the
+    fastest anchor that fits each gpukit row's measured peak."""
+    g = [r for r in result["rows"] if r.get("kind") == "gpukit" and "peak" in r]
+    a = [r for r in result["rows"] if r.get("kind") == "anchor" and "peak" in r]
+    slower = 0
+    ratios = []
+    for r in g:
+        fitting = [x["ms"] for x in a if x["peak"] <= r["budget"]]
+        if fitting:
+            ratios.append(min(fitting) / r["ms"])
+            slower += r["ms"] > min(fitting)
+    return dict(
+        plans=len(g),
+        over_budget=sum(1 for r in g if r["peak"] > r["budget"]),
+        over_budget_max=max((r["peak"] / r["budget"] - 1 for r in g), default=0.0),
+        peak_error_max=max((abs(r["pred_peak"] / r["peak"] - 1) for r in g), default=0.0),
+        time_error_max=max((abs(r["pred_ms"] / r["ms"] - 1) for r in g), default=0.0),
+        slower_than_fastest_fitting_anchor=slower,
+        speedup_vs_fastest_fitting_anchor_median=statistics.median(ratios) if ratios else 0.0,
+    )
+
+
+def dry_run(name, n_budgets):
+    builder, _, shape = MODELS[name]
+    torch.manual_seed(0)
+    model, batch, loss_fn = builder(torch.device("cpu"), *shape)
+    p = ckpt.apply(model, 1 << 40, batch, loss_fn=loss_fn, repetitions=1, warmup=0)
+    ckpt.remove(model)
+    costs, outside = p.costs, p.outside
+    try:
+        ckpt.plan(costs, 0, outside)
+        least = 0
+    except ckpt.infeasible_budget as e:
+        least = e.minimum_budget
+    print(f"{name}: {len(p.blocks)} blocks {p.blocks[0]} .. {p.blocks[-1]}, batch {list(shape)} on the CPU "
+          f"(sizes from storages; times of this CPU)")
+    for c in costs[:3]:
+        print(f"  {c}")
+    for k in range(n_budgets):
+        b = int(least + (p.predicted_peak - least) * k / (n_budgets - 1))
+        q = ckpt.plan(costs, b, outside)
+        print(f"  budget {b / MiB:8.2f} MiB: predicted {q.predicted_peak / MiB:8.2f} MiB, "
+              f"{q.predicted_time_ms:9.2f} ms, {q.recomputations} recomputed: {q.schedule}")
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", choices=sorted(MODELS), required=True)
     ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--models", default="gpt2,resnet50")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--budgets", type=int, default=8)
+    ap.add_argument("--compile-budgets", default="1.0,0.5,0.2,0.0",
+                    help="activation_memory_budget values for torch.compile ('' for none)")
+    ap.add_argument("--deadline-s", type=float, default=540.0)
+    ap.add_argument("--dry-run", action="store_true")
     args = ap.parse_args()
+    if args.budgets < 8:
+        print(f"torch_checkpoint: --budgets {args.budgets}: at least 8", file=sys.stderr)
+        sys.exit(2)
+    print(f"planner: {ckpt._planner().__name__}", file=sys.stderr)
+    if args.dry_run:
+        dry_run(args.model, args.budgets)
+        return
     if not torch.cuda.is_available():
-        print("torch_checkpoint: needs a CUDA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
+        print("torch_checkpoint: needs a CUDA GPU (torch.cuda.is_available() is False); --dry-run plans without one",
+              file=sys.stderr)
         sys.exit(2)
     if args.steps < 20:
         print("torch_checkpoint: --steps must be at least 20", file=sys.stderr)
         sys.exit(2)
-    try:  # the installed package (planner bound in gpukit_torch._C), else this checkout's
-        import gpukit_torch.checkpoint as ckpt  # noqa: PLC0415
-    except ImportError:
-        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bindings", "torch"))
-        import gpukit_torch.checkpoint as ckpt  # noqa: PLC0415
-    print(f"planner: {ckpt._planner().__name__}", file=sys.stderr)
-
-    torch.manual_seed(0)
     torch.backends.cudnn.benchmark = True
     torch.backends.cuda.matmul.allow_tf32 = True  # step times of a realistic training setup
-    device = torch.device("cuda")
-    builders = {"gpt2": gpt2, "resnet50": resnet50}
-    prop = torch.cuda.get_device_properties(device)
+    torch.backends.cudnn.allow_tf32 = True
+    prop = torch.cuda.get_device_properties(0)
     header = (f"device {prop.name}, torch {torch.__version__}, CUDA {torch.version.cuda}, "
-              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n")
-    results, text = [], header + "\n"
-    for name in args.models.split(","):
-        model, x = builders[name](device)
-        res = run_model(name, model, x, args.steps, ckpt)
-        results.append(res)
-        t = table(res)
-        print(t, flush=True)
-        text += t + "\n"
-        del model, x
-        torch.cuda.empty_cache()
-    s = summary(results)
+              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; command: "
+              f"python3 benchmarks/checkpoint/torch_checkpoint.py {' '.join(sys.argv[1:])}\n")
+    budgets = [float(v) for v in args.compile_budgets.split(",") if v.strip()]
+    result = bench(args.model, args.steps, args.warmup, args.deadline_s, args.budgets, budgets)
+    result["header"] = header
+    text = header + "\n" + table(result)
+    print(text, flush=True)
+    s = summary(result)
     out = os.environ.get("OUT")
     if out:
         os.makedirs(out, exist_ok=True)
-        with open(os.path.join(out, "torch_checkpoint.md"), "w") as f:
+        with open(os.path.join(out, f"torch_checkpoint_{args.model}.md"), "w") as f:
             f.write(text)
-        with open(os.path.join(out, "torch_checkpoint.json"), "w") as f:
-            json.dump(dict(results=results, summary=s), f, indent=1)
-    print(json.dumps(dict(torch_checkpoint=s)))
+        with open(os.path.join(out, f"torch_checkpoint_{args.model}.json"), "w") as f:
+            json.dump(dict(result=result, summary=s), f, indent=1)
+    print(json.dumps({f"torch_checkpoint_{args.model}": s}))
 
 
 if __name__ == "__main__":

@@ -172,5 +172,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
       return gpukit::detail::check_invariants(current().layer().allocator(device));
     },
     pybind11::arg("device") = 0, "The allocator's invariants ('' when they hold)");
-  gpukit_torch::bind_planner(m);  // plan, simulate_schedule (gpukit_torch.checkpoint)
+  gpukit_torch::bind_planner(m);  // plan, simulate_schedule, simulate_ops (gpukit_torch.checkpoint)
 }

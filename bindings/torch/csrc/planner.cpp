@@ -92,6 +92,25 @@ std::tuple<std::int64_t, std::int64_t> simulate(std::vector<stage_costs> const& 
   }
 }
 
+// The simulator's time and, per operation, its peak (the memory before it plus what it creates)
+// and the memory right after it: what gpukit_torch.checkpoint adds the costs to that the chain's
+// four numbers do not carry (transients, gradients, what runs around the chain).
+py::dict simulate_ops(std::vector<stage_costs> const& stages, std::string const& schedule)
+{
+  try {
+    auto const r = gpukit::simulate_checkpoint_schedule(
+      to_chain(stages), gpukit::parse_checkpoint_schedule(schedule));
+    py::dict d;
+    d["time"]    = r.time;
+    d["peak"]    = r.peak;
+    d["op_peak"] = r.op_peak;
+    d["after"]   = r.after;
+    return d;
+  } catch (gpukit::logic_error const& e) {
+    throw py::value_error(e.what());
+  }
+}
+
 }  // namespace
 
 void bind_planner(py::module_& m)
@@ -105,6 +124,9 @@ void bind_planner(py::module_& m)
         "minimum_budget");
   m.def("simulate_schedule", &simulate, py::arg("stages"), py::arg("schedule"),
         "(time, peak) of a schedule's text on stages [(f, b, a, t), ...] in gpukit's simulator");
+  m.def("simulate_ops", &simulate_ops, py::arg("stages"), py::arg("schedule"),
+        "gpukit's simulator on a schedule's text: a dict with time, peak, and per operation "
+        "op_peak (memory before it plus what it creates) and after (memory right after it)");
 }
 
 }  // namespace gpukit_torch

@@ -1,50 +1,76 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Activation checkpointing of a PyTorch chain of blocks, planned by gpukit under a memory budget.
+"""Activation checkpointing of PyTorch models, planned by gpukit under a memory budget.
 
     import gpukit_torch.checkpoint as ckpt
-    model = nn.Sequential(*blocks).cuda()
-    planned = ckpt.sequential(model, budget_bytes=2 << 30, example_input=x)
-    loss = planned(x).sum()          # forward under the plan
-    loss.backward()                  # recomputes what the plan dropped; gradients as without it
-    print(planned.plan.schedule, planned.plan.predicted_peak, planned.plan.predicted_time_ms)
+    model = transformers.GPT2LMHeadModel(config).cuda()
+    batch = dict(input_ids=ids, labels=ids, use_cache=False)
+    plan = ckpt.apply(model, budget_bytes=6 << 30, example_inputs=batch)
+    model(**batch).loss.backward()     # the blocks run under the plan; gradients as without it
+    print(plan)                        # schedule, predicted and measured peak and time, corrections
 
-sequential() profiles each block on the device of `example_input` (profile()), plans with
-gpukit's planner (gpukit::plan_best: the least time of any schedule on chains of up to 11 blocks,
-rotor's dynamic program beyond; bound in gpukit_torch._C; where that extension is
-not installed, as on a machine without CUDA, the same C++ planner is compiled from
-csrc/planner.cpp on first use) and returns a module that runs the planned schedule inside
-autograd.
+apply() finds the model's repeated blocks (find_blocks(): the children of an nn.ModuleList or
+nn.Sequential that are all of one class, e.g. transformers' GPT-2 `transformer.h` and Llama
+`model.layers`, torchvision ResNet's Bottlenecks in layer1..layer4), measures each of them
+(profile()), plans with gpukit's planner (gpukit::plan_best: the least time of any schedule on
+chains of up to 11 blocks, rotor's dynamic program beyond; bound in gpukit_torch._C, or compiled
+from csrc/planner.cpp on first use where that extension is not installed) and replaces the
+blocks' forward in place. It then runs training steps on `example_inputs` and closes the loop:
+the first step measures what runs around the blocks (embeddings, head, loss) and compares the
+measured peak with the prediction; where the step went over what the model predicts for it, the
+overshoot is added to the model as a correction and the plan is made again, until a measured
+step is within the model's prediction and the budget. The returned CheckpointPlan reports every round. sequential() and
+PlannedSequential do the same for an nn.Sequential of one-tensor blocks, without the loop.
 
-The cost model (gpukit/checkpoint/chain.hpp): block i has forward time f_i, backward time b_i,
-output size a_i (the bytes its output holds) and tape size t_i (what autograd keeps for its
-backward beyond its input and output). The schedule's operations are run as they are written, by
-one autograd.Function over the whole chain:
+## The cost model
 
-- ``Fn<i>``: the block's forward under no_grad;
-- ``Fe<i>``: the block's forward with autograd recording, on its input detached (the graph of that
-  one block is the tape);
-- ``B<i>``: torch.autograd.backward through the block's graph: the gradient of its input, and
-  its parameters' gradients accumulated into their ``.grad`` in place (as torch.utils.checkpoint's
-  reentrant variant does, and as a backward without checkpointing accumulates them: no second
-  copy of the parameter gradients is held). Use ``loss.backward()``; ``torch.autograd.grad(loss,
-  params)`` does not see parameter gradients through the planned chain.
+Block i has forward time f_i, backward time b_i, output size a_i (its output, and the gradient
+of it), tape size t_i (what autograd keeps for its backward beyond its input and output), the
+peak inside its forward and inside its backward beyond what they leave allocated (temporaries,
+cuBLAS and cuDNN workspaces, autocast's casted weights), and the bytes of its parameters'
+gradients. On CUDA every size is read from PyTorch's caching allocator (memory_allocated, and
+max_memory_allocated after reset_peak_memory_stats around the block's forward and its
+backward), so the allocator's 512-byte rounding is in it; elsewhere sizes are the storages'
+bytes rounded the same way. gpukit's simulator (gpukit/checkpoint/chain.hpp) gives each
+operation of a schedule its memory; this module adds to each operation the block's transient,
+the gradients that the backward has left allocated (when the step starts with .grad None, as
+after zero_grad()), the gradient of the last block's output, and what the step holds around the
+blocks (OutsideCost: what is allocated when the first block starts, the head's and loss's peak
+between the forward and the backward, the peak after the blocks' backward). The RNG states that
+recomputation replays are kept on the host and cost no device memory.
 
-Every schedule the planner makes is therefore executed faithfully, recomputations included; no
-schedule is restricted. Each activation and tape is dropped right after its last use, as the
-planner's simulator counts. Recomputed forwards see the RNG state of the block's first forward
-(CPU and the input's CUDA device, forked as torch.utils.checkpoint does: afterwards the generator
-continues as if the recomputation had not run), and the autocast state of the forward.
+## Execution
 
-Limits: each block takes one tensor and returns one tensor; the input's gradient is computed when
-it requires grad; double backward (create_graph) is not supported; a block's side effects (e.g.
-BatchNorm's running statistics) happen again when it is recomputed, as with torch.utils.checkpoint.
+A planned block runs the planner's schedule inside autograd with saved-tensor hooks (as
+torch.utils.checkpoint's non-reentrant variant does, never re-entering the engine): in the
+forward, `Fe<i>` runs the block as it is; `Fn<i>` runs it with autograd recording but replaces
+every tensor it saves by a placeholder, so its graph keeps nothing. When the backward reaches
+block i (the gradient of its output is ready), the schedule's forward operations up to `B<i>`
+run: `Fn<j>` recomputes x_j without recording, `Fe<j>` recomputes block j recording and keeps
+what it saves for the placeholders. Parameters' gradients flow through autograd's own graph:
+`loss.backward()` accumulates them into .grad and `torch.autograd.grad(loss, params)` returns
+them. Blocks may take several tensors and keyword arguments (attention masks, position
+embeddings, flags): the hidden state is the first positional argument (or `hidden_states=`),
+everything else is passed again unchanged on recomputation; a block may return a tuple, whose
+first element is the hidden state. Recomputed forwards see the RNG state (CPU and the hidden
+state's CUDA device) and the autocast state of the block's first forward; afterwards the
+generator continues as if the recomputation had not run. Each kept activation and recomputed
+tape is dropped right after its last use, as the planner's simulator counts.
+
+Limits: the model must pass each block's output unchanged to the next block (checked); double
+backward (create_graph) and a second backward through the same graph (retain_graph) are not
+supported for blocks whose tape was dropped; a block's side effects (BatchNorm's running
+statistics, a key-value cache) happen again when it is recomputed, as with
+torch.utils.checkpoint (apply() refuses use_cache=True). Under torch.compile the planned blocks
+run eagerly (dynamo is disabled inside them); the rest of the model is compiled.
 """
 
+import contextlib
 import os
 import statistics
 import time
-from dataclasses import dataclass, field
-from typing import List, Optional, Sequence
+import warnings
+from dataclasses import asdict, dataclass, field
+from typing import Callable, List, Optional, Sequence
 
 import torch
 from torch import nn
@@ -52,16 +78,29 @@ from torch import nn
 __all__ = [
     "BlockCost",
     "CheckpointPlan",
+    "MemoryProbe",
+    "OutsideCost",
     "PlannedSequential",
+    "apply",
+    "find_blocks",
     "infeasible_budget",
     "plan",
     "profile",
+    "remove",
     "sequential",
     "simulate",
 ]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _planner_module = None
+
+ALLOCATION_ROUNDING = 512  # PyTorch's CUDA caching allocator rounds every block up to this
+
+
+def _rounded(nbytes: int) -> int:
+    """`nbytes` as the caching allocator holds it: rounded up to a multiple of 512 bytes."""
+    n = int(nbytes)
+    return 0 if n <= 0 else -(-n // ALLOCATION_ROUNDING) * ALLOCATION_ROUNDING
 
 
 def _planner():
@@ -72,7 +111,7 @@ def _planner():
     try:
         from . import _C  # noqa: PLC0415
 
-        if hasattr(_C, "plan"):
+        if hasattr(_C, "simulate_ops"):
             _planner_module = _C
             return _C
     except ImportError:
@@ -85,8 +124,9 @@ def _planner():
     if not (os.path.isfile(source) and os.path.isfile(marker)):
         raise ImportError(
             "gpukit_torch.checkpoint: gpukit's planner is not available: gpukit_torch._C is not "
-            "installed, and " + source + " or " + marker + " is missing to build it (set "
-            "GPUKIT_INCLUDE_DIR to gpukit's include folder, or pip install ./bindings/torch)"
+            "installed (or predates simulate_ops), and " + source + " or " + marker + " is missing "
+            "to build it (set GPUKIT_INCLUDE_DIR to gpukit's include folder, or pip install "
+            "./bindings/torch)"
         )
     _planner_module = load(
         name="_gpukit_planner",
@@ -99,27 +139,141 @@ def _planner():
 
 
 # ---------------------------------------------------------------------------------------------
+# How a block is called
+
+
+class _Call:
+    """One call of a block as the model makes it: the hidden state (the first positional
+    argument, or hidden_states=) and everything else, passed again unchanged on recomputation."""
+
+    __slots__ = ("args", "kwargs", "key")
+
+    def __init__(self, args, kwargs=None, key=None):
+        self.args, self.kwargs = tuple(args), dict(kwargs or {})
+        if key is None:
+            if self.args and isinstance(self.args[0], torch.Tensor):
+                key = 0
+            elif isinstance(self.kwargs.get("hidden_states"), torch.Tensor):
+                key = "hidden_states"
+            else:
+                raise TypeError(
+                    "gpukit_torch.checkpoint: a block's hidden state must be a tensor, its first "
+                    "positional argument or hidden_states=; the block got positional arguments "
+                    f"of types {[type(a).__name__ for a in self.args]} and keywords "
+                    f"{sorted(self.kwargs)}"
+                )
+        self.key = key
+
+    def hidden(self):
+        return self.args[0] if self.key == 0 else self.kwargs[self.key]
+
+    def with_hidden(self, x):
+        """The call with `x` as its hidden state."""
+        if self.key == 0:
+            return _Call((x,) + self.args[1:], self.kwargs, 0)
+        kwargs = dict(self.kwargs)
+        kwargs[self.key] = x
+        return _Call(self.args, kwargs, self.key)
+
+    def __call__(self, fn):
+        return fn(*self.args, **self.kwargs)
+
+
+def _hidden_of(out):
+    """The hidden state of a block's output: the output, or the first element of a tuple."""
+    if isinstance(out, torch.Tensor):
+        return out
+    if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
+        return out[0]
+    raise TypeError(
+        "gpukit_torch.checkpoint: a block must return a tensor or a tuple whose first element is "
+        f"a tensor (the hidden state); it returned {type(out).__name__}"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
 # Costs
+
+
+class MemoryProbe:
+    """The allocator counters the cost model is measured with: by default PyTorch's CUDA caching
+    allocator on `device`. Another allocator (or a test's fake) provides the same four methods:
+    sync(), allocated() (bytes allocated now), reset_peak() and peak() (the most allocated since
+    reset_peak()). sync() synchronizes the device."""
+
+    def __init__(self, device=None):
+        self.device = torch.device("cuda" if device is None else device)
+
+    def sync(self):
+        torch.cuda.synchronize(self.device)
+
+    def allocated(self) -> int:
+        return torch.cuda.memory_allocated(self.device)
+
+    def reset_peak(self):
+        torch.cuda.reset_peak_memory_stats(self.device)
+
+    def peak(self) -> int:
+        return torch.cuda.max_memory_allocated(self.device)
 
 
 @dataclass
 class BlockCost:
-    """What profile() measured for one block (times in milliseconds, sizes in bytes)."""
+    """What profile() measured for one block (times in milliseconds, sizes in bytes).
+
+    forward_transient_bytes: the peak inside a recording forward (`Fe`) beyond what it leaves
+    allocated (its output and tape); untaped_transient_bytes: the same for a forward that keeps
+    no tape (`Fn`: what it saves is freed when it returns), beyond its output;
+    backward_transient_bytes: the peak inside the backward beyond what was
+    allocated when it started and the input's gradient it leaves (the parameters' gradients it
+    creates are in it); grad_bytes: the parameters' gradients; saves_output: whether what its
+    backward keeps includes its output (then x_i lives as long as its tape)."""
 
     forward_ms: float
     backward_ms: float
     output_bytes: int
     tape_bytes: int
-    transient_bytes: int = 0  # peak beyond what the operation leaves held (workspaces)
+    forward_transient_bytes: int = 0
+    backward_transient_bytes: int = 0
+    grad_bytes: int = 0
+    saves_output: bool = False  # its tape holds its output (a ReLU or Tanh last saves it)
+    untaped_transient_bytes: int = 0
+
+    @property
+    def transient_bytes(self) -> int:
+        return max(self.forward_transient_bytes, self.untaped_transient_bytes, self.backward_transient_bytes)
 
     def stage(self, time_unit_ms: float = 1e-3):
-        """(f, b, a, t) for the planner: times in integer units of time_unit_ms (at least 1)."""
+        """(f, b, a, t) for the planner: times in integer units of time_unit_ms (at least 1). A
+        tape that holds the block's output counts it (the simulator may drop x_i while the tape
+        lives; where it keeps both, the cost model takes the second copy off again)."""
         return (
             max(1, round(self.forward_ms / time_unit_ms)),
             max(1, round(self.backward_ms / time_unit_ms)),
             int(self.output_bytes),
-            int(self.tape_bytes),
+            int(self.tape_bytes) + (int(self.output_bytes) if self.saves_output else 0),
         )
+
+
+@dataclass
+class OutsideCost:
+    """What one training step holds and runs around the planned blocks (apply() measures it in
+    its first step; sizes in bytes beyond what is allocated when the step starts, unless said).
+
+    before_bytes: allocated when the first block starts (embeddings, masks, position embeddings),
+    held through the blocks; prefix_peak_bytes: the peak before the first block; head_bytes: the
+    peak from the last block's return until its output's gradient is ready (head, loss and their
+    backward), beyond what was allocated at that return; tail_bytes: the peak after the first
+    block's backward (what ran before the blocks, backwards); ms: the time outside the blocks;
+    grads_persist: the step started with parameters' .grad None, so the backward allocates them
+    and they stay (else it adds into them in place)."""
+
+    before_bytes: int = 0
+    prefix_peak_bytes: int = 0
+    head_bytes: int = 0
+    tail_bytes: int = 0
+    ms: float = 0.0
+    grads_persist: bool = False
 
 
 def _blocks_of(model) -> List[nn.Module]:
@@ -139,13 +293,14 @@ def _params(block) -> List[torch.Tensor]:
 
 
 def _storage_bytes(tensors) -> int:
+    """The bytes the allocator holds for the tensors' distinct storages (each rounded)."""
     seen, total = set(), 0
     for t in tensors:
         if isinstance(t, torch.Tensor):
             s = t.untyped_storage()
             if s.data_ptr() not in seen:
                 seen.add(s.data_ptr())
-                total += s.nbytes()
+                total += _rounded(s.nbytes())
     return total
 
 
@@ -170,123 +325,168 @@ class _Timer:
         return (time.perf_counter() - t0) * 1e3, out
 
 
-def _recorded_forward(block, x, keep_saved=True):
+@contextlib.contextmanager
+def _grads_as(params, persist: bool):
+    """Parameters' .grad as a training step finds them: None (persist: the backward allocates
+    them) or zeros allocated beforehand (the backward adds into them); restored afterwards."""
+    kept = [p.grad for p in params]
+    try:
+        for p in params:
+            p.grad = None if persist else torch.zeros_like(p)
+        yield
+    finally:
+        for p, g in zip(params, kept):
+            p.grad = g
+
+
+def _recorded_forward(block, call, x, keep_saved=False):
     """The block's forward with autograd recording, on x detached: (input leaf, output, saved).
-    saved lists the tensors autograd saved when keep_saved, else it is empty: a list of them keeps
-    them alive after the backward has freed the graph, which memory measurements must not see."""
+    saved lists the tensors autograd saved when keep_saved (a list of them keeps them alive after
+    the backward has freed the graph, which memory measurements must not see), else the
+    addresses of their storages."""
     xin = x.detach().requires_grad_(x.is_floating_point() or x.is_complex())
     saved = []
-    if not keep_saved:
-        with torch.enable_grad():
-            return xin, block(xin), saved
 
     def pack(t):
-        saved.append(t)
+        saved.append(t if keep_saved else t.untyped_storage().data_ptr())
         return t
 
     with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = block(xin)
+        out = call.with_hidden(xin)(block)
     return xin, out, saved
 
 
-def _grad_inputs(block, xin):
-    return ([xin] if xin.requires_grad else []) + _params(block)
+def _backward(out, xin, params):
+    """The block's backward into xin.grad and the parameters' .grad (as a training step does)."""
+    h = _hidden_of(out)
+    inputs = ([xin] if xin.requires_grad else []) + params
+    if h.requires_grad and inputs:
+        torch.autograd.backward(h, torch.ones_like(h), inputs=inputs)
 
 
-def _measure_sizes(block, x, cuda: bool):
-    """(output bytes, tape bytes, transient bytes, the output) of one block on input x."""
-    if cuda:
+def _measure_sizes(block, call, x, probe, grads_persist):
+    """(output, tape, forward transient, backward peak or None, the output) of one block on x."""
+    params = _params(block)
+    if probe is not None:
         # One untimed forward and backward first: libraries allocate their workspaces (cuBLAS)
         # and tune (cuDNN) on first use, memory that belongs to no activation.
-        xin, out, _ = _recorded_forward(block, x, keep_saved=False)
-        inputs = _grad_inputs(block, xin)
-        if out.requires_grad and inputs:
-            torch.autograd.grad(out, inputs, torch.ones_like(out), allow_unused=True)
-        del xin, out, inputs
-        torch.cuda.synchronize()
-        before = torch.cuda.memory_allocated()
+        with _grads_as(params, grads_persist):
+            xin, out, _ = _recorded_forward(block, call, x)
+            _backward(out, xin, params)
+            del xin, out
+        probe.sync()
+        base = probe.allocated()
+        probe.reset_peak()
         with torch.no_grad():
-            y = block(x)
-        torch.cuda.synchronize()
-        a = torch.cuda.memory_allocated() - before
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        xin, out, _ = _recorded_forward(block, x, keep_saved=False)
-        torch.cuda.synchronize()
-        held = torch.cuda.memory_allocated() - base
-        fwd_transient = torch.cuda.max_memory_allocated() - base - held
-        t = max(0, held - a)
-        inputs = _grad_inputs(block, xin)
-        if out.requires_grad and inputs:
-            g = torch.ones_like(out)
-            start = torch.cuda.memory_allocated()
-            torch.cuda.reset_peak_memory_stats()
-            grads = torch.autograd.grad(out, inputs, g, allow_unused=True)
-            torch.cuda.synchronize()
-            bwd_transient = torch.cuda.max_memory_allocated() - start - _storage_bytes(grads)
-            del grads, g
-        else:
-            bwd_transient = 0
-        return max(0, a), t, max(0, fwd_transient, bwd_transient), y
+            y = call.with_hidden(x)(block)
+        probe.sync()
+        a = probe.allocated() - base
+        fn_transient = probe.peak() - base - a
+        base = probe.allocated()
+        probe.reset_peak()
+        xin, out, saved = _recorded_forward(block, call, x)
+        probe.sync()
+        held = probe.allocated() - base
+        saves_output = _hidden_of(out).untyped_storage().data_ptr() in saved
+        fe_transient = probe.peak() - base - held
+        # The gradient of the output and the parameters' gradients (zeros, when a step adds into
+        # them) exist before the backward starts, as in a training step.
+        h = _hidden_of(out)
+        g = torch.ones_like(h) if h.requires_grad else None
+        with _grads_as(params, grads_persist):
+            probe.sync()
+            entry = probe.allocated()
+            probe.reset_peak()
+            inputs = ([xin] if xin.requires_grad else []) + params
+            if g is not None and inputs:
+                torch.autograd.backward(h, g, inputs=inputs)
+            probe.sync()
+            backward_peak = probe.peak() - entry
+            del inputs
+        del xin, out, h, g, saved
+        return (max(0, a), max(0, held - a), (max(0, fe_transient), max(0, fn_transient)),
+                max(0, backward_peak), saves_output, y)
     # Elsewhere: the bytes of the output's storage, and of the tensors autograd saves beyond the
     # input's, the output's and the block's parameters and buffers.
     with torch.no_grad():
-        y = block(x)
-    xin, out, saved = _recorded_forward(block, x)
-    known = {xin.untyped_storage().data_ptr(), out.untyped_storage().data_ptr()}
+        y = call.with_hidden(x)(block)
+    xin, out, saved = _recorded_forward(block, call, x, keep_saved=True)
+    h = _hidden_of(out)
+    known = {xin.untyped_storage().data_ptr(), h.untyped_storage().data_ptr()}
     if isinstance(block, nn.Module):  # parameters and buffers are not activations
         known |= {t.untyped_storage().data_ptr() for t in (*block.parameters(), *block.buffers())}
     tape = [s for s in saved if s.untyped_storage().data_ptr() not in known]
-    return _storage_bytes([y]), _storage_bytes(tape), 0, y
+    saves_output = any(s.untyped_storage().data_ptr() == h.untyped_storage().data_ptr() for s in saved)
+    return _storage_bytes([_hidden_of(y)]), _storage_bytes(tape), (0, 0), None, saves_output, y
 
 
-def _time_block(timer, block, x):
+def _time_block(timer, block, call, x):
     """(forward ms, backward ms) of one run: the forward under no_grad, the backward through a
     recorded forward (not timed)."""
     with torch.no_grad():
-        ms_f = timer(lambda: block(x))[0]
-    xin, out, _ = _recorded_forward(block, x, keep_saved=False)
-    inputs = _grad_inputs(block, xin)
-    if not (out.requires_grad and inputs):
+        ms_f = timer(lambda: call.with_hidden(x)(block))[0]
+    xin, out, _ = _recorded_forward(block, call, x)
+    h = _hidden_of(out)
+    inputs = ([xin] if xin.requires_grad else []) + _params(block)
+    if not (h.requires_grad and inputs):
         return ms_f, 0.0
-    g = torch.ones_like(out)
-    return ms_f, timer(lambda: torch.autograd.grad(out, inputs, g, allow_unused=True))[0]
+    g = torch.ones_like(h)
+    return ms_f, timer(lambda: torch.autograd.grad(h, inputs, g, allow_unused=True))[0]
 
 
-def profile(model, example_input: torch.Tensor, repetitions: int = 5, warmup: int = 2) -> List[BlockCost]:
-    """Measures each block of `model` (an nn.Sequential or a list of blocks) on the device of
-    `example_input`, each block on the previous block's output.
-
-    Times: the median of `repetitions` runs after `warmup` runs, with CUDA events on CUDA (a
-    steady clock elsewhere); forward under no_grad, backward as torch.autograd.grad through a
-    recorded forward (parameter .grad fields are not touched). Sizes on CUDA: from
-    torch.cuda.memory_allocated / max_memory_allocated around the block's forward without and with
-    grad (output = what a forward without grad leaves allocated; tape = what a recording forward
-    leaves allocated beyond that; transient = the peak beyond what an operation leaves held);
-    elsewhere, from the storages of the output and of the tensors autograd saves. The RNG state is
-    restored afterwards. Synchronizes the device.
-    """
+def _profile_calls(blocks, calls, x, repetitions, warmup, probe, grads_persist):
     if repetitions < 1 or warmup < 0:
         raise ValueError(f"gpukit_torch.checkpoint.profile: repetitions={repetitions}, warmup={warmup}")
-    blocks = _blocks_of(model)
-    device = example_input.device
-    cuda = device.type == "cuda"
+    device = x.device
     timer = _Timer(device)
-    costs = []
-    devices = [device] if cuda else []
-    with torch.random.fork_rng(devices=devices):
-        x = example_input.detach()
-        for block in blocks:
-            a, t, transient, y = _measure_sizes(block, x, cuda)
+    costs, backward_peaks = [], []
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        x = x.detach()
+        for block, call in zip(blocks, calls):
+            a, t, (fe_transient, fn_transient), backward_peak, saves_output, y = _measure_sizes(
+                block, call, x, probe, grads_persist)
             fwd, bwd = [], []
             for rep in range(warmup + repetitions):
-                ms_f, ms_b = _time_block(timer, block, x)
+                ms_f, ms_b = _time_block(timer, block, call, x)
                 if rep >= warmup:
                     fwd.append(ms_f)
                     bwd.append(ms_b)
-            costs.append(BlockCost(statistics.median(fwd), statistics.median(bwd), a, t, transient))
-            x = y.detach()
+            grads = sum(_rounded(p.numel() * p.element_size()) for p in _params(block))
+            costs.append(BlockCost(statistics.median(fwd), statistics.median(bwd), a, t, fe_transient, 0, grads,
+                                   saves_output, fn_transient))
+            backward_peaks.append(backward_peak)
+            x = _hidden_of(y).detach()
+    # The backward's transient is what its peak holds beyond the input's gradient, which the
+    # simulator counts as the output of the block before (block 1's input gradient it does not).
+    for i, (c, peak) in enumerate(zip(costs, backward_peaks)):
+        if peak is not None:
+            counted = costs[i - 1].output_bytes if i > 0 else 0
+            c.backward_transient_bytes = max(0, peak - counted)
     return costs
+
+
+def profile(model, example_input: torch.Tensor, repetitions: int = 5, warmup: int = 2,
+            probe: Optional[MemoryProbe] = None, grads_persist: Optional[bool] = None) -> List[BlockCost]:
+    """Measures each block of `model` (an nn.Sequential or a list of one-tensor blocks) on the
+    device of `example_input`, each block on the previous block's output.
+
+    Times: the median of `repetitions` runs after `warmup` runs, with CUDA events on CUDA (a
+    steady clock elsewhere); forward under no_grad, backward through a recorded forward. Sizes
+    from `probe` (on CUDA by default MemoryProbe: the caching allocator's counters, the peak
+    reset around each block's forward and backward): output = what a forward without grad leaves
+    allocated; tape = what a recording forward leaves beyond that; transients = the peaks beyond
+    what each leaves. Without a probe (off CUDA), from the storages of the output and of the
+    tensors autograd saves, rounded as the caching allocator rounds. grads_persist: whether the
+    training step starts with .grad None (default: as the blocks' parameters are now); the
+    parameters' .grad are restored afterwards, and so is the RNG state. Synchronizes the device.
+    """
+    blocks = _blocks_of(model)
+    if probe is None and example_input.device.type == "cuda":
+        probe = MemoryProbe(example_input.device)
+    if grads_persist is None:
+        grads_persist = any(p.grad is None for b in blocks for p in _params(b))
+    calls = [_Call((example_input,))] * len(blocks)
+    return _profile_calls(blocks, calls, example_input, repetitions, warmup, probe, grads_persist)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -295,11 +495,16 @@ def profile(model, example_input: torch.Tensor, repetitions: int = 5, warmup: in
 
 @dataclass
 class CheckpointPlan:
-    """A schedule of gpukit's planner with its predictions.
+    """A schedule of gpukit's planner with its predictions, and what the closed loop measured.
 
-    schedule: the operations ("Fn1 Fe2 B2 ..."); budget: the budget asked for (bytes);
-    predicted_peak: the simulator's peak plus the largest transient (bytes beyond what is
-    allocated when the forward starts); predicted_time_ms: the simulator's time of the step.
+    schedule: the operations ("Fn1 Fe2 B2 ..."); budget: the budget asked for (bytes of a
+    training step's peak beyond what is allocated when it starts); predicted_peak,
+    predicted_time_ms: the cost model's (the simulator's, plus what the module's docstring lists,
+    plus correction_bytes); correction_bytes: what the closed loop added after a step measured
+    more than predicted; outside: what runs around the blocks (apply() measures it); rounds: one
+    dict per measured step of apply() (schedule, predicted and measured peak and time, the
+    correction it led to); measured_peak, measured_time_ms: the last round's; blocks: the
+    planned blocks' names.
     """
 
     schedule: str
@@ -307,12 +512,49 @@ class CheckpointPlan:
     predicted_peak: int
     predicted_time_ms: float
     stages: list = field(default_factory=list)
-    transient_bytes: int = 0
     exact: bool = True
+    costs: list = field(default_factory=list)
+    outside: Optional[OutsideCost] = None
+    correction_bytes: int = 0
+    rounds: list = field(default_factory=list)
+    measured_peak: Optional[int] = None
+    measured_time_ms: Optional[float] = None
+    blocks: list = field(default_factory=list)
 
     @property
     def ops(self):
         return _parse(self.schedule)
+
+    @property
+    def transient_bytes(self) -> int:
+        return max((c.transient_bytes for c in self.costs), default=0)
+
+    @property
+    def recomputations(self) -> int:
+        return sum(1 for kind, _ in self.ops if kind != "B") - len(self.costs or self.stages)
+
+    def as_dict(self) -> dict:
+        """Everything as plain values (for JSON)."""
+        return asdict(self)
+
+    def __repr__(self):
+        mib = 1 << 20
+        lines = [
+            f"CheckpointPlan({len(self.costs or self.stages)} blocks, budget {self.budget / mib:.1f} MiB: "
+            f"predicted peak {self.predicted_peak / mib:.1f} MiB, {self.predicted_time_ms:.2f} ms"
+            + (f"; measured {self.measured_peak / mib:.1f} MiB" if self.measured_peak is not None else "")
+            + (f", {self.measured_time_ms:.2f} ms" if self.measured_time_ms is not None else "")
+            + f"; correction {self.correction_bytes / mib:.2f} MiB; {self.recomputations} recomputed",
+            f"  schedule: {self.schedule}",
+        ]
+        for k, r in enumerate(self.rounds):
+            lines.append(
+                f"  step {k + 1}: predicted {r['predicted_peak'] / mib:.1f} MiB, measured "
+                f"{r['measured_peak'] / mib:.1f} MiB ({r['model_peak'] / mib:.1f} MiB by the model "
+                f"with what the step measured around the blocks), correction +{r['correction_bytes'] / mib:.2f} "
+                f"MiB; time predicted {r['predicted_time_ms']:.2f} ms, measured {r['measured_time_ms']:.2f} ms"
+            )
+        return "\n".join(lines) + ")"
 
 
 class infeasible_budget(ValueError):
@@ -326,37 +568,148 @@ class infeasible_budget(ValueError):
 _TIME_UNIT_MS = 1e-3  # the planner's time unit: microseconds
 
 
-def plan(costs: Sequence[BlockCost], budget_bytes: int) -> CheckpointPlan:
-    """gpukit::plan_best for the blocks' costs under `budget_bytes` (activation memory beyond
-    what is allocated when the forward starts, transients included). Raises infeasible_budget."""
-    stages = [c.stage(_TIME_UNIT_MS) for c in costs]
-    transient = max((c.transient_bytes for c in costs), default=0)
+def _stages(costs):
+    return [c.stage(_TIME_UNIT_MS) for c in costs]
+
+
+def _evaluate(costs: Sequence[BlockCost], schedule: str, outside: Optional[OutsideCost] = None,
+              correction: int = 0):
+    """(time in ms, peak in bytes) of a schedule under the cost model: the simulator's memory of
+    each operation plus its block's transient, the gradients that the backward has left
+    allocated (grads_persist), the last block's output gradient (the simulator's δ_L is 0), and
+    what the step holds around the blocks; plus `correction`."""
+    o = outside or OutsideCost()
+    r = _planner().simulate_ops(_stages(costs), schedule)
+    ops = _parse(schedule)
+    L = len(costs)
+    first_backward = next(k for k, (kind, _) in enumerate(ops) if kind == "B")
+    twice_during, twice_after = _outputs_counted_twice(costs, ops)
+    peak, grads = max(o.prefix_peak_bytes, o.tail_bytes), 0
+    for k, (kind, i) in enumerate(ops):
+        c = costs[i - 1]
+        if kind == "B":
+            extra = c.backward_transient_bytes + (c.output_bytes if i == L else 0)
+        elif kind == "Fe":
+            extra = c.forward_transient_bytes
+        else:
+            extra = c.untaped_transient_bytes
+        peak = max(peak, o.before_bytes + r["op_peak"][k] - twice_during[k] + extra + grads)
+        if kind == "B" and o.grads_persist:
+            grads += c.grad_bytes
+        if k == first_backward - 1:  # the head and the loss, forward and backward, run here
+            # on x_L, which the simulator has dropped (a tape that holds it counts it already)
+            x_last = 0 if costs[-1].saves_output else costs[-1].output_bytes
+            peak = max(peak, o.before_bytes + r["after"][k] - twice_after[k] + x_last + o.head_bytes)
+    return r["time"] * _TIME_UNIT_MS + o.ms, peak + int(correction)
+
+
+def _outputs_counted_twice(costs, ops):
+    """Per operation (during it, and after it), the bytes of outputs x_i that the simulator
+    counts twice: as x_i and inside tape_i, where the tape holds the output (saves_output; its
+    stage's tape counts a_i) and both are alive. The chain's four numbers cannot say that a tape
+    holds x_i; PyTorch's graph does."""
+    L = len(costs)
+    last = _last_uses(ops, L)
+    x_alive = [False] * (L + 1)
+    tape_alive = [False] * (L + 1)
+    during, after = [0] * len(ops), [0] * len(ops)
+    for k, (kind, i) in enumerate(ops):
+        if kind != "B":
+            x_alive[i] = True
+            if kind == "Fe":
+                tape_alive[i] = True
+        during[k] = sum(costs[j - 1].output_bytes for j in range(1, L + 1)
+                        if costs[j - 1].saves_output and tape_alive[j] and x_alive[j])
+        if kind == "B":
+            tape_alive[i] = False
+        for what, j in last[k]:
+            if what == "x":
+                x_alive[j] = False
+        after[k] = sum(costs[j - 1].output_bytes for j in range(1, L + 1)
+                       if costs[j - 1].saves_output and tape_alive[j] and x_alive[j])
+    return during, after
+
+
+def _plan(costs, budget_bytes, outside=None, correction=0, planner="best") -> CheckpointPlan:
+    """The fastest schedule whose peak under the whole cost model fits: gpukit's planner sees the
+    four numbers of each block, so it is asked at the largest budget of its own whose plan still
+    fits once everything else is added (a bisection between its least budget and ours)."""
+    stages = _stages(costs)
     budget = int(budget_bytes)
-    r = _planner().plan(stages, max(0, budget - transient))
-    if r["infeasible"] or budget < transient:
-        least = int(r.get("minimum_budget", 0)) + transient
-        raise infeasible_budget(
-            f"gpukit_torch.checkpoint: no schedule fits {budget} bytes; the least budget with one "
-            f"is {least} bytes (activations {least - transient}, transients {transient})",
-            least,
-        )
+    p = _planner()
+    r = p.plan(stages, 0, planner=planner)
+    least = int(r["minimum_budget"]) if r["infeasible"] else 0
+    tried = {}
+
+    def attempt(b):
+        if b not in tried:
+            r = p.plan(stages, b, planner=planner)
+            tried[b] = None if r["infeasible"] else (r, *_evaluate(costs, r["schedule"], outside, correction))
+        return tried[b]
+
+    def fits(b):
+        a = attempt(b)
+        return a is not None and a[2] <= budget
+
+    # The planner's budgets from its least to what storing everything takes in its chain (and
+    # beyond: it counts an output twice where a tape holds it and the simulator keeps it too).
+    L = len(stages)
+    store_all = " ".join([f"Fe{i}" for i in range(1, L + 1)] + [f"B{i}" for i in range(L, 0, -1)])
+    twice = sum(c.output_bytes for c in costs if c.saves_output)
+    top = max(least, int(p.simulate_ops(stages, store_all)["peak"])) + twice
+    hi = min(max(least, budget + twice), top)
+    if not fits(hi):
+        # The whole model's peak need not fall with the planner's budget (gradients kept to the
+        # end of the backward, a head that runs on what the forward kept): scan, then bisect
+        # between the largest budget whose plan fits and the next one.
+        points = sorted({least + (top - least) * k // 24 for k in range(25)})
+        ok = [b for b in points if fits(b)]
+        if not ok:
+            need = min(a[2] for a in (attempt(b) for b in points) if a is not None)
+            raise infeasible_budget(
+                f"gpukit_torch.checkpoint: no schedule fits {budget} bytes; the least budget with one "
+                f"is {need} bytes (the planner's chain at least {least} bytes, the rest transients, "
+                f"gradients, what runs around the blocks and a correction of {int(correction)})",
+                need,
+            )
+        lo = ok[-1]
+        hi = next((b for b in points if b > lo), top)
+        for _ in range(40):  # bisection: lo's plan fits, hi's does not
+            if hi - lo <= ALLOCATION_ROUNDING:
+                break
+            mid = (lo + hi) // 2
+            if fits(mid):
+                lo = mid
+            else:
+                hi = mid
+    fitting = [a for a in tried.values() if a is not None and a[2] <= budget]
+    r, t, peak = min(fitting, key=lambda a: (a[1], a[2]))
     return CheckpointPlan(
         schedule=r["schedule"],
         budget=budget,
-        predicted_peak=int(r["peak"]) + transient,
-        predicted_time_ms=r["time"] * _TIME_UNIT_MS,
+        predicted_peak=int(peak),
+        predicted_time_ms=t,
         stages=stages,
-        transient_bytes=transient,
         exact=bool(r["exact"]),
+        costs=list(costs),
+        outside=outside,
+        correction_bytes=int(correction),
     )
 
 
-def simulate(costs: Sequence[BlockCost], schedule: str):
-    """(time in ms, peak in bytes, transients included) of any schedule text in gpukit's
-    simulator: to predict torch.utils.checkpoint settings as well."""
-    stages = [c.stage(_TIME_UNIT_MS) for c in costs]
-    t, peak = _planner().simulate_schedule(stages, schedule)
-    return t * _TIME_UNIT_MS, peak + max((c.transient_bytes for c in costs), default=0)
+def plan(costs: Sequence[BlockCost], budget_bytes: int, outside: Optional[OutsideCost] = None,
+         correction_bytes: int = 0) -> CheckpointPlan:
+    """gpukit's fastest plan for the blocks' costs whose predicted peak (the cost model of the
+    module's docstring: `outside` and `correction_bytes` included) is within `budget_bytes`.
+    Raises infeasible_budget naming the least budget that has a plan."""
+    return _plan(costs, budget_bytes, outside, correction_bytes)
+
+
+def simulate(costs: Sequence[BlockCost], schedule: str, outside: Optional[OutsideCost] = None,
+             correction_bytes: int = 0):
+    """(time in ms, peak in bytes) of any schedule text under the cost model that plan() uses:
+    to predict torch.utils.checkpoint settings as well."""
+    return _evaluate(costs, schedule, outside, correction_bytes)
 
 
 def _parse(schedule: str):
@@ -398,151 +751,317 @@ def _last_uses(ops, L):
 # Execution
 
 
-class _Step:
-    """The state of one training step under a schedule (activations, tapes, RNG states)."""
+class _Slot:
+    """What autograd keeps, in place of a tensor that a block run without its tape saved."""
 
-    def __init__(self, owner, x0):
-        L = len(owner.blocks)
-        self.owner = owner
-        self.x = [None] * (L + 1)
-        self.x[0] = x0.detach()
-        self.tape = [None] * (L + 1)  # (input leaf, output with its graph)
-        self.rng = [None] * (L + 1)
-        self.grad = None  # δ of the stage whose backward runs next
-        self.device = x0.device
-        self.autocast = (
-            torch.is_autocast_enabled(x0.device.type),
-            torch.get_autocast_dtype(x0.device.type),
-        ) if x0.device.type in ("cuda", "cpu") else (False, None)
-        self.x0_needs_grad = x0.requires_grad
+    __slots__ = ("run", "block", "index")
 
-    def _rng_state(self):
-        cuda = torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None
-        return torch.get_rng_state(), cuda
+    def __init__(self, run, block, index):
+        self.run, self.block, self.index = run, block, index
 
-    def _set_rng_state(self, state):
-        torch.set_rng_state(state[0])
-        if state[1] is not None:
-            torch.cuda.set_rng_state(state[1], self.device)
 
-    def forward_op(self, kind, i):
-        block = self.owner.blocks[i - 1]
-        x_in = self.x[i - 1]
-        recomputing = self.rng[i] is not None
-        if recomputing:
-            now = self._rng_state()
-            self._set_rng_state(self.rng[i])
+def _unpack(slot):
+    return slot.run.unpack(slot)
+
+
+class _InputView:
+    """What autograd keeps, in place of a saved view of a block's input x_j: x_j is read back
+    from the activations that the schedule keeps."""
+
+    __slots__ = ("run", "j", "size", "stride", "offset", "requires_grad")
+
+    def __init__(self, run, j, size, stride, offset, requires_grad):
+        self.run, self.j, self.size, self.stride, self.offset = run, j, size, stride, offset
+        self.requires_grad = requires_grad
+
+
+def _unpack_input(saved):
+    if not isinstance(saved, _InputView):
+        return saved
+    x = saved.run.x[saved.j]
+    if x is None:
+        raise RuntimeError(
+            f"gpukit_torch.checkpoint: block {saved.j + 1}'s backward needs x_{saved.j}, which "
+            f"schedule {saved.run.chain.plan.schedule!r} has not kept"
+        )
+    return x.as_strided(saved.size, saved.stride, saved.offset)
+
+
+def _once_on_gradient(tensor, fn):
+    """Calls fn() when the gradient of `tensor` is ready, once: the hook removes itself (a leaf
+    the caller passes again would otherwise carry it into the next step)."""
+    handle = None
+
+    def hook(grad):
+        handle.remove()
+        fn()
+
+    handle = tensor.register_hook(hook)
+
+
+class _Run:
+    """One forward and backward of the blocks under a schedule: the activations it keeps, each
+    block's call, RNG and autocast state, and the tapes recomputed for the backward. Autograd's
+    graph holds it (placeholders and hooks refer to it), so it lives as long as that graph."""
+
+    def __init__(self, chain):
+        L = len(chain.blocks)
+        self.chain = chain
+        self.ops, self.last = chain._ops, chain._last
+        self.pos = 0
+        self.x = [None] * (L + 1)  # kept activations, detached
+        self.calls = [None] * (L + 1)  # each block's call, its hidden state left out
+        self.state = [None] * (L + 1)  # (RNG states, autocast, input requires grad)
+        self.frames = [None] * (L + 1)  # recomputed tapes, in the order the forward saved them
+        self.saved = [0] * (L + 1)  # how many tensors the forward's placeholders stand for
+        self.previous_out = None
+        self.watch = chain.watch
+
+    # -- the forward: the model calls the blocks
+
+    def forward(self, i, fn, call):
+        ops, L = self.ops, len(self.chain.blocks)
+        kind, j = ops[self.pos] if self.pos < len(ops) else ("end", 0)
+        if j != i or kind == "B" or kind == "end":
+            raise RuntimeError(
+                f"gpukit_torch.checkpoint: block {i} ran where the plan expects "
+                f"{kind}{j if j else ''} (schedule {self.chain.plan.schedule!r}); the planned "
+                "blocks must run once each, in order, in every forward"
+            )
+        x_in = call.hidden()
+        if i > 1 and x_in is not self.previous_out:
+            raise RuntimeError(
+                f"gpukit_torch.checkpoint: block {i}'s hidden state is not block {i - 1}'s output: "
+                "the model changes it between the blocks, so recomputing block "
+                f"{i} from block {i - 1}'s output would differ; plan over blocks that pass it on "
+                "unchanged (apply(..., blocks=[...]))"
+            )
+        if i == 1:
+            self.x[0] = x_in.detach()
+            if self.watch is not None:
+                self.watch.chain_entry()
+            if x_in.requires_grad:
+                _once_on_gradient(x_in, lambda: self.before_backward(0))
+        self.calls[i] = call.with_hidden(None)
+        dev = x_in.device
+        self.state[i] = (
+            (torch.get_rng_state(), torch.cuda.get_rng_state(dev) if dev.type == "cuda" else None)
+            if i in self.chain._recomputed
+            else None,
+            (torch.is_autocast_enabled(dev.type), torch.get_autocast_dtype(dev.type))
+            if dev.type in ("cuda", "cpu")
+            else (False, None),
+            x_in.requires_grad,
+        )
+        if kind == "Fe":
+            # What the block saves of its input is read back from the kept x_{i-1} (which the
+            # schedule keeps, or recomputes, for B<i>), so that the graph does not hold x_{i-1}
+            # where the schedule drops it, as the simulator counts.
+            # (The hook must not refer to x_in: autograd keeps the hooks with what they saved.)
+            ptr, dtype = x_in.untyped_storage().data_ptr(), x_in.dtype
+
+            def pack(t, i=i):
+                if t.untyped_storage().data_ptr() == ptr and t.dtype == dtype:
+                    return _InputView(self, i - 1, t.size(), t.stride(), t.storage_offset(), t.requires_grad)
+                return t
+
+            with torch.autograd.graph.saved_tensors_hooks(pack, _unpack_input):
+                out = call(fn)
         else:
-            self.rng[i] = self._rng_state()
-        try:
-            enabled, dtype = self.autocast
-            with torch.autocast(self.device.type, dtype=dtype, enabled=enabled):
-                if kind == "Fn":
-                    with torch.no_grad():
-                        self.x[i] = block(x_in)
-                else:
-                    xin = x_in.detach().requires_grad_(
-                        (i > 1 or self.x0_needs_grad) and (x_in.is_floating_point() or x_in.is_complex())
-                    )
-                    with torch.enable_grad():
-                        out = block(xin)
-                    self.tape[i] = (xin, out)
-                    self.x[i] = out.detach()
-        finally:
-            if recomputing:
-                self._set_rng_state(now)
-
-    def backward_op(self, i):
-        block = self.owner.blocks[i - 1]
-        xin, out = self.tape[i]
-        self.tape[i] = None
-        params = _params(block)
-        inputs = ([xin] if xin.requires_grad else []) + params
-        if not out.requires_grad or not inputs:
-            self.grad = None
-            return
-        grad = self.grad if self.grad is not None else torch.zeros_like(out)
-        # Parameter gradients accumulate into .grad here, in place, as in a backward without
-        # checkpointing (no second copy of them lives until the end of the step).
-        with torch.enable_grad():
-            torch.autograd.backward(out, grad, inputs=inputs)
-        self.grad = xin.grad if xin.requires_grad else None
-
-    def run(self, ops, last, start, stop):
-        for k in range(start, stop):
-            kind, i = ops[k]
-            if kind == "B":
-                self.backward_op(i)
-            else:
-                self.forward_op(kind, i)
-            for what, j in last[k]:
-                if what == "tape":
-                    self.tape[j] = None
-                elif j != len(self.x) - 1 or k >= self.owner._first_backward:
-                    self.x[j] = None  # x_L goes out of the forward as the output
-
-
-class _ScheduledChain(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, owner, x0, *params):
-        step = _Step(owner, x0)
-        ops, last, first_b = owner._ops, owner._last, owner._first_backward
-        step.run(ops, last, 0, first_b)
-        ctx.step = step
-        out, step.x[len(owner.blocks)] = step.x[len(owner.blocks)], None
+            with torch.autograd.graph.saved_tensors_hooks(lambda t, i=i: self._pack(i), _unpack):
+                out = call(fn)
+        h = _hidden_of(out)
+        self.x[i] = h.detach()
+        self._done(self.pos)
+        self.pos += 1
+        self.previous_out = h
+        if h.requires_grad:
+            _once_on_gradient(h, lambda i=i: self.before_backward(i))
+        if i == L:
+            self.previous_out = None
+            if self.watch is not None:
+                self.watch.chain_exit()
         return out
 
-    @staticmethod
-    def backward(ctx, grad_out):
-        step = ctx.step
-        del ctx.step
-        owner = step.owner
-        step.grad = grad_out
-        step.run(owner._ops, owner._last, owner._first_backward, len(owner._ops))
-        dx0 = step.grad if step.x0_needs_grad else None
-        return (None, dx0, *([None] * len(owner._all_params)))
+    def _pack(self, i):
+        self.saved[i] += 1
+        return _Slot(self, i, self.saved[i] - 1)
+
+    def _done(self, k):
+        for what, j in self.last[k]:
+            if what == "x":
+                self.x[j] = None
+
+    # -- the backward: autograd reaches the blocks
+
+    def before_backward(self, i):
+        """The gradient of x_i is ready: B<i+1> has run, B<i> runs next (i = 0: the backward of
+        the blocks is over). Runs the schedule's operations up to B<i>."""
+        if self.watch is not None and i == len(self.chain.blocks):
+            self.watch.backward_start()  # before any recomputation: the head's peak ends here
+        ops = self.ops
+        while self.pos < len(ops):
+            kind, j = ops[self.pos]
+            if kind == "B":
+                if j == i:
+                    break
+                if j < i:
+                    raise RuntimeError(
+                        f"gpukit_torch.checkpoint: the backward reached block {i} after B{j} of "
+                        f"schedule {self.chain.plan.schedule!r}"
+                    )
+                self.frames[j] = None  # B<j> has run: its tape goes
+            else:
+                self._recompute(kind, j)
+            self._done(self.pos)
+            self.pos += 1
+        if self.watch is not None and i == 0:
+            self.watch.backward_end()  # after B<1>'s tape went: what follows is the step's
+
+    def _recompute(self, kind, j):
+        x_in, call = self.x[j - 1], self.calls[j]
+        if x_in is None or call is None:
+            raise RuntimeError(
+                f"gpukit_torch.checkpoint: {kind}{j} needs x_{j - 1}, which schedule "
+                f"{self.chain.plan.schedule!r} has not kept"
+            )
+        rng, (autocast, dtype), needs_grad = self.state[j]
+        dev = x_in.device
+        now = (torch.get_rng_state(), torch.cuda.get_rng_state(dev) if dev.type == "cuda" else None)
+        if rng is not None:
+            torch.set_rng_state(rng[0])
+            if rng[1] is not None:
+                torch.cuda.set_rng_state(rng[1], dev)
+        block = self.chain.blocks[j - 1]
+        try:
+            with self.chain.replaying(), torch.autocast(dev.type, dtype=dtype, enabled=autocast):
+                if kind == "Fn":
+                    with torch.no_grad():
+                        out = call.with_hidden(x_in)(block)
+                else:
+                    frame = []
+
+                    def pack(t):
+                        frame.append(t.detach())
+                        return len(frame) - 1
+
+                    xin = x_in.detach().requires_grad_(needs_grad)
+                    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, frame.__getitem__):
+                        out = call.with_hidden(xin)(block)
+                    if self.saved[j] and len(frame) != self.saved[j]:
+                        raise RuntimeError(
+                            f"gpukit_torch.checkpoint: recomputing block {j} saved {len(frame)} "
+                            f"tensors, its first forward {self.saved[j]}: the block does not run "
+                            "the same operations twice, so it cannot be recomputed"
+                        )
+                    self.frames[j] = frame
+            h = _hidden_of(out)
+            if self.x[j] is None:
+                self.x[j] = h.detach()
+            elif kind == "Fe":
+                # x_j is still kept: the recomputed copy goes at once, and a tape that saved the
+                # output reads the kept one instead.
+                ptr, kept = h.untyped_storage().data_ptr(), self.x[j]
+                self.frames[j] = [
+                    kept.as_strided(t.size(), t.stride(), t.storage_offset())
+                    if t.untyped_storage().data_ptr() == ptr and t.dtype == kept.dtype else t
+                    for t in self.frames[j]
+                ]
+            del out, h
+        finally:
+            if rng is not None:
+                torch.set_rng_state(now[0])
+                if now[1] is not None:
+                    torch.cuda.set_rng_state(now[1], dev)
+
+    def unpack(self, slot):
+        if self.frames[slot.block] is None:
+            self.before_backward(slot.block)
+        frame = self.frames[slot.block]
+        if frame is None or slot.index >= len(frame):
+            raise RuntimeError(
+                f"gpukit_torch.checkpoint: block {slot.block}'s saved tensor {slot.index} is not "
+                "available: its backward ran twice (retain_graph) or out of the schedule's order"
+            )
+        return frame[slot.index]
 
 
-class PlannedSequential(nn.Module):
-    """Blocks run under a checkpoint plan (see the module's docstring). Under no_grad, or when
-    nothing needs a gradient, the blocks simply run in order."""
+class _Chain:
+    """Planned blocks: the schedule, and the run of the forward in progress."""
 
-    def __init__(self, blocks, checkpoint_plan: CheckpointPlan, costs: Optional[List[BlockCost]] = None):
-        super().__init__()
-        self.blocks = nn.ModuleList(blocks)
-        self.costs = costs
-        self.set_plan(checkpoint_plan)
+    def __init__(self, blocks):
+        self.blocks = list(blocks)
+        self.run = None
+        self.watch = None
+        self._replaying = 0
+        self.plan = None
 
     def set_plan(self, checkpoint_plan: CheckpointPlan):
-        """Runs under another plan (e.g. one planned for another budget) from the next forward."""
         ops = _parse(checkpoint_plan.schedule)
         L = len(self.blocks)
         if not ops or any(i < 1 or i > L for _, i in ops):
             raise ValueError(f"gpukit_torch.checkpoint: schedule {checkpoint_plan.schedule!r} is not for {L} blocks")
         stages = checkpoint_plan.stages or [(1, 1, 1, 1)] * L
+        if len(stages) != L:
+            raise ValueError(f"gpukit_torch.checkpoint: a plan for {len(stages)} blocks given to {L} blocks")
         _planner().simulate_schedule(stages, checkpoint_plan.schedule)  # validates it
+        first_backward = next(k for k, (kind, _) in enumerate(ops) if kind == "B")
+        if [i for _, i in ops[:first_backward]] != list(range(1, L + 1)):
+            raise ValueError(
+                f"gpukit_torch.checkpoint: schedule {checkpoint_plan.schedule!r} does not run each "
+                "block forward once, in order, before its first backward"
+            )
         self.plan = checkpoint_plan
         self._ops = ops
         self._last = _last_uses(ops, L)
-        self._first_backward = next(k for k, (kind, _) in enumerate(ops) if kind == "B")
-        seen, params = set(), []
-        for b in self.blocks:
-            for p in _params(b):
-                if id(p) not in seen:
-                    seen.add(id(p))
-                    params.append(p)
-        self._all_params = params
+        self._recomputed = {i for _, i in ops[first_backward:] if _ != "B"}
+
+    @contextlib.contextmanager
+    def replaying(self):
+        self._replaying += 1
+        try:
+            yield
+        finally:
+            self._replaying -= 1
+
+    def forward_block(self, i, fn, call):
+        """Block i (1-based) called by the model: fn(*args, **kwargs) under the plan."""
+        if self._replaying or not torch.is_grad_enabled():
+            return call(fn)
+        if i == 1:
+            self.run = _Run(self)
+        if self.run is None:
+            raise RuntimeError(f"gpukit_torch.checkpoint: block {i} ran before block 1 in this forward")
+        run = self.run
+        if i == len(self.blocks):
+            self.run = None  # the run lives on in its graph
+        return run.forward(i, fn, call)
+
+
+class PlannedSequential(nn.Module):
+    """One-tensor blocks run in order under a checkpoint plan (see the module's docstring).
+    Under no_grad the blocks simply run in order."""
+
+    def __init__(self, blocks, checkpoint_plan: CheckpointPlan, costs: Optional[List[BlockCost]] = None):
+        super().__init__()
+        self.blocks = nn.ModuleList(blocks)
+        self.costs = costs
+        self._chain = _Chain(self.blocks)
+        self.set_plan(checkpoint_plan)
+
+    def set_plan(self, checkpoint_plan: CheckpointPlan):
+        """Runs under another plan (e.g. one planned for another budget) from the next forward."""
+        self._chain.set_plan(checkpoint_plan)
+        self.plan = checkpoint_plan
 
     def forward(self, x):
-        if not torch.is_grad_enabled() or not (x.requires_grad or self._all_params):
-            for b in self.blocks:
-                x = b(x)
-            return x
-        return _ScheduledChain.apply(self, x, *self._all_params)
+        for i, b in enumerate(self.blocks, start=1):
+            x = self._chain.forward_block(i, b, _Call((x,)))
+        return x
 
 
 def sequential(model, budget_bytes: int, example_input: torch.Tensor, repetitions: int = 5, warmup: int = 2):
-    """`model` (an nn.Sequential or a list of blocks) checkpointed under gpukit's optimal plan for
+    """`model` (an nn.Sequential or a list of blocks) checkpointed under gpukit's fastest plan for
     `budget_bytes`: the activation memory a training step may use beyond what is allocated when
     its forward starts (parameters, their gradients, the input). Profiles the blocks on the device
     of `example_input` (profile()), plans (plan()) and returns a PlannedSequential sharing the
@@ -552,3 +1071,348 @@ def sequential(model, budget_bytes: int, example_input: torch.Tensor, repetition
     blocks = _blocks_of(model)
     costs = profile(blocks, example_input, repetitions=repetitions, warmup=warmup)
     return PlannedSequential(blocks, plan(costs, budget_bytes), costs)
+
+
+# ---------------------------------------------------------------------------------------------
+# Models: finding the blocks, planning them in place, closing the loop
+
+
+def find_blocks(model: nn.Module) -> List[str]:
+    """The names of `model`'s repeated blocks, in module order: the children of every
+    nn.ModuleList or nn.Sequential whose children (two or more) are all of one class, of the
+    class whose blocks hold the most parameters (transformers' GPT-2 `transformer.h.0` ...,
+    Llama `model.layers.0` ..., torchvision ResNet's Bottlenecks `layer1.0` ... `layer4.2`).
+    Raises ValueError when the model has no such container."""
+    groups = {}
+    for name, m in model.named_modules():
+        if isinstance(m, (nn.ModuleList, nn.Sequential)):
+            children = list(m.named_children())
+            if len(children) >= 2 and len({type(c) for _, c in children}) == 1:
+                group = groups.setdefault(type(children[0][1]), {})
+                for child_name, child in children:
+                    group.setdefault(id(child), (f"{name}.{child_name}" if name else child_name, child))
+    if not groups:
+        raise ValueError(
+            f"gpukit_torch.checkpoint: {type(model).__name__} has no nn.ModuleList or nn.Sequential "
+            "of blocks of one class; name the blocks (apply(..., blocks=[...]))"
+        )
+
+    def weight(group):
+        return (sum(p.numel() for _, b in group.values() for p in b.parameters()), len(group))
+
+    best = max(groups.values(), key=weight)
+    return [name for name, _ in best.values()]
+
+
+def _step_inputs(model, example_inputs):
+    if isinstance(example_inputs, dict):
+        return model(**example_inputs)
+    if isinstance(example_inputs, (tuple, list)):
+        return model(*example_inputs)
+    return model(example_inputs)
+
+
+def _default_loss(out):
+    """The output's .loss where it has one (transformers with labels=), else the sum of its
+    first tensor (logits)."""
+    loss = getattr(out, "loss", None)
+    if isinstance(loss, torch.Tensor):
+        return loss
+    if hasattr(out, "to_tuple"):
+        out = out.to_tuple()
+    t = out if isinstance(out, torch.Tensor) else next(
+        (v for v in (out if isinstance(out, (tuple, list)) else ()) if isinstance(v, torch.Tensor)), None)
+    if t is None:
+        raise TypeError(
+            f"gpukit_torch.checkpoint: cannot make a loss of a {type(out).__name__}; pass loss_fn="
+        )
+    return t.sum()
+
+
+class _StepWatch:
+    """Memory and time of one training step around the blocks: what OutsideCost holds, the
+    step's peak and its time. The allocator's counters are read on the host as the step goes
+    (they change when the host allocates, so nothing waits for the device); the peak counter is
+    reset at the blocks' edges, and the step's peak is the largest of the parts. Times come from
+    CUDA events recorded at the same edges (a steady clock off CUDA), read when the step is over."""
+
+    def __init__(self, probe, device):
+        self.probe = probe
+        self.cuda = device.type == "cuda"
+        probe.sync()
+        self.base = probe.allocated()
+        probe.reset_peak()
+        self.top = 0
+        self.marks = {}
+        self.before = self.prefix = self.head = self.tail = 0
+        self.exit_allocated = None
+        self._mark("start")
+
+    def _mark(self, name):
+        if self.cuda:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            self.marks[name] = e
+        else:
+            self.marks[name] = time.perf_counter()
+
+    def _ms(self, a, b):
+        if self.cuda:
+            return self.marks[a].elapsed_time(self.marks[b])
+        return (self.marks[b] - self.marks[a]) * 1e3
+
+    def _part(self):
+        p = self.probe.peak()
+        self.top = max(self.top, p)
+        return p
+
+    def chain_entry(self):
+        self.prefix = self._part() - self.base
+        self.before = self.probe.allocated() - self.base
+        self._mark("entry")
+
+    def chain_exit(self):
+        self._part()
+        self.exit_allocated = self.probe.allocated()
+        self.probe.reset_peak()
+        self._mark("exit")
+
+    def backward_start(self):
+        p = self._part()
+        if self.exit_allocated is not None:
+            self.head = p - self.exit_allocated
+        self.probe.reset_peak()
+        self._mark("backward")
+
+    def backward_end(self):
+        self._part()
+        self.probe.reset_peak()
+        self._mark("backward_end")
+
+    def finish(self):
+        self._mark("end")
+        self.probe.sync()
+        p = self._part()
+        if "backward_end" in self.marks:
+            self.tail = p - self.base
+        outside_ms = 0.0
+        for a, b in (("start", "entry"), ("exit", "backward"), ("backward_end", "end")):
+            if a in self.marks and b in self.marks:
+                outside_ms += self._ms(a, b)
+        return dict(peak=self.top - self.base, ms=self._ms("start", "end"), outside_ms=outside_ms)
+
+
+def _resolve_blocks(model, blocks):
+    names = find_blocks(model) if blocks is None else list(blocks)
+    if not names:
+        raise ValueError("gpukit_torch.checkpoint: blocks=[] names no block")
+    out = []
+    for b in names:
+        if isinstance(b, nn.Module):
+            name = next((n for n, m in model.named_modules() if m is b), None)
+            if name is None:
+                raise ValueError(f"gpukit_torch.checkpoint: block {type(b).__name__} is not a module of the model")
+            out.append((name, b))
+        else:
+            try:
+                out.append((b, model.get_submodule(b)))
+            except AttributeError as e:
+                raise ValueError(f"gpukit_torch.checkpoint: the model has no block {b!r}") from e
+    if len({id(m) for _, m in out}) != len(out):
+        raise ValueError(f"gpukit_torch.checkpoint: a block is named twice in {[n for n, _ in out]}")
+    return out
+
+
+def _capture_calls(model, blocks, example_inputs):
+    """Each block's call in one forward of the model without grad, in the order of the calls."""
+    seen, handles = [], []
+    for i, block in enumerate(blocks):
+        def hook(module, args, kwargs, i=i):
+            seen.append((i, _Call(args, kwargs)))
+        handles.append(block.register_forward_pre_hook(hook, with_kwargs=True))
+    try:
+        with torch.no_grad():
+            _step_inputs(model, example_inputs)
+    finally:
+        for h in handles:
+            h.remove()
+    order = [i for i, _ in seen]
+    if order != list(range(len(blocks))):
+        raise ValueError(
+            "gpukit_torch.checkpoint: the model calls its blocks in the order "
+            f"{order[:32]}, not once each in order 0..{len(blocks) - 1}; name blocks that it does"
+        )
+    for i, call in seen:
+        if call.kwargs.get("use_cache") is True:
+            raise ValueError(
+                f"gpukit_torch.checkpoint: block {i} is called with use_cache=True: a cache filled "
+                "in a training step would be filled again when the block is recomputed; pass "
+                "use_cache=False (or set model.config.use_cache = False)"
+            )
+    return [c for _, c in seen]
+
+
+def remove(model: nn.Module) -> int:
+    """Undoes apply(): the blocks' own forward again. Returns how many blocks it restored."""
+    n = 0
+    for m in model.modules():
+        if getattr(m, "_gpukit_checkpoint", None) is not None:
+            del m.forward
+            if m._gpukit_own_forward is not None:  # a forward of its own, set on the instance
+                m.forward = m._gpukit_own_forward
+            del m._gpukit_checkpoint, m._gpukit_own_forward
+            n += 1
+    return n
+
+
+def _patch(block, chain, i):
+    own = block.forward
+    block._gpukit_own_forward = block.__dict__.get("forward")
+
+    @torch._dynamo.disable
+    def forward(*args, **kwargs):
+        if chain._replaying:
+            return own(*args, **kwargs)
+        return chain.forward_block(i, own, _Call(args, kwargs))
+
+    block.forward = forward
+    block._gpukit_checkpoint = chain
+
+
+@contextlib.contextmanager
+def _state_kept(model, device):
+    """Parameters' .grad (copied to the host), buffers (BatchNorm's statistics) and the RNG
+    state as they were, after the training steps apply() runs."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    grads = [None if p.grad is None else p.grad.detach().to("cpu", copy=True) for p in params]
+    buffers = [(b, b.detach().to("cpu", copy=True)) for b in model.buffers()]
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        try:
+            yield lambda: _restore_grads(params, grads)
+        finally:
+            _restore_grads(params, grads)
+            with torch.no_grad():
+                for b, v in buffers:
+                    b.copy_(v)
+
+
+def _restore_grads(params, grads):
+    with torch.no_grad():
+        for p, g in zip(params, grads):
+            if g is None:
+                p.grad = None
+            elif p.grad is None:
+                p.grad = g.to(p.device)
+            else:
+                p.grad.copy_(g)
+
+
+def apply(model: nn.Module, budget_bytes: int, example_inputs, *, blocks=None,
+          loss_fn: Optional[Callable] = None, probe: Optional[MemoryProbe] = None,
+          repetitions: int = 5, warmup: int = 2, max_rounds: int = 4,
+          costs: Optional[List[BlockCost]] = None, outside: Optional[OutsideCost] = None) -> CheckpointPlan:
+    """Plans `model`'s repeated blocks under `budget_bytes` and runs them under the plan, in place.
+
+    budget_bytes: the peak of one training step (forward, loss, backward) beyond what is
+    allocated when it starts (parameters, their gradients, the batch). example_inputs: a batch
+    as the model takes it (a dict of keyword arguments, a tuple of positional ones, or a tensor);
+    the steps apply() runs call loss_fn(model(batch)).backward() (default: the output's .loss,
+    else the sum of its first tensor). blocks: names or modules of the blocks, in the order the
+    model calls them (default find_blocks(model)). probe: the allocator's counters (default
+    MemoryProbe on CUDA; without one, off CUDA, sizes come from storages and no step is measured).
+    costs, outside: an earlier plan's .costs and .outside for the same blocks and batch (e.g. to
+    plan the model again for another budget): the blocks are not profiled again, and the first
+    step is predicted with what runs around them.
+
+    Profiles the blocks (profile(), on the calls a forward of the model makes), plans, replaces
+    each block's forward, and closes the loop: it runs a step, measures its peak, what runs
+    around the blocks (OutsideCost) and its time, adds to correction_bytes what the step measured
+    beyond what the model predicts for it (with what that step measured around the blocks),
+    plans again, and runs the new plan, until a step measures no more than the model predicts
+    and fits the budget (up to max_rounds steps); the returned plan's predicted peak and time are
+    then the model's with that step's measurements. Parameters' .grad, buffers and the
+    RNG state are restored after these steps. Returns the CheckpointPlan (its rounds hold each
+    step's prediction, measurement and correction); remove(model) undoes it. Raises
+    infeasible_budget (a ValueError) naming the least budget that has a plan, ValueError for
+    blocks it cannot find or plan (named), RuntimeError when no step fits within max_rounds (the
+    model is left as it was). Synchronizes the device.
+    """
+    if max_rounds < 1:
+        raise ValueError(f"gpukit_torch.checkpoint.apply: max_rounds={max_rounds}")
+    remove(model)
+    named = _resolve_blocks(model, blocks)
+    mods = [m for _, m in named]
+    calls = _capture_calls(model, mods, example_inputs)
+    x0 = calls[0].hidden()
+    device = x0.device
+    if probe is None and device.type == "cuda":
+        probe = MemoryProbe(device)
+    loss_fn = loss_fn or _default_loss
+    grads_persist = any(p.grad is None for m in mods for p in _params(m))
+    if costs is None:
+        costs = _profile_calls(mods, calls, x0, repetitions, warmup, probe, grads_persist)
+    elif len(costs) != len(mods):
+        raise ValueError(f"gpukit_torch.checkpoint.apply: {len(costs)} costs for {len(mods)} blocks")
+    del calls, x0
+    if outside is None:
+        outside = OutsideCost(grads_persist=grads_persist)
+    else:
+        outside = OutsideCost(**{**asdict(outside), "grads_persist": grads_persist})
+    chain = _Chain(mods)
+    current = _plan(costs, budget_bytes, outside)
+    current.blocks = [n for n, _ in named]
+    chain.set_plan(current)
+    for i, m in enumerate(mods, start=1):
+        _patch(m, chain, i)
+    if probe is None:
+        return current
+    rounds, correction = [], 0
+    try:
+        with _state_kept(model, device) as restore_grads:
+            for _ in range(max_rounds):
+                chain.watch = watch = _StepWatch(probe, device)
+                try:
+                    loss_fn(_step_inputs(model, example_inputs)).backward()
+                    measured = watch.finish()
+                finally:
+                    chain.watch = None
+                    restore_grads()
+                # What the step measured around the blocks: its sizes (a later step's stand for
+                # the steps that follow it better than an earlier one's, which may hold what
+                # libraries allocate once on first use), and the least time of the steps.
+                outside = OutsideCost(watch.before, watch.prefix, watch.head, watch.tail,
+                                      min(measured["outside_ms"], outside.ms) if rounds else measured["outside_ms"],
+                                      grads_persist)
+                model_time, model_peak = _evaluate(costs, current.schedule, outside, correction)
+                over = measured["peak"] - model_peak
+                rounds.append(dict(
+                    schedule=current.schedule, predicted_peak=current.predicted_peak,
+                    predicted_time_ms=current.predicted_time_ms, measured_peak=measured["peak"],
+                    measured_time_ms=measured["ms"], model_peak=model_peak,
+                    correction_bytes=_rounded(max(0, over)),
+                ))
+                current.measured_peak, current.measured_time_ms = measured["peak"], measured["ms"]
+                if over <= 0 and measured["peak"] <= int(budget_bytes) and model_peak <= int(budget_bytes):
+                    # The model, with what this step measured around the blocks, accounts for the
+                    # step: the plan stays, predicted by that model.
+                    current.predicted_peak, current.predicted_time_ms = model_peak, model_time
+                    current.outside = outside
+                    break
+                correction += _rounded(max(0, over))
+                following = _plan(costs, budget_bytes, outside, correction)
+                following.blocks = current.blocks
+                chain.set_plan(following)
+                current = following
+            else:
+                raise RuntimeError(
+                    f"gpukit_torch.checkpoint.apply: {max_rounds} steps measured more than predicted "
+                    f"or more than the budget of {int(budget_bytes)} bytes (the last: measured "
+                    f"{rounds[-1]['measured_peak']}, predicted {rounds[-1]['predicted_peak']}); "
+                    "raise max_rounds or the budget"
+                )
+    except BaseException:
+        remove(model)
+        raise
+    current.rounds = rounds
+    current.correction_bytes = correction
+    return current
