@@ -725,6 +725,13 @@ def main(argv):
             sys.exit(1)
         print("RESULT", detail, flush=True)
         sys.exit(0)
+    if argv[:1] in (["-h"], ["--help"]):
+        print(__doc__)
+        return 0
+    unknown = [r for r in argv if not r.startswith("-") and r not in ROWS and
+               argv[argv.index(r) - 1] not in ("--out", "--jobs", "--allocators")]
+    if unknown:
+        sys.exit(f"test_compat: unknown row(s) {', '.join(map(repr, unknown))}; rows: {', '.join(ROWS)}")
     out_dir, jobs, allocators = None, 1, ALLOCATORS
     while argv[:1] in (["--out"], ["--jobs"], ["--allocators"]):
         if argv[0] == "--out":
