@@ -38,7 +38,7 @@
 
 namespace {
 
-namespace alloc = c10::cuda::CUDACachingAllocator;
+namespace alloc  = c10::cuda::CUDACachingAllocator;
 using clock_type = std::chrono::steady_clock;
 
 struct shared_state {
@@ -48,7 +48,8 @@ struct shared_state {
   std::mutex error_mutex;
   std::string error;  // the first failure of any thread
 
-  void fail(const std::string& what) {
+  void fail(const std::string& what)
+  {
     std::lock_guard<std::mutex> lock(error_mutex);
     if (error.empty()) error = what;
     stop.store(true);
@@ -57,15 +58,16 @@ struct shared_state {
 };
 
 void thread_body(shared_state& state, int index, int device, int live, const std::size_t* sizes,
-                 int n_sizes, long warmup_ops, std::uint64_t& count) {
+                 int n_sizes, long warmup_ops, std::uint64_t& count)
+{
   std::vector<void*> ring(static_cast<std::size_t>(live), nullptr);
   std::size_t next = static_cast<std::size_t>(index) * 7919u;  // a different start per thread
   std::size_t slot = 0;
-  bool counted = false;
+  bool counted     = false;
   try {
     c10::cuda::set_device(static_cast<c10::DeviceIndex>(device));
     const cudaStream_t stream =
-        c10::cuda::getStreamFromPool(false, static_cast<c10::DeviceIndex>(device)).stream();
+      c10::cuda::getStreamFromPool(false, static_cast<c10::DeviceIndex>(device)).stream();
     auto op = [&] {
       if (ring[slot] != nullptr) alloc::raw_delete(ring[slot]);
       ring[slot] = nullptr;
@@ -100,7 +102,8 @@ void thread_body(shared_state& state, int index, int device, int live, const std
   }
 }
 
-void copy_message(const std::string& text, char* out, int capacity) {
+void copy_message(const std::string& text, char* out, int capacity)
+{
   if (out == nullptr || capacity <= 0) return;
   const std::size_t n = std::min(text.size(), static_cast<std::size_t>(capacity - 1));
   std::copy_n(text.data(), n, out);
@@ -118,13 +121,16 @@ __attribute__((visibility("default"))) int gpukit_threads_bench(int threads, int
                                                                 const std::size_t* sizes,
                                                                 int n_sizes, long warmup_ops,
                                                                 double seconds, double* results,
-                                                                char* error, int capacity) {
+                                                                char* error, int capacity)
+{
   if (threads < 1 || live < 1 || sizes == nullptr || n_sizes < 1 || seconds <= 0 ||
       results == nullptr || warmup_ops < 0) {
-    copy_message("gpukit_threads_bench: need threads >= 1, live >= 1, sizes, seconds > 0, "
-                 "warmup_ops >= 0 (threads " + std::to_string(threads) + ", live " +
-                     std::to_string(live) + ", sizes " + std::to_string(n_sizes) + ")",
-                 error, capacity);
+    copy_message(
+      "gpukit_threads_bench: need threads >= 1, live >= 1, sizes, seconds > 0, "
+      "warmup_ops >= 0 (threads " +
+        std::to_string(threads) + ", live " + std::to_string(live) + ", sizes " +
+        std::to_string(n_sizes) + ")",
+      error, capacity);
     return -1;
   }
   shared_state state;
@@ -156,8 +162,8 @@ __attribute__((visibility("default"))) int gpukit_threads_bench(int threads, int
     return -1;
   }
   std::uint64_t total = 0;
-  std::uint64_t lo = UINT64_MAX;
-  std::uint64_t hi = 0;
+  std::uint64_t lo    = UINT64_MAX;
+  std::uint64_t hi    = 0;
   for (std::uint64_t c : counts) {
     total += c;
     lo = std::min(lo, c);

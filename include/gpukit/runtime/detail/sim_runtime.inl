@@ -338,7 +338,8 @@ GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::capture_violation(sim_op 
 
 // A call CUDA refuses on a capturing stream in every capture mode (cudaStreamGetDevice,
 // cudaStreamQuery, cudaStreamSynchronize, ...): refused, and the capture invalidated.
-GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::on_capturing_stream(char const* call, std::uint64_t stream_id)
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::on_capturing_stream(char const* call,
+                                                                           std::uint64_t stream_id)
 {
   if (captures_underway_.load(std::memory_order_acquire) == 0) { return cudaSuccess; }
   std::uint64_t id = 0;
@@ -358,7 +359,8 @@ GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::on_capturing_stream(char 
 
 // A query of an event last recorded in a capture: cudaErrorCapturedEvent, and the capture, if
 // still under way, is invalidated.
-GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::on_captured_event(char const* call, std::uint64_t event_id)
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::on_captured_event(char const* call,
+                                                                         std::uint64_t event_id)
 {
   std::uint64_t id = 0;
   {
@@ -374,7 +376,8 @@ GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::on_captured_event(char co
                   ", where it marks a point of the graph, not work that completes");
 }
 
-GPUKIT_DETAIL_COMPILED_INLINE detail::sim_graph_capture* sim_runtime::capture_of_locked(std::uint64_t stream_id)
+GPUKIT_DETAIL_COMPILED_INLINE detail::sim_graph_capture* sim_runtime::capture_of_locked(
+  std::uint64_t stream_id)
 {
   for (auto& c : captures_) {
     if (c.find(stream_id) != nullptr) { return &c; }
@@ -382,7 +385,8 @@ GPUKIT_DETAIL_COMPILED_INLINE detail::sim_graph_capture* sim_runtime::capture_of
   return nullptr;
 }
 
-GPUKIT_DETAIL_COMPILED_INLINE detail::sim_graph_capture* sim_runtime::capture_by_id_locked(std::uint64_t id)
+GPUKIT_DETAIL_COMPILED_INLINE detail::sim_graph_capture* sim_runtime::capture_by_id_locked(
+  std::uint64_t id)
 {
   for (auto& c : captures_) {
     if (c.id == id) { return &c; }
@@ -405,7 +409,8 @@ GPUKIT_DETAIL_COMPILED_INLINE bool sim_runtime::capturing(std::uint64_t stream_i
 // Counts one operation captured on `stream_id`; false when the stream is not capturing. In a
 // capture already invalidated, nothing is captured any more: err =
 // cudaErrorStreamCaptureInvalidated.
-GPUKIT_DETAIL_COMPILED_INLINE bool sim_runtime::note_captured_work(std::uint64_t stream_id, cudaError_t& err)
+GPUKIT_DETAIL_COMPILED_INLINE bool sim_runtime::note_captured_work(std::uint64_t stream_id,
+                                                                   cudaError_t& err)
 {
   if (captures_underway_.load(std::memory_order_acquire) == 0) { return false; }
   std::lock_guard<std::mutex> lock{capture_mutex_};

@@ -179,7 +179,8 @@ GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::stream_is_capturing(strea
   return cudaSuccess;
 }
 
-GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::stream_capture_id(stream_type s, unsigned long long& id)
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::stream_capture_id(stream_type s,
+                                                                         unsigned long long& id)
 {
   id = 0;
   if (auto e = enter(sim_op::stream_capture_id); e != cudaSuccess) { return e; }

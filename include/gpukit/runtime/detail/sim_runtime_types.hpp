@@ -266,7 +266,9 @@ using sim_capture_reach = std::vector<std::pair<std::uint64_t, std::uint64_t>>;
 /// Raises `into`'s entries to those of `from` (a wait on an event joins what it had reached).
 inline void sim_merge_reach(sim_capture_reach& into, sim_capture_reach const& from)
 {
-  for (auto const& [stream, work] : from) {
+  for (auto const& entry : from) {
+    std::uint64_t const stream = entry.first;  // a structured binding: not capturable in C++17
+    std::uint64_t const work   = entry.second;
     auto it =
       std::find_if(into.begin(), into.end(), [&](auto const& e) { return e.first == stream; });
     if (it == into.end()) {
