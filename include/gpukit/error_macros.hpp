@@ -69,13 +69,13 @@
 /// condition's text, the file and the line. `message` is evaluated only when `cond` is false.
 #define GPUKIT_EXPECTS(cond, message)                                                           \
   do {                                                                                          \
-    if (!(cond)) { ::gpukit::detail::throw_logic_error((message), #cond, __FILE__, __LINE__); } \
+    if (!(cond)) { ::gpukit::detail::throw_logic_error((message), GPUKIT_DETAIL_CONDITION(cond)); } \
   } while (0)
 
 /// Throws gpukit::logic_error with `message` (anything convertible to std::string), the file and
 /// the line: for a branch that input must never reach.
 #define GPUKIT_FAIL(message) \
-  ::gpukit::detail::throw_logic_error((message), nullptr, __FILE__, __LINE__)
+  ::gpukit::detail::throw_logic_error((message), nullptr, GPUKIT_DETAIL_WHERE)
 
 /// For destructors, which never throw: asserts that `call` returned success in debug builds, and
 /// only evaluates it (discarding the status) when NDEBUG is defined.
