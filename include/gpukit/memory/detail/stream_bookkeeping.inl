@@ -72,7 +72,18 @@ bool basic_caching_allocator<Runtime>::check_stream_locked(stream_type stream, c
     retire_dead_stream_locked(stream);
     return false;
   }
-  GPUKIT_CUDA_TRY(r);
+  if (r == Runtime::invalid_resource_handle) {
+    detail::throw_explained_cuda_error(
+      r,
+      std::string{what} + ": stream " + detail::hex(stream_id(stream)) +
+        " is not a live stream of device " + std::to_string(device_) +
+        " (it was destroyed, or created in another context or on another device); pass a stream "
+        "created on device " +
+        std::to_string(device_) + " that outlives the work queued on it",
+      "stream_is_capturing, stream_get_device", GPUKIT_DETAIL_SOURCE);
+  }
+  GPUKIT_CUDA_TRY(r, std::string{what} + ": asking stream " + detail::hex(stream_id(stream)) +
+                       " its device");
   GPUKIT_EXPECTS(d == device_, std::string{what} + ": the stream belongs to device " +
                                  std::to_string(d) + " but this allocator serves device " +
                                  std::to_string(device_) +
@@ -111,7 +122,13 @@ template <class Runtime>
 void basic_caching_allocator<Runtime>::retire_dead_stream_locked(stream_type stream)
 {
   if (capture_.underway.load(std::memory_order_relaxed) != 0) {
-    GPUKIT_CUDA_TRY(Runtime::invalid_resource_handle);  // no synchronization during a capture
+    detail::throw_explained_cuda_error(  // no synchronization during a capture
+      Runtime::invalid_resource_handle,
+      "deallocate_async: stream " + detail::hex(stream_id(stream)) +
+        " was destroyed, and a block freed on it can be reused only after the device is "
+        "synchronized, which a graph capture under way forbids; free it before destroying the "
+        "stream, or after the capture ends",
+      "device_synchronize", GPUKIT_DETAIL_SOURCE);
   }
   {
     device_guard<Runtime> guard{runtime_, device_};
