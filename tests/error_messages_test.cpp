@@ -47,9 +47,9 @@ std::size_t count(std::string const& text, std::string const& part)
 /// What source text looks like; none of it belongs in a release build's message. ("::" alone is
 /// allowed: members a user calls are named as in the API, e.g. pinned_pool::allocate.)
 constexpr char const* source_text[] = {
-  "include/", ".hpp", ".inl", ".cpp", "__FILE__", "__LINE__", "precondition `", "status is `",
-  "!= ",      "== ",  "&&",   "||",   "nullptr",  "gpukit::", "detail::",       "std::",
-  "Runtime::", "_locked", "static_cast"};
+  "include/",    ".hpp",  ".inl",      ".cpp",    "__FILE__",   "__LINE__", "precondition `",
+  "status is `", "!= ",   "== ",       "&&",      "||",         "nullptr",  "gpukit::",
+  "detail::",    "std::", "Runtime::", "_locked", "static_cast"};
 
 /// Checks the rules every message keeps; `values` are what the message must name.
 void check_message(std::string const& what, std::initializer_list<std::string> values)
@@ -163,14 +163,14 @@ TEST_SUITE("error")
     gpukit::caching_allocator_options limited;
     limited.limit_bytes = 16 * mib;
     sim_allocator small{sim, 0, limited};
-    std::string const over_limit = message_of<gpukit::out_of_memory>(
-      [&] { (void)small.allocate_async(32 * mib, {}); });
+    std::string const over_limit =
+      message_of<gpukit::out_of_memory>([&] { (void)small.allocate_async(32 * mib, {}); });
     check_message(over_limit, {std::to_string(32 * mib), "limit"});
 
     sim_allocator alloc{sim, 0};
-    void* held       = alloc.allocate_async(48 * mib, {});
-    std::string full = message_of<gpukit::out_of_memory>(
-      [&] { (void)alloc.allocate_async(48 * mib, {}); });
+    void* held = alloc.allocate_async(48 * mib, {});
+    std::string full =
+      message_of<gpukit::out_of_memory>([&] { (void)alloc.allocate_async(48 * mib, {}); });
     check_message(full, {"out of memory on device 0", std::to_string(48 * mib), "hint: "});
     alloc.deallocate_async(held, {});
   }
@@ -180,20 +180,23 @@ TEST_SUITE("error")
     sim_runtime sim{one_device(gib)};
     gpukit::pinned_pool_options bad_pool;
     bad_pool.pin_threads = -3;
-    check_message(message_of<gpukit::logic_error>([&] { sim_pool pool{sim, bad_pool}; }),
+    check_message(message_of<gpukit::logic_error>([&] {
+                    sim_pool pool{sim, bad_pool};
+                  }),
                   {"pin_threads", "-3"});
 
-    check_message(message_of<gpukit::logic_error>(
-                    [] { (void)gpukit::parse_alloc_conf("no_such_key:1"); }),
-                  {"no_such_key"});
-    check_message(message_of<gpukit::logic_error>(
-                    [] { (void)gpukit::parse_alloc_conf("segments:sideways"); }),
-                  {"sideways", "segments"});
+    check_message(
+      message_of<gpukit::logic_error>([] { (void)gpukit::parse_alloc_conf("no_such_key:1"); }),
+      {"no_such_key"});
+    check_message(
+      message_of<gpukit::logic_error>([] { (void)gpukit::parse_alloc_conf("segments:sideways"); }),
+      {"sideways", "segments"});
     check_message(message_of<gpukit::logic_error>(
                     [] { (void)gpukit::parse_alloc_conf("limit:1MiB,limit:2MiB"); }),
                   {"limit", "twice"});
-    check_message(message_of<gpukit::logic_error>([] { (void)gpukit::parse_alloc_conf_size("20 parsecs"); }),
-                  {"20 parsecs"});
+    check_message(
+      message_of<gpukit::logic_error>([] { (void)gpukit::parse_alloc_conf_size("20 parsecs"); }),
+      {"20 parsecs"});
   }
 
   TEST_CASE("messages: the pinned pool's and the pipeline's refusals name the value")
@@ -212,7 +215,9 @@ TEST_SUITE("error")
 
     gpukit::transfer_options no_chunks;
     no_chunks.chunk_bytes = 0;
-    check_message(message_of<gpukit::logic_error>([&] { sim_pipeline p{sim, pool, no_chunks}; }),
+    check_message(message_of<gpukit::logic_error>([&] {
+                    sim_pipeline p{sim, pool, no_chunks};
+                  }),
                   {"chunk_bytes", "0"});
     sim_pipeline pipe{sim, pool};
     std::vector<char> host(16);
@@ -234,8 +239,7 @@ TEST_SUITE("error")
                     (void)gpukit::checkpoint_chain{gpukit::checkpoint_stage{-5, 1, 1, 1}};
                   }),
                   {"-5"});
-    check_message(message_of<gpukit::logic_error>(
-                    [&] { (void)gpukit::plan_sequential(chain, 0); }),
+    check_message(message_of<gpukit::logic_error>([&] { (void)gpukit::plan_sequential(chain, 0); }),
                   {"0"});
   }
 

@@ -80,8 +80,14 @@ class cuda_error : public std::runtime_error {
   /// @param located whether the message ends with the file and line (GPUKIT_ERROR_LOCATIONS)
   cuda_error(int code, char const* name, char const* description, std::string call,
              char const* file, int line, bool located = true)
-      : cuda_error{formatted{}, "gpukit: " + format(code, name, description, call), code, name,
-                   std::move(call), file, line, located}
+      : cuda_error{formatted{},
+                   "gpukit: " + format(code, name, description, call),
+                   code,
+                   name,
+                   std::move(call),
+                   file,
+                   line,
+                   located}
   {}
 
   /// A runtime error explained in the caller's words: `message` (without the "gpukit: " prefix)
@@ -90,8 +96,14 @@ class cuda_error : public std::runtime_error {
   /// @param code, name, call, file, line, located as above
   cuda_error(std::string const& message, int code, char const* name, std::string call,
              char const* file, int line, bool located = true)
-      : cuda_error{formatted{}, "gpukit: " + message + " (" + name_or_unknown(name) + ")", code,
-                   name, std::move(call), file, line, located}
+      : cuda_error{formatted{},
+                   "gpukit: " + message + " (" + name_or_unknown(name) + ")",
+                   code,
+                   name,
+                   std::move(call),
+                   file,
+                   line,
+                   located}
   {}
 
   /// The error's value (for CUDA runtimes: compare with cudaError_t values or Runtime::*).

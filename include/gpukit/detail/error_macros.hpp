@@ -37,8 +37,13 @@ template <class E>
                                    bool located)
 {
   using traits = ::gpukit::error_traits<E>;
-  throw ::gpukit::cuda_error{static_cast<int>(code), traits::name(code), traits::description(code),
-                             call, file, line, located};
+  throw ::gpukit::cuda_error{static_cast<int>(code),
+                             traits::name(code),
+                             traits::description(code),
+                             call,
+                             file,
+                             line,
+                             located};
 }
 
 /// Throws gpukit::cuda_error for `code` with `message` (no prefix) in place of the call's text:
@@ -48,8 +53,9 @@ template <class E>
                                              std::string const& call, char const* file, int line,
                                              bool located)
 {
-  throw ::gpukit::cuda_error{message, static_cast<int>(code), ::gpukit::error_traits<E>::name(code),
-                             call, file, line, located};
+  throw ::gpukit::cuda_error{
+    message, static_cast<int>(code), ::gpukit::error_traits<E>::name(code), call, file, line,
+    located};
 }
 
 /// Throws when `code` is not its family's success; `call_text` names what was called.

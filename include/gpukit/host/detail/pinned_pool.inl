@@ -528,7 +528,8 @@ void basic_pinned_pool<Runtime>::add_host_memory(void* ptr, std::size_t bytes)
   lock.lock();
   if (r != Runtime::success) {
     reserved_ -= bytes;
-    detail::throw_cuda_error(r, "host_register (pinned_pool::add_host_memory)", GPUKIT_DETAIL_SOURCE);
+    detail::throw_cuda_error(r, "host_register (pinned_pool::add_host_memory)",
+                             GPUKIT_DETAIL_SOURCE);
   }
   add_segment_locked(ptr, bytes, segment_kind::user, 0);
 }

@@ -235,15 +235,15 @@ inline caching_allocator_options parse_alloc_conf(std::string_view conf,
                      "nvtx_annotate)");
     std::string const what = setting != nullptr ? setting : key;
     for (seen_key const& k : seen) {
-      GPUKIT_EXPECTS(k.setting != what, "alloc conf: '" + k.key + "' and '" + key +
-                                          "' both set " + what + "; give one of them");
+      GPUKIT_EXPECTS(k.setting != what, "alloc conf: '" + k.key + "' and '" + key + "' both set " +
+                                          what + "; give one of them");
     }
     seen.push_back({key, what});
   }
-  GPUKIT_EXPECTS(
-    base.small_request_bytes <= base.small_segment_bytes,
-    "alloc conf: small_request_bytes (" + std::to_string(base.small_request_bytes) +
-      ") is larger than small_segment_bytes (" + std::to_string(base.small_segment_bytes) + ")");
+  GPUKIT_EXPECTS(base.small_request_bytes <= base.small_segment_bytes,
+                 "alloc conf: small_request_bytes (" + std::to_string(base.small_request_bytes) +
+                   ") is larger than small_segment_bytes (" +
+                   std::to_string(base.small_segment_bytes) + ")");
   GPUKIT_EXPECTS(base.growable_page_bytes != 0 && base.segment_rounding_bytes != 0,
                  "alloc conf: page_size and segment_rounding_bytes must not be 0");
   return base;

@@ -82,8 +82,8 @@ bool basic_caching_allocator<Runtime>::check_stream_locked(stream_type stream, c
         std::to_string(device_) + " that outlives the work queued on it",
       "stream_is_capturing, stream_get_device", GPUKIT_DETAIL_SOURCE);
   }
-  GPUKIT_CUDA_TRY(r, std::string{what} + ": asking stream " + detail::hex(stream_id(stream)) +
-                       " its device");
+  GPUKIT_CUDA_TRY(
+    r, std::string{what} + ": asking stream " + detail::hex(stream_id(stream)) + " its device");
   GPUKIT_EXPECTS(d == device_, std::string{what} + ": the stream belongs to device " +
                                  std::to_string(d) + " but this allocator serves device " +
                                  std::to_string(device_) +

@@ -38,8 +38,8 @@ inline std::string lower(std::string_view s)
 [[noreturn]] inline void bad_value(std::string_view key, std::string_view value,
                                    std::string const& why)
 {
-  throw gpukit::logic_error{"gpukit: alloc conf: bad value '" + std::string{value} +
-                            "' for '" + std::string{key} + "': " + why};
+  throw gpukit::logic_error{"gpukit: alloc conf: bad value '" + std::string{value} + "' for '" +
+                            std::string{key} + "': " + why};
 }
 
 inline bool is_power_of_two(unsigned long long v) noexcept { return v != 0 && (v & (v - 1)) == 0; }

@@ -349,8 +349,8 @@ void backend<Runtime>::begin_allocate_to_pool(int device, pool_id id, stream_fil
   for (auto const& u : d.underway) {
     if (u.first == id) {
       --d.pools[id].use_count;
-      GPUKIT_EXPECTS(false, "beginAllocateToPool: already allocating to pool " +
-                              detail::pool_name(id));
+      GPUKIT_EXPECTS(false,
+                     "beginAllocateToPool: already allocating to pool " + detail::pool_name(id));
     }
   }
   d.underway.emplace_back(id, std::move(filter));
@@ -367,9 +367,8 @@ void backend<Runtime>::end_allocate_to_pool(int device, pool_id id)
   std::lock_guard<std::mutex> lock{pools_mutex_};
   auto it = std::find_if(d.underway.begin(), d.underway.end(),
                          [&](auto const& u) { return u.first == id; });
-  GPUKIT_EXPECTS(
-    it != d.underway.end(),
-    "endAllocateToPool: not allocating to pool " + detail::pool_name(id));
+  GPUKIT_EXPECTS(it != d.underway.end(),
+                 "endAllocateToPool: not allocating to pool " + detail::pool_name(id));
   d.underway.erase(it);
   for (std::size_t i = d.captures.size(); i-- > 0;) {
     if (d.captures[i].pool == id) { pause_locked(d, i); }
@@ -627,9 +626,8 @@ void backend<Runtime>::reset_accumulated_stats(int device)
 template <class Runtime>
 void backend<Runtime>::set_memory_fraction(int device, double fraction)
 {
-  GPUKIT_EXPECTS(
-    fraction >= 0.0 && fraction <= 1.0,
-    "memory fraction " + std::to_string(fraction) + " is not within [0, 1]");
+  GPUKIT_EXPECTS(fraction >= 0.0 && fraction <= 1.0,
+                 "memory fraction " + std::to_string(fraction) + " is not within [0, 1]");
   device_state& d  = state(device);
   std::size_t free = 0, total = 0;
   {
@@ -801,8 +799,8 @@ std::shared_ptr<void> backend<Runtime>::open_ipc_handle(std::string const& handl
     GPUKIT_EXPECTS(
       header.pages == 0 || header.pages > rest / detail::fabric_handle_bytes ||
         rest != header.pages * detail::fabric_handle_bytes,
-      "getIpcDevPtr: the sender (process " + std::to_string(header.pid) +
-        ") shared " + std::to_string(header.pages) +
+      "getIpcDevPtr: the sender (process " + std::to_string(header.pid) + ") shared " +
+        std::to_string(header.pages) +
         " pages as fabric handles (CUmemFabricHandle, IMEX), which gpukit does not "
         "import; set TORCH_CUDA_EXPANDABLE_SEGMENTS_IPC=0 or expandable_segments:False "
         "in the sender");
