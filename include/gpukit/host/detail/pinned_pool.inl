@@ -389,7 +389,7 @@ basic_pinned_pool<Runtime>::record_events_locked(std::vector<used_stream>& strea
         streams.erase(streams.begin() + static_cast<std::ptrdiff_t>(i));
         continue;
       }
-      GPUKIT_CUDA_TRY(r);
+      GPUKIT_CUDA_TRY(r, "event_record (pinned_pool::deallocate_async)");
       events.push_back(e);
       ++stats_.num_events_recorded;
       ++i;

@@ -174,7 +174,7 @@ bool basic_caching_allocator<Runtime>::capturing_locked(stream_type stream)
   bool capturing                       = false;
   typename Runtime::error_type const e = runtime_.stream_is_capturing(stream, capturing);
   if (e == Runtime::invalid_resource_handle) { return false; }
-  GPUKIT_CUDA_TRY(e);
+  GPUKIT_CUDA_TRY(e, "stream_is_capturing");
   return capturing;
 }
 
@@ -214,7 +214,7 @@ std::size_t basic_caching_allocator<Runtime>::poll_pending_locked(bool wait)
         done = false;
         break;
       }
-      GPUKIT_CUDA_TRY(q);
+      GPUKIT_CUDA_TRY(q, wait ? "event_synchronize" : "event_query");
     }
     if (!done) {
       ++i;
@@ -259,7 +259,7 @@ bool basic_caching_allocator<Runtime>::arm_pending_locked(pending_free& pf)
         dead.push_back(s);
         continue;
       }
-      GPUKIT_CUDA_TRY(r);
+      GPUKIT_CUDA_TRY(r, "event_record");
       events.push_back(e);
     }
   } catch (...) {
@@ -293,7 +293,7 @@ std::size_t basic_caching_allocator<Runtime>::migrate_locked(stream_type request
         dead.push_back(sp->stream);
         continue;
       }
-      GPUKIT_CUDA_TRY(r);
+      GPUKIT_CUDA_TRY(r, "event_record");
       sp->migration_event = e;
       sp->migration_seq   = sp->free_seq;
       sp->migrating       = true;
@@ -302,7 +302,7 @@ std::size_t basic_caching_allocator<Runtime>::migrate_locked(stream_type request
     typename Runtime::error_type const q = wait ? runtime_.event_synchronize(sp->migration_event)
                                                 : runtime_.event_query(sp->migration_event);
     if (q == Runtime::not_ready) { continue; }
-    GPUKIT_CUDA_TRY(q);
+    GPUKIT_CUDA_TRY(q, wait ? "event_synchronize" : "event_query");
     streams_.spare_events.push_back(sp->migration_event);
     sp->migrating = false;
     moved += make_global_locked(*sp, sp->migration_seq);
@@ -393,7 +393,7 @@ void basic_caching_allocator<Runtime>::forget_stream_locked(stream_type stream, 
       retire_dead_stream_locked(stream);
       return;
     }
-    GPUKIT_CUDA_TRY(r);
+    GPUKIT_CUDA_TRY(r, "stream_synchronize (forget_stream)");
   }
   // Frees on it still waiting for other streams' events: every stream's once those complete.
   for (auto& pf : streams_.pending) {
