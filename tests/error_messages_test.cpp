@@ -116,7 +116,8 @@ TEST_SUITE("error")
                   {"host_alloc", "cudaErrorMemoryAllocation"});
   }
 
-  TEST_CASE("messages: a destroyed stream is named as one, with what to do, and keeps its error")
+  TEST_CASE(
+    "messages: a destroyed stream is named as such with what to do and keeps its runtime error")
   {
     sim_runtime sim{one_device(gib)};
     sim_allocator alloc{sim, 0};
