@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // The public error macros of gpukit/error_macros.hpp, included alone: what each throws, and that
 // its message names what failed (the call and the error's value, the condition, the message) and
-// where (this file and the macro's line).
+// where (this file and the macro's line): the form of a debug build, chosen here whatever the build
+// type (error_messages_test checks the release form).
+#define GPUKIT_ERROR_LOCATIONS 1
 #include <gpukit/error_macros.hpp>
 
 #include <doctest/doctest.h>

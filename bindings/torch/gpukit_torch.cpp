@@ -147,7 +147,7 @@ int fail(std::string message) noexcept
 void check_device_index(int device, char const* what)
 {
   if (device < 0 || device >= max_devices) {
-    throw gpukit::logic_error{std::string{"gpukit_torch: "} + what + ": device " +
+    throw gpukit::logic_error{std::string{"gpukit: "} + what + ": device " +
                               std::to_string(device) + " is out of range"};
   }
 }
@@ -161,7 +161,7 @@ gpukit::segment_source source_for_new_allocator(state& g)
   if (env == nullptr || *env == '\0') { return g.source; }
   gpukit::segment_source s{};
   if (!parse_source(std::string{env}, s)) {
-    throw gpukit::logic_error{std::string{"gpukit_torch: GPUKIT_TORCH_SEGMENTS="} + env +
+    throw gpukit::logic_error{std::string{"gpukit: GPUKIT_TORCH_SEGMENTS="} + env +
                               " is not a segment source: expected " + known_sources()};
   }
   return s;
@@ -197,7 +197,7 @@ allocator& allocator_for(int device)
 int resolve_device(int device)
 {
   if (device >= 0) { return device; }
-  GPUKIT_EXPECTS(device == -1, "gpukit_torch: device " + std::to_string(device) +
+  GPUKIT_EXPECTS(device == -1, "device " + std::to_string(device) +
                                  " is neither a device nor -1 (the current device)");
   int current = 0;
   GPUKIT_CUDA_TRY(runtime::instance().get_device(current));
@@ -241,7 +241,7 @@ void report_bad_free(void* ptr, std::size_t size, int device, char const* why) n
   std::fprintf(stderr, "%s\n", message.c_str());
   std::fflush(stderr);
   if (g.abort_on_bad_free) {
-    std::fprintf(stderr, "gpukit_torch: GPUKIT_TORCH_ABORT_ON_BAD_FREE is set: aborting\n");
+    std::fprintf(stderr, "gpukit: GPUKIT_TORCH_ABORT_ON_BAD_FREE is set: aborting\n");
     std::abort();
   }
   set_last_error(std::move(message));

@@ -45,7 +45,7 @@ def gpukit_include_dir():
         if os.path.isfile(os.path.join(c, MARKER)):
             return os.path.abspath(c)
     sys.exit(
-        "gpukit_torch: gpukit's headers (include/" + MARKER + ") were not found in "
+        "gpukit: the library's headers (include/" + MARKER + ") were not found in "
         + " or ".join(os.path.abspath(c) for c in candidates)
         + ". Build from a gpukit checkout (pip install --no-build-isolation ./bindings/torch) or "
         "from gpukit_torch's source distribution, or set GPUKIT_INCLUDE_DIR to gpukit's include "
@@ -96,7 +96,7 @@ LIBSTDCXX_MARKER = "_ZNSo9_M_insertImEERSoT_"
 if BuildExtension is None:
     if BUILDS_EXTENSION.intersection(sys.argv[1:]):
         sys.exit(
-            "gpukit_torch: PyTorch is not importable here, and the extension is compiled against "
+            "gpukit: PyTorch is not importable here, and the extension is compiled against "
             "the installed PyTorch. Install PyTorch first, then build without isolation: "
             "pip install --no-build-isolation <gpukit_torch source>"
         )
@@ -116,7 +116,7 @@ class checked_build_ext(BuildExtension):
             out = subprocess.run([nm, "-D", "--defined-only", path], capture_output=True, text=True)
             if LIBSTDCXX_MARKER in out.stdout:
                 sys.exit(
-                    "gpukit_torch: " + path + " contains its own copy of libstdc++ (the link used "
+                    "gpukit: " + path + " contains its own copy of libstdc++ (the link used "
                     "-static-libstdc++?); it would crash formatting PyTorch's error messages. "
                     "Remove -static-libstdc++ from LDFLAGS and build again."
                 )

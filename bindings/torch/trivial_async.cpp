@@ -86,9 +86,9 @@ GPUKIT_TRIVIAL_API void* gpukit_trivial_malloc(size_t size, int device, cudaStre
   if (e == cudaSuccess) { e = cudaMallocAsync(&p, size, stream); }
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
-    throw gpukit::bad_alloc{"gpukit_trivial_malloc: cudaMallocAsync of " + std::to_string(size) +
-                            " bytes on device " + std::to_string(device) + " failed with " +
-                            cudaGetErrorName(e) + ": " + cudaGetErrorString(e)};
+    throw gpukit::bad_alloc{"gpukit: gpukit_trivial_malloc: cudaMallocAsync of " +
+                            std::to_string(size) + " bytes on device " + std::to_string(device) +
+                            " failed with " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e)};
   }
   return p;
 }

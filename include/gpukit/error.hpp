@@ -24,6 +24,14 @@
 //
 // `cuda_error` keeps the error's value and name (as the failing runtime names it) and the call,
 // file and line that failed.
+//
+// Every message (what()) starts with exactly one "gpukit: ", the PyTorch binding's included, then
+// says what was refused, the value and the limit it broke, and what to change. The source of a
+// check (the condition's text, the file and the line) is a developer's aid: it follows the message
+// only when GPUKIT_ERROR_LOCATIONS is 1, which it is by default in debug builds (NDEBUG not
+// defined) and not otherwise; define it to 0 or 1 before the first gpukit include to choose. Like
+// assert, it must agree across the translation units of one program. cuda_error::file() and
+// line() keep the location either way.
 // `bad_alloc` derives from `std::bad_alloc`; `out_of_memory` derives from `bad_alloc` and carries
 // an `oom_report`. `logic_error` derives from `std::logic_error` and is thrown by precondition
 // checks (zero sizes, unknown pointers, double frees, ...). Nothing here synchronizes.
@@ -37,6 +45,16 @@
 #include <type_traits>
 #include <utility>
 #include <vector>
+
+/// 1: messages end with the source location of the check that threw (and GPUKIT_EXPECTS's
+/// condition text); 0: they end with the message. Defaults to 1 when NDEBUG is not defined.
+#ifndef GPUKIT_ERROR_LOCATIONS
+#ifdef NDEBUG
+#define GPUKIT_ERROR_LOCATIONS 0
+#else
+#define GPUKIT_ERROR_LOCATIONS 1
+#endif
+#endif
 
 namespace gpukit {
 
@@ -59,11 +77,33 @@ class cuda_error : public std::runtime_error {
   /// @param description the runtime's description of the error
   /// @param call what was called (e.g. "rt.stream_create(s)")
   /// @param file, line where the call was made
+  /// @param located whether the message ends with the file and line (GPUKIT_ERROR_LOCATIONS)
   cuda_error(int code, char const* name, char const* description, std::string call,
-             char const* file, int line)
-      : std::runtime_error{format(code, name, description, call, file, line)}, code_{code},
-        name_{name != nullptr ? name : "unknown error"}, call_{std::move(call)}, file_{file},
-        line_{line}
+             char const* file, int line, bool located = true)
+      : cuda_error{formatted{},
+                   "gpukit: " + format(code, name, description, call),
+                   code,
+                   name,
+                   std::move(call),
+                   file,
+                   line,
+                   located}
+  {}
+
+  /// A runtime error explained in the caller's words: `message` (without the "gpukit: " prefix)
+  /// says what went wrong and what to do; the error's name follows it in parentheses.
+  /// @param message e.g. "stream 0x1234 is not a live stream of device 0 (...): ..."
+  /// @param code, name, call, file, line, located as above
+  cuda_error(std::string const& message, int code, char const* name, std::string call,
+             char const* file, int line, bool located = true)
+      : cuda_error{formatted{},
+                   "gpukit: " + message + " (" + name_or_unknown(name) + ")",
+                   code,
+                   name,
+                   std::move(call),
+                   file,
+                   line,
+                   located}
   {}
 
   /// The error's value (for CUDA runtimes: compare with cudaError_t values or Runtime::*).
@@ -76,22 +116,41 @@ class cuda_error : public std::runtime_error {
   [[nodiscard]] int line() const noexcept { return line_; }
 
  private:
-  static std::string format(int code, char const* name, char const* description,
-                            std::string const& call, char const* file, int line)
+  struct formatted {};
+
+  cuda_error(formatted, std::string message, int code, char const* name, std::string call,
+             char const* file, int line, bool located)
+      : std::runtime_error{locate(std::move(message), file, line, located)}, code_{code},
+        name_{name_or_unknown(name)}, call_{std::move(call)}, file_{file}, line_{line}
+  {}
+
+  static std::string name_or_unknown(char const* name)
   {
-    std::string s = "gpukit: ";
-    s += call;
+    return name != nullptr ? name : "unknown error";
+  }
+
+  static std::string format(int code, char const* name, char const* description,
+                            std::string const& call)
+  {
+    std::string s = call;
     s += " failed with ";
-    s += name != nullptr ? name : "unknown error";
+    s += name_or_unknown(name);
     s += " (";
     s += std::to_string(code);
     s += "): ";
     s += description != nullptr ? description : "no description";
-    s += " at ";
-    s += file;
-    s += ':';
-    s += std::to_string(line);
     return s;
+  }
+
+  static std::string locate(std::string message, char const* file, int line, bool located)
+  {
+    if (located && file != nullptr) {
+      message += " at ";
+      message += file;
+      message += ':';
+      message += std::to_string(line);
+    }
+    return message;
   }
 
   int code_;

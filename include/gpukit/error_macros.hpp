@@ -26,7 +26,9 @@
 //     GPUKIT_FAIL("unsupported dtype " + std::to_string(dtype));   // gpukit::logic_error
 //   }
 //
-// Every message starts with "gpukit: " and ends with the file and line of the macro:
+// Every message starts with "gpukit: " (the macros add it: `message` carries no prefix). In debug
+// builds (GPUKIT_ERROR_LOCATIONS, see gpukit/error.hpp) it ends with the file and line of the
+// macro, and GPUKIT_EXPECTS's with the condition's text:
 //
 //   GPUKIT_CUDA_TRY(cudaMallocAsync(&d, bytes, stream))
 //     gpukit: cudaMallocAsync(&d, bytes, stream) failed with cudaErrorMemoryAllocation (2):
@@ -35,6 +37,8 @@
 //     gpukit: upload of 0 bytes (precondition `bytes > 0` failed at app.cpp:15)
 //   GPUKIT_FAIL("unsupported dtype " + std::to_string(dtype))
 //     gpukit: unsupported dtype 7 (app.cpp:25)
+//
+// In release builds the same messages stop before " at app.cpp:17" and before " (".
 //
 // A status is checked against the success value of its runtime family (gpukit::error_traits):
 // cudaError_t for CUDA, and the error type of any other runtime (the simulated GPU's included).
@@ -65,17 +69,20 @@
   (__VA_ARGS__)
 
 /// Throws gpukit::logic_error when the precondition `cond` is false. `message` (anything
-/// convertible to std::string) should name the value that broke it; the error also names the
-/// condition's text, the file and the line. `message` is evaluated only when `cond` is false.
-#define GPUKIT_EXPECTS(cond, message)                                                           \
-  do {                                                                                          \
-    if (!(cond)) { ::gpukit::detail::throw_logic_error((message), #cond, __FILE__, __LINE__); } \
+/// convertible to std::string, without a "gpukit: " prefix) should name the value that broke it,
+/// the limit and the fix; with GPUKIT_ERROR_LOCATIONS the error also names the condition's text,
+/// the file and the line. `message` is evaluated only when `cond` is false.
+#define GPUKIT_EXPECTS(cond, message)                                                \
+  do {                                                                               \
+    if (!(cond)) {                                                                   \
+      ::gpukit::detail::throw_logic_error((message), GPUKIT_DETAIL_CONDITION(cond)); \
+    }                                                                                \
   } while (0)
 
-/// Throws gpukit::logic_error with `message` (anything convertible to std::string), the file and
-/// the line: for a branch that input must never reach.
+/// Throws gpukit::logic_error with `message` (anything convertible to std::string, no prefix) and,
+/// with GPUKIT_ERROR_LOCATIONS, the file and the line: for a branch that input must never reach.
 #define GPUKIT_FAIL(message) \
-  ::gpukit::detail::throw_logic_error((message), nullptr, __FILE__, __LINE__)
+  ::gpukit::detail::throw_logic_error((message), nullptr, GPUKIT_DETAIL_WHERE)
 
 /// For destructors, which never throw: asserts that `call` returned success in debug builds, and
 /// only evaluates it (discarding the status) when NDEBUG is defined.

@@ -22,7 +22,7 @@ from multiprocessing.reduction import ForkingPickler  # noqa: E402
 
 from gpukit_torch import _sharing  # noqa: E402 (imports no torch)
 
-REFUSAL = ("gpukit_torch: pidfd_getfd failed: not permitted (EPERM). Setting "
+REFUSAL = ("gpukit: pidfd_getfd failed: not permitted (EPERM). Setting "
            "GPUKIT_ALLOC_CONF=segments:synchronous shares tensors through CUDA IPC handles")
 
 

@@ -316,7 +316,7 @@ TEST_SUITE("runtime")
     auto const make = [] {
       std::string what = "host_register (a pool made for this test)";
       try {
-        gpukit::detail::throw_cuda_error(cudaErrorInvalidValue, what.c_str(), "here.cpp", 7);
+        gpukit::detail::throw_cuda_error(cudaErrorInvalidValue, what.c_str(), "here.cpp", 7, true);
       } catch (gpukit::cuda_error const& e) {
         return e;
       }

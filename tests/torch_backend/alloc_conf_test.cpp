@@ -328,6 +328,19 @@ TEST_SUITE("torch_alloc_conf")
     CHECK(contains(torch_error_of("max_split_size_mb"), "'max_split_size_mb' is not key:value"));
   }
 
+  TEST_CASE("torch conf: each refusal starts with gpukit's one prefix, as the library's do")
+  {
+    for (char const* conf : {"max_split_size_mb", "expandable_segments:maybe", "no_such_key:1",
+                             "roundup_power2_divisions:2,roundup_power2_divisions:4",
+                             "per_process_memory_fraction:1.5"}) {
+      CAPTURE(conf);
+      std::string const e = torch_error_of(conf);
+      CHECK(e.rfind("gpukit: ", 0) == 0);
+      CHECK(e.find("gpukit: ", 1) == std::string::npos);
+      CHECK_FALSE(contains(e, "gpukit_torch: "));
+    }
+  }
+
   TEST_CASE("torch conf: PyTorch's variables (the first set wins), then GPUKIT_ALLOC_CONF")
   {
     {

@@ -56,17 +56,11 @@ struct input_error {
   std::string message;
 };
 
-/// gpukit's messages end with the source location that threw, "(.../file.hpp:123)": useful in a
-/// library, noise for a command-line user.
+/// A gpukit message without its "gpukit: " prefix: the tool prints its own. (The tool is built
+/// with GPUKIT_ERROR_LOCATIONS=0: no source location follows the message.)
 inline std::string plain(std::string message)
 {
   if (message.rfind("gpukit: ", 0) == 0) message.erase(0, 8);
-  auto const open = message.rfind(" (");
-  if (open != std::string::npos && !message.empty() && message.back() == ')' &&
-      message.find(':', open) != std::string::npos &&
-      message.find(' ', open + 2) == std::string::npos) {
-    message.erase(open);
-  }
   return message;
 }
 

@@ -49,7 +49,7 @@ std::string install(std::string const& conf)
 {
   if (installed()) {
     TORCH_CHECK(gpukit_torch::cuda_allocator::current() != nullptr,
-                "gpukit_torch: installed, but PyTorch's allocator has been changed since");
+                "gpukit: installed, but PyTorch's allocator has been changed since");
     return installed_conf();
   }
   gpukit_torch::backend_conf settings;
@@ -75,7 +75,7 @@ bool is_installed() { return installed() && gpukit_torch::cuda_allocator::curren
 
 gpukit_torch::cuda_allocator& current()
 {
-  TORCH_CHECK(is_installed(), "gpukit_torch: not installed (call gpukit_torch.install() first)");
+  TORCH_CHECK(is_installed(), "gpukit: not installed (call gpukit_torch.install() first)");
   return *installed();
 }
 
@@ -112,7 +112,7 @@ void print_native_stack(int sig)
 {
   void* frames[64];
   int const n      = ::backtrace(frames, 64);
-  char const msg[] = "gpukit_torch: fatal signal; native stack:\n";
+  char const msg[] = "gpukit: fatal signal; native stack:\n";
   (void)!::write(2, msg, sizeof msg - 1);
   ::backtrace_symbols_fd(frames, n, 2);
   std::signal(sig, SIG_DFL);

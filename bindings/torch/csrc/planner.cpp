@@ -37,8 +37,7 @@ gpukit::checkpoint_plan plan_at_finest(gpukit::checkpoint_chain const& chain, st
                                        std::int64_t max_slots, std::string const& planner)
 {
   if (planner != "best" && planner != "optimal") {
-    throw py::value_error("gpukit_torch: planner '" + planner +
-                          "' is not one of 'best', 'optimal'");
+    throw py::value_error("gpukit: planner '" + planner + "' is not one of 'best', 'optimal'");
   }
   gpukit::checkpoint_planner_options o;
   for (;;) {

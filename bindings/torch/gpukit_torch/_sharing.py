@@ -47,7 +47,7 @@ def guard_reducer(reduce):
             if not _in_feeder_thread():
                 raise
             message = (
-                f"gpukit_torch: a {type(obj).__name__} put on a multiprocessing queue could not be "
+                f"gpukit: a {type(obj).__name__} put on a multiprocessing queue could not be "
                 f"shared, so the receiver gets this error instead of it: {e}"
             )
             warnings.warn(message, RuntimeWarning, stacklevel=2)

@@ -79,7 +79,7 @@ def library_path(lib_path=None):
         if os.path.isfile(path):
             return os.path.realpath(path)
     raise FileNotFoundError(
-        f"gpukit_torch: {_LIB_NAME} not found: pass lib_path=, set GPUKIT_TORCH_LIB, or build it "
+        f"gpukit: {_LIB_NAME} not found: pass lib_path=, set GPUKIT_TORCH_LIB, or build it "
         "(cmake --preset h200 && cmake --build --preset h200 puts it in build/h200/bin/bindings)")
 
 
@@ -118,7 +118,7 @@ def load(lib_path=None, segments=None):
         _declare(lib)
         _lib, _lib_path = lib, path
     elif lib_path is not None and library_path(lib_path) != _lib_path:
-        raise RuntimeError(f"gpukit_torch: {_lib_path} is loaded already; cannot load "
+        raise RuntimeError(f"gpukit: {_lib_path} is loaded already; cannot load "
                            f"{library_path(lib_path)} too")
     if segments is not None:
         if _lib.gpukit_torch_configure(segments.encode()) != 0:

@@ -59,8 +59,9 @@ struct checkpoint_stage {
 /// least budget that planner accepts for this chain (what to raise the budget to).
 class checkpoint_infeasible : public logic_error {
  public:
+  /// @param message what did not fit, without the "gpukit: " prefix (the error adds it)
   checkpoint_infeasible(std::string const& message, std::int64_t minimum_budget)
-      : logic_error{message}, minimum_budget_{minimum_budget}
+      : logic_error{"gpukit: " + message}, minimum_budget_{minimum_budget}
   {}
   /// The least budget at which the planner that threw finds a plan.
   [[nodiscard]] std::int64_t minimum_budget() const noexcept { return minimum_budget_; }

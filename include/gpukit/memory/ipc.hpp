@@ -211,13 +211,13 @@ class imported_block final {
       }
       if (e != Runtime::success) {
         undo();
-        GPUKIT_CUDA_TRY(e);
+        GPUKIT_CUDA_TRY(e, "vm_import_shareable, vm_map (imported_block)");
       }
     }
     if (typename Runtime::error_type const e = rt.vm_set_access(base_, range_bytes_, device_);
         e != Runtime::success) {
       undo();
-      GPUKIT_CUDA_TRY(e);
+      GPUKIT_CUDA_TRY(e, "vm_set_access (imported_block)");
     }
     data_ = static_cast<char*>(base_) + h.offset;
   }

@@ -47,7 +47,7 @@ void with_temp_storage(basic_caching_allocator<Runtime>& alloc,
   void* storage                        = alloc.allocate_async(asked, stream);
   typename Runtime::error_type const e = algorithm(storage, bytes);
   alloc.deallocate_async(storage, asked, stream);
-  GPUKIT_CUDA_TRY(e);
+  GPUKIT_CUDA_TRY(e, "the algorithm given temporary storage");
 }
 
 }  // namespace gpukit

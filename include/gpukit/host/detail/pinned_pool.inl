@@ -195,7 +195,7 @@ typename basic_pinned_pool<Runtime>::segment& basic_pinned_pool<Runtime>::grow_l
   lock.lock();
   if (r != Runtime::success) {
     reserved_ -= bytes;
-    detail::throw_cuda_error(r, map ? call.host_register : call.host_alloc, __FILE__, __LINE__);
+    detail::throw_cuda_error(r, map ? call.host_register : call.host_alloc, GPUKIT_DETAIL_SOURCE);
   }
   ++stats_.num_growths;
   return add_segment_locked(p, bytes, map ? segment_kind::mapped : segment_kind::allocated,
@@ -242,7 +242,7 @@ void basic_pinned_pool<Runtime>::poll_pending_locked(std::size_t cls, bool all)
     typename Runtime::error_type const r = runtime_.event_query(e.event);
     if (r == Runtime::not_ready) { return false; }
     if (r != Runtime::success) {
-      detail::throw_cuda_error(r, "event_query (pinned_pool)", __FILE__, __LINE__);
+      detail::throw_cuda_error(r, "event_query (pinned_pool)", GPUKIT_DETAIL_SOURCE);
     }
     return true;
   };
@@ -389,7 +389,7 @@ basic_pinned_pool<Runtime>::record_events_locked(std::vector<used_stream>& strea
         streams.erase(streams.begin() + static_cast<std::ptrdiff_t>(i));
         continue;
       }
-      GPUKIT_CUDA_TRY(r);
+      GPUKIT_CUDA_TRY(r, "event_record (pinned_pool::deallocate_async)");
       events.push_back(e);
       ++stats_.num_events_recorded;
       ++i;
@@ -528,7 +528,8 @@ void basic_pinned_pool<Runtime>::add_host_memory(void* ptr, std::size_t bytes)
   lock.lock();
   if (r != Runtime::success) {
     reserved_ -= bytes;
-    detail::throw_cuda_error(r, "host_register (pinned_pool::add_host_memory)", __FILE__, __LINE__);
+    detail::throw_cuda_error(r, "host_register (pinned_pool::add_host_memory)",
+                             GPUKIT_DETAIL_SOURCE);
   }
   add_segment_locked(ptr, bytes, segment_kind::user, 0);
 }
@@ -599,7 +600,7 @@ std::size_t basic_pinned_pool<Runtime>::release_cached()
     bump(stats_.segment_count, -1);
   }
   if (error != Runtime::success) {
-    detail::throw_cuda_error(error, failed_call, __FILE__, __LINE__);
+    detail::throw_cuda_error(error, failed_call, GPUKIT_DETAIL_SOURCE);
   }
   return released;
 }

@@ -217,15 +217,15 @@ inline caching_allocator_options parse_alloc_conf(std::string_view conf,
     if (entry.empty()) { continue; }
     std::size_t const colon = entry.find(':');
     GPUKIT_EXPECTS(colon != std::string_view::npos,
-                   "gpukit: alloc conf: entry '" + std::string{entry} + "' is not key:value");
+                   "alloc conf: entry '" + std::string{entry} + "' is not key:value");
     std::string const key        = detail::conf_lower(detail::conf_trim(entry.substr(0, colon)));
     std::string_view const value = detail::conf_trim(entry.substr(colon + 1));
     for (seen_key const& k : seen) {
-      GPUKIT_EXPECTS(k.key != key, "gpukit: alloc conf: key '" + key + "' is given twice");
+      GPUKIT_EXPECTS(k.key != key, "alloc conf: key '" + key + "' is given twice");
     }
     char const* setting = nullptr;
     GPUKIT_EXPECTS(detail::conf_apply(base, key, value, setting),
-                   "gpukit: alloc conf: unknown key '" + key +
+                   "alloc conf: unknown key '" + key +
                      "' (known: segments, expandable_segments, limit, max_bytes, limit_fraction, "
                      "fraction, page_size, growable_page_bytes, growable_reserve_bytes, "
                      "growable_shareable, small_request_bytes, small_segment_bytes, "
@@ -235,17 +235,17 @@ inline caching_allocator_options parse_alloc_conf(std::string_view conf,
                      "nvtx_annotate)");
     std::string const what = setting != nullptr ? setting : key;
     for (seen_key const& k : seen) {
-      GPUKIT_EXPECTS(k.setting != what, "gpukit: alloc conf: '" + k.key + "' and '" + key +
-                                          "' both set " + what + "; give one of them");
+      GPUKIT_EXPECTS(k.setting != what, "alloc conf: '" + k.key + "' and '" + key + "' both set " +
+                                          what + "; give one of them");
     }
     seen.push_back({key, what});
   }
-  GPUKIT_EXPECTS(
-    base.small_request_bytes <= base.small_segment_bytes,
-    "gpukit: alloc conf: small_request_bytes (" + std::to_string(base.small_request_bytes) +
-      ") is larger than small_segment_bytes (" + std::to_string(base.small_segment_bytes) + ")");
+  GPUKIT_EXPECTS(base.small_request_bytes <= base.small_segment_bytes,
+                 "alloc conf: small_request_bytes (" + std::to_string(base.small_request_bytes) +
+                   ") is larger than small_segment_bytes (" +
+                   std::to_string(base.small_segment_bytes) + ")");
   GPUKIT_EXPECTS(base.growable_page_bytes != 0 && base.segment_rounding_bytes != 0,
-                 "gpukit: alloc conf: page_size and segment_rounding_bytes must not be 0");
+                 "alloc conf: page_size and segment_rounding_bytes must not be 0");
   return base;
 }
 

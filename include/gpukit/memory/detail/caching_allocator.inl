@@ -511,7 +511,7 @@ void basic_caching_allocator<Runtime>::defer_free(thread_cache& tc, block* b, vo
         retire_dead_stream_locked(s);
         continue;
       }
-      GPUKIT_CUDA_TRY(r);
+      GPUKIT_CUDA_TRY(r, "event_record");
       pf.events.push_back(e);
     }
   } catch (...) {  // the block stays allocated, as if this call had not been made

@@ -135,7 +135,7 @@ basic_caching_allocator<Runtime>::capture_for_locked(stream_type stream, bool gu
     return nullptr;
   }
   auto fail = [&](typename Runtime::error_type e) -> capture_pool* {
-    if (!guess_on_error) { GPUKIT_CUDA_TRY(e); }
+    if (!guess_on_error) { GPUKIT_CUDA_TRY(e, "stream_capture_id"); }
     for (auto& cp : capture_.pools) {
       if (cp->active) { return cp.get(); }
     }
@@ -196,7 +196,7 @@ void* basic_caching_allocator<Runtime>::allocate_captured_locked(std::size_t byt
     if (e != Runtime::success) {
       recycle_block_locked(nb);
       if (e == Runtime::out_of_memory) { throw_oom_locked(bytes, size); }
-      GPUKIT_CUDA_TRY(e);
+      GPUKIT_CUDA_TRY(e, "malloc (a segment for a graph capture)");
     }
     adopt_segment_locked(nb, std::move(seg), p, seg_size, kind, cp.stream, false, cp.id);
     cp.index[kind].insert(nb);

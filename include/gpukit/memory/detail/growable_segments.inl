@@ -169,7 +169,7 @@ std::size_t basic_caching_allocator<Runtime>::harvest_pages_locked(int kind, std
     typename Runtime::error_type const q = runtime_.stream_query(sp->stream);
     // Busy, or destroyed (retired by the next migration or release): not a donor now.
     if (q == Runtime::not_ready || q == Runtime::invalid_resource_handle) { continue; }
-    GPUKIT_CUDA_TRY(q);
+    GPUKIT_CUDA_TRY(q, "stream_query");
     for (int k = 0; k < nkinds; ++k) { sp->index[kinds[k]].for_each(consider); }
   }
   // Largest first: fewer blocks split for the same pages.
@@ -513,7 +513,7 @@ void basic_caching_allocator<Runtime>::unmap_released_blocks_locked(std::size_t 
     if (e == Runtime::invalid_resource_handle) {
       dead.push_back(sp->stream);
     } else {
-      GPUKIT_CUDA_TRY(e);
+      GPUKIT_CUDA_TRY(e, "stream_synchronize (releasing growable segments)");
     }
     ++stats_.num_release_waits;
   }
@@ -532,7 +532,7 @@ void basic_caching_allocator<Runtime>::unmap_released_blocks_locked(std::size_t 
     typename Runtime::error_type error = Runtime::success;
     unmap_free_pages_locked(b, std::numeric_limits<std::size_t>::max(), error);
     release_spare_pages_locked(target);
-    GPUKIT_CUDA_TRY(error);
+    GPUKIT_CUDA_TRY(error, "vm_unmap (releasing growable segment pages)");
   }
 }
 

@@ -106,7 +106,7 @@ void basic_caching_allocator<Runtime>::settle_frees_locked(recovery_request& r)
     if (e == Runtime::invalid_resource_handle) {
       retire_dead_stream_locked(fs);  // synchronizes the device: every free issued has landed
     } else {
-      GPUKIT_CUDA_TRY(e);
+      GPUKIT_CUDA_TRY(e, "stream_synchronize (out-of-memory recovery)");
     }
     ++stats_.num_release_waits;
     r.freed_on.pop_back();

@@ -125,7 +125,7 @@ basic_caching_allocator<Runtime>::new_segment_locked(std::size_t size, int kind,
       oom = true;
       return nullptr;
     }
-    GPUKIT_CUDA_TRY(e);
+    GPUKIT_CUDA_TRY(e, stream_ordered_ ? "malloc_async" : "malloc");
   }
   adopt_segment_locked(b, std::move(seg), p, seg_size, kind, stream, stream_ordered_, 0);
   // Indexed as a free block of `stream`, so take_locked finds it where it expects it.

@@ -84,7 +84,7 @@ std::size_t basic_caching_allocator<Runtime>::release_locked(std::size_t target,
     // Destroyed: no capture (a capturing stream cannot be destroyed); the free below finds it
     // dead and retires it.
     if (e == Runtime::invalid_resource_handle) { return false; }
-    GPUKIT_CUDA_TRY(e);
+    GPUKIT_CUDA_TRY(e, "stream_is_capturing (releasing cached memory)");
     (capturing ? capturing_streams : idle_streams).push_back(s);
     return capturing;
   };
@@ -102,7 +102,8 @@ std::size_t basic_caching_allocator<Runtime>::release_locked(std::size_t target,
       on = stream_type{};
       e  = runtime_.free_async(seg->ptr, on);
     }
-    GPUKIT_CUDA_TRY(e);
+    GPUKIT_CUDA_TRY(
+      e, seg->stream_ordered ? "free_async (releasing a segment)" : "free (releasing a segment)");
     if (seg->stream_ordered && std::find(issued.begin(), issued.end(), on) == issued.end()) {
       issued.push_back(on);
     }

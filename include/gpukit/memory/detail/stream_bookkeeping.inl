@@ -72,7 +72,18 @@ bool basic_caching_allocator<Runtime>::check_stream_locked(stream_type stream, c
     retire_dead_stream_locked(stream);
     return false;
   }
-  GPUKIT_CUDA_TRY(r);
+  if (r == Runtime::invalid_resource_handle) {
+    detail::throw_explained_cuda_error(
+      r,
+      std::string{what} + ": stream " + detail::hex(stream_id(stream)) +
+        " is not a live stream of device " + std::to_string(device_) +
+        " (it was destroyed, or created in another context or on another device); pass a stream "
+        "created on device " +
+        std::to_string(device_) + " that outlives the work queued on it",
+      "stream_is_capturing, stream_get_device", GPUKIT_DETAIL_SOURCE);
+  }
+  GPUKIT_CUDA_TRY(
+    r, std::string{what} + ": asking stream " + detail::hex(stream_id(stream)) + " its device");
   GPUKIT_EXPECTS(d == device_, std::string{what} + ": the stream belongs to device " +
                                  std::to_string(d) + " but this allocator serves device " +
                                  std::to_string(device_) +
@@ -111,7 +122,13 @@ template <class Runtime>
 void basic_caching_allocator<Runtime>::retire_dead_stream_locked(stream_type stream)
 {
   if (capture_.underway.load(std::memory_order_relaxed) != 0) {
-    GPUKIT_CUDA_TRY(Runtime::invalid_resource_handle);  // no synchronization during a capture
+    detail::throw_explained_cuda_error(  // no synchronization during a capture
+      Runtime::invalid_resource_handle,
+      "deallocate_async: stream " + detail::hex(stream_id(stream)) +
+        " was destroyed, and a block freed on it can be reused only after the device is "
+        "synchronized, which a graph capture under way forbids; free it before destroying the "
+        "stream, or after the capture ends",
+      "device_synchronize", GPUKIT_DETAIL_SOURCE);
   }
   {
     device_guard<Runtime> guard{runtime_, device_};
@@ -157,7 +174,7 @@ bool basic_caching_allocator<Runtime>::capturing_locked(stream_type stream)
   bool capturing                       = false;
   typename Runtime::error_type const e = runtime_.stream_is_capturing(stream, capturing);
   if (e == Runtime::invalid_resource_handle) { return false; }
-  GPUKIT_CUDA_TRY(e);
+  GPUKIT_CUDA_TRY(e, "stream_is_capturing");
   return capturing;
 }
 
@@ -197,7 +214,7 @@ std::size_t basic_caching_allocator<Runtime>::poll_pending_locked(bool wait)
         done = false;
         break;
       }
-      GPUKIT_CUDA_TRY(q);
+      GPUKIT_CUDA_TRY(q, wait ? "event_synchronize" : "event_query");
     }
     if (!done) {
       ++i;
@@ -242,7 +259,7 @@ bool basic_caching_allocator<Runtime>::arm_pending_locked(pending_free& pf)
         dead.push_back(s);
         continue;
       }
-      GPUKIT_CUDA_TRY(r);
+      GPUKIT_CUDA_TRY(r, "event_record");
       events.push_back(e);
     }
   } catch (...) {
@@ -276,7 +293,7 @@ std::size_t basic_caching_allocator<Runtime>::migrate_locked(stream_type request
         dead.push_back(sp->stream);
         continue;
       }
-      GPUKIT_CUDA_TRY(r);
+      GPUKIT_CUDA_TRY(r, "event_record");
       sp->migration_event = e;
       sp->migration_seq   = sp->free_seq;
       sp->migrating       = true;
@@ -285,7 +302,7 @@ std::size_t basic_caching_allocator<Runtime>::migrate_locked(stream_type request
     typename Runtime::error_type const q = wait ? runtime_.event_synchronize(sp->migration_event)
                                                 : runtime_.event_query(sp->migration_event);
     if (q == Runtime::not_ready) { continue; }
-    GPUKIT_CUDA_TRY(q);
+    GPUKIT_CUDA_TRY(q, wait ? "event_synchronize" : "event_query");
     streams_.spare_events.push_back(sp->migration_event);
     sp->migrating = false;
     moved += make_global_locked(*sp, sp->migration_seq);
@@ -376,7 +393,7 @@ void basic_caching_allocator<Runtime>::forget_stream_locked(stream_type stream, 
       retire_dead_stream_locked(stream);
       return;
     }
-    GPUKIT_CUDA_TRY(r);
+    GPUKIT_CUDA_TRY(r, "stream_synchronize (forget_stream)");
   }
   // Frees on it still waiting for other streams' events: every stream's once those complete.
   for (auto& pf : streams_.pending) {

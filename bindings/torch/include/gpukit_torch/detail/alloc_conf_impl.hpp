@@ -38,8 +38,8 @@ inline std::string lower(std::string_view s)
 [[noreturn]] inline void bad_value(std::string_view key, std::string_view value,
                                    std::string const& why)
 {
-  throw gpukit::logic_error{"gpukit_torch: alloc conf: bad value '" + std::string{value} +
-                            "' for '" + std::string{key} + "': " + why};
+  throw gpukit::logic_error{"gpukit: alloc conf: bad value '" + std::string{value} + "' for '" +
+                            std::string{key} + "': " + why};
 }
 
 inline bool is_power_of_two(unsigned long long v) noexcept { return v != 0 && (v & (v - 1)) == 0; }
@@ -173,7 +173,7 @@ inline void apply_pytorch_key(backend_conf& c, pytorch_key const& k, std::string
 {
   switch (k.use) {
     case pytorch_key_use::refused:
-      throw gpukit::logic_error{"gpukit_torch: alloc conf: '" + std::string{entry} +
+      throw gpukit::logic_error{"gpukit: alloc conf: '" + std::string{entry} +
                                 "': gpukit does not use '" + key + "': " + k.reason +
                                 " (remove it from the configuration)"};
     case pytorch_key_use::default_only: {
@@ -181,7 +181,7 @@ inline void apply_pytorch_key(backend_conf& c, pytorch_key const& k, std::string
       bool const same =
         is_bool ? !torch_bool(key, value) : lower(value) == lower(std::string_view{k.accepted});
       if (!same) {
-        throw gpukit::logic_error{"gpukit_torch: alloc conf: '" + std::string{entry} +
+        throw gpukit::logic_error{"gpukit: alloc conf: '" + std::string{entry} +
                                   "': gpukit accepts '" + key + "' only as " + k.accepted +
                                   " (PyTorch's default): " + k.reason};
       }
@@ -264,11 +264,11 @@ inline backend_conf parse_backend_conf(std::string_view conf, backend_conf base)
   for (std::string_view const entry : detail::entries(conf)) {
     std::size_t const colon = entry.find(':');
     GPUKIT_EXPECTS(colon != std::string_view::npos,
-                   "gpukit_torch: alloc conf: entry '" + std::string{entry} + "' is not key:value");
+                   "alloc conf: entry '" + std::string{entry} + "' is not key:value");
     std::string const key        = detail::lower(detail::trim(entry.substr(0, colon)));
     std::string_view const value = detail::trim(entry.substr(colon + 1));
     GPUKIT_EXPECTS(std::find(keys.begin(), keys.end(), key) == keys.end(),
-                   "gpukit_torch: alloc conf: key '" + key + "' is given twice");
+                   "alloc conf: key '" + key + "' is given twice");
     keys.push_back(key);
     if (pytorch_key const* k = find_pytorch_key(key)) {
       detail::apply_pytorch_key(base, *k, key, value, entry);
@@ -281,7 +281,7 @@ inline backend_conf parse_backend_conf(std::string_view conf, backend_conf base)
     if (std::find(keys.begin(), keys.end(), o.pytorch) == keys.end()) { continue; }
     for (char const* other : o.others) {
       GPUKIT_EXPECTS(other == nullptr || std::find(keys.begin(), keys.end(), other) == keys.end(),
-                     "gpukit_torch: alloc conf: '" + std::string{o.pytorch} + "' and '" +
+                     "alloc conf: '" + std::string{o.pytorch} + "' and '" +
                        std::string{other == nullptr ? "" : other} + "' both set " + o.what +
                        "; give one of them");
     }

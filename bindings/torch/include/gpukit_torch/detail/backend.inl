@@ -109,7 +109,7 @@ gpukit::caching_allocator_options backend<Runtime>::options_for(int device,
     return o;  // the allocator reports a failure to read the properties itself
   }
   o.source = gpukit::segment_source::synchronous;
-  fallback = "gpukit_torch: device " + std::to_string(device) + " (" + props.name +
+  fallback = "gpukit: device " + std::to_string(device) + " (" + props.name +
              ") has no virtual memory management, so it cannot have growable segments (the "
              "backend's default): it uses synchronous (cudaMalloc) segments instead. Set "
              "segments:synchronous (GPUKIT_ALLOC_CONF, or gpukit_torch.install()'s settings) to "
@@ -136,7 +136,7 @@ typename backend<Runtime>::device_state& backend<Runtime>::state(int device) con
 {
   if (device_state* d = state_if_created(device)) { return *d; }
   GPUKIT_EXPECTS(device >= 0 && device < max_devices,
-                 "gpukit_torch: device " + std::to_string(device) + " is out of range");
+                 "device " + std::to_string(device) + " is out of range");
   std::unique_lock<std::mutex> lock{create_mutex_};
   if (device_state* d = devices_[device].load(std::memory_order_acquire)) { return *d; }
   std::string fallback;
@@ -242,7 +242,7 @@ void backend<Runtime>::deallocate(void* ptr)
   {
     std::lock_guard<std::mutex> lock{records_mutex_};
     auto it = records_.find(ptr);
-    GPUKIT_EXPECTS(it != records_.end(), "gpukit_torch: free of " + gpukit::detail::hex(ptr) +
+    GPUKIT_EXPECTS(it != records_.end(), "free of " + gpukit::detail::hex(ptr) +
                                            ", which gpukit did not allocate (or freed already)");
     r = std::move(it->second);
     records_.erase(it);
@@ -274,7 +274,7 @@ int backend<Runtime>::device_of(void const* ptr) const
   std::lock_guard<std::mutex> lock{records_mutex_};
   auto it = records_.find(ptr);
   GPUKIT_EXPECTS(it != records_.end(),
-                 "gpukit_torch: " + gpukit::detail::hex(ptr) + " is not a block gpukit allocated");
+                 gpukit::detail::hex(ptr) + " is not a block gpukit allocated");
   return it->second.device;
 }
 
@@ -322,7 +322,7 @@ void backend<Runtime>::on_failed_allocation(int device, std::size_t bytes,
 template <class Runtime>
 void backend<Runtime>::add_oom_observer(oom_observer observer)
 {
-  GPUKIT_EXPECTS(static_cast<bool>(observer), "gpukit_torch: empty out-of-memory observer");
+  GPUKIT_EXPECTS(static_cast<bool>(observer), "empty out-of-memory observer");
   std::lock_guard<std::mutex> lock{history_mutex_};
   oom_observers_.push_back(std::move(observer));
 }
@@ -333,7 +333,7 @@ void backend<Runtime>::add_oom_observer(oom_observer observer)
 template <class Runtime>
 void backend<Runtime>::create_or_incref_pool(int device, pool_id id)
 {
-  GPUKIT_EXPECTS(id != pool_id(0, 0), "gpukit_torch: pool (0, 0) is the default pool");
+  GPUKIT_EXPECTS(id != pool_id(0, 0), "pool (0, 0) is the default pool");
   device_state& d = state(device);
   std::lock_guard<std::mutex> lock{pools_mutex_};
   ++d.pools[id].use_count;
@@ -342,15 +342,15 @@ void backend<Runtime>::create_or_incref_pool(int device, pool_id id)
 template <class Runtime>
 void backend<Runtime>::begin_allocate_to_pool(int device, pool_id id, stream_filter filter)
 {
-  GPUKIT_EXPECTS(static_cast<bool>(filter), "gpukit_torch: beginAllocateToPool without a filter");
+  GPUKIT_EXPECTS(static_cast<bool>(filter), "beginAllocateToPool without a filter");
   create_or_incref_pool(device, id);
   device_state& d = state(device);
   std::lock_guard<std::mutex> lock{pools_mutex_};
   for (auto const& u : d.underway) {
     if (u.first == id) {
       --d.pools[id].use_count;
-      GPUKIT_EXPECTS(false, "gpukit_torch: beginAllocateToPool: already allocating to pool " +
-                              detail::pool_name(id));
+      GPUKIT_EXPECTS(false,
+                     "beginAllocateToPool: already allocating to pool " + detail::pool_name(id));
     }
   }
   d.underway.emplace_back(id, std::move(filter));
@@ -367,9 +367,8 @@ void backend<Runtime>::end_allocate_to_pool(int device, pool_id id)
   std::lock_guard<std::mutex> lock{pools_mutex_};
   auto it = std::find_if(d.underway.begin(), d.underway.end(),
                          [&](auto const& u) { return u.first == id; });
-  GPUKIT_EXPECTS(
-    it != d.underway.end(),
-    "gpukit_torch: endAllocateToPool: not allocating to pool " + detail::pool_name(id));
+  GPUKIT_EXPECTS(it != d.underway.end(),
+                 "endAllocateToPool: not allocating to pool " + detail::pool_name(id));
   d.underway.erase(it);
   for (std::size_t i = d.captures.size(); i-- > 0;) {
     if (d.captures[i].pool == id) { pause_locked(d, i); }
@@ -385,7 +384,7 @@ void backend<Runtime>::release_pool(int device, pool_id id)
   std::lock_guard<std::mutex> lock{pools_mutex_};
   auto it = d.pools.find(id);
   GPUKIT_EXPECTS(it != d.pools.end() && it->second.use_count > 0,
-                 "gpukit_torch: releasePool: no pool " + detail::pool_name(id));
+                 "releasePool: no pool " + detail::pool_name(id));
   if (--it->second.use_count > 0) { return; }
   for (std::size_t i = d.captures.size(); i-- > 0;) {
     if (d.captures[i].pool == id) { pause_locked(d, i); }
@@ -445,7 +444,7 @@ std::vector<void*> backend<Runtime>::restore_pool(int device, pool_id id,
   std::set_difference(now.begin(), now.end(), sorted.begin(), sorted.end(),
                       std::back_inserter(extra));
   GPUKIT_EXPECTS(missing.empty(),
-                 "gpukit_torch: setCheckpointPoolState: " + std::to_string(missing.size()) +
+                 "setCheckpointPoolState: " + std::to_string(missing.size()) +
                    " block(s) of the checkpoint of pool " + detail::pool_name(id) +
                    " were freed since, and gpukit cannot allocate a block at a chosen address");
   for (void* p : extra) { deallocate(p); }
@@ -627,9 +626,8 @@ void backend<Runtime>::reset_accumulated_stats(int device)
 template <class Runtime>
 void backend<Runtime>::set_memory_fraction(int device, double fraction)
 {
-  GPUKIT_EXPECTS(
-    fraction >= 0.0 && fraction <= 1.0,
-    "gpukit_torch: memory fraction " + std::to_string(fraction) + " is not within [0, 1]");
+  GPUKIT_EXPECTS(fraction >= 0.0 && fraction <= 1.0,
+                 "memory fraction " + std::to_string(fraction) + " is not within [0, 1]");
   device_state& d  = state(device);
   std::size_t free = 0, total = 0;
   {
@@ -740,7 +738,7 @@ namespace detail {
 inline void check_expandable_layout(int version, char const* call)
 {
   GPUKIT_EXPECTS(version >= 205 && version <= 211,
-                 std::string{"gpukit_torch: "} + call + ": PyTorch " + torch_version_name(version) +
+                 std::string{call} + ": PyTorch " + torch_version_name(version) +
                    (version < 205 ? " has no expandable-segment handles (PyTorch 2.5 added them)"
                                   : "'s expandable-segment handles differ from those of PyTorch "
                                     "2.5 to 2.11, the layout gpukit writes and reads") +
@@ -794,21 +792,21 @@ std::shared_ptr<void> backend<Runtime>::open_ipc_handle(std::string const& handl
     detail::check_expandable_layout(torch_version_.load(std::memory_order_relaxed), "getIpcDevPtr");
     detail::expandable_share_header header{};
     GPUKIT_EXPECTS(handle.size() >= 2 + sizeof header,
-                   "gpukit_torch: getIpcDevPtr: an expandable-segment handle of " +
+                   "getIpcDevPtr: an expandable-segment handle of " +
                      std::to_string(handle.size()) + " bytes is shorter than its header");
     std::memcpy(&header, handle.data() + 2, sizeof header);
     std::size_t const rest = handle.size() - 2 - sizeof header;
     GPUKIT_EXPECTS(
       header.pages == 0 || header.pages > rest / detail::fabric_handle_bytes ||
         rest != header.pages * detail::fabric_handle_bytes,
-      "gpukit_torch: getIpcDevPtr: the sender (process " + std::to_string(header.pid) +
-        ") shared " + std::to_string(header.pages) +
+      "getIpcDevPtr: the sender (process " + std::to_string(header.pid) + ") shared " +
+        std::to_string(header.pages) +
         " pages as fabric handles (CUmemFabricHandle, IMEX), which gpukit does not "
         "import; set TORCH_CUDA_EXPANDABLE_SEGMENTS_IPC=0 or expandable_segments:False "
         "in the sender");
     GPUKIT_EXPECTS(header.pages != 0 && header.pages <= rest / sizeof(int) &&
                      rest == header.pages * sizeof(int) && header.pid > 0,
-                   "gpukit_torch: getIpcDevPtr: an expandable-segment handle of " +
+                   "getIpcDevPtr: an expandable-segment handle of " +
                      std::to_string(handle.size()) + " bytes (process " +
                      std::to_string(header.pid) + ", " + std::to_string(header.pages) +
                      " pages of " + std::to_string(header.page_bytes) +
@@ -836,7 +834,7 @@ std::shared_ptr<void> backend<Runtime>::open_ipc_handle(std::string const& handl
     std::memcpy(&h.memory, handle.data(), n);
     h.bytes = 1;
   } else {
-    GPUKIT_EXPECTS(false, "gpukit_torch: getIpcDevPtr: not a handle of PyTorch's formats (" +
+    GPUKIT_EXPECTS(false, "getIpcDevPtr: not a handle of PyTorch's formats (" +
                             std::to_string(handle.size()) + " bytes, starting with byte " +
                             std::to_string(handle.empty() ? -1 : int{handle[0]}) + ")");
   }
@@ -909,7 +907,7 @@ void backend<Runtime>::trace(trace_entry e)
 template <class Runtime>
 void backend<Runtime>::add_trace_observer(trace_observer observer)
 {
-  GPUKIT_EXPECTS(static_cast<bool>(observer), "gpukit_torch: empty trace observer");
+  GPUKIT_EXPECTS(static_cast<bool>(observer), "empty trace observer");
   std::lock_guard<std::mutex> lock{history_mutex_};
   trace_observers_.push_back(std::move(observer));
   traced_.store(true, std::memory_order_relaxed);

@@ -127,7 +127,7 @@ inline std::string pidfd_advice()
 inline std::string pidfd_refusal(char const* call, int error, int pid, int fd)
 {
   bool const getfd = std::strcmp(call, "pidfd_getfd") == 0;
-  return "gpukit_torch: " + std::string{call} + "(process " + std::to_string(pid) +
+  return "gpukit: " + std::string{call} + "(process " + std::to_string(pid) +
          (getfd ? ", fd " + std::to_string(fd) : std::string{}) +
          ") failed: " + pidfd_cause(error) + pidfd_advice();
 }
@@ -168,7 +168,7 @@ struct pidfd_probe {
   [[nodiscard]] std::string message() const
   {
     if (error == 0) { return {}; }
-    return "gpukit_torch: this tensor's memory cannot be shared with another process: a process "
+    return "gpukit: this tensor's memory cannot be shared with another process: a process "
            "receiving it could not take its pages' descriptors (" +
            std::string{call} +
            " failed when a child process tried it on this one): " + pidfd_cause(error) +
