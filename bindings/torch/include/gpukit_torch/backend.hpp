@@ -48,7 +48,10 @@
 //   expandable segments (one POSIX descriptor per page, taken by the receiver with pidfd_getfd:
 //   detail/pidfd.hpp). Where receivers would be refused, sharing fails in the sharing thread.
 //
-// Thread-safe.
+// Thread-safe, and allocations and frees on different threads do not wait for each other: the
+// records are sharded by address and the statistics are atomic counters. A statistics reader
+// racing with them sees each counter as it was at some instant (as PyTorch's own snapshot does),
+// never a peak below the current value it reports.
 #pragma once
 
 #include <gpukit/error.hpp>
@@ -344,6 +347,15 @@ class backend final {
     pool_id pool{0, 0};
     std::shared_ptr<void> context;
   };
+  // The records of blocks handed out, by address. Threads lock only the shard of the block they
+  // allocate or free (shard_of: a hash of the address), so allocations and frees on different
+  // threads rarely wait for each other; readers of every record (snapshots, pool checks) lock the
+  // shards one at a time.
+  static constexpr int record_shard_bits = 6;
+  struct alignas(64) record_shard {
+    mutable std::mutex mutex;
+    std::unordered_map<void const*, record> records;  // under mutex
+  };
   struct pool_state {
     int use_count{0};
     std::vector<typename allocator_type::capture_id> ended;  // capture pools not under way
@@ -354,7 +366,7 @@ class backend final {
     typename allocator_type::capture_id id{0};
   };
   struct device_state;
-  struct user_counts;
+  class user_counts;
 
   device_state& state(int device) const;
   device_state* state_if_created(int device) const noexcept;
@@ -369,8 +381,7 @@ class backend final {
   segment_info to_segment_info(int device, gpukit::memory_snapshot::segment const& g,
                                bool growable) const;
   gpukit::caching_allocator_options options_for(int device, std::string& fallback) const;
-  void count_allocation(device_state& d, record const& r);
-  void count_free(device_state& d, record const& r);
+  record_shard& shard_of(void const* ptr) const noexcept;
   void warn(std::string const& message) const;
   static std::int64_t now_us() noexcept;
 
@@ -389,8 +400,7 @@ class backend final {
   mutable std::mutex create_mutex_;
   mutable std::array<std::atomic<device_state*>, max_devices> devices_{};
 
-  mutable std::mutex records_mutex_;  // records_, and each device's user counts
-  std::unordered_map<void const*, record> records_;
+  mutable std::array<record_shard, std::size_t{1} << record_shard_bits> records_;
 
   mutable std::mutex pools_mutex_;  // pools, filters and captures under way, of every device
   std::atomic<int> routing_{0};     // pools being allocated to, or captures under way
