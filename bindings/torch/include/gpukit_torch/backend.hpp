@@ -70,6 +70,7 @@
 #include <mutex>
 #include <string>
 #include <system_error>
+#include <thread>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
@@ -347,10 +348,12 @@ class backend final {
     pool_id pool{0, 0};
     std::shared_ptr<void> context;
   };
-  // The records of blocks handed out, by address. Threads lock only the shard of the block they
-  // allocate or free (shard_of: a hash of the address), so allocations and frees on different
-  // threads rarely wait for each other; readers of every record (snapshots, pool checks) lock the
-  // shards one at a time.
+  // The records of blocks handed out, by address, in shards (shard_index: a hash of the address).
+  // While one thread alone has allocated and freed, single_mutex_ guards every shard and the user
+  // counts are written with plain loads and stores; from the first allocation or free on a second
+  // thread on, a thread locks only the shard of the block it allocates or frees and counts with
+  // atomic read-modify-writes (records_lock), so threads rarely wait for each other. Readers of
+  // every record (snapshots, pool checks) lock the shards one at a time.
   static constexpr int record_shard_bits = 6;
   struct alignas(64) record_shard {
     mutable std::mutex mutex;
@@ -381,7 +384,9 @@ class backend final {
   segment_info to_segment_info(int device, gpukit::memory_snapshot::segment const& g,
                                bool growable) const;
   gpukit::caching_allocator_options options_for(int device, std::string& fallback) const;
-  record_shard& shard_of(void const* ptr) const noexcept;
+  class records_lock;
+  static std::size_t shard_index(void const* ptr) noexcept;
+  std::array<std::array<std::int64_t, 2>, 3> added_totals(device_state const& d) const;
   void warn(std::string const& message) const;
   static std::int64_t now_us() noexcept;
 
@@ -400,7 +405,11 @@ class backend final {
   mutable std::mutex create_mutex_;
   mutable std::array<std::atomic<device_state*>, max_devices> devices_{};
 
-  mutable std::array<record_shard, std::size_t{1} << record_shard_bits> records_;
+  static constexpr std::size_t record_shards = std::size_t{1} << record_shard_bits;
+  mutable std::array<record_shard, record_shards> records_;
+  mutable std::mutex single_mutex_;          // every shard, until shared_
+  mutable std::thread::id owner_;            // under single_mutex_: the one thread so far
+  mutable std::atomic<bool> shared_{false};  // set once, under single_mutex_
 
   mutable std::mutex pools_mutex_;  // pools, filters and captures under way, of every device
   std::atomic<int> routing_{0};     // pools being allocated to, or captures under way

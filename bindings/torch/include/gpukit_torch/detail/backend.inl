@@ -35,53 +35,68 @@ struct backend<Runtime>::device_state {
 // Every thread allocates and frees without a lock, the way the caching allocator's shared counts
 // do (gpukit/memory/detail/shared_counts.hpp): the current values by fetch_add, so each allocation
 // learns the exact value it made and raises the peaks to it (compare-and-swap max); what
-// allocations added, from which the frees follow (added - current). Resets and readers take
-// reset_mutex between themselves only. A reader sees each counter at some instant, not all at one
-// (PyTorch's snapshot is no more exact while other threads allocate), and reports a peak no lower
-// than the current value it reports; a peak reset racing with an allocation may miss it.
+// allocations added (from which the frees follow: added - current) in the records shard of the
+// block, under its lock. While one thread alone allocates and frees, the same counters are written
+// under the single-thread lock with plain loads and stores (see backend::records_lock). Resets and
+// readers take reset_mutex_ between themselves only. A reader sees each counter at some instant,
+// not all at one (PyTorch's snapshot is no more exact while other threads allocate), and reports a
+// peak no lower than the current value it reports; a peak reset racing with an allocation may miss
+// it.
 template <class Runtime>
 class backend<Runtime>::user_counts {
  public:
-  void count_alloc(std::size_t kind, std::size_t size, std::size_t bytes,
-                   allocator_type const& a) noexcept
+  /// Counts an allocation of `kind` whose record goes to `shard`, under that shard's
+  /// records_lock; `single`: the lock is the single-thread one.
+  void count_alloc(std::size_t kind, std::size_t size, std::size_t bytes, allocator_type const& a,
+                   std::size_t shard, bool single) noexcept
   {
     std::size_t const other             = kind ^ 1;
     std::array<std::int64_t, 3> const n = {1, static_cast<std::int64_t>(size),
                                            static_cast<std::int64_t>(bytes)};
     std::array<std::int64_t, 3> now{}, both{};
     for (std::size_t s = 0; s < 3; ++s) {
-      now[s] = current_[s][kind].fetch_add(n[s], std::memory_order_relaxed) + n[s];
-      added_[s][kind].fetch_add(n[s], std::memory_order_relaxed);
+      now[s] = add(current_[s][kind], n[s], single);
+      added_[shard].by_kind[s][kind] += n[s];
       both[s] = now[s] + current_[s][other].load(std::memory_order_relaxed);
-      raise(peak_[s][kind], now[s]);
-      raise(peak_[s][2], both[s]);
+      raise(peak_[s][kind], now[s], single);
+      raise(peak_[s][2], both[s], single);
     }
     // While no free is pending, active equals allocated and its peaks are the allocated ones
     // (read() takes the larger).
     auto const mine = a.pending_frees_of(kind == 1), theirs = a.pending_frees_of(kind != 1);
     if (mine.blocks == 0 && theirs.blocks == 0) { return; }
-    raise(active_peak_[0][kind], now[0] + mine.blocks);
-    raise(active_peak_[1][kind], now[1] + mine.bytes);
-    raise(active_peak_[0][2], both[0] + mine.blocks + theirs.blocks);
-    raise(active_peak_[1][2], both[1] + mine.bytes + theirs.bytes);
+    raise(active_peak_[0][kind], now[0] + mine.blocks, single);
+    raise(active_peak_[1][kind], now[1] + mine.bytes, single);
+    raise(active_peak_[0][2], both[0] + mine.blocks + theirs.blocks, single);
+    raise(active_peak_[1][2], both[1] + mine.bytes + theirs.bytes, single);
   }
 
-  void count_free(std::size_t kind, std::size_t size, std::size_t bytes) noexcept
+  /// Counts a free of `kind`, under any records_lock; `single` as for count_alloc.
+  void count_free(std::size_t kind, std::size_t size, std::size_t bytes, bool single) noexcept
   {
-    current_[0][kind].fetch_sub(1, std::memory_order_relaxed);
-    current_[1][kind].fetch_sub(static_cast<std::int64_t>(size), std::memory_order_relaxed);
-    current_[2][kind].fetch_sub(static_cast<std::int64_t>(bytes), std::memory_order_relaxed);
+    add(current_[0][kind], -1, single);
+    add(current_[1][kind], -static_cast<std::int64_t>(size), single);
+    add(current_[2][kind], -static_cast<std::int64_t>(bytes), single);
+  }
+
+  /// What allocations recorded in `shard` added, under that shard's records_lock.
+  [[nodiscard]] std::array<std::array<std::int64_t, 2>, 3> const& added(
+    std::size_t shard) const noexcept
+  {
+    return added_[shard].by_kind;
   }
 
   /// Fills allocation, allocated_bytes, requested_bytes, active and active_bytes of `to` (small,
   /// large, both).
-  void read(allocator_type const& a, std::array<device_pool_stats*, 3> const& to) const
+  /// `added`: what allocations added, summed over the shards.
+  void read(allocator_type const& a, std::array<std::array<std::int64_t, 2>, 3> const& total,
+            std::array<device_pool_stats*, 3> const& to) const
   {
     std::lock_guard<std::mutex> lock{reset_mutex_};
     auto const pending = pending_of(a);
     for (std::size_t s = 0; s < 3; ++s) {
       auto const cur   = load(current_[s]);
-      auto const added = load(added_[s]);
+      auto const added = both_kinds(total[s]);
       for (std::size_t i = 0; i < 3; ++i) {
         std::int64_t const allocated = added[i] - added_base_[s][i];
         stat const held{cur[i], std::max(peak_[s][i].load(std::memory_order_relaxed), cur[i]),
@@ -98,7 +113,8 @@ class backend<Runtime>::user_counts {
     }
   }
 
-  /// Every peak to its current value.
+  /// Every peak to its current value, under a records_lock (which keeps single-thread writers
+  /// out).
   void reset_peaks(allocator_type const& a)
   {
     std::lock_guard<std::mutex> lock{reset_mutex_};
@@ -114,18 +130,19 @@ class backend<Runtime>::user_counts {
       }
       // An allocation that raised a peak between the loads and the stores is not lost.
       auto const again = load(current_[s]);
-      for (std::size_t i = 0; i < 3; ++i) { raise(peak_[s][i], again[i]); }
+      for (std::size_t i = 0; i < 3; ++i) { raise(peak_[s][i], again[i], false); }
     }
   }
 
-  /// What was allocated and freed to zero.
-  void reset_accumulated(allocator_type const& a)
+  /// What was allocated and freed to zero; `total` as for read().
+  void reset_accumulated(allocator_type const& a,
+                         std::array<std::array<std::int64_t, 2>, 3> const& total)
   {
     std::lock_guard<std::mutex> lock{reset_mutex_};
     auto const pending = pending_of(a);
     for (std::size_t s = 0; s < 3; ++s) {
       current_base_[s] = load(current_[s]);
-      added_base_[s]   = load(added_[s]);
+      added_base_[s]   = both_kinds(total[s]);
       if (s < 2) {
         for (std::size_t i = 0; i < 3; ++i) {
           active_base_[s][i] =
@@ -139,10 +156,29 @@ class backend<Runtime>::user_counts {
   using counter       = std::atomic<std::int64_t>;
   using pending_frees = typename allocator_type::pending_frees;
 
-  static void raise(counter& peak, std::int64_t v) noexcept
+  // Under the single-thread lock no other writer runs: a plain load and store, with no
+  // read-modify-write (the counters stay atomics for the readers, who take no such lock).
+  static std::int64_t add(counter& c, std::int64_t n, bool single) noexcept
+  {
+    if (single) {
+      std::int64_t const v = c.load(std::memory_order_relaxed) + n;
+      c.store(v, std::memory_order_relaxed);
+      return v;
+    }
+    return c.fetch_add(n, std::memory_order_relaxed) + n;
+  }
+  static void raise(counter& peak, std::int64_t v, bool single) noexcept
   {
     std::int64_t p = peak.load(std::memory_order_relaxed);
+    if (single) {
+      if (v > p) { peak.store(v, std::memory_order_relaxed); }
+      return;
+    }
     while (v > p && !peak.compare_exchange_weak(p, v, std::memory_order_relaxed)) {}
+  }
+  static std::array<std::int64_t, 3> both_kinds(std::array<std::int64_t, 2> const& c) noexcept
+  {
+    return {c[0], c[1], c[0] + c[1]};
   }
   // Small, large, and their sum.
   static std::array<std::int64_t, 3> load(std::array<counter, 2> const& c) noexcept
@@ -158,13 +194,17 @@ class backend<Runtime>::user_counts {
   }
 
   // [statistic][kind]: statistic 0 blocks, 1 rounded bytes, 2 requested bytes; kind 0 small,
-  // 1 large, 2 both (peaks and bases only). Three groups on cache lines of their own: the current
-  // values, written by every allocation and free; what allocations added, written by every
-  // allocation; the peaks, read by every allocation and written only when one is exceeded.
+  // 1 large, 2 both (peaks and bases only). On cache lines of their own: the current values,
+  // written by every allocation and free; the peaks, read by every allocation and written only
+  // when one is exceeded; what allocations added, by records shard (under its records_lock, so
+  // counted with no atomic operation of its own).
+  struct alignas(64) shard_added {
+    std::array<std::array<std::int64_t, 2>, 3> by_kind{};
+  };
   alignas(64) std::array<std::array<counter, 2>, 3> current_{};
-  alignas(64) std::array<std::array<counter, 2>, 3> added_{};
   alignas(64) std::array<std::array<counter, 3>, 3> peak_{};
   std::array<std::array<counter, 3>, 2> active_peak_{};  // blocks, bytes
+  std::array<shard_added, record_shards> added_{};
   // At the last reset of accumulated statistics.
   alignas(64) mutable std::mutex reset_mutex_;
   std::array<std::array<std::int64_t, 3>, 3> current_base_{};  // under reset_mutex_
@@ -287,13 +327,49 @@ std::int64_t backend<Runtime>::now_us() noexcept
 // Allocation
 
 template <class Runtime>
-typename backend<Runtime>::record_shard& backend<Runtime>::shard_of(void const* ptr) const noexcept
+std::size_t backend<Runtime>::shard_index(void const* ptr) noexcept
 {
   // Blocks are at least 512-byte aligned: the bits above those, mixed (Fibonacci hashing).
   auto const x = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(ptr) >> 9);
-  return records_[static_cast<std::size_t>((x * 0x9E3779B97F4A7C15ull) >>
-                                           (64 - record_shard_bits))];
+  return static_cast<std::size_t>((x * 0x9E3779B97F4A7C15ull) >> (64 - record_shard_bits));
 }
+
+// Holds what guards the records of one shard: the single-thread lock while one thread alone has
+// allocated and freed, the shard's own lock after. A `writer` (an allocation or a free) on a
+// thread other than the first ends the single-thread mode, for good: every write made under the
+// single-thread lock happens before shared_ is seen set (release, acquire), and a thread that
+// finds it clear only after taking that lock sees every write made under it.
+template <class Runtime>
+class backend<Runtime>::records_lock {
+ public:
+  records_lock(backend const& b, std::size_t shard, bool writer)
+  {
+    if (!b.shared_.load(std::memory_order_acquire)) {
+      lock_ = std::unique_lock<std::mutex>{b.single_mutex_};
+      if (!b.shared_.load(std::memory_order_relaxed)) {
+        if (!writer) {
+          single_ = true;
+          return;
+        }
+        auto const me = std::this_thread::get_id();
+        if (b.owner_ == std::thread::id{}) { b.owner_ = me; }
+        if (b.owner_ == me) {
+          single_ = true;
+          return;
+        }
+        b.shared_.store(true, std::memory_order_release);
+      }
+      lock_.unlock();
+    }
+    lock_ = std::unique_lock<std::mutex>{b.records_[shard].mutex};
+  }
+  /// Whether this is the single-thread lock (no other writer runs).
+  [[nodiscard]] bool single() const noexcept { return single_; }
+
+ private:
+  std::unique_lock<std::mutex> lock_;
+  bool single_{false};
+};
 
 template <class Runtime>
 void* backend<Runtime>::allocate(int device, std::size_t bytes, stream_type stream)
@@ -323,10 +399,11 @@ void* backend<Runtime>::allocate(int device, std::size_t bytes, stream_type stre
              ? r.context
              : nullptr});
   }
-  d.users->count_alloc(r.size > options_.small_request_bytes ? 1 : 0, r.size, r.bytes, *d.alloc);
-  record_shard& shard = shard_of(p);
-  std::lock_guard<std::mutex> lock{shard.mutex};
-  shard.records.emplace(p, std::move(r));
+  std::size_t const shard = shard_index(p);
+  records_lock const lock{*this, shard, true};
+  d.users->count_alloc(r.size > options_.small_request_bytes ? 1 : 0, r.size, r.bytes, *d.alloc,
+                       shard, lock.single());
+  records_[shard].records.emplace(p, std::move(r));
   return p;
 }
 
@@ -335,19 +412,21 @@ void backend<Runtime>::deallocate(void* ptr)
 {
   if (ptr == nullptr) { return; }
   record r;
+  device_state* d = nullptr;
   {
-    record_shard& shard = shard_of(ptr);
-    std::lock_guard<std::mutex> lock{shard.mutex};
-    auto it = shard.records.find(ptr);
-    GPUKIT_EXPECTS(it != shard.records.end(),
-                   "gpukit_torch: free of " + gpukit::detail::hex(ptr) +
-                     ", which gpukit did not allocate (or freed already)");
+    std::size_t const shard = shard_index(ptr);
+    records_lock const lock{*this, shard, true};
+    auto& records = records_[shard].records;
+    auto it       = records.find(ptr);
+    GPUKIT_EXPECTS(it != records.end(), "gpukit_torch: free of " + gpukit::detail::hex(ptr) +
+                                          ", which gpukit did not allocate (or freed already)");
     r = std::move(it->second);
-    shard.records.erase(it);
+    records.erase(it);
+    d = state_if_created(r.device);  // created by the block's allocation
+    d->users->count_free(r.size > options_.small_request_bytes ? 1 : 0, r.size, r.bytes,
+                         lock.single());
   }
-  device_state& d = *state_if_created(r.device);  // created by the block's allocation
-  d.users->count_free(r.size > options_.small_request_bytes ? 1 : 0, r.size, r.bytes);
-  d.alloc->deallocate_async(ptr, r.size, r.stream);
+  d->alloc->deallocate_async(ptr, r.size, r.stream);
   if (traced_.load(std::memory_order_relaxed)) {
     auto ctx = capture_context(record_when::all);
     if (!ctx) { ctx = r.context; }
@@ -362,18 +441,19 @@ void backend<Runtime>::deallocate(void* ptr)
 template <class Runtime>
 bool backend<Runtime>::owns(void const* ptr) const
 {
-  record_shard const& shard = shard_of(ptr);
-  std::lock_guard<std::mutex> lock{shard.mutex};
-  return shard.records.count(ptr) != 0;
+  std::size_t const shard = shard_index(ptr);
+  records_lock const lock{*this, shard, false};
+  return records_[shard].records.count(ptr) != 0;
 }
 
 template <class Runtime>
 int backend<Runtime>::device_of(void const* ptr) const
 {
-  record_shard const& shard = shard_of(ptr);
-  std::lock_guard<std::mutex> lock{shard.mutex};
-  auto it = shard.records.find(ptr);
-  GPUKIT_EXPECTS(it != shard.records.end(),
+  std::size_t const shard = shard_index(ptr);
+  records_lock const lock{*this, shard, false};
+  auto const& records = records_[shard].records;
+  auto it             = records.find(ptr);
+  GPUKIT_EXPECTS(it != records.end(),
                  "gpukit_torch: " + gpukit::detail::hex(ptr) + " is not a block gpukit allocated");
   return it->second.device;
 }
@@ -510,9 +590,9 @@ bool backend<Runtime>::check_pool_live_allocations(int device, pool_id id,
 {
   // Shard by shard: PyTorch asks while no allocation goes to the pool.
   std::size_t live = 0;
-  for (record_shard const& shard : records_) {
-    std::lock_guard<std::mutex> lock{shard.mutex};
-    for (auto const& [p, r] : shard.records) {
+  for (std::size_t shard = 0; shard < record_shards; ++shard) {
+    records_lock const lock{*this, shard, false};
+    for (auto const& [p, r] : records_[shard].records) {
       if (r.device != device || r.pool != id) { continue; }
       if (expected.count(const_cast<void*>(p)) == 0) { return false; }
       ++live;
@@ -525,9 +605,9 @@ template <class Runtime>
 std::vector<void*> backend<Runtime>::pool_live_blocks(int device, pool_id id) const
 {
   std::vector<void*> live;
-  for (record_shard const& shard : records_) {
-    std::lock_guard<std::mutex> lock{shard.mutex};
-    for (auto const& [p, r] : shard.records) {
+  for (std::size_t shard = 0; shard < record_shards; ++shard) {
+    records_lock const lock{*this, shard, false};
+    for (auto const& [p, r] : records_[shard].records) {
       if (r.device == device && r.pool == id) { live.push_back(const_cast<void*>(p)); }
     }
   }
@@ -613,6 +693,23 @@ void backend<Runtime>::update_routing_locked()
 // ---------------------------------------------------------------------------------------------
 // Statistics and limits
 
+// What allocations on `d` added, by statistic and pool kind: the sum over the records shards,
+// each read under its records_lock.
+template <class Runtime>
+std::array<std::array<std::int64_t, 2>, 3> backend<Runtime>::added_totals(
+  device_state const& d) const
+{
+  std::array<std::array<std::int64_t, 2>, 3> sum{};
+  for (std::size_t shard = 0; shard < record_shards; ++shard) {
+    records_lock const lock{*this, shard, false};
+    auto const& a = d.users->added(shard);
+    for (std::size_t s = 0; s < 3; ++s) {
+      for (std::size_t k = 0; k < 2; ++k) { sum[s][k] += a[s][k]; }
+    }
+  }
+  return sum;
+}
+
 template <class Runtime>
 device_stats backend<Runtime>::stats(int device) const
 {
@@ -666,7 +763,7 @@ device_stats backend<Runtime>::stats(int device) const
   out.num_device_alloc     = i64(s.num_device_allocs - b.num_device_allocs);
   out.num_device_free      = i64(s.num_device_frees - b.num_device_frees);
   // Blocks held by users, and active ones, with PyTorch's sizes (see user_counts).
-  d->users->read(*d->alloc, {&out.small_pool, &out.large_pool, &out});
+  d->users->read(*d->alloc, added_totals(*d), {&out.small_pool, &out.large_pool, &out});
   return out;
 }
 
@@ -676,6 +773,7 @@ void backend<Runtime>::reset_peak_stats(int device)
   device_state* d = state_if_created(device);
   if (d == nullptr) { return; }
   d->alloc->reset_peak();
+  records_lock const lock{*this, 0, false};
   d->users->reset_peaks(*d->alloc);
 }
 
@@ -688,7 +786,7 @@ void backend<Runtime>::reset_accumulated_stats(int device)
     std::lock_guard<std::mutex> lock{d->base_mutex};
     d->base = d->alloc->stats();
   }
-  d->users->reset_accumulated(*d->alloc);
+  d->users->reset_accumulated(*d->alloc, added_totals(*d));
 }
 
 template <class Runtime>
@@ -1018,11 +1116,12 @@ segment_info backend<Runtime>::to_segment_info(int device,
   for (auto const& b : g.blocks) {
     block_info bi{b.address, b.size, b.requested, b.allocated, nullptr};
     if (b.allocated) {
-      auto const* p       = reinterpret_cast<void const*>(b.address);
-      record_shard& shard = shard_of(p);
-      std::lock_guard<std::mutex> lock{shard.mutex};
-      auto it = shard.records.find(p);
-      if (it != shard.records.end()) {
+      auto const* p           = reinterpret_cast<void const*>(b.address);
+      std::size_t const shard = shard_index(p);
+      records_lock const lock{*this, shard, false};
+      auto const& records = records_[shard].records;
+      auto it             = records.find(p);
+      if (it != records.end()) {
         bi.requested = it->second.bytes;  // the allocator was asked for the rounded size
         bi.context   = it->second.context;
         if (it->second.pool != pool_id(0, 0)) { s.owner = it->second.pool; }
