@@ -1245,6 +1245,16 @@ TEST_SUITE("sim_concurrency")
         take(i);
       }
       while (!live.empty()) { give(live.size() - 1); }
+      // Then pairs back to back, with no copy between: every count written as often as it can be.
+      for (std::size_t j = 0; j < 2000; ++j, ++i) {
+        std::size_t const bytes   = sizes[(i + static_cast<std::size_t>(t)) % sizes.size()];
+        std::size_t const rounded = rounding.round_size(bytes);
+        std::size_t const kind    = rounded > MiB ? 1 : 0;
+        b.deallocate(b.allocate(0, bytes, s));
+        mine.blocks[kind] += 1;
+        mine.rounded[kind] += static_cast<std::int64_t>(rounded);
+        mine.requested[kind] += static_cast<std::int64_t>(bytes);
+      }
     };
     // A reader meanwhile: the statistics it gets never have a peak below their current value.
     std::thread reader{[&] {
