@@ -49,7 +49,8 @@
 //   detail/pidfd.hpp). Where receivers would be refused, sharing fails in the sharing thread.
 //
 // Thread-safe, and allocations and frees on different threads do not wait for each other: the
-// records are sharded by address and the statistics are atomic counters. A statistics reader
+// records are sharded by address and the statistics are atomic counters (written with plain
+// stores under one lock while a single thread allocates and frees). A statistics reader
 // racing with them sees each counter as it was at some instant (as PyTorch's own snapshot does),
 // never a peak below the current value it reports.
 #pragma once
@@ -357,7 +358,7 @@ class backend final {
   static constexpr int record_shard_bits = 6;
   struct alignas(64) record_shard {
     mutable std::mutex mutex;
-    std::unordered_map<void const*, record> records;  // under mutex
+    std::unordered_map<void const*, record> records;  // under records_lock
   };
   struct pool_state {
     int use_count{0};
