@@ -6,6 +6,11 @@
 //   pairs/threads:N     64 KiB pairs, N threads, each on its own stream (aggregate rate)
 //   mixed/threads:N     512 B..4 MiB, 16 blocks live per thread, freed oldest first
 //
+// One backend serves every registration. It counts with plain stores until a second thread
+// allocates, and atomics for good after: threads:1 measures that single-thread mode only in a run
+// of its own (--benchmark_filter='threads:1$'); after a run with more threads it measures the
+// one-thread cost of the shared mode.
+//
 // Host-side calls are timed with a steady clock (real time). This is not an anchor comparison:
 // PyTorch's own allocator runs in bindings/torch/benchmarks/threads_bench.py.
 #include <gpukit/runtime/sim_runtime.hpp>
