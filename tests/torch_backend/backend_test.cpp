@@ -18,9 +18,11 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <deque>
 #include <string>
 #include <system_error>
 #include <thread>
@@ -1165,5 +1167,168 @@ TEST_SUITE("torch_backend")
     void* p = b.allocate(0, 200 * MiB, s.s);
     CHECK_THROWS_AS((void)b.allocate(0, 100 * MiB, s.s), gpukit::bad_alloc);
     b.deallocate(p);
+  }
+}
+
+TEST_SUITE("sim_concurrency")
+{
+  TEST_CASE("backend: threads allocating and freeing mixed sizes at once keep the counts exact")
+  {
+    constexpr int threads = 16, held = 8, rounds = 200;
+    // Small and large blocks, some rounded up (PyTorch's sizes: 512-byte multiples).
+    constexpr std::array<std::size_t, 6> sizes{1000, 512, 4096 + 1, MiB, MiB + 1, 3 * MiB};
+    sim_runtime sim{one_device(16 * GiB)};
+    sim_backend b{sim, torch_conf("segments:synchronous")};
+    stream_guard other{sim};
+    std::deque<stream_guard> streams;  // never moved: each destroys its stream
+    for (int t = 0; t < threads; ++t) { streams.emplace_back(sim); }
+
+    struct totals {
+      std::int64_t blocks[2]{}, rounded[2]{}, requested[2]{};  // [small, large]
+      std::int64_t first_rounded{0};                           // of the blocks held at the barrier
+      int failures{0};
+    };
+    std::vector<totals> per_thread(threads);
+    std::atomic<int> arrived{0};
+    std::atomic<bool> done{false};
+    std::atomic<int> reader_failures{0};
+    gpukit_torch::size_rounding const rounding{};
+
+    auto work = [&](int t) {
+      totals& mine     = per_thread[static_cast<std::size_t>(t)];
+      stream_t const s = streams[static_cast<std::size_t>(t)].s;
+      struct block {
+        void* p;
+        std::size_t bytes;
+        unsigned char value;
+      };
+      std::vector<block> live;
+      auto take = [&](std::size_t i) {
+        std::size_t const bytes = sizes[(i + static_cast<std::size_t>(t)) % sizes.size()];
+        auto const value        = static_cast<unsigned char>(1 + (i * 7 + t) % 251);
+        void* p                 = b.allocate(0, bytes, s);
+        GPUKIT_CUDA_TRY(sim.memset_async(p, value, bytes, s));
+        if (i % 5 == 0) { b.record_stream(p, other.s); }  // its free may wait: active, not held
+        std::size_t const rounded = rounding.round_size(bytes);
+        std::size_t const kind    = rounded > MiB ? 1 : 0;
+        mine.blocks[kind] += 1;
+        mine.rounded[kind] += static_cast<std::int64_t>(rounded);
+        mine.requested[kind] += static_cast<std::int64_t>(bytes);
+        live.push_back({p, bytes, value});
+      };
+      auto give = [&](std::size_t k) {
+        block const x = live[k];
+        std::array<unsigned char, 64> head{}, tail{};
+        GPUKIT_CUDA_TRY(
+          sim.memcpy_async(head.data(), x.p, head.size(), gpukit::memcpy_kind::device_to_host, s));
+        GPUKIT_CUDA_TRY(sim.memcpy_async(tail.data(),
+                                         static_cast<char*>(x.p) + x.bytes - tail.size(),
+                                         tail.size(), gpukit::memcpy_kind::device_to_host, s));
+        GPUKIT_CUDA_TRY(sim.stream_synchronize(s));
+        for (std::size_t j = 0; j < head.size(); ++j) {
+          if (head[j] != x.value || tail[j] != x.value) { ++mine.failures; }
+        }
+        b.deallocate(x.p);
+        live[k] = live.back();
+        live.pop_back();
+      };
+      std::size_t i = 0;
+      for (; i < held; ++i) { take(i); }
+      for (block const& x : live) {
+        mine.first_rounded += static_cast<std::int64_t>(rounding.round_size(x.bytes));
+      }
+      // Every thread holds its first blocks at once before any is freed: a known peak.
+      arrived.fetch_add(1);
+      while (arrived.load() < threads) { std::this_thread::yield(); }
+      for (int r = 0; r < rounds; ++r, ++i) {
+        give((i * 3) % live.size());
+        take(i);
+      }
+      while (!live.empty()) { give(live.size() - 1); }
+      // Then pairs back to back, with no copy between: every count written as often as it can be.
+      for (std::size_t j = 0; j < 2000; ++j, ++i) {
+        std::size_t const bytes   = sizes[(i + static_cast<std::size_t>(t)) % sizes.size()];
+        std::size_t const rounded = rounding.round_size(bytes);
+        std::size_t const kind    = rounded > MiB ? 1 : 0;
+        b.deallocate(b.allocate(0, bytes, s));
+        mine.blocks[kind] += 1;
+        mine.rounded[kind] += static_cast<std::int64_t>(rounded);
+        mine.requested[kind] += static_cast<std::int64_t>(bytes);
+      }
+    };
+    // A reader meanwhile: the statistics it gets never have a peak below their current value.
+    std::thread reader{[&] {
+      while (!done.load()) {
+        auto const st = b.stats(0);
+        for (auto const* pool : {static_cast<gpukit_torch::device_pool_stats const*>(&st),
+                                 &st.small_pool, &st.large_pool}) {
+          for (auto const* x : {&pool->allocation, &pool->allocated_bytes, &pool->requested_bytes,
+                                &pool->active, &pool->active_bytes}) {
+            if (x->peak < x->current) { reader_failures.fetch_add(1); }
+          }
+        }
+        std::this_thread::yield();
+      }
+    }};
+    std::vector<std::thread> workers;
+    for (int t = 0; t < threads; ++t) { workers.emplace_back(work, t); }
+    for (auto& w : workers) { w.join(); }
+    done.store(true);
+    reader.join();
+
+    totals all;
+    std::int64_t held_rounded = 0;
+    for (totals const& t : per_thread) {
+      for (int k = 0; k < 2; ++k) {
+        all.blocks[k] += t.blocks[k];
+        all.rounded[k] += t.rounded[k];
+        all.requested[k] += t.requested[k];
+      }
+      held_rounded += t.first_rounded;
+      all.failures += t.failures;
+    }
+    CHECK(all.failures == 0);  // no two blocks overlapped
+    CHECK(reader_failures.load() == 0);
+    auto const st = b.stats(0);
+    std::array<gpukit_torch::device_pool_stats const*, 2> const pools{&st.small_pool,
+                                                                      &st.large_pool};
+    for (std::size_t k = 0; k < 2; ++k) {
+      CAPTURE(k);
+      gpukit_torch::device_pool_stats const& p = *pools[k];
+      CHECK(p.allocation.current == 0);
+      CHECK(p.allocated_bytes.current == 0);
+      CHECK(p.requested_bytes.current == 0);
+      CHECK(p.allocation.allocated == all.blocks[k]);
+      CHECK(p.allocation.freed == all.blocks[k]);
+      CHECK(p.allocated_bytes.allocated == all.rounded[k]);
+      CHECK(p.allocated_bytes.freed == all.rounded[k]);
+      CHECK(p.requested_bytes.allocated == all.requested[k]);
+      CHECK(p.requested_bytes.freed == all.requested[k]);
+      CHECK(p.active.allocated == all.blocks[k]);
+      CHECK(p.active_bytes.allocated == all.rounded[k]);
+    }
+    CHECK(st.allocation.current == 0);
+    CHECK(st.allocation.allocated == all.blocks[0] + all.blocks[1]);
+    CHECK(st.allocation.freed == st.allocation.allocated);
+    CHECK(st.allocated_bytes.freed == all.rounded[0] + all.rounded[1]);
+    CHECK(st.requested_bytes.freed == all.requested[0] + all.requested[1]);
+    // At the barrier every thread held its first blocks.
+    CHECK(st.allocation.peak >= threads * held);
+    CHECK(st.allocated_bytes.peak >= held_rounded);
+    CHECK(st.active.peak >= st.allocation.peak);
+    CHECK(st.active_bytes.peak >= st.allocated_bytes.peak);
+    CHECK(st.allocated_bytes.peak <= all.rounded[0] + all.rounded[1]);
+    // Once the frees waiting on `other` complete, nothing is active.
+    GPUKIT_CUDA_TRY(sim.stream_synchronize(other.s));
+    b.deallocate(b.allocate(0, 512, streams[0].s));  // polls the completed frees
+    CHECK(b.stats(0).active.current == 0);
+    CHECK(b.stats(0).active_bytes.current == 0);
+    b.reset_peak_stats(0);
+    CHECK(b.stats(0).allocated_bytes.peak == 0);
+    b.reset_accumulated_stats(0);
+    CHECK(b.stats(0).allocation.allocated == 0);
+    CHECK(b.stats(0).allocation.freed == 0);
+    for (auto& g : streams) { b.allocator(0).forget_stream(g.s); }
+    b.allocator(0).forget_stream(other.s);
   }
 }

@@ -48,7 +48,11 @@
 //   expandable segments (one POSIX descriptor per page, taken by the receiver with pidfd_getfd:
 //   detail/pidfd.hpp). Where receivers would be refused, sharing fails in the sharing thread.
 //
-// Thread-safe.
+// Thread-safe, and allocations and frees on different threads do not wait for each other: the
+// records are sharded by address and the statistics are atomic counters (written with plain
+// stores under one lock while a single thread allocates and frees). A statistics reader
+// racing with them sees each counter as it was at some instant (as PyTorch's own snapshot does),
+// never a peak below the current value it reports.
 #pragma once
 
 #include <gpukit/error.hpp>
@@ -67,6 +71,7 @@
 #include <mutex>
 #include <string>
 #include <system_error>
+#include <thread>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
@@ -344,6 +349,17 @@ class backend final {
     pool_id pool{0, 0};
     std::shared_ptr<void> context;
   };
+  // The records of blocks handed out, by address, in shards (shard_index: a hash of the address).
+  // While one thread alone has allocated and freed, single_mutex_ guards every shard and the user
+  // counts are written with plain loads and stores; from the first allocation or free on a second
+  // thread on, a thread locks only the shard of the block it allocates or frees and counts with
+  // atomic read-modify-writes (records_lock), so threads rarely wait for each other. Readers of
+  // every record (snapshots, pool checks) lock the shards one at a time.
+  static constexpr int record_shard_bits = 6;
+  struct alignas(64) record_shard {
+    mutable std::mutex mutex;
+    std::unordered_map<void const*, record> records;  // under records_lock
+  };
   struct pool_state {
     int use_count{0};
     std::vector<typename allocator_type::capture_id> ended;  // capture pools not under way
@@ -354,7 +370,7 @@ class backend final {
     typename allocator_type::capture_id id{0};
   };
   struct device_state;
-  struct user_counts;
+  class user_counts;
 
   device_state& state(int device) const;
   device_state* state_if_created(int device) const noexcept;
@@ -369,8 +385,9 @@ class backend final {
   segment_info to_segment_info(int device, gpukit::memory_snapshot::segment const& g,
                                bool growable) const;
   gpukit::caching_allocator_options options_for(int device, std::string& fallback) const;
-  void count_allocation(device_state& d, record const& r);
-  void count_free(device_state& d, record const& r);
+  class records_lock;
+  static std::size_t shard_index(void const* ptr) noexcept;
+  std::array<std::array<std::int64_t, 2>, 3> added_totals(device_state const& d) const;
   void warn(std::string const& message) const;
   static std::int64_t now_us() noexcept;
 
@@ -389,8 +406,11 @@ class backend final {
   mutable std::mutex create_mutex_;
   mutable std::array<std::atomic<device_state*>, max_devices> devices_{};
 
-  mutable std::mutex records_mutex_;  // records_, and each device's user counts
-  std::unordered_map<void const*, record> records_;
+  static constexpr std::size_t record_shards = std::size_t{1} << record_shard_bits;
+  mutable std::array<record_shard, record_shards> records_;
+  mutable std::mutex single_mutex_;          // every shard, until shared_
+  mutable std::thread::id owner_;            // under single_mutex_: the one thread so far
+  mutable std::atomic<bool> shared_{false};  // set once, under single_mutex_
 
   mutable std::mutex pools_mutex_;  // pools, filters and captures under way, of every device
   std::atomic<int> routing_{0};     // pools being allocated to, or captures under way

@@ -24,34 +24,192 @@ struct backend<Runtime>::device_state {
   std::vector<capture_on_stream> captures;                  // under pools_mutex_
   mutable std::mutex base_mutex;
   gpukit::caching_allocator_stats base{};  // counters at the last reset of accumulated statistics
-  std::unique_ptr<user_counts> users;      // under records_mutex_
+  std::unique_ptr<user_counts> users;
 };
 
-// PyTorch's counts of the blocks held by users, by pool kind: [0] small, [1] large, [2] both.
-// Active blocks are these plus the allocator's pending frees, so only the active peaks (raised by
-// allocations, the only events that add active blocks) and the active counts at the last reset
-// of accumulated statistics (from which the frees since are derived) are kept.
+// PyTorch's counts of the blocks held by users (allocation, allocated_bytes, requested_bytes), by
+// pool kind. Active blocks are these plus the allocator's pending frees, so only the active peaks
+// (raised by allocations, the only events that add active blocks) and the active counts at the
+// last reset of accumulated statistics (from which the frees since are derived) are kept.
+//
+// Every thread allocates and frees without a lock, the way the caching allocator's shared counts
+// do (gpukit/memory/detail/shared_counts.hpp): the current values by fetch_add, so each allocation
+// learns the exact value it made and raises the peaks to it (compare-and-swap max); what
+// allocations added (from which the frees follow: added - current) in the records shard of the
+// block, under its lock. While one thread alone allocates and frees, the same counters are written
+// under the single-thread lock with plain loads and stores (see backend::records_lock). Resets and
+// readers take reset_mutex_ between themselves only. A reader sees each counter at some instant,
+// not all at one (PyTorch's snapshot is no more exact while other threads allocate), and reports a
+// peak no lower than the current value it reports; a peak reset racing with an allocation may miss
+// it.
 template <class Runtime>
-struct backend<Runtime>::user_counts {
-  std::array<stat, 3> allocation{}, allocated_bytes{}, requested_bytes{};
-  std::array<std::int64_t, 3> active_peak{}, active_bytes_peak{};
-  std::array<std::int64_t, 3> active_base{}, active_bytes_base{};
+class backend<Runtime>::user_counts {
+ public:
+  /// Counts an allocation of `kind` whose record goes to `shard`, under that shard's
+  /// records_lock; `single`: the lock is the single-thread one.
+  void count_alloc(std::size_t kind, std::size_t size, std::size_t bytes, allocator_type const& a,
+                   std::size_t shard, bool single) noexcept
+  {
+    std::size_t const other             = kind ^ 1;
+    std::array<std::int64_t, 3> const n = {1, static_cast<std::int64_t>(size),
+                                           static_cast<std::int64_t>(bytes)};
+    std::array<std::int64_t, 3> now{}, both{};
+    for (std::size_t s = 0; s < 3; ++s) {
+      now[s] = add(current_[s][kind], n[s], single);
+      added_[shard].by_kind[s][kind] += n[s];
+      both[s] = now[s] + current_[s][other].load(std::memory_order_relaxed);
+      raise(peak_[s][kind], now[s], single);
+      raise(peak_[s][2], both[s], single);
+    }
+    // While no free is pending, active equals allocated and its peaks are the allocated ones
+    // (read() takes the larger).
+    auto const mine = a.pending_frees_of(kind == 1), theirs = a.pending_frees_of(kind != 1);
+    if (mine.blocks == 0 && theirs.blocks == 0) { return; }
+    raise(active_peak_[0][kind], now[0] + mine.blocks, single);
+    raise(active_peak_[1][kind], now[1] + mine.bytes, single);
+    raise(active_peak_[0][2], both[0] + mine.blocks + theirs.blocks, single);
+    raise(active_peak_[1][2], both[1] + mine.bytes + theirs.bytes, single);
+  }
 
-  // Pending frees of each kind, and of both.
-  static std::array<typename allocator_type::pending_frees, 3> pending(allocator_type const& a)
+  /// Counts a free of `kind`, under any records_lock; `single` as for count_alloc.
+  void count_free(std::size_t kind, std::size_t size, std::size_t bytes, bool single) noexcept
+  {
+    add(current_[0][kind], -1, single);
+    add(current_[1][kind], -static_cast<std::int64_t>(size), single);
+    add(current_[2][kind], -static_cast<std::int64_t>(bytes), single);
+  }
+
+  /// What allocations recorded in `shard` added, under that shard's records_lock.
+  [[nodiscard]] std::array<std::array<std::int64_t, 2>, 3> const& added(
+    std::size_t shard) const noexcept
+  {
+    return added_[shard].by_kind;
+  }
+
+  /// Fills allocation, allocated_bytes, requested_bytes, active and active_bytes of `to` (small,
+  /// large, both).
+  /// `added`: what allocations added, summed over the shards.
+  void read(allocator_type const& a, std::array<std::array<std::int64_t, 2>, 3> const& total,
+            std::array<device_pool_stats*, 3> const& to) const
+  {
+    std::lock_guard<std::mutex> lock{reset_mutex_};
+    auto const pending = pending_of(a);
+    for (std::size_t s = 0; s < 3; ++s) {
+      auto const cur   = load(current_[s]);
+      auto const added = both_kinds(total[s]);
+      for (std::size_t i = 0; i < 3; ++i) {
+        std::int64_t const allocated = added[i] - added_base_[s][i];
+        stat const held{cur[i], std::max(peak_[s][i].load(std::memory_order_relaxed), cur[i]),
+                        allocated, allocated - (cur[i] - current_base_[s][i])};
+        device_pool_stats& o                                                     = *to[i];
+        (s == 0 ? o.allocation : s == 1 ? o.allocated_bytes : o.requested_bytes) = held;
+        if (s == 2) { continue; }
+        std::int64_t const active = cur[i] + (s == 0 ? pending[i].blocks : pending[i].bytes);
+        stat const act{
+          active, std::max({active_peak_[s][i].load(std::memory_order_relaxed), held.peak, active}),
+          allocated, allocated - (active - active_base_[s][i])};
+        (s == 0 ? o.active : o.active_bytes) = act;
+      }
+    }
+  }
+
+  /// Every peak to its current value, under a records_lock (which keeps single-thread writers
+  /// out).
+  void reset_peaks(allocator_type const& a)
+  {
+    std::lock_guard<std::mutex> lock{reset_mutex_};
+    auto const pending = pending_of(a);
+    for (std::size_t s = 0; s < 3; ++s) {
+      auto const cur = load(current_[s]);
+      for (std::size_t i = 0; i < 3; ++i) {
+        peak_[s][i].store(cur[i], std::memory_order_relaxed);
+        if (s < 2) {
+          active_peak_[s][i].store(cur[i] + (s == 0 ? pending[i].blocks : pending[i].bytes),
+                                   std::memory_order_relaxed);
+        }
+      }
+      // An allocation that raised a peak between the loads and the stores is not lost.
+      auto const again = load(current_[s]);
+      for (std::size_t i = 0; i < 3; ++i) { raise(peak_[s][i], again[i], false); }
+    }
+  }
+
+  /// What was allocated and freed to zero; `total` as for read().
+  void reset_accumulated(allocator_type const& a,
+                         std::array<std::array<std::int64_t, 2>, 3> const& total)
+  {
+    std::lock_guard<std::mutex> lock{reset_mutex_};
+    auto const pending = pending_of(a);
+    for (std::size_t s = 0; s < 3; ++s) {
+      current_base_[s] = load(current_[s]);
+      added_base_[s]   = both_kinds(total[s]);
+      if (s < 2) {
+        for (std::size_t i = 0; i < 3; ++i) {
+          active_base_[s][i] =
+            current_base_[s][i] + (s == 0 ? pending[i].blocks : pending[i].bytes);
+        }
+      }
+    }
+  }
+
+ private:
+  using counter       = std::atomic<std::int64_t>;
+  using pending_frees = typename allocator_type::pending_frees;
+
+  // Under the single-thread lock no other writer runs: a plain load and store, with no
+  // read-modify-write (the counters stay atomics for the readers, who take no such lock).
+  static std::int64_t add(counter& c, std::int64_t n, bool single) noexcept
+  {
+    if (single) {
+      std::int64_t const v = c.load(std::memory_order_relaxed) + n;
+      c.store(v, std::memory_order_relaxed);
+      return v;
+    }
+    return c.fetch_add(n, std::memory_order_relaxed) + n;
+  }
+  static void raise(counter& peak, std::int64_t v, bool single) noexcept
+  {
+    std::int64_t p = peak.load(std::memory_order_relaxed);
+    if (single) {
+      if (v > p) { peak.store(v, std::memory_order_relaxed); }
+      return;
+    }
+    while (v > p && !peak.compare_exchange_weak(p, v, std::memory_order_relaxed)) {}
+  }
+  static std::array<std::int64_t, 3> both_kinds(std::array<std::int64_t, 2> const& c) noexcept
+  {
+    return {c[0], c[1], c[0] + c[1]};
+  }
+  // Small, large, and their sum.
+  static std::array<std::int64_t, 3> load(std::array<counter, 2> const& c) noexcept
+  {
+    std::int64_t const s = c[0].load(std::memory_order_relaxed);
+    std::int64_t const l = c[1].load(std::memory_order_relaxed);
+    return {s, l, s + l};
+  }
+  static std::array<pending_frees, 3> pending_of(allocator_type const& a) noexcept
   {
     auto const s = a.pending_frees_of(false), l = a.pending_frees_of(true);
     return {s, l, {s.bytes + l.bytes, s.blocks + l.blocks}};
   }
-  void raise_active_peaks(allocator_type const& a)
-  {
-    auto const p = pending(a);
-    for (std::size_t i = 0; i < 3; ++i) {
-      active_peak[i] = std::max(active_peak[i], allocation[i].current + p[i].blocks);
-      active_bytes_peak[i] =
-        std::max(active_bytes_peak[i], allocated_bytes[i].current + p[i].bytes);
-    }
-  }
+
+  // [statistic][kind]: statistic 0 blocks, 1 rounded bytes, 2 requested bytes; kind 0 small,
+  // 1 large, 2 both (peaks and bases only). On cache lines of their own: the current values,
+  // written by every allocation and free; the peaks, read by every allocation and written only
+  // when one is exceeded; what allocations added, by records shard (under its records_lock, so
+  // counted with no atomic operation of its own).
+  struct alignas(64) shard_added {
+    std::array<std::array<std::int64_t, 2>, 3> by_kind{};
+  };
+  alignas(64) std::array<std::array<counter, 2>, 3> current_{};
+  alignas(64) std::array<std::array<counter, 3>, 3> peak_{};
+  std::array<std::array<counter, 3>, 2> active_peak_{};  // blocks, bytes
+  std::array<shard_added, record_shards> added_{};
+  // At the last reset of accumulated statistics.
+  alignas(64) mutable std::mutex reset_mutex_;
+  std::array<std::array<std::int64_t, 3>, 3> current_base_{};  // under reset_mutex_
+  std::array<std::array<std::int64_t, 3>, 3> added_base_{};    // under reset_mutex_
+  std::array<std::array<std::int64_t, 3>, 2> active_base_{};   // under reset_mutex_
 };
 
 namespace detail {
@@ -169,6 +327,51 @@ std::int64_t backend<Runtime>::now_us() noexcept
 // Allocation
 
 template <class Runtime>
+std::size_t backend<Runtime>::shard_index(void const* ptr) noexcept
+{
+  // Blocks are at least 512-byte aligned: the bits above those, mixed (Fibonacci hashing).
+  auto const x = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(ptr) >> 9);
+  return static_cast<std::size_t>((x * 0x9E3779B97F4A7C15ull) >> (64 - record_shard_bits));
+}
+
+// Holds what guards the records of one shard: the single-thread lock while one thread alone has
+// allocated and freed, the shard's own lock after. A `writer` (an allocation or a free) on a
+// thread other than the first ends the single-thread mode, for good: every write made under the
+// single-thread lock happens before shared_ is seen set (release, acquire), and a thread that
+// finds it clear only after taking that lock sees every write made under it.
+template <class Runtime>
+class backend<Runtime>::records_lock {
+ public:
+  records_lock(backend const& b, std::size_t shard, bool writer)
+  {
+    if (!b.shared_.load(std::memory_order_acquire)) {
+      lock_ = std::unique_lock<std::mutex>{b.single_mutex_};
+      if (!b.shared_.load(std::memory_order_relaxed)) {
+        if (!writer) {
+          single_ = true;
+          return;
+        }
+        auto const me = std::this_thread::get_id();
+        if (b.owner_ == std::thread::id{}) { b.owner_ = me; }
+        if (b.owner_ == me) {
+          single_ = true;
+          return;
+        }
+        b.shared_.store(true, std::memory_order_release);
+      }
+      lock_.unlock();
+    }
+    lock_ = std::unique_lock<std::mutex>{b.records_[shard].mutex};
+  }
+  /// Whether this is the single-thread lock (no other writer runs).
+  [[nodiscard]] bool single() const noexcept { return single_; }
+
+ private:
+  std::unique_lock<std::mutex> lock_;
+  bool single_{false};
+};
+
+template <class Runtime>
 void* backend<Runtime>::allocate(int device, std::size_t bytes, stream_type stream)
 {
   if (bytes == 0) { return nullptr; }
@@ -196,42 +399,12 @@ void* backend<Runtime>::allocate(int device, std::size_t bytes, stream_type stre
              ? r.context
              : nullptr});
   }
-  std::lock_guard<std::mutex> lock{records_mutex_};
-  count_allocation(d, r);
-  records_.emplace(p, std::move(r));
+  std::size_t const shard = shard_index(p);
+  records_lock const lock{*this, shard, true};
+  d.users->count_alloc(r.size > options_.small_request_bytes ? 1 : 0, r.size, r.bytes, *d.alloc,
+                       shard, lock.single());
+  records_[shard].records.emplace(p, std::move(r));
   return p;
-}
-
-template <class Runtime>
-void backend<Runtime>::count_allocation(device_state& d, record const& r)
-{
-  user_counts& u         = *d.users;
-  std::size_t const kind = r.size > options_.small_request_bytes ? 1 : 0;
-  for (std::size_t i : {kind, std::size_t{2}}) {
-    for (auto [s, n] : {std::pair{&u.allocation[i], std::int64_t{1}},
-                        std::pair{&u.allocated_bytes[i], static_cast<std::int64_t>(r.size)},
-                        std::pair{&u.requested_bytes[i], static_cast<std::int64_t>(r.bytes)}}) {
-      s->current += n;
-      s->allocated += n;
-      s->peak = std::max(s->peak, s->current);
-    }
-  }
-  u.raise_active_peaks(*d.alloc);
-}
-
-template <class Runtime>
-void backend<Runtime>::count_free(device_state& d, record const& r)
-{
-  user_counts& u         = *d.users;
-  std::size_t const kind = r.size > options_.small_request_bytes ? 1 : 0;
-  for (std::size_t i : {kind, std::size_t{2}}) {
-    for (auto [s, n] : {std::pair{&u.allocation[i], std::int64_t{1}},
-                        std::pair{&u.allocated_bytes[i], static_cast<std::int64_t>(r.size)},
-                        std::pair{&u.requested_bytes[i], static_cast<std::int64_t>(r.bytes)}}) {
-      s->current -= n;
-      s->freed += n;
-    }
-  }
 }
 
 template <class Runtime>
@@ -239,17 +412,21 @@ void backend<Runtime>::deallocate(void* ptr)
 {
   if (ptr == nullptr) { return; }
   record r;
+  device_state* d = nullptr;
   {
-    std::lock_guard<std::mutex> lock{records_mutex_};
-    auto it = records_.find(ptr);
-    GPUKIT_EXPECTS(it != records_.end(), "free of " + gpukit::detail::hex(ptr) +
-                                           ", which gpukit did not allocate (or freed already)");
+    std::size_t const shard = shard_index(ptr);
+    records_lock const lock{*this, shard, true};
+    auto& records = records_[shard].records;
+    auto it       = records.find(ptr);
+    GPUKIT_EXPECTS(it != records.end(), "free of " + gpukit::detail::hex(ptr) +
+                                          ", which gpukit did not allocate (or freed already)");
     r = std::move(it->second);
-    records_.erase(it);
-    count_free(state(r.device), r);
+    records.erase(it);
+    d = state_if_created(r.device);  // created by the block's allocation
+    d->users->count_free(r.size > options_.small_request_bytes ? 1 : 0, r.size, r.bytes,
+                         lock.single());
   }
-  device_state& d = state(r.device);
-  d.alloc->deallocate_async(ptr, r.size, r.stream);
+  d->alloc->deallocate_async(ptr, r.size, r.stream);
   if (traced_.load(std::memory_order_relaxed)) {
     auto ctx = capture_context(record_when::all);
     if (!ctx) { ctx = r.context; }
@@ -264,16 +441,19 @@ void backend<Runtime>::deallocate(void* ptr)
 template <class Runtime>
 bool backend<Runtime>::owns(void const* ptr) const
 {
-  std::lock_guard<std::mutex> lock{records_mutex_};
-  return records_.count(ptr) != 0;
+  std::size_t const shard = shard_index(ptr);
+  records_lock const lock{*this, shard, false};
+  return records_[shard].records.count(ptr) != 0;
 }
 
 template <class Runtime>
 int backend<Runtime>::device_of(void const* ptr) const
 {
-  std::lock_guard<std::mutex> lock{records_mutex_};
-  auto it = records_.find(ptr);
-  GPUKIT_EXPECTS(it != records_.end(),
+  std::size_t const shard = shard_index(ptr);
+  records_lock const lock{*this, shard, false};
+  auto const& records = records_[shard].records;
+  auto it             = records.find(ptr);
+  GPUKIT_EXPECTS(it != records.end(),
                  gpukit::detail::hex(ptr) + " is not a block gpukit allocated");
   return it->second.device;
 }
@@ -407,12 +587,15 @@ template <class Runtime>
 bool backend<Runtime>::check_pool_live_allocations(int device, pool_id id,
                                                    std::unordered_set<void*> const& expected) const
 {
+  // Shard by shard: PyTorch asks while no allocation goes to the pool.
   std::size_t live = 0;
-  std::lock_guard<std::mutex> lock{records_mutex_};
-  for (auto const& [p, r] : records_) {
-    if (r.device != device || r.pool != id) { continue; }
-    if (expected.count(const_cast<void*>(p)) == 0) { return false; }
-    ++live;
+  for (std::size_t shard = 0; shard < record_shards; ++shard) {
+    records_lock const lock{*this, shard, false};
+    for (auto const& [p, r] : records_[shard].records) {
+      if (r.device != device || r.pool != id) { continue; }
+      if (expected.count(const_cast<void*>(p)) == 0) { return false; }
+      ++live;
+    }
   }
   return live == expected.size();
 }
@@ -421,9 +604,9 @@ template <class Runtime>
 std::vector<void*> backend<Runtime>::pool_live_blocks(int device, pool_id id) const
 {
   std::vector<void*> live;
-  {
-    std::lock_guard<std::mutex> lock{records_mutex_};
-    for (auto const& [p, r] : records_) {
+  for (std::size_t shard = 0; shard < record_shards; ++shard) {
+    records_lock const lock{*this, shard, false};
+    for (auto const& [p, r] : records_[shard].records) {
       if (r.device == device && r.pool == id) { live.push_back(const_cast<void*>(p)); }
     }
   }
@@ -509,6 +692,23 @@ void backend<Runtime>::update_routing_locked()
 // ---------------------------------------------------------------------------------------------
 // Statistics and limits
 
+// What allocations on `d` added, by statistic and pool kind: the sum over the records shards,
+// each read under its records_lock.
+template <class Runtime>
+std::array<std::array<std::int64_t, 2>, 3> backend<Runtime>::added_totals(
+  device_state const& d) const
+{
+  std::array<std::array<std::int64_t, 2>, 3> sum{};
+  for (std::size_t shard = 0; shard < record_shards; ++shard) {
+    records_lock const lock{*this, shard, false};
+    auto const& a = d.users->added(shard);
+    for (std::size_t s = 0; s < 3; ++s) {
+      for (std::size_t k = 0; k < 2; ++k) { sum[s][k] += a[s][k]; }
+    }
+  }
+  return sum;
+}
+
 template <class Runtime>
 device_stats backend<Runtime>::stats(int device) const
 {
@@ -562,24 +762,7 @@ device_stats backend<Runtime>::stats(int device) const
   out.num_device_alloc     = i64(s.num_device_allocs - b.num_device_allocs);
   out.num_device_free      = i64(s.num_device_frees - b.num_device_frees);
   // Blocks held by users, and active ones, with PyTorch's sizes (see user_counts).
-  std::lock_guard<std::mutex> lock{records_mutex_};
-  user_counts const& u = *d->users;
-  auto const pending   = user_counts::pending(*d->alloc);
-  std::array<device_pool_stats*, 3> const to{&out.small_pool, &out.large_pool, &out};
-  for (std::size_t i = 0; i < 3; ++i) {
-    device_pool_stats& o = *to[i];
-    o.allocation         = u.allocation[i];
-    o.allocated_bytes    = u.allocated_bytes[i];
-    o.requested_bytes    = u.requested_bytes[i];
-    auto active = [](stat const& held, std::int64_t waiting, std::int64_t peak, std::int64_t base) {
-      std::int64_t const current = held.current + waiting;
-      return stat{current, std::max(peak, current), held.allocated,
-                  held.allocated - (current - base)};
-    };
-    o.active       = active(u.allocation[i], pending[i].blocks, u.active_peak[i], u.active_base[i]);
-    o.active_bytes = active(u.allocated_bytes[i], pending[i].bytes, u.active_bytes_peak[i],
-                            u.active_bytes_base[i]);
-  }
+  d->users->read(*d->alloc, added_totals(*d), {&out.small_pool, &out.large_pool, &out});
   return out;
 }
 
@@ -589,16 +772,8 @@ void backend<Runtime>::reset_peak_stats(int device)
   device_state* d = state_if_created(device);
   if (d == nullptr) { return; }
   d->alloc->reset_peak();
-  std::lock_guard<std::mutex> lock{records_mutex_};
-  user_counts& u     = *d->users;
-  auto const pending = user_counts::pending(*d->alloc);
-  for (std::size_t i = 0; i < 3; ++i) {
-    for (stat* s : {&u.allocation[i], &u.allocated_bytes[i], &u.requested_bytes[i]}) {
-      s->peak = s->current;
-    }
-    u.active_peak[i]       = u.allocation[i].current + pending[i].blocks;
-    u.active_bytes_peak[i] = u.allocated_bytes[i].current + pending[i].bytes;
-  }
+  records_lock const lock{*this, 0, false};
+  d->users->reset_peaks(*d->alloc);
 }
 
 template <class Runtime>
@@ -610,17 +785,7 @@ void backend<Runtime>::reset_accumulated_stats(int device)
     std::lock_guard<std::mutex> lock{d->base_mutex};
     d->base = d->alloc->stats();
   }
-  std::lock_guard<std::mutex> lock{records_mutex_};
-  user_counts& u     = *d->users;
-  auto const pending = user_counts::pending(*d->alloc);
-  for (std::size_t i = 0; i < 3; ++i) {
-    for (stat* s : {&u.allocation[i], &u.allocated_bytes[i], &u.requested_bytes[i]}) {
-      s->allocated = 0;
-      s->freed     = 0;
-    }
-    u.active_base[i]       = u.allocation[i].current + pending[i].blocks;
-    u.active_bytes_base[i] = u.allocated_bytes[i].current + pending[i].bytes;
-  }
+  d->users->reset_accumulated(*d->alloc, added_totals(*d));
 }
 
 template <class Runtime>
@@ -946,12 +1111,15 @@ segment_info backend<Runtime>::to_segment_info(int device,
   s.stream        = g.stream;
   s.is_large      = !g.small;
   s.is_expandable = growable;
-  std::lock_guard<std::mutex> lock{records_mutex_};
   for (auto const& b : g.blocks) {
     block_info bi{b.address, b.size, b.requested, b.allocated, nullptr};
     if (b.allocated) {
-      auto it = records_.find(reinterpret_cast<void const*>(b.address));
-      if (it != records_.end()) {
+      auto const* p           = reinterpret_cast<void const*>(b.address);
+      std::size_t const shard = shard_index(p);
+      records_lock const lock{*this, shard, false};
+      auto const& records = records_[shard].records;
+      auto it             = records.find(p);
+      if (it != records.end()) {
         bi.requested = it->second.bytes;  // the allocator was asked for the rounded size
         bi.context   = it->second.context;
         if (it->second.pool != pool_id(0, 0)) { s.owner = it->second.pool; }
