@@ -117,8 +117,9 @@ using named_category_in = nvtx3::v1::named_category_in<D>;
                     static_cast<std::uint8_t>(c)}};
 }
 
-/// gpukit's predefined categories (tags for `category_of`): ids 1..5 in any domain, named on
-/// first use.
+/// gpukit's predefined categories (tags for `category_of`): ids 1..7 in any domain, named on
+/// first use. gpukit's own ranges use one per component: allocator, pinned_pool, transfer,
+/// checkpoint.
 namespace categories {
 struct memory {  ///< allocation, release, defragmentation
   static constexpr std::uint32_t id{1};
@@ -139,6 +140,14 @@ struct checkpoint {  ///< activation checkpointing: recompute, offload
 struct sync {  ///< waits on streams, events, devices
   static constexpr std::uint32_t id{5};
   static constexpr char const* name{"sync"};
+};
+struct allocator {  ///< the caching allocator's segments and out-of-memory recovery
+  static constexpr std::uint32_t id{6};
+  static constexpr char const* name{"allocator"};
+};
+struct pinned_pool {  ///< the pinned host pool's growth
+  static constexpr std::uint32_t id{7};
+  static constexpr char const* name{"pinned pool"};
 };
 }  // namespace categories
 
