@@ -147,16 +147,14 @@ template <class Stream>
   }
 /// gpukit's own range in category `C` named by std::snprintf(format, ...), formatted only when an
 /// NVTX tool is configured, until the end of the enclosing scope.
-#define GPUKIT_DETAIL_SLOW_PATH_RANGEF(C, ...)                                                    \
-  ::gpukit::detail::slow_path_text GPUKIT_DETAIL_NVTX_CONCAT(gpukit_slow_path_text_, __LINE__){}; \
-  if (::gpukit::detail::slow_path_ranges_wanted()) {                                              \
-    std::snprintf(GPUKIT_DETAIL_NVTX_CONCAT(gpukit_slow_path_text_, __LINE__).chars,              \
-                  sizeof(::gpukit::detail::slow_path_text::chars), __VA_ARGS__);                  \
-  }                                                                                               \
-  ::gpukit::detail::slow_path_range<C> const GPUKIT_DETAIL_NVTX_CONCAT(gpukit_slow_path_,         \
-                                                                       __LINE__)                  \
-  {                                                                                               \
-    GPUKIT_DETAIL_NVTX_CONCAT(gpukit_slow_path_text_, __LINE__)                                   \
+#define GPUKIT_DETAIL_SLOW_PATH_RANGEF(C, ...)                                                  \
+  ::gpukit::detail::slow_path_text GPUKIT_DETAIL_NVTX_CONCAT(gpukit_slow_path_text_, __LINE__); \
+  ::gpukit::detail::format_slow_path_text(                                                      \
+    GPUKIT_DETAIL_NVTX_CONCAT(gpukit_slow_path_text_, __LINE__), __VA_ARGS__);                  \
+  ::gpukit::detail::slow_path_range<C> const GPUKIT_DETAIL_NVTX_CONCAT(gpukit_slow_path_,       \
+                                                                       __LINE__)                \
+  {                                                                                             \
+    GPUKIT_DETAIL_NVTX_CONCAT(gpukit_slow_path_text_, __LINE__)                                 \
   }
 #else
 #define GPUKIT_DETAIL_SLOW_PATH_RANGE(C, name) static_cast<void>(0)
