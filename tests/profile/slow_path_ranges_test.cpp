@@ -41,8 +41,13 @@ bool const tool_attached = gpukit_test::attach_nvtx_tool();
 
 #ifdef GPUKIT_DISABLE_INTERNAL_NVTX
 constexpr bool ranges_on = false;
+// The same cases, compiled out: no range of gpukit's reaches the tool.
+#define SLOW_PATH_CASE(name) TEST_CASE("slow path ranges compiled out: none around " name)
+#define SLOW_PATH_TOOL_CASE  TEST_CASE("slow path ranges compiled out: the user's ranges remain")
 #else
 constexpr bool ranges_on = true;
+#define SLOW_PATH_CASE(name) TEST_CASE("slow path ranges: one around " name)
+#define SLOW_PATH_TOOL_CASE  TEST_CASE("slow path ranges: the test tool sees the user's ranges")
 #endif
 
 /// The ranges (pushes) gpukit's domain received since the last clear.
@@ -114,7 +119,7 @@ struct idle_stages {
 
 TEST_SUITE("profile")
 {
-  TEST_CASE("slow path ranges: the test tool is attached and sees the user's ranges")
+  SLOW_PATH_TOOL_CASE
   {
     REQUIRE(tool_attached);
     gpukit_test::clear_nvtx_records();
@@ -126,7 +131,7 @@ TEST_SUITE("profile")
     CHECK(std::string{ranges[0].message} == "user range");
   }
 
-  TEST_CASE("slow path ranges: a synchronous segment's allocation and release each have a range")
+  SLOW_PATH_CASE("a synchronous segment's allocation, and release, not the cached pair")
   {
     REQUIRE(tool_attached);
     sim_runtime sim{one_device(256 * mib)};
@@ -155,7 +160,7 @@ TEST_SUITE("profile")
     alloc.forget_stream(s);
   }
 
-  TEST_CASE("slow path ranges: a growable segment's reserve, growth and trim each have a range")
+  SLOW_PATH_CASE("a growable segment's reserve, each growth and the trim")
   {
     REQUIRE(tool_attached);
     sim_runtime sim{one_device(256 * mib)};
@@ -184,7 +189,7 @@ TEST_SUITE("profile")
     alloc.forget_stream(s);
   }
 
-  TEST_CASE("slow path ranges: each step of the out-of-memory ladder has a range naming it")
+  SLOW_PATH_CASE("each step of the out-of-memory ladder, naming it")
   {
     REQUIRE(tool_attached);
     sim_runtime sim{one_device(64 * mib)};
@@ -231,7 +236,7 @@ TEST_SUITE("profile")
     alloc.forget_stream(sb);
   }
 
-  TEST_CASE("slow path ranges: pinned pool growth has a range")
+  SLOW_PATH_CASE("pinned pool growth, not a buffer served from the pool")
   {
     REQUIRE(tool_attached);
     sim_runtime sim{one_device()};
@@ -248,7 +253,7 @@ TEST_SUITE("profile")
     check_balanced();
   }
 
-  TEST_CASE("slow path ranges: each chunk the pipeline stages, and each direct copy, has a range")
+  SLOW_PATH_CASE("each chunk the pipeline stages, and each direct copy")
   {
     REQUIRE(tool_attached);
     sim_runtime sim{one_device()};
@@ -277,7 +282,7 @@ TEST_SUITE("profile")
     check_balanced();
   }
 
-  TEST_CASE("slow path ranges: a recomputation in the checkpoint executor has a range")
+  SLOW_PATH_CASE("each forward and recomputation of the checkpoint executor")
   {
     REQUIRE(tool_attached);
     sim_runtime sim{one_device()};
