@@ -45,6 +45,13 @@
 // builds live in different inline namespaces, so translation units built each way can share a
 // program without an ODR violation.
 //
+// gpukit's own ranges: the allocator, the pinned pool, the transfer pipeline and the checkpoint
+// executor mark their slow paths (segments allocated, grown, released or trimmed, each step of the
+// out-of-memory ladder, pinned growth, staged chunks, recomputation) with ranges in this domain,
+// in the categories `allocator`, `pinned_pool`, `transfer` and `checkpoint`; never on the cached
+// allocate/free path. Define GPUKIT_DISABLE_INTERNAL_NVTX (alike in every translation unit) to
+// compile those away and keep your own.
+//
 // Colors: `name_color(name)` maps a name to a stable, saturated ARGB color (FNV-1a hash to a hue),
 // the same in every run and process, so a phase keeps its color across profiles.
 #pragma once
