@@ -89,6 +89,7 @@
 #include <gpukit/error.hpp>
 #include <gpukit/host/pinned_pool.hpp>
 #include <gpukit/memory/caching_allocator.hpp>
+#include <gpukit/profile/detail/slow_path_range.hpp>
 #include <gpukit/runtime/runtime.hpp>
 #include <gpukit/transfer/transfer_pipeline.hpp>
 
@@ -425,6 +426,8 @@ class basic_checkpoint_executor final {
                           std::optional<State>& kept_rng, checkpoint_run_stats& stats)
   {
     std::size_t const i = c.stage;
+    GPUKIT_DETAIL_SLOW_PATH_RANGEF(categories::checkpoint, "%s block %zu",
+                                   c.recomputing ? "recompute" : "forward", i);
     b.release(b.x[i]);  // a previous instance, replaced (its last use has passed)
     void* out  = b.take(b.x[i], static_cast<std::size_t>(chain[i].output_size), stats);
     void* tape = nullptr;

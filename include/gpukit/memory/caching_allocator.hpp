@@ -94,6 +94,7 @@
 #include <gpukit/memory/detail/shared_counts.hpp>
 #include <gpukit/memory/detail/tlsf_index.hpp>
 #include <gpukit/memory/memory_history.hpp>
+#include <gpukit/profile/detail/slow_path_range.hpp>
 #include <gpukit/profile/memory_annotation.hpp>
 #include <gpukit/runtime/cuda_runtime.hpp>
 #include <gpukit/runtime/runtime.hpp>

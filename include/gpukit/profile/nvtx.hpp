@@ -45,6 +45,13 @@
 // builds live in different inline namespaces, so translation units built each way can share a
 // program without an ODR violation.
 //
+// gpukit's own ranges: the allocator, the pinned pool, the transfer pipeline and the checkpoint
+// executor mark their slow paths (segments allocated, grown, released or trimmed, each step of the
+// out-of-memory ladder, pinned growth, staged chunks, recomputation) with ranges in this domain,
+// in the categories `allocator`, `pinned_pool`, `transfer` and `checkpoint`; never on the cached
+// allocate/free path. Define GPUKIT_DISABLE_INTERNAL_NVTX (alike in every translation unit) to
+// compile those away and keep your own.
+//
 // Colors: `name_color(name)` maps a name to a stable, saturated ARGB color (FNV-1a hash to a hue),
 // the same in every run and process, so a phase keeps its color across profiles.
 #pragma once
@@ -117,8 +124,9 @@ using named_category_in = nvtx3::v1::named_category_in<D>;
                     static_cast<std::uint8_t>(c)}};
 }
 
-/// gpukit's predefined categories (tags for `category_of`): ids 1..5 in any domain, named on
-/// first use.
+/// gpukit's predefined categories (tags for `category_of`): ids 1..7 in any domain, named on
+/// first use. gpukit's own ranges use one per component: allocator, pinned_pool, transfer,
+/// checkpoint.
 namespace categories {
 struct memory {  ///< allocation, release, defragmentation
   static constexpr std::uint32_t id{1};
@@ -139,6 +147,14 @@ struct checkpoint {  ///< activation checkpointing: recompute, offload
 struct sync {  ///< waits on streams, events, devices
   static constexpr std::uint32_t id{5};
   static constexpr char const* name{"sync"};
+};
+struct allocator {  ///< the caching allocator's segments and out-of-memory recovery
+  static constexpr std::uint32_t id{6};
+  static constexpr char const* name{"allocator"};
+};
+struct pinned_pool {  ///< the pinned host pool's growth
+  static constexpr std::uint32_t id{7};
+  static constexpr char const* name{"pinned pool"};
 };
 }  // namespace categories
 

@@ -64,6 +64,7 @@
 #include <gpukit/detail/compiled.hpp>
 #include <gpukit/error.hpp>
 #include <gpukit/host/pinned_pool.hpp>
+#include <gpukit/profile/detail/slow_path_range.hpp>
 #include <gpukit/runtime/cuda_runtime.hpp>
 #include <gpukit/runtime/runtime.hpp>
 

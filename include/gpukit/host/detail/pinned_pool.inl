@@ -170,6 +170,8 @@ typename basic_pinned_pool<Runtime>::segment& basic_pinned_pool<Runtime>::grow_l
   check_limit_locked(bytes, request, call.name);
   reserved_ += bytes;
   bool const map = options_.growth == pinned_growth::map_and_register;
+  GPUKIT_DETAIL_SLOW_PATH_RANGEF(categories::pinned_pool, "pinned pool: grow %.1f MiB (%s)",
+                                 detail::mib(bytes), map ? "map and register" : "host alloc");
   ++(map ? stats_.num_host_registers : stats_.num_host_allocs);
   lock.unlock();
   void* p                        = nullptr;

@@ -343,6 +343,8 @@ basic_caching_allocator<Runtime>::reserve_growable_locked(std::size_t size, int 
   block* b                       = new_block_locked();
   void* p                        = nullptr;
   typename Runtime::error_type e = Runtime::success;
+  GPUKIT_DETAIL_SLOW_PATH_RANGEF(categories::allocator, "reserve growable segment %.1f MiB",
+                                 detail::mib(reserve));
   {
     device_guard<Runtime> guard{runtime_, device_};
     e = runtime_.vm_reserve(&p, reserve, 0);
@@ -412,6 +414,9 @@ typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtim
     if (best == nullptr) { return nullptr; }
     best_pages = most;
   }
+  GPUKIT_DETAIL_SLOW_PATH_RANGEF(
+    categories::allocator, "grow segment %.1f MiB (%zu pages) stream %p",
+    detail::mib(best_pages * page), best_pages, detail::stream_address(stream));
   // Physical memory of free pages elsewhere first, new memory only for the rest.
   auto const& spares = pages_.spare[spare_kind(kind)];
   if (spares.size() < best_pages) { harvest_pages_locked(kind, best_pages - spares.size(), best); }
@@ -438,6 +443,8 @@ template <class Runtime>
 std::size_t basic_caching_allocator<Runtime>::release_growable_locked(
   std::size_t target, stream_type const* only_stream)
 {
+  GPUKIT_DETAIL_SLOW_PATH_RANGE(categories::allocator,
+                                "trim growable segments: unmap free pages, release spare ones");
   std::size_t const before = pool_.reserved;
   device_guard<Runtime> guard{runtime_, device_};
   release_spare_pages_locked(target);

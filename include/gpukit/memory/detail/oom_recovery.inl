@@ -17,6 +17,14 @@
 
 namespace gpukit {
 
+namespace detail {
+/// The name of the NVTX range around the out-of-memory ladder's step `step`.
+[[nodiscard]] inline std::string oom_step_range_name(int step)
+{
+  return std::string{"OOM ladder: "} + recovery_step_names[step];
+}
+}  // namespace detail
+
 /// What one recovery works on: the request, and the streams whose stream-ordered frees have not
 /// yet taken effect.
 template <class Runtime>
@@ -120,6 +128,7 @@ typename basic_caching_allocator<Runtime>::block*
 basic_caching_allocator<Runtime>::recover_events_locked(recovery_request& r)
 {
   if (r.capture) { return nullptr; }
+  GPUKIT_DETAIL_SLOW_PATH_RANGE(categories::allocator, detail::oom_step_range_name(step_events));
   count_step_locked(step_events, poll_pending_locked() + migrate_locked(r.stream, false));
   flush_cache_locked(r.tc);
   return retry_locked(r);
@@ -132,6 +141,7 @@ typename basic_caching_allocator<Runtime>::block*
 basic_caching_allocator<Runtime>::recover_callbacks_locked(recovery_request& r)
 {
   if (recovery_.callbacks.empty()) { return nullptr; }
+  GPUKIT_DETAIL_SLOW_PATH_RANGE(categories::allocator, detail::oom_step_range_name(step_callbacks));
   auto callbacks = recovery_.callbacks;
   for (auto const& cb : callbacks) {
     std::size_t const free_before     = free_bytes_locked();
@@ -158,6 +168,8 @@ template <class Runtime>
 typename basic_caching_allocator<Runtime>::block*
 basic_caching_allocator<Runtime>::recover_release_stream_locked(recovery_request& r)
 {
+  GPUKIT_DETAIL_SLOW_PATH_RANGE(categories::allocator,
+                                detail::oom_step_range_name(step_release_stream));
   count_step_locked(step_release_stream, release_locked(0, &r.freed_on, -1, &r.stream));
   settle_frees_locked(r);
   return retry_locked(r);
@@ -169,6 +181,8 @@ template <class Runtime>
 typename basic_caching_allocator<Runtime>::block*
 basic_caching_allocator<Runtime>::recover_release_all_locked(recovery_request& r)
 {
+  GPUKIT_DETAIL_SLOW_PATH_RANGE(categories::allocator,
+                                detail::oom_step_range_name(step_release_all));
   for (auto& c : threads_.caches) {
     if (c.get() != &r.tc) { c->flush_requested.store(true, std::memory_order_relaxed); }
   }
@@ -192,6 +206,8 @@ template <class Runtime>
 typename basic_caching_allocator<Runtime>::block*
 basic_caching_allocator<Runtime>::recover_other_pool_locked(recovery_request& r)
 {
+  GPUKIT_DETAIL_SLOW_PATH_RANGE(categories::allocator,
+                                detail::oom_step_range_name(step_other_pool));
   block* b = find_free_locked(r.size, r.kind ^ 1, r.stream);
   count_step_locked(step_other_pool, b != nullptr ? r.size : 0);
   return b;
@@ -203,6 +219,7 @@ typename basic_caching_allocator<Runtime>::block*
 basic_caching_allocator<Runtime>::recover_wait_locked(recovery_request& r)
 {
   if (options_.oom_wait_for_frees_ms <= 0) { return nullptr; }
+  GPUKIT_DETAIL_SLOW_PATH_RANGE(categories::allocator, detail::oom_step_range_name(step_wait));
   std::size_t const free_before = free_bytes_locked();
   ++recovery_.waiters;
   recovery_.frees_cv.wait_for(r.lock, std::chrono::milliseconds(options_.oom_wait_for_frees_ms));

@@ -109,6 +109,9 @@ basic_caching_allocator<Runtime>::new_segment_locked(std::size_t size, int kind,
                    "allocate_async: the stream is being captured into a CUDA graph; call "
                    "begin_capture(stream) on the allocator before allocating during capture");
   }
+  GPUKIT_DETAIL_SLOW_PATH_RANGEF(categories::allocator, "allocate segment %.1f MiB%s stream %p",
+                                 detail::mib(seg_size), stream_ordered_ ? " (stream-ordered)" : "",
+                                 detail::stream_address(stream));
   // Host-side bookkeeping first, so that a failure after the runtime call cannot leak memory.
   auto seg                       = std::make_unique<segment>();
   block* b                       = new_block_locked();

@@ -40,6 +40,7 @@ std::size_t basic_caching_allocator<Runtime>::release_locked(std::size_t target,
                                                              int only_kind,
                                                              stream_type const* only_stream)
 {
+  GPUKIT_DETAIL_SLOW_PATH_RANGE(categories::allocator, "release free segments to the driver");
   std::size_t released = 0;
   if (growable_ && only_kind < 0) { released += release_growable_locked(target, only_stream); }
   // Stream-ordered frees issued here are waited for before an allocation reports out of memory.

@@ -303,6 +303,8 @@ void basic_transfer_pipeline<Runtime>::copy_host(void* dst, void const* src,
 template <class Runtime>
 void basic_transfer_pipeline<Runtime>::do_chunk(job& j, std::size_t off, std::size_t n)
 {
+  GPUKIT_DETAIL_SLOW_PATH_RANGEF(categories::transfer, "%s chunk %.2f MiB at offset %zu",
+                                 j.dir == 0 ? "H2D" : "D2H", detail::mib(n), off);
   ring& r              = *rings_[j.dir];
   stream_type const cs = streams_[j.dir];
   slot* s              = acquire_slot(r);
@@ -544,6 +546,9 @@ template <class Runtime>
 void basic_transfer_pipeline<Runtime>::copy_direct(int dir, char* device, char* host,
                                                    std::size_t bytes, stream_type stream)
 {
+  GPUKIT_DETAIL_SLOW_PATH_RANGEF(categories::transfer, "%s direct %.2f MiB stream %p",
+                                 dir == 0 ? "H2D" : "D2H", detail::mib(bytes),
+                                 detail::stream_address(stream));
   if (dir == 0) {
     GPUKIT_CUDA_TRY(
       runtime_.memcpy_async(device, host, bytes, memcpy_kind::host_to_device, stream));
