@@ -60,6 +60,7 @@ struct checkpoint_stage {
 class checkpoint_infeasible : public logic_error {
  public:
   /// @param message what did not fit, without the "gpukit: " prefix (the error adds it)
+  /// @param minimum_budget the least budget at which the planner finds a plan
   checkpoint_infeasible(std::string const& message, std::int64_t minimum_budget)
       : logic_error{"gpukit: " + message}, minimum_budget_{minimum_budget}
   {}

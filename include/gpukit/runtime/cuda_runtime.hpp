@@ -238,10 +238,11 @@ class cuda_runtime final : public detail::cuda_error_vocabulary {
 
   // ---- Graph capture itself (not in the contract: a graph is CUDA's own type) ----------------
 
-  /// Begins capturing `s` into a CUDA graph (cudaStreamBeginCapture). @param mode
-  /// capture_mode_global (the default, as CUDA's), capture_mode_thread_local or
-  /// capture_mode_relaxed: which threads' unsafe calls (cudaMalloc, synchronizations, queries)
-  /// the capture refuses. Does not block.
+  /// Begins capturing `s` into a CUDA graph (cudaStreamBeginCapture). Does not block.
+  /// @param s the stream that begins (and must end) the capture
+  /// @param mode capture_mode_global (the default, as CUDA's), capture_mode_thread_local or
+  ///   capture_mode_relaxed: which threads' unsafe calls (cudaMalloc, synchronizations, queries)
+  ///   the capture refuses
   [[nodiscard]] cudaError_t begin_capture(stream_type s, int mode = capture_mode_global);
   /// Ends the capture begun on `s` (cudaStreamEndCapture): `graph` = the captured graph, which
   /// the caller destroys (cudaGraphDestroy). @return cudaErrorStreamCaptureInvalidated when a call

@@ -411,6 +411,7 @@ class sim_runtime final : public detail::cuda_error_vocabulary {
   /// - malloc_async on a capturing stream is refused as a misuse (on CUDA it would silently
   ///   become a graph allocation node).
   /// Every refusal records a misuse message naming the call and the capture.
+  /// @param s the stream that begins (and must end) the capture
   /// @param mode capture_mode_global (default), capture_mode_thread_local or capture_mode_relaxed
   /// cudaErrorInvalidResourceHandle for a dead stream; cudaErrorInvalidValue when `s` is already
   /// capturing (begun or joined) or for an unknown mode. Does not block.
