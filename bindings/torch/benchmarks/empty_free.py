@@ -176,15 +176,10 @@ def main():
     log_dir = args.out or os.path.join("/tmp", f"empty_free-{os.getpid()}")
     extra = ["--ops", str(args.ops), "--distinct", str(args.distinct), "--live", str(args.live),
              "--seed", str(args.seed)]
-    workers, failed = harness.start_workers(os.path.abspath(__file__), configs, extra, log_dir,
-                                            deadline)
-    for c, w in workers.items():
-        print(f"  {c}: ready ({w.ready.get('settings')}; warm-up "
-              f"{w.ready.get('warmup_ns_per_op', 0):.0f} ns/op)", flush=True)
-    for c, f in failed.items():
-        print(f"  {c}: FAILED to start: {f['error']}", flush=True)
-        for line in f["log_tail"]:
-            print(f"      | {line}", flush=True)
+    workers, failed = harness.start_workers(
+        os.path.abspath(__file__), configs, extra, log_dir, deadline,
+        describe=lambda ready: f"{ready.get('settings')}; warm-up "
+                 f"{ready.get('warmup_ns_per_op', 0):.0f} ns/op")
 
     def progress(rec):
         state = rec.get("error") or f"{rec['ns_per_op']:.0f} ns/op"
@@ -198,14 +193,8 @@ def main():
         harness.close_all(workers)
     rows = summarize(records, configs, reference)
     table = markdown(rows, configs, reference, skipped, failed)
-    print()
-    print(table)
-    print(f"\ntotal {deadline.elapsed():.0f} s")
-    harness.write_outputs(args.out, "empty_free", harness.command_line(), info, table,
-                          {"args": vars(args), "rows": rows, "records": records,
-                           "rounds_skipped": skipped, "failed": failed})
-    bad = failed or any(r["errors"] for r in rows.values())
-    return 1 if bad else 0
+    return harness.finish(args.out, "empty_free", info, table, deadline, rows, failed,
+                          {"args": vars(args), "records": records, "rounds_skipped": skipped})
 
 
 if __name__ == "__main__":

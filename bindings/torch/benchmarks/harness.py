@@ -173,9 +173,12 @@ class Worker:
         self._log.close()
 
 
-def start_workers(script, configs, extra_args, log_dir, deadline, startup_timeout=180):
+def start_workers(script, configs, extra_args, log_dir, deadline, startup_timeout=180,
+                  describe=None):
     """Starts one worker per config (all at once: their start-ups overlap) and waits for each to
-    be ready. Returns ({config: Worker}, {config: error dict}) ."""
+    be ready, printing a line for each (`describe(ready)`, the worker's ready message, says
+    what follows "ready") and the log tail of each that failed. Returns ({config: Worker},
+    {config: error dict})."""
     os.makedirs(log_dir, exist_ok=True)
     workers, failed = {}, {}
     for c in configs:
@@ -189,30 +192,58 @@ def start_workers(script, configs, extra_args, log_dir, deadline, startup_timeou
         except (WorkerError, ValueError) as e:
             failed[c] = {"config": c, "error": str(e), "log_tail": workers[c].log_tail()}
             workers.pop(c).close()
+    for c, w in workers.items():
+        detail = describe(w.ready) if describe else w.ready.get("settings")
+        print(f"  {c}: ready ({detail})", flush=True)
+    for c, f in failed.items():
+        print(f"  {c}: FAILED to start: {f['error']}", flush=True)
+        for line in f["log_tail"]:
+            print(f"      | {line}", flush=True)
     return workers, failed
 
 
+class Rounds:
+    """The rounds of an alternation: iterating yields (r, order), the workers in round r's order,
+    which starts with the r-th worker (mod their number) so that the machine's drift favours
+    none. A round starts only while workers are left and the longest round so far (with a fifth
+    more) still fits the deadline; `skipped()` then says how many did not run and why."""
+
+    def __init__(self, workers, rounds, deadline):
+        self.workers, self.rounds, self.deadline = workers, rounds, deadline
+        self.done, self.why = 0, ""
+
+    def __iter__(self):
+        longest = 0.0
+        for r in range(self.rounds):
+            if not self.workers:
+                self.why = "no worker left"
+                return
+            if self.done and not self.deadline.allows(longest * 1.2):
+                self.why = "the deadline came first"
+                return
+            started = time.monotonic()
+            configs = list(self.workers)
+            k = r % len(configs)
+            yield r, configs[k:] + configs[:k]
+            longest = max(longest, time.monotonic() - started)
+            self.done += 1
+
+    def skipped(self):
+        """How many rounds did not run and why ("" when all ran)."""
+        return f"{self.rounds - self.done} of {self.rounds} rounds skipped: {self.why}" \
+            if self.why else ""
+
+
 def alternate(workers, cases, rounds, deadline, timeout, progress=None):
-    """Asks every worker every case, round after round: in round r the workers take turns
-    starting with the r-th (mod their number), so that the machine's drift favours none. A round
-    starts only when the longest round so far (with a fifth more) still fits the deadline.
+    """Asks every worker every case, round after round (Rounds: the order turns each round, and
+    the deadline decides whether another starts).
 
     workers: {config: Worker}, in order (one that fails is closed and dropped); cases: a list of
     (label, request). Returns (records, skipped): one record per answer, the answer's dict
     with round, case and config added (and error, log_tail for a worker that failed); skipped
     says how many rounds did not run and why ("" when all ran)."""
-    records, longest, done, why = [], 0.0, 0, ""
-    for r in range(rounds):
-        if not workers:
-            why = "no worker left"
-            break
-        if done and not deadline.allows(longest * 1.2):
-            why = "the deadline came first"
-            break
-        started = time.monotonic()
-        configs = list(workers)
-        k = r % len(configs)
-        order = configs[k:] + configs[:k]
+    records, schedule = [], Rounds(workers, rounds, deadline)
+    for r, order in schedule:
         for label, request in cases:
             for c in order:
                 if c not in workers:
@@ -226,9 +257,7 @@ def alternate(workers, cases, rounds, deadline, timeout, progress=None):
                 records.append(record)
                 if progress:
                     progress(record)
-        longest = max(longest, time.monotonic() - started)
-        done += 1
-    return records, (f"{rounds - done} of {rounds} rounds skipped: {why}" if why else "")
+    return records, schedule.skipped()
 
 
 def per_round_ratios(records, case, config, reference, key):
@@ -306,7 +335,8 @@ def header_line(info):
 
 
 def environment():
-    """Date, GPU and driver (nvidia-smi) and torch's version, without importing torch here."""
+    """Date, GPU and driver (nvidia-smi), and the versions of torch (with its CUDA), torchvision
+    and transformers, asked of a child so that torch is not imported here."""
     import datetime  # noqa: PLC0415
 
     info = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
@@ -316,15 +346,28 @@ def environment():
         info["gpu"] = out.stdout.strip().splitlines()[0] if out.stdout.strip() else None
     except (OSError, subprocess.TimeoutExpired):
         info["gpu"] = None
-    try:
-        out = subprocess.run([sys.executable, "-c", "import torch; print(torch.__version__, "
-                              "torch.version.cuda)"], capture_output=True, text=True, timeout=120)
-        v = out.stdout.split()
-        if len(v) == 2:
-            info.update(torch=v[0], cuda=v[1])
+    try:  # each package on its own: one missing leaves the others' versions
+        out = subprocess.run([sys.executable, "-c", _VERSIONS], capture_output=True, text=True,
+                             timeout=120)
+        for line in out.stdout.splitlines():
+            key, _, value = line.partition(" ")
+            if value:
+                info[key] = value
     except (OSError, subprocess.TimeoutExpired):
         pass
     return info
+
+
+_VERSIONS = """
+for name in ("torch", "torchvision", "transformers"):
+    try:
+        m = __import__(name)
+        print(name, m.__version__)
+        if name == "torch":
+            print("cuda", m.version.cuda)
+    except Exception:
+        pass
+"""
 
 
 def write_outputs(out_dir, name, command, info, table, data):
@@ -336,6 +379,17 @@ def write_outputs(out_dir, name, command, info, table, data):
         f.write(f"`{command}`\n\n{header_line(info)}\n\n{table}\n")
     with open(os.path.join(out_dir, name + ".json"), "w") as f:
         json.dump(dict(data, command=command, environment=info), f, indent=1)
+
+
+def finish(out_dir, name, info, table, deadline, rows, failed, data):
+    """Prints the table and the time taken, writes out_dir/NAME.md and NAME.json (write_outputs;
+    `data` gains rows and failed) and returns the exit status: 1 when a worker failed to start or
+    a row has errors."""
+    print()
+    print(table)
+    print(f"\ntotal {deadline.elapsed():.0f} s")
+    write_outputs(out_dir, name, command_line(), info, table, dict(data, rows=rows, failed=failed))
+    return 1 if failed or any(r["errors"] for r in rows.values()) else 0
 
 
 def command_line():

@@ -200,22 +200,12 @@ def worker(args):
 # ---- the driver ----------------------------------------------------------------------------
 
 def run_rounds(workers, rounds, sequential, deadline, progress):
-    """Each round asks every worker once: all at the same time unless sequential. Returns
+    """Each round asks every worker once (harness.Rounds: the order turns each round, and the
+    deadline decides whether another starts): all at the same time unless sequential. Returns
     (records, skipped)."""
-    records, longest, done, why = [], 0.0, 0, ""
-    for r in range(rounds):
-        if not workers:
-            why = "no worker left"
-            break
-        if done and not deadline.allows(longest * 1.2):
-            why = "the deadline came first"
-            break
-        started = time.monotonic()
-        configs = list(workers)
-        k = r % len(configs)
-        order = configs[k:] + configs[:k]
-        groups = [[c] for c in order] if sequential else [order]
-        for group in groups:
+    records, schedule = [], harness.Rounds(workers, rounds, deadline)
+    for r, order in schedule:
+        for group in [[c] for c in order] if sequential else [order]:
             sent = []
             for c in group:
                 try:
@@ -234,9 +224,7 @@ def run_rounds(workers, rounds, sequential, deadline, progress):
                 rec = dict(answer, config=c, round=r)
                 records.append(rec)
                 progress(rec)
-        longest = max(longest, time.monotonic() - started)
-        done += 1
-    return records, (f"{rounds - done} of {rounds} rounds skipped: {why}" if why else "")
+    return records, schedule.skipped()
 
 
 def summarize(records, configs):
@@ -331,15 +319,10 @@ def main():
     log_dir = args.out or os.path.join("/tmp", f"near_limit-{os.getpid()}")
     extra = ["--cap-gib", str(args.cap_gib), "--live-fraction", str(args.live_fraction),
              "--steps", str(args.steps), "--seed", str(args.seed)]
-    workers, failed = harness.start_workers(os.path.abspath(__file__), configs, extra, log_dir,
-                                            deadline)
-    for c, w in workers.items():
-        print(f"  {c}: ready ({w.ready.get('settings')}; fraction "
-              f"{w.ready.get('fraction', 0):.4f})", flush=True)
-    for c, f in failed.items():
-        print(f"  {c}: FAILED to start: {f['error']}", flush=True)
-        for line in f["log_tail"]:
-            print(f"      | {line}", flush=True)
+    workers, failed = harness.start_workers(
+        os.path.abspath(__file__), configs, extra, log_dir, deadline,
+        describe=lambda ready: f"{ready.get('settings')}; fraction "
+                 f"{ready.get('fraction', 0):.4f}")
 
     def progress(rec):
         state = rec.get("error") or (f"{rec['ooms']} OOMs, reserved max "
@@ -353,14 +336,8 @@ def main():
         harness.close_all(workers)
     rows = summarize(records, configs)
     table = markdown(rows, configs, args.cap_gib, skipped, failed, plan_stats)
-    print()
-    print(table)
-    print(f"\ntotal {deadline.elapsed():.0f} s")
-    harness.write_outputs(args.out, "near_limit", harness.command_line(), info, table,
-                          {"args": vars(args), "plan": plan_stats, "rows": rows,
-                           "records": records, "rounds_skipped": skipped, "failed": failed})
-    bad = failed or any(r["errors"] for r in rows.values())
-    return 1 if bad else 0
+    return harness.finish(args.out, "near_limit", info, table, deadline, rows, failed,
+                          {"args": vars(args), "plan": plan_stats, "records": records, "rounds_skipped": skipped})
 
 
 if __name__ == "__main__":

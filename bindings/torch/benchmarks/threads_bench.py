@@ -258,12 +258,6 @@ def main():
     extra = ["--lib", args.lib, "--live", str(args.live), "--seed", str(args.seed)]
     workers, failed = harness.start_workers(os.path.abspath(__file__), configs, extra, log_dir,
                                             deadline)
-    for c, w in workers.items():
-        print(f"  {c}: ready ({w.ready.get('settings')})", flush=True)
-    for c, f in failed.items():
-        print(f"  {c}: FAILED to start: {f['error']}", flush=True)
-        for line in f["log_tail"]:
-            print(f"      | {line}", flush=True)
 
     def progress(rec):
         state = rec.get("error") or (f"{rec['mallocs_per_s']:.3f} M allocations/s "
@@ -280,14 +274,8 @@ def main():
         harness.close_all(workers)
     rows = summarize(records, configs, reference, thread_counts)
     table = markdown(rows, configs, reference, thread_counts, skipped, failed)
-    print()
-    print(table)
-    print(f"\ntotal {deadline.elapsed():.0f} s")
-    harness.write_outputs(args.out, "threads_bench", harness.command_line(), info, table,
-                          {"args": vars(args), "rows": rows, "records": records,
-                           "rounds_skipped": skipped, "failed": failed})
-    bad = failed or any(r["errors"] for r in rows.values())
-    return 1 if bad else 0
+    return harness.finish(args.out, "threads_bench", info, table, deadline, rows, failed,
+                          {"args": vars(args), "records": records, "rounds_skipped": skipped})
 
 
 if __name__ == "__main__":

@@ -18,12 +18,14 @@ default below unless --batch-image, --batch-gpt2 or --batch-bert say otherwise):
 """
 
 import argparse
-import datetime
 import json
 import random
 import subprocess
-import sys
 import time
+
+import harness
+
+environment = harness.environment  # train_table and train_compare take it from here
 
 MODELS = ("resnet50", "vit_b16", "gpt2", "gpt2_varlen", "bert_varlen", "compiled")
 GiB = float(1 << 30)
@@ -198,34 +200,3 @@ def run_worker(cmd, env, timeout, model, config, tail_lines=8):
             "stderr_tail": tail, "seconds": time.perf_counter() - t0}
 
 
-def environment():
-    """Date, GPU and driver (nvidia-smi), and the versions of torch, torchvision, transformers."""
-    info = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version",
-                              "--format=csv,noheader"], capture_output=True, text=True, timeout=30)
-        info["gpu"] = out.stdout.strip().splitlines()[0] if out.stdout.strip() else None
-    except (OSError, subprocess.TimeoutExpired):
-        info["gpu"] = None
-    try:  # each package on its own: one missing leaves the others' versions
-        out = subprocess.run([sys.executable, "-c", _VERSIONS], capture_output=True, text=True,
-                             timeout=120)
-        for line in out.stdout.splitlines():
-            key, _, value = line.partition(" ")
-            if value:
-                info[key] = value
-    except (OSError, subprocess.TimeoutExpired):
-        pass
-    return info
-
-
-_VERSIONS = """
-for name in ("torch", "torchvision", "transformers"):
-    try:
-        m = __import__(name)
-        print(name, m.__version__)
-        if name == "torch":
-            print("cuda", m.version.cuda)
-    except Exception:
-        pass
-"""
