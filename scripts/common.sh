@@ -61,3 +61,31 @@ gpukit_tool_venv() {
   fi
   echo "$PWD/$venv/bin/python"
 }
+
+# Prints the path of PyTorch $1's wheel for python3 in build/torch-wheel, downloaded from the
+# package registry (about 530 MB for 2.11) when it is not there yet; prints nothing and returns 1
+# when it cannot be had. One download serves scripts/check-torch-backend (PyTorch's headers) and
+# scripts/torch-venv (PyTorch installed).
+gpukit_torch_wheel() {
+  local version="$1" dir=build/torch-wheel tag wheel
+  tag="$(python3 -c 'import sys; print("cp%d%d" % sys.version_info[:2])')"
+  wheel="$(compgen -G "$dir/torch-$version-$tag-*.whl" | head -1 || true)"
+  if [[ -z "$wheel" ]]; then
+    echo "downloading PyTorch $version's wheel into $dir" >&2
+    # Into a folder of its own, then moved: an interrupted download leaves no partial wheel.
+    rm -rf "$dir/downloading"
+    mkdir -p "$dir/downloading"
+    python3 -m pip download -q --no-deps --only-binary=:all: -d "$dir/downloading" \
+      "torch==$version" >&2 && wheel="$(compgen -G "$dir/downloading/torch-$version-$tag-*.whl")" ||
+      wheel=""
+    if [[ -z "$wheel" ]]; then
+      echo "PyTorch $version's wheel for $tag could not be downloaded" >&2
+      rm -rf "$dir/downloading"
+      return 1
+    fi
+    mv "$wheel" "$dir/"
+    rm -rf "$dir/downloading"
+    wheel="$dir/$(basename "$wheel")"
+  fi
+  echo "$PWD/$wheel"
+}
