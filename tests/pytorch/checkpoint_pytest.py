@@ -27,7 +27,7 @@ def main():
         if importlib.util.find_spec(module) is None:
             skip(f"{sys.executable} has no {module} (pip install torch --index-url "
                  "https://download.pytorch.org/whl/cpu, and pytest; or set GPUKIT_TORCH_PYTHON "
-                 "to a Python that has them and configure again)")
+                 "to a Python that has them, such as scripts/torch-venv's, and configure again)")
     if importlib.util.find_spec("gpukit_torch") is None or importlib.util.find_spec("gpukit_torch._C") is None:
         from torch.utils.cpp_extension import is_ninja_available  # noqa: PLC0415
 

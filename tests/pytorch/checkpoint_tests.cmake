@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 # gpukit_torch.checkpoint's CPU tests (bindings/torch/tests/test_checkpoint.py, pytest -m "not gpu"),
 # included from tests/CMakeLists.txt (one line there). They need a Python with torch and pytest:
-# GPUKIT_TORCH_PYTHON (default: the python3 found). Without torch or pytest the test exits 77 and
-# CTest reports it skipped, with the reason; it never passes without running. The planner is
+# GPUKIT_TORCH_PYTHON (default: the python3 found; CI's: scripts/torch-venv's, PyTorch 2.11 for the
+# CPU with torchvision and transformers, so no case skips). Without torch or pytest the test exits
+# 77 and CTest reports it skipped, with the reason; it never passes without running. The planner is
 # compiled from bindings/torch/csrc/planner.cpp into the build folder on first use (ninja).
 # The GPU cases of the same file run on a GPU machine (benchmarks/checkpoint/run_torch_h200.sh).
 find_package(Python3 COMPONENTS Interpreter QUIET)
