@@ -128,11 +128,18 @@ def _planner():
             "to build it (set GPUKIT_INCLUDE_DIR to gpukit's include folder, or pip install "
             "./bindings/torch)"
         )
+    # gpukit's error headers include the CUDA runtime's API header: a CPU extension is not given
+    # CUDA's include folder by load(), so it is added where PyTorch knows one.
+    from torch.utils.cpp_extension import CUDA_HOME  # noqa: PLC0415
+
+    includes = [os.path.abspath(include)]
+    if CUDA_HOME and os.path.isdir(os.path.join(CUDA_HOME, "include")):
+        includes.append(os.path.join(CUDA_HOME, "include"))
     _planner_module = load(
         name="_gpukit_planner",
         sources=[os.path.abspath(source)],
         extra_cflags=["-O2", "-std=c++17", "-DGPUKIT_TORCH_PLANNER_MODULE"],
-        extra_include_paths=[os.path.abspath(include)],
+        extra_include_paths=includes,
         verbose=False,
     )
     return _planner_module
