@@ -269,6 +269,50 @@ TEST_SUITE("torch_alloc_conf")
     }
   }
 
+  TEST_CASE("torch conf: to_alloc_conf writes every setting, and parses back to the same")
+  {
+    for (char const* conf :
+         {"", "roundup_power2_divisions:4", "roundup_power2_divisions:[2:8,8:2,>:4]",
+          "roundup_power2_divisions:[1:2,64:4]", "roundup_power2_divisions:[256:4,>:8],limit:1G",
+          "expandable_segments:False,pinned_use_cuda_host_register:True,"
+          "pinned_num_register_threads:8",
+          "per_process_memory_fraction:0.3,large_segment_size_mb:64,thread_cache:off"}) {
+      CAPTURE(conf);
+      auto const c =
+        parse_backend_conf(conf, parse_backend_conf(gpukit_torch::backend_default_conf));
+      std::string const written = gpukit_torch::to_alloc_conf(c);
+      CAPTURE(written);
+      auto const back = parse_backend_conf(written);
+      CHECK(gpukit::to_alloc_conf(back.options) == gpukit::to_alloc_conf(c.options));
+      CHECK(back.rounding.divisions == c.rounding.divisions);
+      CHECK(back.host_settings == c.host_settings);
+      CHECK(gpukit_torch::to_alloc_conf(back) == written);
+      CHECK(contains(written, gpukit::to_alloc_conf(c.options)));  // gpukit's own formatter
+    }
+    auto const c = parse_backend_conf("roundup_power2_divisions:[2:8,8:2,>:4]");
+    CHECK(contains(gpukit_torch::to_alloc_conf(c), "roundup_power2_divisions:[1:8,2:8,8:2,>:4]"));
+    CHECK(contains(gpukit_torch::to_alloc_conf(parse_backend_conf("roundup_power2_divisions:4")),
+                   "roundup_power2_divisions:4"));
+    CHECK_FALSE(contains(gpukit_torch::to_alloc_conf(parse_backend_conf("")), "roundup"));
+  }
+
+  TEST_CASE("torch conf: PyTorch's keys go through gpukit's table: its ranges, its key names")
+  {
+    // large_segment_size_mb sets two of gpukit's options, each checked against gpukit's range.
+    std::string const huge = torch_error_of("large_segment_size_mb:300000000");
+    CHECK(contains(huge, "for 'large_segment_size_mb'"));
+    CHECK(contains(huge, gpukit::alloc_conf_range(*gpukit::find_alloc_conf_key(
+                           GPUKIT_ALLOC_CONF_FIELD(medium_segment_bytes)))));
+    // The option both keys set is named by gpukit's key for it.
+    CHECK(contains(torch_error_of("large_segment_size_mb:32,growable_page_bytes:8MiB"),
+                   "both set page_size"));
+    CHECK(contains(torch_error_of("fraction:0.5,per_process_memory_fraction:0.5"),
+                   "'fraction' and 'per_process_memory_fraction' both set limit_fraction"));
+    CHECK(
+      contains(torch_error_of("release_lock_on_cudamalloc:False,release_lock_on_hipmalloc:False"),
+               "both set the lock"));
+  }
+
   TEST_CASE("torch conf: bindings/torch/README.md's table of PyTorch's keys is the table's")
   {
     std::ifstream in{GPUKIT_TORCH_README};
