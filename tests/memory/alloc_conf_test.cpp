@@ -58,7 +58,7 @@ bool same_settings(caching_allocator_options const& a, caching_allocator_options
 {
   for (alloc_conf_key const& k : gpukit::alloc_conf_keys) {
     auto const& f = k.field;
-    switch (k.kind) {
+    switch (f.kind) {
       case alloc_conf_kind::bytes:
         if (a.*(f.bytes) != b.*(f.bytes)) { return false; }
         break;

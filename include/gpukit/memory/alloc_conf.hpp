@@ -75,17 +75,31 @@ struct alloc_conf_field {
   using source_member   = segment_source options_type::*;  ///< alloc_conf_kind::source
 
   char const* name{};  ///< the member's name ("limit_bytes")
+  /// The member's type: which pointer below is set. A shortcut key's value may be of another
+  /// kind (thread_cache's is a flag, its member a size): code that reads or writes the member
+  /// switches on this, not on alloc_conf_key::kind.
+  alloc_conf_kind kind{};
   bytes_member bytes{};
   count_member count{};
   fraction_member fraction{};
   flag_member flag{};
   source_member source{};
 
-  constexpr alloc_conf_field(char const* n, bytes_member m) noexcept : name{n}, bytes{m} {}
-  constexpr alloc_conf_field(char const* n, count_member m) noexcept : name{n}, count{m} {}
-  constexpr alloc_conf_field(char const* n, fraction_member m) noexcept : name{n}, fraction{m} {}
-  constexpr alloc_conf_field(char const* n, flag_member m) noexcept : name{n}, flag{m} {}
-  constexpr alloc_conf_field(char const* n, source_member m) noexcept : name{n}, source{m} {}
+  constexpr alloc_conf_field(char const* n, bytes_member m) noexcept
+      : name{n}, kind{alloc_conf_kind::bytes}, bytes{m}
+  {}
+  constexpr alloc_conf_field(char const* n, count_member m) noexcept
+      : name{n}, kind{alloc_conf_kind::count}, count{m}
+  {}
+  constexpr alloc_conf_field(char const* n, fraction_member m) noexcept
+      : name{n}, kind{alloc_conf_kind::fraction}, fraction{m}
+  {}
+  constexpr alloc_conf_field(char const* n, flag_member m) noexcept
+      : name{n}, kind{alloc_conf_kind::flag}, flag{m}
+  {}
+  constexpr alloc_conf_field(char const* n, source_member m) noexcept
+      : name{n}, kind{alloc_conf_kind::source}, source{m}
+  {}
 
   /// Whether both name the same member.
   [[nodiscard]] constexpr bool operator==(alloc_conf_field const& o) const noexcept
@@ -114,7 +128,7 @@ struct alloc_conf_key {
   char const* key;         ///< the key, in lower case, as strings and docs/alloc_conf.md spell it
   char const* alias;       ///< another spelling of the same key, or nullptr
   alloc_conf_field field;  ///< the option it sets
-  alloc_conf_kind kind;    ///< what its value is
+  alloc_conf_kind kind;    ///< what its value is (for a key that is not a shortcut: field.kind)
   /// bytes, count, fraction and source (as its enumerator's value): the smallest value allowed.
   double min;
   /// bytes, count, fraction and source: the largest value allowed (alloc_conf_unbounded: none).
@@ -142,41 +156,51 @@ void conf_expandable_segments(caching_allocator_options& o, std::string_view key
                               std::string_view value);
 void conf_thread_cache(caching_allocator_options& o, std::string_view key, std::string_view value);
 
+/// The entry of a key whose value is its member's: `f` must be of `kind`, else alloc_conf_keys
+/// fails to compile (it is a constant, and this throw is not one).
+constexpr alloc_conf_key conf_key(char const* key, char const* alias, alloc_conf_field f,
+                                  alloc_conf_kind kind, double min, double max,
+                                  std::size_t multiple, char const* example, char const* doc)
+{
+  return f.kind == kind
+           ? alloc_conf_key{key, alias, f, kind, min, max, multiple, nullptr, example, doc}
+           : throw "alloc_conf_keys: the member is not of the key's kind";
+}
+
 constexpr alloc_conf_key conf_bytes(char const* key, char const* alias, alloc_conf_field f,
                                     double min, double max, std::size_t multiple,
-                                    char const* example, char const* doc) noexcept
+                                    char const* example, char const* doc)
 {
-  return {key, alias, f, alloc_conf_kind::bytes, min, max, multiple, nullptr, example, doc};
+  return conf_key(key, alias, f, alloc_conf_kind::bytes, min, max, multiple, example, doc);
 }
 
 constexpr alloc_conf_key conf_count(char const* key, alloc_conf_field f, double min, double max,
-                                    char const* example, char const* doc) noexcept
+                                    char const* example, char const* doc)
 {
-  return {key, nullptr, f, alloc_conf_kind::count, min, max, 1, nullptr, example, doc};
+  return conf_key(key, nullptr, f, alloc_conf_kind::count, min, max, 1, example, doc);
 }
 
 constexpr alloc_conf_key conf_fraction(char const* key, char const* alias, alloc_conf_field f,
-                                       char const* example, char const* doc) noexcept
+                                       char const* example, char const* doc)
 {
-  return {key, alias, f, alloc_conf_kind::fraction, 0.0, 1.0, 1, nullptr, example, doc};
+  return conf_key(key, alias, f, alloc_conf_kind::fraction, 0.0, 1.0, 1, example, doc);
 }
 
 constexpr alloc_conf_key conf_flag(char const* key, alloc_conf_field f, char const* example,
-                                   char const* doc) noexcept
+                                   char const* doc)
 {
-  return {key, nullptr, f, alloc_conf_kind::flag, 0.0, 1.0, 1, nullptr, example, doc};
+  return conf_key(key, nullptr, f, alloc_conf_kind::flag, 0.0, 1.0, 1, example, doc);
 }
 
+/// A segment_source by name: its range is the enumerators' values.
 constexpr alloc_conf_key conf_source(char const* key, alloc_conf_field f, char const* example,
-                                     char const* doc) noexcept
+                                     char const* doc)
 {
-  return {key,     nullptr,
-          f,       alloc_conf_kind::source,
-          0.0,     static_cast<double>(static_cast<int>(segment_source::growable)),
-          1,       nullptr,
-          example, doc};
+  constexpr auto last = static_cast<double>(static_cast<int>(segment_source::growable));
+  return conf_key(key, nullptr, f, alloc_conf_kind::source, 0.0, last, 1, example, doc);
 }
 
+/// A key whose value (a flag) sets `f` another way, through `parse`.
 constexpr alloc_conf_key conf_shortcut(char const* key, alloc_conf_field f,
                                        alloc_conf_key::shortcut_parser parse, char const* example,
                                        char const* doc) noexcept

@@ -110,11 +110,11 @@ inline bool conf_bytes_in_range(alloc_conf_key const& k, std::size_t v) noexcept
   return conf_in_range(k, static_cast<double>(v)) && v % k.multiple == 0;
 }
 
-/// Whether the member `k` sets holds a value within `k`'s range.
+/// Whether the member `k` (not a shortcut) sets holds a value within `k`'s range.
 inline bool conf_member_in_range(alloc_conf_key const& k, caching_allocator_options const& o)
 {
   alloc_conf_field const& f = k.field;
-  switch (k.kind) {
+  switch (f.kind) {
     case alloc_conf_kind::bytes: return conf_bytes_in_range(k, o.*(f.bytes));
     case alloc_conf_kind::count: return conf_in_range(k, static_cast<double>(o.*(f.count)));
     case alloc_conf_kind::fraction: return conf_in_range(k, o.*(f.fraction));
@@ -125,13 +125,13 @@ inline bool conf_member_in_range(alloc_conf_key const& k, caching_allocator_opti
   return false;
 }
 
-/// The value of the member `k` sets, as a configuration string spells it (`in_bytes`: sizes as a
-/// plain number of bytes, as C++ sets them).
+/// The value of the member `k` (not a shortcut) sets, as a configuration string spells it
+/// (`in_bytes`: sizes as a plain number of bytes, as C++ sets them).
 inline std::string conf_member_text(alloc_conf_key const& k, caching_allocator_options const& o,
                                     bool in_bytes = false)
 {
   alloc_conf_field const& f = k.field;
-  switch (k.kind) {
+  switch (f.kind) {
     case alloc_conf_kind::bytes:
       return in_bytes ? std::to_string(o.*(f.bytes)) : format_alloc_conf_size(o.*(f.bytes));
     case alloc_conf_kind::count: return std::to_string(o.*(f.count));
