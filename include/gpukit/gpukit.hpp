@@ -33,6 +33,7 @@
 #include <gpukit/memory/alloc_conf.hpp>
 #include <gpukit/memory/allocation_trace.hpp>
 #include <gpukit/memory/caching_allocator.hpp>
+#include <gpukit/memory/caching_allocator_options.hpp>
 #include <gpukit/memory/caching_allocator_stats.hpp>
 #include <gpukit/memory/cuda_stream.hpp>
 #include <gpukit/memory/current_resource.hpp>

@@ -44,7 +44,8 @@ std::string& host_settings()
 
 // Makes gpukit PyTorch's CUDA allocator. `conf`: settings over the backend's defaults,
 // PYTORCH_CUDA_ALLOC_CONF (or its aliases) and GPUKIT_ALLOC_CONF (gpukit_torch/alloc_conf.hpp;
-// later ones win). Returns the settings in effect; a refused or bad key raises ValueError.
+// later ones win). Returns the settings in effect, every one of them (gpukit_torch::to_alloc_conf);
+// a refused or bad key raises ValueError.
 std::string install(std::string const& conf)
 {
   if (installed()) {
@@ -53,13 +54,13 @@ std::string install(std::string const& conf)
     return installed_conf();
   }
   gpukit_torch::backend_conf settings;
+  std::string effective;  // every setting, as a string that parses back to them
   try {
-    settings = gpukit_torch::parse_backend_conf(conf, gpukit_torch::backend_conf_from_env());
+    settings  = gpukit_torch::parse_backend_conf(conf, gpukit_torch::backend_conf_from_env());
+    effective = gpukit_torch::to_alloc_conf(settings);
   } catch (gpukit::logic_error const& e) {
     TORCH_CHECK_VALUE(false, e.what());
   }
-  std::string effective = gpukit_torch::effective_conf_from_env();
-  if (!conf.empty()) { effective += "," + conf; }
   auto a = std::make_shared<gpukit_torch::cuda_allocator>(settings, effective);
   // The layout of the handles torch.multiprocessing sends is this PyTorch's.
   a->layer().set_torch_version(TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR);
@@ -135,7 +136,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
   m.def("install", &install, pybind11::arg("conf") = std::string{},
         "Make gpukit PyTorch's CUDA allocator (before CUDA memory is first allocated). conf: "
         "settings (gpukit's or PyTorch's keys) over PYTORCH_CUDA_ALLOC_CONF's and "
-        "GPUKIT_ALLOC_CONF's. Returns the settings.");
+        "GPUKIT_ALLOC_CONF's. Returns every setting in effect, as a string that install() and "
+        "check_conf() read back to the same settings.");
   m.def("is_installed", &is_installed, "Whether gpukit is PyTorch's CUDA allocator now");
   m.def(
     "default_conf", [] { return std::string{gpukit_torch::backend_default_conf}; },

@@ -40,7 +40,8 @@ def install(conf: str = "") -> str:
 
     conf: settings (gpukit's keys or PyTorch's: ``"segments:synchronous,limit:40GiB"``), applied
     over the backend's defaults, PYTORCH_CUDA_ALLOC_CONF (or its aliases) and GPUKIT_ALLOC_CONF.
-    Returns the settings in effect. Raises ValueError naming an unknown or refused key or a bad
+    Returns every setting in effect, gpukit's keys then PyTorch's rounding and pinned-memory
+    entries, as a string that install() and check_conf() read back to the same settings. Raises ValueError naming an unknown or refused key or a bad
     value, and RuntimeError when PyTorch's own allocator has already served CUDA memory. Calling
     it again returns the same settings. PyTorch's pinned-memory keys (pinned_use_cuda_host_register,
     ...) go to PyTorch's pinned-memory allocator, which gpukit leaves in place.

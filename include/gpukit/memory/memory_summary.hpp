@@ -26,8 +26,8 @@
 // the oversize rows are always 0 (gpukit has no max_split_size: any block may be split).
 #pragma once
 
-#include <gpukit/memory/alloc_conf.hpp>  // to_string(segment_source)
 #include <gpukit/memory/caching_allocator.hpp>
+#include <gpukit/memory/caching_allocator_options.hpp>  // to_string(segment_source)
 
 #include <string>
 

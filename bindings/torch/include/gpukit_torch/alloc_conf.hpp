@@ -17,9 +17,10 @@
 // A configuration string holds `key:value` entries separated by commas, as PyTorch's. Each key
 // is either one of PyTorch 2.11's allocator keys (pytorch_keys below says what gpukit does with
 // each: apply it with PyTorch's meaning, leave it to PyTorch's pinned-memory allocator, or refuse
-// it with the reason gpukit does not need it) or one of gpukit's (gpukit/memory/alloc_conf.hpp).
-// A key that sets what another key of the same string sets is refused, naming both. Nothing here
-// calls the runtime or PyTorch.
+// it with the reason gpukit does not need it) or one of gpukit's (gpukit::alloc_conf_keys,
+// docs/alloc_conf.md). PyTorch's keys that set gpukit's options go through gpukit's table too: its
+// parsers and its ranges. A key that sets what another key of the same string sets is refused,
+// naming both. Nothing here calls the runtime or PyTorch.
 #pragma once
 
 #include <gpukit/error.hpp>
@@ -174,6 +175,13 @@ inline constexpr pytorch_key pytorch_keys[] = {
 /// The settings backend_conf_from_env reads, as one string: "<defaults>,<PyTorch's
 /// variable>,<GPUKIT_ALLOC_CONF>" with the unset ones left out.
 [[nodiscard]] std::string effective_conf_from_env();
+
+/// `c` as one configuration string that parse_backend_conf reads back to the same settings:
+/// gpukit's keys as gpukit::to_alloc_conf writes them (every option), then
+/// `roundup_power2_divisions` when it rounds, then the entries for PyTorch's pinned-memory
+/// allocator. What install() reports as the settings in effect.
+/// @throws gpukit::logic_error naming the member when `c.options` is out of range
+[[nodiscard]] std::string to_alloc_conf(backend_conf const& c);
 
 /// bindings/torch/README.md's table of PyTorch's keys, made from pytorch_keys (Markdown, one row
 /// per key, with its header).

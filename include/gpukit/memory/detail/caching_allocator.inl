@@ -77,43 +77,15 @@ basic_caching_allocator<Runtime>::basic_caching_allocator(Runtime& runtime, int 
   live.uids.insert(uid_);
 }
 
-// Every option, checked once: zero, huge and inconsistent values name the field and the value.
+// Every option, checked once against the ranges of alloc_conf_keys (gpukit/memory/alloc_conf.hpp),
+// which parse_alloc_conf checks too: a value out of range names the member and the value.
 template <class Runtime>
 void basic_caching_allocator<Runtime>::validate_options() const
 {
-  constexpr std::size_t most = std::size_t{1} << detail::tlsf_max_shift;  // beyond any device
-  auto const& o              = options_;
-  auto field                 = [](char const* name, auto value, char const* why) {
-    return std::string{"caching_allocator_options: "} + name + " = " + std::to_string(value) + " " +
-           why;
-  };
-  auto bytes = [&](char const* name, std::size_t v, std::size_t at_least) {
-    GPUKIT_EXPECTS(
-      v >= at_least && v <= most && v % alignment == 0,
-      field(
-        name, v,
-        ("is not a multiple of 256 between " + std::to_string(at_least) + " and 2^48").c_str()));
-  };
-  GPUKIT_EXPECTS(o.limit_fraction >= 0.0 && o.limit_fraction <= 1.0,
-                 field("limit_fraction", o.limit_fraction, "is not within [0, 1]"));
-  auto const src = static_cast<int>(o.source);
-  GPUKIT_EXPECTS(src >= 0 && src <= static_cast<int>(segment_source::growable),
-                 field("source", src, "is not a segment_source"));
-  bytes("small_request_bytes", o.small_request_bytes, alignment);
-  bytes("small_segment_bytes", o.small_segment_bytes, o.small_request_bytes);
-  bytes("medium_request_bytes", o.medium_request_bytes, o.small_request_bytes);
-  bytes("medium_segment_bytes", o.medium_segment_bytes, o.medium_request_bytes);
-  bytes("segment_rounding_bytes", o.segment_rounding_bytes, alignment);
-  GPUKIT_EXPECTS(o.growable_reserve_bytes <= most,
-                 field("growable_reserve_bytes", o.growable_reserve_bytes, "is more than 2^48"));
-  GPUKIT_EXPECTS(o.growable_page_bytes != 0 && o.growable_page_bytes <= most,
-                 field("growable_page_bytes", o.growable_page_bytes, "is not within [1, 2^48]"));
-  GPUKIT_EXPECTS(o.oom_wait_for_frees_ms >= 0 && o.oom_wait_for_frees_ms <= 3600000,
-                 field("oom_wait_for_frees_ms", o.oom_wait_for_frees_ms,
-                       "is not within [0, 3600000] (an hour)"));
-  GPUKIT_EXPECTS(o.thread_cache_blocks_per_class >= 0 && o.thread_cache_blocks_per_class <= 255,
-                 field("thread_cache_blocks_per_class", o.thread_cache_blocks_per_class,
-                       "is not within [0, 255]"));
+  static_assert(
+    alloc_conf_most_bytes == static_cast<double>(std::size_t{1} << detail::tlsf_max_shift),
+    "the keys' largest size is the block index's");
+  detail::validate_allocator_options(options_);
 }
 
 namespace detail {

@@ -7,8 +7,6 @@
 
 #include <algorithm>
 #include <cctype>
-#include <cerrno>
-#include <cmath>
 #include <cstdlib>
 #include <iterator>
 #include <limits>
@@ -130,24 +128,78 @@ inline size_rounding power2_divisions(std::string_view key, std::string_view val
   return r;
 }
 
-// Keys (of either vocabulary) that set the same thing: the first one found in a string, and its
-// name for messages.
-struct overlap {
+// PyTorch's keys that set gpukit's options, each applied through the entry of
+// gpukit::alloc_conf_keys that owns the option (its parser and its range), and refused beside a
+// gpukit key that sets the same option.
+struct pytorch_option {
   char const* pytorch;
-  char const* others[3];
+  gpukit::alloc_conf_field field;
+};
+inline constexpr pytorch_option pytorch_options[] = {
+  {"expandable_segments", GPUKIT_ALLOC_CONF_FIELD(source)},
+  {"per_process_memory_fraction", GPUKIT_ALLOC_CONF_FIELD(limit_fraction)},
+  {"large_segment_size_mb", GPUKIT_ALLOC_CONF_FIELD(medium_segment_bytes)},
+  {"large_segment_size_mb", GPUKIT_ALLOC_CONF_FIELD(growable_page_bytes)},
+};
+
+// PyTorch's keys that are two spellings of one setting, and its name for messages.
+struct pytorch_alias {
+  char const* a;
+  char const* b;
   char const* what;
 };
-inline constexpr overlap overlaps[] = {
-  {"expandable_segments", {"segments", nullptr, nullptr}, "the segment source"},
-  {"per_process_memory_fraction", {"fraction", "limit_fraction", nullptr}, "the memory fraction"},
-  {"large_segment_size_mb",
-   {"medium_segment_bytes", "page_size", "growable_page_bytes"},
-   "the large segment size"},
-  {"release_lock_on_cudamalloc", {"release_lock_on_hipmalloc", nullptr, nullptr}, "the lock"},
-  {"pinned_use_cuda_host_register",
-   {"pinned_use_hip_host_register", nullptr, nullptr},
-   "host registration"},
+inline constexpr pytorch_alias pytorch_aliases[] = {
+  {"release_lock_on_cudamalloc", "release_lock_on_hipmalloc", "the lock"},
+  {"pinned_use_cuda_host_register", "pinned_use_hip_host_register", "host registration"},
 };
+
+// Sets `field` as gpukit's key for it would from `value`; a bad value names `key`, PyTorch's key.
+inline void set_option(gpukit::caching_allocator_options& o, gpukit::alloc_conf_field const& field,
+                       std::string const& key, std::string const& value)
+{
+  gpukit::apply_alloc_conf_key(o, *gpukit::find_alloc_conf_key(field), value, key);
+}
+
+// What a key of either vocabulary sets, for the check that no two keys set one thing: its
+// gpukit options (PyTorch's keys above, gpukit's through their table) or, for PyTorch's
+// spellings of one setting, that setting.
+struct key_sets {
+  std::string key;
+  std::vector<gpukit::alloc_conf_field> fields;
+  char const* setting{nullptr};
+};
+
+inline key_sets what_key_sets(std::string const& key)
+{
+  key_sets s{key, {}, nullptr};
+  for (pytorch_option const& p : pytorch_options) {
+    if (key == p.pytorch) { s.fields.push_back(p.field); }
+  }
+  for (pytorch_alias const& a : pytorch_aliases) {
+    if (key == a.a || key == a.b) { s.setting = a.what; }
+  }
+  if (find_pytorch_key(key) == nullptr) {
+    if (gpukit::alloc_conf_key const* k = gpukit::find_alloc_conf_key(key)) {
+      s.fields.push_back(k->field);
+    }
+  }
+  return s;
+}
+
+// Refuses `next` when a key given before it sets one of the things it sets.
+inline void refuse_overlap(std::vector<key_sets> const& given, key_sets const& next)
+{
+  for (key_sets const& g : given) {
+    std::string what = g.setting != nullptr && g.setting == next.setting ? g.setting : "";
+    for (gpukit::alloc_conf_field const& f : g.fields) {
+      for (gpukit::alloc_conf_field const& n : next.fields) {
+        if (f == n && what.empty()) { what = gpukit::find_alloc_conf_key(f)->key; }
+      }
+    }
+    GPUKIT_EXPECTS(what.empty(), "alloc conf: '" + g.key + "' and '" + next.key + "' both set " +
+                                   what + "; give one of them");
+  }
+}
 
 // Splits `conf` at commas outside brackets into trimmed, non-empty entries.
 inline std::vector<std::string_view> entries(std::string_view conf)
@@ -195,20 +247,17 @@ inline void apply_pytorch_key(backend_conf& c, pytorch_key const& k, std::string
   }
   auto& o = c.options;
   if (key == "expandable_segments") {
-    o.source = torch_bool(key, value) ? gpukit::segment_source::growable
-                                      : gpukit::segment_source::synchronous;
+    // PyTorch's two segment kinds: virtual memory, or cudaMalloc segments.
+    set_option(o, GPUKIT_ALLOC_CONF_FIELD(source), key,
+               gpukit::to_string(torch_bool(key, value) ? gpukit::segment_source::growable
+                                                        : gpukit::segment_source::synchronous));
   } else if (key == "roundup_power2_divisions") {
     c.rounding = power2_divisions(key, value);
   } else if (key == "per_process_memory_fraction") {
-    std::string const v{value};
-    char* end = nullptr;
-    errno     = 0;
-    double f  = v.empty() ? -1.0 : std::strtod(v.c_str(), &end);
-    if (v.empty() || errno != 0 || *end != '\0' || !std::isfinite(f) || f < 0.0 || f > 1.0) {
-      bad_value(key, value, "expected a fraction in [0, 1]");
-    }
-    if (f == 0.0) { bad_value(key, value, k.reason); }
-    o.limit_fraction = f;
+    gpukit::caching_allocator_options next = o;
+    set_option(next, GPUKIT_ALLOC_CONF_FIELD(limit_fraction), key, std::string{value});
+    if (next.limit_fraction == 0.0) { bad_value(key, value, k.reason); }
+    o = next;
   } else if (key == "large_segment_size_mb") {
     std::size_t const bytes = mebibytes(key, value);
     if (bytes < o.medium_request_bytes) {
@@ -216,8 +265,10 @@ inline void apply_pytorch_key(backend_conf& c, pytorch_key const& k, std::string
                 "the segment must hold the largest request that shares one (" +
                   std::to_string(o.medium_request_bytes >> 20) + " MiB)");
     }
-    o.medium_segment_bytes = bytes;
-    o.growable_page_bytes  = bytes;
+    std::string const size = gpukit::format_alloc_conf_size(bytes);
+    for (pytorch_option const& p : pytorch_options) {
+      if (key == p.pytorch) { set_option(o, p.field, key, size); }
+    }
   }
 }
 
@@ -260,30 +311,24 @@ inline pytorch_key const* find_pytorch_key(std::string_view key) noexcept
 inline backend_conf parse_backend_conf(std::string_view conf, backend_conf base)
 {
   std::string gpukit_part;
-  std::vector<std::string> keys;  // every key of the string, in lower case
+  std::vector<detail::key_sets> given;  // every key of the string, in lower case
   for (std::string_view const entry : detail::entries(conf)) {
     std::size_t const colon = entry.find(':');
     GPUKIT_EXPECTS(colon != std::string_view::npos,
                    "alloc conf: entry '" + std::string{entry} + "' is not key:value");
     std::string const key        = detail::lower(detail::trim(entry.substr(0, colon)));
     std::string_view const value = detail::trim(entry.substr(colon + 1));
-    GPUKIT_EXPECTS(std::find(keys.begin(), keys.end(), key) == keys.end(),
-                   "alloc conf: key '" + key + "' is given twice");
-    keys.push_back(key);
+    for (detail::key_sets const& g : given) {
+      GPUKIT_EXPECTS(g.key != key, "alloc conf: key '" + key + "' is given twice");
+    }
+    detail::key_sets sets = detail::what_key_sets(key);
+    detail::refuse_overlap(given, sets);
+    given.push_back(std::move(sets));
     if (pytorch_key const* k = find_pytorch_key(key)) {
       detail::apply_pytorch_key(base, *k, key, value, entry);
     } else {
       if (!gpukit_part.empty()) { gpukit_part += ','; }
       gpukit_part += std::string{entry};
-    }
-  }
-  for (auto const& o : detail::overlaps) {
-    if (std::find(keys.begin(), keys.end(), o.pytorch) == keys.end()) { continue; }
-    for (char const* other : o.others) {
-      GPUKIT_EXPECTS(other == nullptr || std::find(keys.begin(), keys.end(), other) == keys.end(),
-                     "alloc conf: '" + std::string{o.pytorch} + "' and '" +
-                       std::string{other == nullptr ? "" : other} + "' both set " + o.what +
-                       "; give one of them");
     }
   }
   try {
@@ -340,6 +385,41 @@ inline std::string effective_conf_from_env()
   }
   add(gpukit::alloc_conf_variable);
   return s;
+}
+
+namespace detail {
+
+// roundup_power2_divisions' value for `r` as power2_divisions reads it back: "N" where every
+// interval has N, else the intervals with divisions, the last run of equal ones as '>'.
+inline std::string power2_divisions_text(size_rounding const& r)
+{
+  auto const& d       = r.divisions;
+  std::size_t const n = d.size();
+  std::size_t tail    = n - 1;  // the last run of equal divisions starts here
+  while (tail > 0 && d[tail - 1] == d[tail]) { --tail; }
+  if (d[n - 1] != 0 && tail == 0) { return std::to_string(d[0]); }
+  std::size_t before = tail;  // the last interval with divisions before the run
+  while (before > 0 && d[before - 1] == 0) { --before; }
+  bool const arrow = d[n - 1] != 0 && tail > 0 && before == tail;
+  std::string text;
+  for (std::size_t i = 0; i < (arrow ? tail : n); ++i) {
+    if (d[i] == 0) { continue; }
+    text +=
+      (text.empty() ? "" : ",") + std::to_string(std::size_t{1} << i) + ":" + std::to_string(d[i]);
+  }
+  if (arrow) { text += ",>:" + std::to_string(d[n - 1]); }
+  return text.empty() ? text : "[" + text + "]";
+}
+
+}  // namespace detail
+
+inline std::string to_alloc_conf(backend_conf const& c)
+{
+  std::string conf            = gpukit::to_alloc_conf(c.options);
+  std::string const divisions = detail::power2_divisions_text(c.rounding);
+  if (!divisions.empty()) { conf += ",roundup_power2_divisions:" + divisions; }
+  if (!c.host_settings.empty()) { conf += "," + c.host_settings; }
+  return conf;
 }
 
 inline std::string pytorch_keys_markdown()
