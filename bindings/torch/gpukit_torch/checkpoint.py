@@ -427,18 +427,30 @@ def _measure_sizes(block, call, x, probe, grads_persist):
     return _storage_bytes([_hidden_of(y)]), _storage_bytes(tape), (0, 0), None, saves_output, y
 
 
-def _time_block(timer, block, call, x):
-    """(forward ms, backward ms) of one run: the forward under no_grad, the backward through a
-    recorded forward (not timed)."""
+def _time_block(timer, block, call, x, n):
+    """(forward ms, backward ms) of one block, each the mean of n calls issued back to back in one
+    timed interval: the forward under no_grad, the backward (retain_graph) through one recorded
+    forward (not timed). Back to back, the host runs ahead of the device as it does in a training
+    step, so that the launch gaps of a call timed alone (its kernels waiting for the host) are not
+    counted as the block's time."""
+    def forwards():
+        for _ in range(n):
+            call.with_hidden(x)(block)
+
     with torch.no_grad():
-        ms_f = timer(lambda: call.with_hidden(x)(block))[0]
+        ms_f = timer(forwards)[0] / n
     xin, out, _ = _recorded_forward(block, call, x)
     h = _hidden_of(out)
     inputs = ([xin] if xin.requires_grad else []) + _params(block)
     if not (h.requires_grad and inputs):
         return ms_f, 0.0
     g = torch.ones_like(h)
-    return ms_f, timer(lambda: torch.autograd.grad(h, inputs, g, allow_unused=True))[0]
+
+    def backwards():
+        for _ in range(n):
+            torch.autograd.grad(h, inputs, g, allow_unused=True, retain_graph=True)
+
+    return ms_f, timer(backwards)[0] / n
 
 
 def _profile_calls(blocks, calls, x, repetitions, warmup, probe, grads_persist):
@@ -452,12 +464,10 @@ def _profile_calls(blocks, calls, x, repetitions, warmup, probe, grads_persist):
         for block, call in zip(blocks, calls):
             a, t, (fe_transient, fn_transient), backward_peak, saves_output, y = _measure_sizes(
                 block, call, x, probe, grads_persist)
-            fwd, bwd = [], []
-            for rep in range(warmup + repetitions):
-                ms_f, ms_b = _time_block(timer, block, call, x)
-                if rep >= warmup:
-                    fwd.append(ms_f)
-                    bwd.append(ms_b)
+            if warmup:
+                _time_block(timer, block, call, x, warmup)
+            # Three groups of `repetitions` calls each; the median group.
+            fwd, bwd = zip(*(_time_block(timer, block, call, x, repetitions) for _ in range(3)))
             grads = sum(_rounded(p.numel() * p.element_size()) for p in _params(block))
             costs.append(BlockCost(statistics.median(fwd), statistics.median(bwd), a, t, fe_transient, 0, grads,
                                    saves_output, fn_transient))
@@ -477,8 +487,10 @@ def profile(model, example_input: torch.Tensor, repetitions: int = 5, warmup: in
     """Measures each block of `model` (an nn.Sequential or a list of one-tensor blocks) on the
     device of `example_input`, each block on the previous block's output.
 
-    Times: the median of `repetitions` runs after `warmup` runs, with CUDA events on CUDA (a
-    steady clock elsewhere); forward under no_grad, backward through a recorded forward. Sizes
+    Times: after `warmup` untimed calls, three groups of `repetitions` calls issued back to back,
+    each group timed as one interval (CUDA events on CUDA, a steady clock elsewhere), the median
+    group's mean; forward under no_grad, backward (retaining the graph) through one recorded
+    forward. Sizes
     from `probe` (on CUDA by default MemoryProbe: the caching allocator's counters, the peak
     reset around each block's forward and backward): output = what a forward without grad leaves
     allocated; tape = what a recording forward leaves beyond that; transients = the peaks beyond
@@ -754,6 +766,24 @@ def _last_uses(ops, L):
     return out
 
 
+def _inputs_kept(ops, last, L):
+    """The blocks i whose first forward keeps its tape (Fe) and whose input x_{i-1} the schedule
+    keeps from that forward until B<i> has run: autograd holding x_{i-1} itself then keeps it no
+    longer than the schedule does, so such a block runs without saved-tensor hooks."""
+    backward_at = {i: k for k, (kind, i) in enumerate(ops) if kind == "B"}
+    dropped = {}  # j: the operations after which x_j goes
+    for k, gone in enumerate(last):
+        for what, j in gone:
+            if what == "x":
+                dropped.setdefault(j, []).append(k)
+    kept = set()
+    for i in range(1, L + 1):
+        first = i - 1  # the forwards run in order, each once, before the first backward
+        if ops[first][0] == "Fe" and not any(first <= k < backward_at[i] for k in dropped.get(i - 1, ())):
+            kept.add(i)
+    return kept
+
+
 # ---------------------------------------------------------------------------------------------
 # Execution
 
@@ -860,7 +890,10 @@ class _Run:
             else (False, None),
             x_in.requires_grad,
         )
-        if kind == "Fe":
+        if kind == "Fe" and i in self.chain._plain:
+            # The schedule keeps x_{i-1} from here to B<i>: autograd may hold it itself.
+            out = call(fn)
+        elif kind == "Fe":
             # What the block saves of its input is read back from the kept x_{i-1} (which the
             # schedule keeps, or recomputes, for B<i>), so that the graph does not hold x_{i-1}
             # where the schedule drops it, as the simulator counts.
@@ -1022,6 +1055,7 @@ class _Chain:
         self._ops = ops
         self._last = _last_uses(ops, L)
         self._recomputed = {i for _, i in ops[first_backward:] if _ != "B"}
+        self._plain = _inputs_kept(ops, self._last, L)
 
     @contextlib.contextmanager
     def replaying(self):

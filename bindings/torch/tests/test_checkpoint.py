@@ -200,8 +200,24 @@ def test_sequential_profiles_and_plans():
 def test_the_planner_is_gpukits():
     planner = ckpt._planner()
     assert planner.__name__.endswith(("_C", "_gpukit_planner"))
-    if torch.cuda.is_available():
-        assert planner.__name__.endswith("_C")  # the extension's binding where CUDA is
+    try:
+        from gpukit_torch import _C  # noqa: PLC0415
+    except ImportError:
+        return  # not installed (a checkout): the planner built from csrc/planner.cpp
+    if hasattr(_C, "simulate_ops"):
+        assert planner.__name__.endswith("_C")  # the installed extension's binding
+
+
+def test_blocks_whose_input_stays_run_without_hooks():
+    def kept(schedule, L):
+        ops = ckpt._parse(schedule)
+        return ckpt._inputs_kept(ops, ckpt._last_uses(ops, L), L)
+
+    assert kept("Fe1 Fe2 Fe3 B3 B2 B1", 3) == {1, 2, 3}  # store-all: every input stays
+    # Block 1 runs without its tape (Fn), so it has hooks; x_1 and x_2 stay until B2 and B3.
+    assert kept("Fn1 Fe2 Fe3 B3 B2 Fe1 B1", 3) == {2, 3}
+    # Blocks 2 and 3 run without their tape (Fn): hooks; x_0 and x_3 stay until B1 and B4.
+    assert kept("Fe1 Fn2 Fn3 Fe4 B4 Fe3 B3 Fe2 B2 B1", 4) == {1, 4}
 
 
 def test_a_bad_schedule_is_refused():
@@ -824,7 +840,12 @@ def test_cuda_peak_within_the_budget():
     model = make_blocks(width=256).float().cuda()
     x = torch.randn(512, 256, device="cuda", requires_grad=True)
     c = ckpt.profile(model, x)
-    budget = ckpt.plan(c, 1 << 40).predicted_peak // 2
+    try:
+        ckpt.plan(c, 0)
+        least = 0
+    except ckpt.infeasible_budget as e:
+        least = e.minimum_budget
+    budget = max(ckpt.plan(c, 1 << 40).predicted_peak // 2, least)  # half, where that has a plan
     planned = ckpt.PlannedSequential(list(model), ckpt.plan(c, budget), c)
     for _ in range(2):
         planned(x).sum().backward()
@@ -874,7 +895,14 @@ def apply_between(model, inputs, fraction, loss_fn=None):
     with pytest.raises(ckpt.infeasible_budget) as e:
         ckpt.plan(first.costs, 0, first.outside)
     budget = int(e.value.minimum_budget + (first.predicted_peak - e.value.minimum_budget) * fraction)
-    p = ckpt.apply(model, budget, inputs, loss_fn=loss_fn, costs=first.costs, outside=first.outside)
+    try:
+        p = ckpt.apply(model, budget, inputs, loss_fn=loss_fn, costs=first.costs, outside=first.outside)
+    except ckpt.infeasible_budget as again:
+        # The least budget as the model saw it, before a step measured what it left out: the
+        # closed loop names the least one that the measurement allows, which is then taken.
+        assert fraction == 0.0 and again.minimum_budget > budget, (fraction, budget, again)
+        budget = again.minimum_budget
+        p = ckpt.apply(model, budget, inputs, loss_fn=loss_fn, costs=first.costs, outside=first.outside)
     return budget, p
 
 
