@@ -46,9 +46,10 @@ namespace gpukit {
 
 /// Refuses allocations that would bring the bytes allocated through it above a limit (see the top
 /// of this header). Bytes are counted as requested (not as the upstream rounds them). The count is
-/// one atomic: a request takes its bytes with one fetch_add and gives them back when it is refused
-/// or the upstream fails, so concurrent requests never pass the limit together. Thread-safe when
-/// the upstream is.
+/// one atomic that a request raises with a compare-exchange only when the result stays within the
+/// limit (and lowers again if the upstream then fails): concurrent requests never pass the limit
+/// together, allocated_bytes() never reads above it, and a refused request never makes another
+/// fail (RMM's fetch_add-then-check can). No lock. Thread-safe when the upstream is.
 ///
 /// @tparam Upstream any resource with gpukit's or CCCL's interface (held by reference)
 template <class Upstream>
@@ -91,12 +92,13 @@ class limiting_resource_adaptor final
   template <class Allocate>
   void* do_allocate(std::size_t bytes, stream_type, Allocate&& allocate)
   {
-    std::size_t const before = used_.fetch_add(bytes, std::memory_order_relaxed);
-    std::size_t const limit  = limit_.load(std::memory_order_relaxed);
-    if (bytes > limit || before > limit - bytes) {
-      used_.fetch_sub(bytes, std::memory_order_relaxed);
-      throw out_of_memory{refusal(bytes, before, limit)};
-    }
+    std::size_t before = used_.load(std::memory_order_relaxed);
+    do {
+      std::size_t const limit = limit_.load(std::memory_order_relaxed);
+      if (bytes > limit || before > limit - bytes) {
+        throw out_of_memory{refusal(bytes, before, limit)};
+      }
+    } while (!used_.compare_exchange_weak(before, before + bytes, std::memory_order_relaxed));
     void* p = nullptr;
     try {
       p = allocate();

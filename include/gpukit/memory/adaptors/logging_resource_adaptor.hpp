@@ -101,9 +101,10 @@ class logging_resource_adaptor final
   template <class Deallocate>
   void do_deallocate(void* p, std::size_t, stream_type, Deallocate&& deallocate)
   {
+    auto const id = reinterpret_cast<std::uintptr_t>(p);  // read before the block is freed
     std::lock_guard<std::mutex> lock{mutex_};
     deallocate();
-    log_ << "f " << reinterpret_cast<std::uintptr_t>(p) << '\n';
+    log_ << "f " << id << '\n';
   }
 
   std::mutex mutex_;  // guards log_ and orders its lines (see the class)
