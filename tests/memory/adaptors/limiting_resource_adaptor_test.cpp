@@ -84,7 +84,11 @@ TEST_SUITE("resource_adaptors")
     void* q = limited.allocate_async(2 * mib, {});
     limited.deallocate_async(q, 2 * mib, {});
   }
+}
 
+// Threads racing through the adaptor (also run under ThreadSanitizer: the tsan preset).
+TEST_SUITE("sim_concurrency")
+{
   TEST_CASE("limiting: racing threads never hold more than the limit together")
   {
     sim_runtime sim{one_device(gib)};

@@ -79,7 +79,11 @@ TEST_SUITE("resource_adaptors")
     logged.deallocate_async(p, 64, {});
     CHECK(read_back(log.str()).events.size() == 2);
   }
+}
 
+// Threads racing through the adaptor (also run under ThreadSanitizer: the tsan preset).
+TEST_SUITE("sim_concurrency")
+{
   TEST_CASE("logging: racing threads reusing blocks at once still write a valid trace")
   {
     // The caching allocator hands a freed block to the next request at once; a free written after

@@ -62,7 +62,11 @@ TEST_SUITE("resource_adaptors")
     CHECK(counted.stats().bytes.current == 0);
     CHECK(counted.stats().allocations.freed == 1);
   }
+}
 
+// Threads racing through the adaptor (also run under ThreadSanitizer: the tsan preset).
+TEST_SUITE("sim_concurrency")
+{
   TEST_CASE("statistics: totals are exact and the peak bounded under threads")
   {
     sim_runtime sim{one_device(gib)};

@@ -122,7 +122,11 @@ TEST_SUITE("resource_adaptors")
     CHECK(tracked.outstanding().empty());
     CHECK(mock.deallocations == 1);
   }
+}
 
+// Threads racing through the adaptor (also run under ThreadSanitizer: the tsan preset).
+TEST_SUITE("sim_concurrency")
+{
   TEST_CASE("tracking: threads allocating and freeing leave nothing tracked")
   {
     sim_runtime sim{one_device(gib)};
