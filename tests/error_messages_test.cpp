@@ -9,8 +9,11 @@
 #include <gpukit/checkpoint/planners.hpp>
 #include <gpukit/error_macros.hpp>
 #include <gpukit/host/pinned_pool.hpp>
+#include <gpukit/memory/adaptors/limiting_resource_adaptor.hpp>
+#include <gpukit/memory/adaptors/tracking_resource_adaptor.hpp>
 #include <gpukit/memory/alloc_conf.hpp>
 #include <gpukit/memory/caching_allocator.hpp>
+#include <gpukit/memory/malloc_async_resource.hpp>
 #include <gpukit/runtime/sim_runtime.hpp>
 #include <gpukit/transfer/transfer_pipeline.hpp>
 
@@ -174,6 +177,37 @@ TEST_SUITE("error")
       message_of<gpukit::out_of_memory>([&] { (void)alloc.allocate_async(48 * mib, {}); });
     check_message(full, {"out of memory on device 0", std::to_string(48 * mib), "hint: "});
     alloc.deallocate_async(held, {});
+  }
+
+  TEST_CASE("messages: the resource adaptors' refusals name the request, the limit and the block")
+  {
+    sim_runtime sim{one_device(64 * mib)};
+    sim_allocator alloc{sim, 0};
+    gpukit::limiting_resource_adaptor limited{alloc, mib};
+    void* held = limited.allocate_async(600 * kib, {});
+    check_message(
+      message_of<gpukit::out_of_memory>([&] { (void)limited.allocate_async(500 * kib, {}); }),
+      {std::to_string(500 * kib), std::to_string(mib), std::to_string(600 * kib), "limit"});
+    limited.deallocate_async(held, 600 * kib, {});
+
+    gpukit::tracking_resource_adaptor tracked{alloc};
+    void* mine   = tracked.allocate_async(1024, {});
+    int on_stack = 0;
+    check_message(
+      message_of<gpukit::logic_error>([&] { tracked.deallocate_async(&on_stack, 4, {}); }),
+      {gpukit::detail::hex(&on_stack), "not allocated through this adaptor"});
+    check_message(
+      message_of<gpukit::logic_error>([&] { tracked.deallocate_async(mine, 1000, {}); }),
+      {gpukit::detail::hex(mine), "1000 bytes", "1024 bytes"});
+    tracked.deallocate_async(mine, 1024, {});
+
+    gpukit::basic_malloc_async_resource<sim_runtime> mr{sim, 0};
+    check_message(message_of<gpukit::logic_error>([&] { (void)mr.allocate(64, 512); }),
+                  {"alignment 512", "256"});
+    void* big = mr.allocate(48 * mib);
+    check_message(message_of<gpukit::out_of_memory>([&] { (void)mr.allocate(32 * mib); }),
+                  {"out of memory on device 0", std::to_string(32 * mib), "hint: "});
+    mr.deallocate(big, 48 * mib);
   }
 
   TEST_CASE("messages: bad options and alloc conf entries name the key and the value")

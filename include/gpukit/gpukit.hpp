@@ -30,6 +30,11 @@
 #include <gpukit/error.hpp>
 #include <gpukit/error_macros.hpp>
 #include <gpukit/host/pinned_pool.hpp>
+#include <gpukit/memory/adaptors/failure_callback_resource_adaptor.hpp>
+#include <gpukit/memory/adaptors/limiting_resource_adaptor.hpp>
+#include <gpukit/memory/adaptors/logging_resource_adaptor.hpp>
+#include <gpukit/memory/adaptors/statistics_resource_adaptor.hpp>
+#include <gpukit/memory/adaptors/tracking_resource_adaptor.hpp>
 #include <gpukit/memory/alloc_conf.hpp>
 #include <gpukit/memory/allocation_trace.hpp>
 #include <gpukit/memory/caching_allocator.hpp>
@@ -41,6 +46,7 @@
 #include <gpukit/memory/device_scalar.hpp>
 #include <gpukit/memory/device_uvector.hpp>
 #include <gpukit/memory/ipc.hpp>
+#include <gpukit/memory/malloc_async_resource.hpp>
 #include <gpukit/memory/memory_history.hpp>
 #include <gpukit/memory/memory_summary.hpp>
 #include <gpukit/memory/retry_on_oom.hpp>

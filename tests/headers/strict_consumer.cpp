@@ -39,5 +39,18 @@ template class basic_stream_pool<cuda_runtime>;
 template class basic_stream_pool<sim_runtime>;
 template class device_guard<cuda_runtime>;
 template class device_guard<sim_runtime>;
+template class basic_malloc_async_resource<cuda_runtime>;
+template class basic_malloc_async_resource<sim_runtime>;
+template class limiting_resource_adaptor<basic_caching_allocator<cuda_runtime>>;
+template class limiting_resource_adaptor<basic_malloc_async_resource<sim_runtime>>;
+template class statistics_resource_adaptor<basic_caching_allocator<sim_runtime>>;
+template class statistics_resource_adaptor<basic_malloc_async_resource<cuda_runtime>>;
+template class tracking_resource_adaptor<basic_caching_allocator<cuda_runtime>>;
+template class tracking_resource_adaptor<basic_pinned_pool<sim_runtime>>;
+template class logging_resource_adaptor<basic_caching_allocator<sim_runtime>>;
+template class logging_resource_adaptor<basic_malloc_async_resource<cuda_runtime>>;
+template class failure_callback_resource_adaptor<basic_caching_allocator<cuda_runtime>>;
+template class failure_callback_resource_adaptor<
+  statistics_resource_adaptor<basic_caching_allocator<sim_runtime>>>;
 
 }  // namespace gpukit
