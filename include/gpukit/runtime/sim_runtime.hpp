@@ -67,6 +67,7 @@
 #pragma once
 
 #include <gpukit/error.hpp>
+#include <gpukit/error_macros.hpp>
 #include <gpukit/runtime/detail/cuda_errors.hpp>
 #include <gpukit/runtime/detail/sim_runtime_types.hpp>
 #include <gpukit/runtime/runtime.hpp>
@@ -536,5 +537,5 @@ static_assert(is_runtime_v<sim_runtime>);
 // The bodies: compiled by every includer header-only, once in gpukit::compiled
 // (src/sim_runtime.cpp) in compiled mode.
 #ifndef GPUKIT_COMPILED_LIBRARY
-#include <gpukit/runtime/detail/sim_runtime.inl>
+#include <gpukit/runtime/detail/sim_runtime_impl.hpp>
 #endif

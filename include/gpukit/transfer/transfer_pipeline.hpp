@@ -61,11 +61,11 @@
 // Every member is thread-safe; transfers from several threads share the staging threads.
 #pragma once
 
-#include <gpukit/detail/compiled.hpp>
 #include <gpukit/error.hpp>
 #include <gpukit/host/pinned_pool.hpp>
 #include <gpukit/profile/detail/slow_path_range.hpp>
 #include <gpukit/runtime/cuda_runtime.hpp>
+#include <gpukit/runtime/detail/compiled_runtimes.hpp>
 #include <gpukit/runtime/runtime.hpp>
 
 #include <atomic>
@@ -338,7 +338,7 @@ using transfer_pipeline = basic_transfer_pipeline<cuda_runtime>;
 
 }  // namespace gpukit
 
-#include <gpukit/transfer/detail/transfer_pipeline.inl>
+#include <gpukit/transfer/detail/transfer_pipeline_impl.hpp>
 
 GPUKIT_DETAIL_EXTERN_TEMPLATE(class gpukit::basic_transfer_pipeline<gpukit::cuda_runtime>);
 GPUKIT_DETAIL_EXTERN_TEMPLATE(class gpukit::basic_transfer_pipeline<gpukit::sim_runtime>);

@@ -1,9 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// gpukit/runtime/detail/cuda_runtime.inl: bodies of gpukit::cuda_runtime. Not public API; include
-// <gpukit/runtime/cuda_runtime.hpp> instead.
+// gpukit/runtime/detail/cuda_runtime_impl.hpp: bodies of gpukit::cuda_runtime. Not public API;
+// include <gpukit/runtime/cuda_runtime.hpp> instead.
 #pragma once
 
-#include <gpukit/runtime/cuda_runtime.hpp>
 #include <gpukit/runtime/detail/driver_api.hpp>
 
 #include <cuda.h>

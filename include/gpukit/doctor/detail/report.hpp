@@ -1,10 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-// gpukit/doctor/detail/report.inl: the doctor's report (verdict, text, JSON), its version helpers,
+// gpukit/doctor/detail/report.hpp: the doctor's report (verdict, text, JSON), its version helpers,
 // and the small pieces every check uses. Not public API.
 #pragma once
 
 #include <gpukit/detail/json.hpp>
-#include <gpukit/doctor/doctor.hpp>
 
 #include <cuda_runtime_api.h>
 

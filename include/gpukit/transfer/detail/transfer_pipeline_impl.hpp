@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// gpukit/transfer/detail/transfer_pipeline.inl: the bodies of gpukit::basic_transfer_pipeline.
+// gpukit/transfer/detail/transfer_pipeline_impl.hpp: the bodies of gpukit::basic_transfer_pipeline.
 // Not public API.
 //
 // A transfer is a job of chunks. The calling thread publishes it (when it has more than one chunk)
@@ -17,8 +17,8 @@
 // completion.
 #pragma once
 
+#include <gpukit/error_macros.hpp>
 #include <gpukit/transfer/detail/nontemporal_copy.hpp>
-#include <gpukit/transfer/transfer_pipeline.hpp>
 
 #include <algorithm>
 #include <cassert>

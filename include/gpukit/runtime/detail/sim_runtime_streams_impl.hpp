@@ -1,11 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
-// gpukit/runtime/detail/sim_runtime_streams.inl: streams, events, copies and host functions of
-// gpukit::sim_runtime. Not public API; included by gpukit/runtime/detail/sim_runtime.inl (its
+// gpukit/runtime/detail/sim_runtime_streams_impl.hpp: streams, events, copies and host functions of
+// gpukit::sim_runtime. Not public API; included by gpukit/runtime/detail/sim_runtime_impl.hpp (its
 // header comment describes the locking).
 #pragma once
 
-#include <gpukit/detail/compiled.hpp>
-#include <gpukit/runtime/sim_runtime.hpp>
+#include <gpukit/detail/compiled_mode.hpp>
 
 #include <fcntl.h>
 #include <sys/mman.h>

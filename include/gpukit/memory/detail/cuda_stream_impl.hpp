@@ -2,6 +2,8 @@
 // Bodies of gpukit/memory/cuda_stream.hpp. Not public API.
 #pragma once
 
+#include <gpukit/error_macros.hpp>
+
 #include <algorithm>
 #include <cstdio>
 #include <exception>

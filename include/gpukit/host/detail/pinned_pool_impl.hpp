@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-// gpukit/host/detail/pinned_pool.inl: the bodies of gpukit::basic_pinned_pool. Not public API.
+// gpukit/host/detail/pinned_pool_impl.hpp: the bodies of gpukit::basic_pinned_pool. Not public API.
 #pragma once
 
+#include <gpukit/error_macros.hpp>
 #include <gpukit/host/detail/host_pages.hpp>
-#include <gpukit/host/pinned_pool.hpp>
 
 #include <algorithm>
 #include <cstdio>

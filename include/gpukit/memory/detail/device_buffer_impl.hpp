@@ -2,6 +2,8 @@
 // Bodies of gpukit/memory/device_buffer.hpp. Not public API.
 #pragma once
 
+#include <gpukit/error_macros.hpp>
+
 #include <cstdio>
 #include <exception>
 #include <string>

@@ -2,6 +2,8 @@
 // Bodies of gpukit/memory/current_resource.hpp. Not public API.
 #pragma once
 
+#include <gpukit/error_macros.hpp>
+
 namespace gpukit {
 
 namespace detail {

@@ -1,11 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
-// gpukit/doctor/detail/copy_checks.inl: the [pinned] and [copy] checks: pinned host memory, a
+// gpukit/doctor/detail/copy_checks.hpp: the [pinned] and [copy] checks: pinned host memory, a
 // round trip host -> device -> host, and the host-to-device bandwidth from pinned and pageable
 // memory. Not public API.
 #pragma once
 
-#include <gpukit/doctor/detail/report.inl>
-#include <gpukit/doctor/doctor.hpp>
+#include <gpukit/doctor/detail/report.hpp>
 #include <gpukit/runtime/runtime.hpp>
 
 #include <cuda_runtime_api.h>

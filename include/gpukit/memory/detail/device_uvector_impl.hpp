@@ -2,6 +2,8 @@
 // Bodies of gpukit/memory/device_uvector.hpp. Not public API.
 #pragma once
 
+#include <gpukit/error_macros.hpp>
+
 namespace gpukit {
 
 template <class T, class Allocator>

@@ -1,10 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-// gpukit/doctor/detail/driver_checks.inl: the [driver] and [devices] checks: is there a driver, is
+// gpukit/doctor/detail/driver_checks.hpp: the [driver] and [devices] checks: is there a driver, is
 // it new enough for the runtime, and does it see a device? Not public API.
 #pragma once
 
-#include <gpukit/doctor/detail/report.inl>
-#include <gpukit/doctor/doctor.hpp>
+#include <gpukit/doctor/detail/report.hpp>
 
 #include <cuda_runtime_api.h>
 

@@ -1,8 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// gpukit/memory/detail/memory_summary.inl: the bodies of memory_summary.hpp. Not public API.
+// gpukit/memory/detail/memory_summary_impl.hpp: the bodies of memory_summary.hpp. Not public API.
 #pragma once
-
-#include <gpukit/memory/memory_summary.hpp>
 
 #include <cstddef>
 #include <cstdint>

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-// gpukit/transfer/detail/prefetcher.inl: the bodies of gpukit::basic_prefetcher. Not public API.
+// gpukit/transfer/detail/prefetcher_impl.hpp: the bodies of gpukit::basic_prefetcher. Not public
+// API.
 #pragma once
 
-#include <gpukit/transfer/prefetcher.hpp>
+#include <gpukit/error_macros.hpp>
 
 #include <algorithm>
 #include <cassert>

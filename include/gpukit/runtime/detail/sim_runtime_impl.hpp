@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// gpukit/runtime/detail/sim_runtime.inl: the bodies of gpukit::sim_runtime. Not public API;
+// gpukit/runtime/detail/sim_runtime_impl.hpp: the bodies of gpukit::sim_runtime. Not public API;
 // included by gpukit/runtime/sim_runtime.hpp, or in compiled mode by src/sim_runtime.cpp alone
-// (GPUKIT_DETAIL_COMPILED_INLINE, gpukit/detail/compiled.hpp).
+// (GPUKIT_DETAIL_COMPILED_INLINE, gpukit/detail/compiled_mode.hpp).
 //
 // Locking (kept simple on purpose):
 // - handles_mutex_ (shared): the live stream and event tables; lookups take it shared.
@@ -16,8 +16,8 @@
 // else.
 #pragma once
 
-#include <gpukit/detail/compiled.hpp>
-#include <gpukit/runtime/sim_runtime.hpp>
+#include <gpukit/detail/compiled_mode.hpp>
+#include <gpukit/error_macros.hpp>
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -574,8 +574,8 @@ GPUKIT_DETAIL_COMPILED_INLINE void sim_runtime::wait_all_devices()
 
 }  // namespace gpukit
 
-#include <gpukit/runtime/detail/sim_runtime_controls.inl>
-#include <gpukit/runtime/detail/sim_runtime_ipc.inl>
-#include <gpukit/runtime/detail/sim_runtime_memory.inl>
-#include <gpukit/runtime/detail/sim_runtime_streams.inl>
-#include <gpukit/runtime/detail/sim_runtime_vm.inl>
+#include <gpukit/runtime/detail/sim_runtime_controls_impl.hpp>
+#include <gpukit/runtime/detail/sim_runtime_ipc_impl.hpp>
+#include <gpukit/runtime/detail/sim_runtime_memory_impl.hpp>
+#include <gpukit/runtime/detail/sim_runtime_streams_impl.hpp>
+#include <gpukit/runtime/detail/sim_runtime_vm_impl.hpp>

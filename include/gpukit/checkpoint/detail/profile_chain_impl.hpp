@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
-// gpukit/checkpoint/detail/profile_chain.inl: the bodies of gpukit/checkpoint/profile_chain.hpp.
+// gpukit/checkpoint/detail/profile_chain_impl.hpp: the bodies of
+// gpukit/checkpoint/profile_chain.hpp.
 #pragma once
 
-#include <gpukit/checkpoint/profile_chain.hpp>
 #include <gpukit/error.hpp>
+#include <gpukit/error_macros.hpp>
 
 #include <algorithm>
 #include <cmath>

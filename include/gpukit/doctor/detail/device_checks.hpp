@@ -1,10 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-// gpukit/doctor/detail/device_checks.inl: the checks of each device: [device.<d>], [arch.<d>],
+// gpukit/doctor/detail/device_checks.hpp: the checks of each device: [device.<d>], [arch.<d>],
 // [memory.<d>], [features.<d>] and [ecc.<d>]. Not public API.
 #pragma once
 
-#include <gpukit/doctor/detail/report.inl>
-#include <gpukit/doctor/doctor.hpp>
+#include <gpukit/doctor/detail/report.hpp>
 #include <gpukit/runtime/runtime.hpp>
 
 #include <cuda_runtime_api.h>

@@ -1,14 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
-// gpukit/doctor/detail/run_doctor.inl: gpukit::run_doctor, which runs the checks of the other files
-// in doctor/detail/ in the order gpukit/doctor/doctor.hpp lists them. Not public API.
+// gpukit/doctor/detail/doctor_impl.hpp: gpukit::run_doctor, which runs the checks of the other
+// files in doctor/detail/ in the order gpukit/doctor/doctor.hpp lists them. Not public API.
 #pragma once
 
-#include <gpukit/doctor/detail/copy_checks.inl>
-#include <gpukit/doctor/detail/device_checks.inl>
-#include <gpukit/doctor/detail/driver_checks.inl>
-#include <gpukit/doctor/detail/report.inl>
-#include <gpukit/doctor/detail/system_checks.inl>
-#include <gpukit/doctor/doctor.hpp>
+#include <gpukit/doctor/detail/copy_checks.hpp>
+#include <gpukit/doctor/detail/device_checks.hpp>
+#include <gpukit/doctor/detail/driver_checks.hpp>
+#include <gpukit/doctor/detail/report.hpp>
+#include <gpukit/doctor/detail/system_checks.hpp>
 
 #include <cuda_runtime_api.h>
 

@@ -1,10 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-// gpukit/doctor/detail/system_checks.inl: the checks of the machine around the devices:
+// gpukit/doctor/detail/system_checks.hpp: the checks of the machine around the devices:
 // [pcie.<d>], [device_files], [nvtx] and [env.<NAME>]. Not public API.
 #pragma once
 
-#include <gpukit/doctor/detail/report.inl>
-#include <gpukit/doctor/doctor.hpp>
+#include <gpukit/doctor/detail/report.hpp>
 
 #include <unistd.h>
 
