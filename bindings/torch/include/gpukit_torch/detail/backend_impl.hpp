@@ -1,14 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
-// gpukit_torch/detail/backend.inl: the bodies of backend.hpp. Not public API.
+// gpukit_torch/detail/backend_impl.hpp: the bodies of backend.hpp. Not public API.
 #pragma once
 
-#include "../backend.hpp"
 #include "pidfd.hpp"
 
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <iterator>
@@ -33,7 +33,7 @@ struct backend<Runtime>::device_state {
 // last reset of accumulated statistics (from which the frees since are derived) are kept.
 //
 // Every thread allocates and frees without a lock, the way the caching allocator's shared counts
-// do (gpukit/memory/detail/shared_counts.hpp): the current values by fetch_add, so each allocation
+// do: the current values by fetch_add, so each allocation
 // learns the exact value it made and raises the peaks to it (compare-and-swap max); what
 // allocations added (from which the frees follow: added - current) in the records shard of the
 // block, under its lock. While one thread alone allocates and frees, the same counters are written
@@ -213,6 +213,15 @@ class backend<Runtime>::user_counts {
 };
 
 namespace detail {
+
+/// The address `p` as error messages print it: "0x7f3a2c000000" (a null pointer is "0x0").
+inline std::string address_text(void const* p)
+{
+  char buf[2 + 2 * sizeof(std::uintptr_t) + 1];
+  std::snprintf(buf, sizeof(buf), "0x%llx",
+                static_cast<unsigned long long>(reinterpret_cast<std::uintptr_t>(p)));
+  return buf;
+}
 
 inline std::string pool_name(pool_id id)
 {
@@ -418,7 +427,7 @@ void backend<Runtime>::deallocate(void* ptr)
     records_lock const lock{*this, shard, true};
     auto& records = records_[shard].records;
     auto it       = records.find(ptr);
-    GPUKIT_EXPECTS(it != records.end(), "free of " + gpukit::detail::hex(ptr) +
+    GPUKIT_EXPECTS(it != records.end(), "free of " + detail::address_text(ptr) +
                                           ", which gpukit did not allocate (or freed already)");
     r = std::move(it->second);
     records.erase(it);
@@ -454,7 +463,7 @@ int backend<Runtime>::device_of(void const* ptr) const
   auto const& records = records_[shard].records;
   auto it             = records.find(ptr);
   GPUKIT_EXPECTS(it != records.end(),
-                 gpukit::detail::hex(ptr) + " is not a block gpukit allocated");
+                 detail::address_text(ptr) + " is not a block gpukit allocated");
   return it->second.device;
 }
 
