@@ -4,7 +4,7 @@
 // objects is destroyed in both orders (the rest after them, newest first). Run it under
 // AddressSanitizer (the asan preset) to see a use after free; without it, the allocator's heap
 // corruption usually aborts.
-#include "raii/raii_order.hpp"
+#include "memory/raii_order.hpp"
 
 #include <gpukit/runtime/sim_runtime.hpp>
 

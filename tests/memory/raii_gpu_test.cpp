@@ -2,8 +2,8 @@
 // The RAII conformance suite on the real GPU, plus the public aliases over the CUDA runtime with
 // their defaults (the current resource of the current device). Needs a GPU: without one the binary
 // exits 77 (skipped).
-#include "raii/raii_conformance.hpp"
-#include "raii/raii_order.hpp"
+#include "memory/raii_conformance.hpp"
+#include "memory/raii_order.hpp"
 
 #include <gpukit/runtime/cuda_runtime.hpp>
 

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// tests/raii/raii_conformance.hpp: the RAII conformance suite. device_buffer, device_uvector,
+// tests/memory/raii_conformance.hpp: the RAII conformance suite. device_buffer, device_uvector,
 // device_scalar, the owning stream, the stream pool and the current resource run the same cases on
 // every runtime (the simulated GPU in CI, the real one on a GPU machine).
 //

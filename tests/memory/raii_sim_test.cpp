@@ -2,7 +2,7 @@
 // The RAII conformance suite on the simulated GPU (host-only: runs in CI without a GPU), plus what
 // only the simulator can show: no misuse reaches the runtime, and the failure the owning stream
 // prevents.
-#include "raii/raii_conformance.hpp"
+#include "memory/raii_conformance.hpp"
 
 #include <gpukit/runtime/sim_runtime.hpp>
 

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// tests/raii/raii_order.hpp: every gpukit RAII type that refers to another, built the way a program
-// uses them, then destroyed in a chosen order. raii_order_test runs every pair in both orders on
-// the simulated GPU (and checks what the simulator can tell), raii_gpu_test on the real one.
+// tests/memory/raii_order.hpp: every gpukit RAII type that refers to another, built the way a
+// program uses them, then destroyed in a chosen order. raii_order_test runs every pair in both
+// orders on the simulated GPU (and checks what the simulator can tell), raii_gpu_test on the real
+// one.
 #pragma once
 
 #include <gpukit/host/pinned_pool.hpp>
