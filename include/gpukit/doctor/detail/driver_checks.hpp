@@ -68,6 +68,33 @@ doctor_check check_driver(typename Runtime::error_type de, int driver, int runti
                       " supports CUDA " + d + "; runtime CUDA " + rv);
 }
 
+/// A CUDA error that stops the device count, with a cause and a fix that depend on nothing else.
+template <class Runtime>
+struct device_count_cause {
+  typename Runtime::error_type error;
+  char const* what;
+  char const* fix;
+};
+
+/// The device-count errors of device_count_cause's kind; each is a driver error
+/// (doctor_exit::driver_error).
+template <class Runtime>
+inline constexpr device_count_cause<Runtime> device_count_causes[] = {
+  {Runtime::stub_library, "the toolkit's libcuda.so stub was loaded instead of the driver",
+   "remove the CUDA toolkit's lib64/stubs directory from LD_LIBRARY_PATH (it exists for linking "
+   "only)"},
+  {Runtime::system_driver_mismatch,
+   "the kernel module and the user-space driver have different versions (the driver was upgraded "
+   "without a reboot)",
+   "reboot, or unload and reload the nvidia kernel modules"},
+  {Runtime::devices_unavailable, "every device is busy or in exclusive-process mode",
+   "see which processes hold the GPUs (nvidia-smi); set the compute mode back with nvidia-smi -c "
+   "DEFAULT"},
+  {Runtime::system_not_ready,
+   "the system is not ready (NVSwitch systems: the fabric manager is not running)",
+   "systemctl start nvidia-fabricmanager (its version must match the driver's)"},
+};
+
 /// [devices] when the device count fails with `e` (cudaErrorNoDevice also for a count of 0):
 /// each CUDA error that stops it has its own cause and fix.
 template <class Runtime>
@@ -79,6 +106,9 @@ doctor_check device_count_failure(typename Runtime::error_type e, int driver, in
     return make_check("devices", "GPU devices", check_status::fail, name + ": " + what,
                                    std::move(fix), code);
   };
+  for (auto const& cause : device_count_causes<Runtime>) {
+    if (e == cause.error) { return fail(cause.what, cause.fix, doctor_exit::driver_error); }
+  }
   switch (e) {
     case Runtime::insufficient_driver:
       if (driver == 0) {
@@ -99,31 +129,12 @@ doctor_check device_count_failure(typename Runtime::error_type e, int driver, in
                   "check nvidia-smi; in a container pass the GPUs (docker run --gpus all); on a VM "
                   "check the GPU passthrough",
                   doctor_exit::no_device);
-    case Runtime::stub_library:
-      return fail("the toolkit's libcuda.so stub was loaded instead of the driver",
-                  "remove the CUDA toolkit's lib64/stubs directory from LD_LIBRARY_PATH (it "
-                  "exists for linking only)",
-                  doctor_exit::driver_error);
-    case Runtime::system_driver_mismatch:
-      return fail(
-        "the kernel module and the user-space driver have different versions (the "
-        "driver was upgraded without a reboot)",
-        "reboot, or unload and reload the nvidia kernel modules", doctor_exit::driver_error);
     case Runtime::compat_not_supported_on_device:
       return fail("the forward-compatibility package does not support this GPU",
                   "remove the cuda-compat directory from LD_LIBRARY_PATH and upgrade the driver "
                   "to " +
                     needed_driver(runtime),
                   doctor_exit::driver_too_old);
-    case Runtime::devices_unavailable:
-      return fail("every device is busy or in exclusive-process mode",
-                  "see which processes hold the GPUs (nvidia-smi); set the compute mode back with "
-                  "nvidia-smi -c DEFAULT",
-                  doctor_exit::driver_error);
-    case Runtime::system_not_ready:
-      return fail("the system is not ready (NVSwitch systems: the fabric manager is not running)",
-                  "systemctl start nvidia-fabricmanager (its version must match the driver's)",
-                  doctor_exit::driver_error);
     default:
       return make_check("devices", "GPU devices", check_status::fail, name,
                         "run nvidia-smi and read dmesg for NVRM or Xid messages",

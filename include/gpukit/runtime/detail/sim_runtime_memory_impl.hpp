@@ -197,6 +197,47 @@ GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::malloc(void** p, std::siz
   return allocate(p, bytes, current_device(), false);
 }
 
+GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::find_freeable(char const* call, void* p,
+                                                                     detail::sim_allocation*& found)
+{
+  auto const base        = reinterpret_cast<std::uintptr_t>(p);
+  auto it                = allocations_.find(base);
+  std::string const head = std::string{call} + "(" + detail::sim_hex(p) + "): ";
+  if (it == allocations_.end()) {
+    return misuse(cudaErrorInvalidValue, head + describe_unknown(base));
+  }
+  if (it->second.pending_free) {
+    return misuse(cudaErrorInvalidValue,
+                  head + "double free: the pointer was already freed with free_async");
+  }
+  if (it->second.imported) {
+    return misuse(cudaErrorInvalidValue,
+                  head + "memory opened with ipc_open_mem_handle (use ipc_close_mem_handle)");
+  }
+  found = &it->second;
+  return cudaSuccess;
+}
+
+GPUKIT_DETAIL_COMPILED_INLINE void sim_runtime::remember_freed(std::uintptr_t base)
+{
+  recently_freed_.push_back(base);
+  if (recently_freed_.size() > 4096) { recently_freed_.pop_front(); }
+}
+
+GPUKIT_DETAIL_COMPILED_INLINE void sim_runtime::forget_allocation(std::uintptr_t base)
+{
+  allocations_.erase(base);
+  remember_freed(base);
+}
+
+GPUKIT_DETAIL_COMPILED_INLINE void sim_runtime::unmap_allocation(std::uintptr_t base,
+                                                                 detail::sim_allocation const& a)
+{
+  ::munmap(reinterpret_cast<void*>(base), a.mapped_bytes);
+  if (a.ipc_fd >= 0) { ::close(a.ipc_fd); }
+  devices_[static_cast<std::size_t>(a.device)]->uncharge(a.bytes);
+}
+
 GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::free(void* p)
 {
   synchronizations_.fetch_add(1, std::memory_order_relaxed);
@@ -206,31 +247,14 @@ GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::free(void* p)
   detail::sim_allocation a;
   {
     std::lock_guard<std::mutex> lock{mem_mutex_};
-    auto it = allocations_.find(base);
-    if (it == allocations_.end()) {
-      return misuse(cudaErrorInvalidValue,
-                    "free(" + detail::sim_hex(p) + "): " + describe_unknown(base));
-    }
-    if (it->second.pending_free) {
-      return misuse(cudaErrorInvalidValue, "free(" + detail::sim_hex(p) +
-                                             "): double free: the pointer was already freed "
-                                             "with free_async");
-    }
-    if (it->second.imported) {
-      return misuse(cudaErrorInvalidValue, "free(" + detail::sim_hex(p) +
-                                             "): memory opened with ipc_open_mem_handle (use "
-                                             "ipc_close_mem_handle)");
-    }
-    a = it->second;
-    allocations_.erase(it);
-    recently_freed_.push_back(base);
-    if (recently_freed_.size() > 4096) { recently_freed_.pop_front(); }
+    detail::sim_allocation* found = nullptr;
+    if (auto e = find_freeable("free", p, found); e != cudaSuccess) { return e; }
+    a = *found;
+    forget_allocation(base);
   }
   // cudaFree synchronizes: work already queued may still read or write this memory.
   wait_device(a.device);
-  ::munmap(p, a.mapped_bytes);
-  if (a.ipc_fd >= 0) { ::close(a.ipc_fd); }
-  devices_[static_cast<std::size_t>(a.device)]->uncharge(a.bytes);
+  unmap_allocation(base, a);
   return cudaSuccess;
 }
 
@@ -269,34 +293,17 @@ GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::free_async(void* p, strea
   detail::sim_allocation a;
   {
     std::lock_guard<std::mutex> lock{mem_mutex_};
-    auto it = allocations_.find(base);
-    if (it == allocations_.end()) {
-      return misuse(cudaErrorInvalidValue,
-                    "free_async(" + detail::sim_hex(p) + "): " + describe_unknown(base));
-    }
-    if (it->second.pending_free) {
-      return misuse(cudaErrorInvalidValue, "free_async(" + detail::sim_hex(p) +
-                                             "): double free: the pointer was already freed "
-                                             "with free_async");
-    }
-    if (it->second.imported) {
-      return misuse(cudaErrorInvalidValue, "free_async(" + detail::sim_hex(p) +
-                                             "): memory opened with ipc_open_mem_handle (use "
-                                             "ipc_close_mem_handle)");
-    }
-    it->second.pending_free = true;
-    a                       = it->second;
+    detail::sim_allocation* found = nullptr;
+    if (auto e = find_freeable("free_async", p, found); e != cudaSuccess) { return e; }
+    found->pending_free = true;
+    a                   = *found;
   }
   auto release = [this, base, a] {
     {
       std::lock_guard<std::mutex> lock{mem_mutex_};
-      allocations_.erase(base);
-      recently_freed_.push_back(base);
-      if (recently_freed_.size() > 4096) { recently_freed_.pop_front(); }
+      forget_allocation(base);
     }
-    ::munmap(reinterpret_cast<void*>(base), a.mapped_bytes);
-    if (a.ipc_fd >= 0) { ::close(a.ipc_fd); }
-    devices_[static_cast<std::size_t>(a.device)]->uncharge(a.bytes);
+    unmap_allocation(base, a);
   };
   if (auto e = enqueue(*stream, std::move(release), "free_async"); e != cudaSuccess) {
     std::lock_guard<std::mutex> lock{mem_mutex_};
@@ -362,8 +369,7 @@ GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::host_free(void* p)
     mapped = it->second;
     host_allocs_.erase(it);
     pinned_for_.erase(base);
-    recently_freed_.push_back(base);
-    if (recently_freed_.size() > 4096) { recently_freed_.pop_front(); }
+    remember_freed(base);
   }
   wait_all_devices();  // cudaFreeHost synchronizes: queued copies may still use the buffer
   ::munmap(p, mapped);

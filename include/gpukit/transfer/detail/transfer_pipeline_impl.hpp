@@ -430,6 +430,21 @@ void basic_transfer_pipeline<Runtime>::complete_submitted(job* jp) noexcept
 }
 
 template <class Runtime>
+bool basic_transfer_pipeline<Runtime>::copy_claimed(job& j, std::size_t off, std::size_t n,
+                                                    std::unique_lock<std::mutex>& lock)
+{
+  lock.unlock();
+  std::exception_ptr error;
+  try {
+    do_chunk(j, off, n);
+  } catch (...) {
+    error = std::current_exception();
+  }
+  lock.lock();
+  return finish_chunk(j, std::move(error));
+}
+
+template <class Runtime>
 void basic_transfer_pipeline<Runtime>::worker_loop()
 {
   // A staging thread works for the pipeline's device only: make it current once, for good.
@@ -445,15 +460,7 @@ void basic_transfer_pipeline<Runtime>::worker_loop()
     job& j          = *pick_job_locked();
     std::size_t off = 0, n = 0;
     if (!claim(j, off, n)) { continue; }
-    lock.unlock();
-    std::exception_ptr error;
-    try {
-      do_chunk(j, off, n);
-    } catch (...) {
-      error = std::current_exception();
-    }
-    lock.lock();
-    if (finish_chunk(j, std::move(error))) {
+    if (copy_claimed(j, off, n, lock)) {
       lock.unlock();
       complete_submitted(&j);
       lock.lock();
@@ -471,15 +478,7 @@ void basic_transfer_pipeline<Runtime>::run_job(job& j)
   }
   std::size_t off = 0, n = 0;
   while (claim(j, off, n)) {
-    lock.unlock();
-    std::exception_ptr error;
-    try {
-      do_chunk(j, off, n);
-    } catch (...) {
-      error = std::current_exception();
-    }
-    lock.lock();
-    (void)finish_chunk(j, std::move(error));  // j is the caller's: never a submitted job
+    (void)copy_claimed(j, off, n, lock);  // j is the caller's: never a submitted job
   }
   done_cv_.wait(lock, [&] { return j.inflight == 0 && (j.failed || j.next == j.bytes); });
   auto it = std::find(jobs_.begin(), jobs_.end(), &j);
