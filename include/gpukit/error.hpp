@@ -35,6 +35,8 @@
 // `bad_alloc` derives from `std::bad_alloc`; `out_of_memory` derives from `bad_alloc` and carries
 // an `oom_report`. `logic_error` derives from `std::logic_error` and is thrown by precondition
 // checks (zero sizes, unknown pointers, double frees, ...). Nothing here synchronizes.
+// The macros that check a call or a precondition and throw these errors (GPUKIT_CUDA_TRY,
+// GPUKIT_EXPECTS, GPUKIT_FAIL) are in gpukit/error_macros.hpp.
 #pragma once
 
 #include <cstddef>
@@ -264,5 +266,3 @@ class out_of_memory : public bad_alloc {
 };
 
 }  // namespace gpukit
-
-#include <gpukit/error_macros.hpp>  // GPUKIT_CUDA_TRY, GPUKIT_EXPECTS, GPUKIT_FAIL

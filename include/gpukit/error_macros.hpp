@@ -50,6 +50,7 @@
 /// GPUKIT_CUDA_TRY, GPUKIT_EXPECTS, GPUKIT_FAIL and GPUKIT_ASSERT_CUDA_SUCCESS: the checks that
 /// throw gpukit's errors (gpukit/error.hpp). The quick start is at the top of this header.
 
+#include <gpukit/detail/cuda_error_traits.hpp>  // error_traits<cudaError_t>
 #include <gpukit/detail/error_macros.hpp>
 #include <gpukit/error.hpp>
 

@@ -51,6 +51,7 @@
 #include <gpukit/memory/memory_summary.hpp>
 #include <gpukit/memory/retry_on_oom.hpp>
 #include <gpukit/memory/temp_storage.hpp>
+#include <gpukit/memory/testing.hpp>
 #include <gpukit/profile/memory_annotation.hpp>
 #include <gpukit/profile/nvtx.hpp>
 #include <gpukit/profile/range_timer.hpp>

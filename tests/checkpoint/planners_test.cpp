@@ -3,7 +3,9 @@
 // validation errors, the dynamic program against a brute force over its whole class, the general
 // optimum (plan_exhaustive) against both, Revolve against Griewank's bound and a search, and the
 // baselines on realistic chains.
+#include <gpukit/checkpoint/chain.hpp>
 #include <gpukit/checkpoint/planners.hpp>
+#include <gpukit/checkpoint/schedule.hpp>
 
 #include <doctest/doctest.h>
 

@@ -7,6 +7,7 @@
 #include "support/sizes.hpp"
 
 #include <gpukit/memory/caching_allocator.hpp>
+#include <gpukit/memory/caching_allocator_stats.hpp>
 #include <gpukit/memory/current_resource.hpp>
 #include <gpukit/memory/detail/allocator_invariants.hpp>
 #include <gpukit/memory/memory_summary.hpp>

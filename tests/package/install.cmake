@@ -22,7 +22,7 @@ foreach(file IN ITEMS
     ${INCLUDEDIR}/gpukit/runtime/runtime.hpp
     ${INCLUDEDIR}/gpukit/runtime/cuda_runtime.hpp
     ${INCLUDEDIR}/gpukit/runtime/sim_runtime.hpp
-    ${INCLUDEDIR}/gpukit/runtime/detail/sim_runtime.inl
+    ${INCLUDEDIR}/gpukit/runtime/detail/sim_runtime_impl.hpp
     ${CMAKEDIR}/gpukitConfig.cmake
     ${CMAKEDIR}/gpukitConfigVersion.cmake
     ${CMAKEDIR}/gpukitTargets.cmake

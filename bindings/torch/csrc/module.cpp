@@ -2,7 +2,7 @@
 // gpukit_torch/csrc/module.cpp: gpukit_torch._C, the Python side of the native backend.
 #include "cuda_allocator.h"
 
-#include <gpukit/memory/detail/allocator_invariants.hpp>
+#include <gpukit/memory/testing.hpp>
 #include <gpukit_torch/alloc_conf.hpp>
 
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
@@ -171,7 +171,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
   m.def(
     "check_invariants",
     [](int device) {
-      return gpukit::detail::check_invariants(current().layer().allocator(device));
+      return gpukit::memory::testing::check_invariants(current().layer().allocator(device));
     },
     pybind11::arg("device") = 0, "The allocator's invariants ('' when they hold)");
   gpukit_torch::bind_planner(m);  // plan, simulate_schedule, simulate_ops (gpukit_torch.checkpoint)

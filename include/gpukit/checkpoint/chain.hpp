@@ -34,6 +34,7 @@
 #pragma once
 
 #include <gpukit/error.hpp>
+#include <gpukit/error_macros.hpp>
 
 #include <cstddef>
 #include <cstdint>

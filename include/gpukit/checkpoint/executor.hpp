@@ -84,12 +84,13 @@
 
 #include <gpukit/checkpoint/chain.hpp>
 #include <gpukit/checkpoint/schedule.hpp>
-#include <gpukit/detail/compiled.hpp>
 #include <gpukit/detail/spare_events.hpp>
 #include <gpukit/error.hpp>
+#include <gpukit/error_macros.hpp>
 #include <gpukit/host/pinned_pool.hpp>
 #include <gpukit/memory/caching_allocator.hpp>
 #include <gpukit/profile/detail/slow_path_range.hpp>
+#include <gpukit/runtime/detail/compiled_runtimes.hpp>
 #include <gpukit/runtime/runtime.hpp>
 #include <gpukit/transfer/transfer_pipeline.hpp>
 

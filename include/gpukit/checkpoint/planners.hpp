@@ -54,7 +54,7 @@
 
 #include <gpukit/checkpoint/chain.hpp>
 #include <gpukit/checkpoint/schedule.hpp>
-#include <gpukit/detail/compiled.hpp>
+#include <gpukit/detail/compiled_mode.hpp>
 #include <gpukit/error.hpp>
 
 #include <cstddef>

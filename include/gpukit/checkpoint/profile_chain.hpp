@@ -110,4 +110,4 @@ template <class Runtime, class Stages>
 
 }  // namespace gpukit
 
-#include <gpukit/checkpoint/detail/profile_chain.inl>
+#include <gpukit/checkpoint/detail/profile_chain_impl.hpp>

@@ -26,6 +26,7 @@
 
 #include <gpukit/checkpoint/chain.hpp>
 #include <gpukit/error.hpp>
+#include <gpukit/error_macros.hpp>
 
 #include <algorithm>
 #include <cstddef>

@@ -8,7 +8,6 @@
 #pragma once
 
 #include <gpukit/error.hpp>
-#include <gpukit/runtime/detail/cuda_errors.hpp>
 
 #include <cassert>
 #include <cstring>

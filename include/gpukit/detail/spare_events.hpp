@@ -6,6 +6,7 @@
 #pragma once
 
 #include <gpukit/error.hpp>
+#include <gpukit/error_macros.hpp>
 
 #include <vector>
 

@@ -30,7 +30,7 @@
 //
 // Checks, in order (ids in brackets; <d> is a device ordinal). Each is one function in
 // gpukit/doctor/detail/ (driver_checks, device_checks, copy_checks, system_checks), and
-// detail/run_doctor.inl runs them:
+// detail/doctor_impl.hpp runs them:
 //   [driver]           driver present, and its CUDA version against the runtime's: no driver at
 //                      all (the version reads 0) is told apart from a driver that is too old
 //   [devices]          device count, and each CUDA error that stops it (stub libcuda, kernel module
@@ -170,5 +170,4 @@ template <class Runtime>
 
 }  // namespace gpukit
 
-#include <gpukit/doctor/detail/report.inl>
-#include <gpukit/doctor/detail/run_doctor.inl>
+#include <gpukit/doctor/detail/doctor_impl.hpp>

@@ -61,12 +61,13 @@
 #pragma once
 
 #include <gpukit/detail/cccl_compat.hpp>  // <cuda/memory_resource>, whichever CCCL
-#include <gpukit/detail/compiled.hpp>
 #include <gpukit/detail/lifetime.hpp>
 #include <gpukit/error.hpp>
+#include <gpukit/error_macros.hpp>
 #include <gpukit/profile/detail/slow_path_range.hpp>
 #include <gpukit/profile/memory_annotation.hpp>
 #include <gpukit/runtime/cuda_runtime.hpp>
+#include <gpukit/runtime/detail/compiled_runtimes.hpp>
 #include <gpukit/runtime/runtime.hpp>
 #include <gpukit/stats.hpp>
 
@@ -424,7 +425,7 @@ using pinned_pool = basic_pinned_pool<cuda_runtime>;
 
 }  // namespace gpukit
 
-#include <gpukit/host/detail/pinned_pool.inl>
+#include <gpukit/host/detail/pinned_pool_impl.hpp>
 
 GPUKIT_DETAIL_EXTERN_TEMPLATE(class gpukit::pinned_buffer<gpukit::cuda_runtime>);
 GPUKIT_DETAIL_EXTERN_TEMPLATE(class gpukit::basic_pinned_pool<gpukit::cuda_runtime>);

@@ -294,4 +294,4 @@ using stream_pool = basic_stream_pool<cuda_runtime>;
 
 }  // namespace gpukit
 
-#include <gpukit/memory/detail/cuda_stream.inl>
+#include <gpukit/memory/detail/cuda_stream_impl.hpp>

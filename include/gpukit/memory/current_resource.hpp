@@ -105,4 +105,4 @@ basic_caching_allocator<Runtime>& reset_current_device_resource(
 
 }  // namespace gpukit
 
-#include <gpukit/memory/detail/current_resource.inl>
+#include <gpukit/memory/detail/current_resource_impl.hpp>

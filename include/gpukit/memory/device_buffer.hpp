@@ -190,4 +190,4 @@ using device_buffer = basic_device_buffer<caching_allocator>;
 
 }  // namespace gpukit
 
-#include <gpukit/memory/detail/device_buffer.inl>
+#include <gpukit/memory/detail/device_buffer_impl.hpp>

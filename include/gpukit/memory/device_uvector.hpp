@@ -161,4 +161,4 @@ class device_uvector final {
 
 }  // namespace gpukit
 
-#include <gpukit/memory/detail/device_uvector.inl>
+#include <gpukit/memory/detail/device_uvector_impl.hpp>

@@ -48,6 +48,7 @@
 #pragma once
 
 #include <gpukit/error.hpp>
+#include <gpukit/error_macros.hpp>
 #include <gpukit/memory/caching_allocator.hpp>
 #include <gpukit/runtime/runtime.hpp>
 

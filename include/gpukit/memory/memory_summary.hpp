@@ -47,4 +47,4 @@ template <class Runtime>
 
 }  // namespace gpukit
 
-#include <gpukit/memory/detail/memory_summary.inl>
+#include <gpukit/memory/detail/memory_summary_impl.hpp>

@@ -30,6 +30,7 @@
 #pragma once
 
 #include <gpukit/error.hpp>
+#include <gpukit/error_macros.hpp>
 #include <gpukit/memory/caching_allocator.hpp>
 
 #include <optional>

@@ -23,6 +23,7 @@
 // allocator's error for zero bytes.
 #pragma once
 
+#include <gpukit/error_macros.hpp>
 #include <gpukit/memory/caching_allocator.hpp>
 
 #include <thrust/device_ptr.h>

@@ -50,6 +50,7 @@
 #include <gpukit/detail/json.hpp>
 #include <gpukit/detail/spare_events.hpp>
 #include <gpukit/error.hpp>
+#include <gpukit/error_macros.hpp>
 #include <gpukit/profile/nvtx.hpp>
 #include <gpukit/runtime/cuda_runtime.hpp>
 #include <gpukit/runtime/runtime.hpp>

@@ -43,6 +43,7 @@
 // Unless noted, a member acts on the calling thread's current device and does not block.
 #pragma once
 
+#include <gpukit/error_macros.hpp>
 #include <gpukit/runtime/detail/cuda_errors.hpp>
 #include <gpukit/runtime/detail/driver_api.hpp>
 #include <gpukit/runtime/runtime.hpp>
@@ -257,4 +258,4 @@ static_assert(is_runtime_v<cuda_runtime>, "cuda_runtime must satisfy the Runtime
 
 }  // namespace gpukit
 
-#include <gpukit/runtime/detail/cuda_runtime.inl>
+#include <gpukit/runtime/detail/cuda_runtime_impl.hpp>

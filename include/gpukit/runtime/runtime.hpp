@@ -80,6 +80,7 @@
 #pragma once
 
 #include <gpukit/error.hpp>
+#include <gpukit/error_macros.hpp>
 #include <gpukit/runtime/contract.hpp>
 #include <gpukit/runtime/runtime_types.hpp>
 

@@ -67,6 +67,7 @@
 #pragma once
 
 #include <gpukit/error.hpp>
+#include <gpukit/error_macros.hpp>
 #include <gpukit/runtime/detail/cuda_errors.hpp>
 #include <gpukit/runtime/detail/sim_runtime_types.hpp>
 #include <gpukit/runtime/runtime.hpp>
@@ -471,7 +472,14 @@ class sim_runtime final : public detail::cuda_error_vocabulary {
   void wait_device(int device);
   void wait_all_devices();
   cudaError_t allocate(void** p, std::size_t bytes, int device, bool async);
-  std::string describe_unknown(std::uintptr_t a) const;     // mem_mutex_ held
+  std::string describe_unknown(std::uintptr_t a) const;  // mem_mutex_ held
+  // The allocation `p` names, for `call` (free, free_async); refused (the error returned) when it
+  // is unknown, already being freed, or imported. mem_mutex_ held.
+  cudaError_t find_freeable(char const* call, void* p, detail::sim_allocation*& found);
+  void remember_freed(std::uintptr_t base);     // for "double free" messages; mem_mutex_ held
+  void forget_allocation(std::uintptr_t base);  // erases and remembers it; mem_mutex_ held
+  // Unmaps a forgotten allocation and gives its bytes back to its device; mem_mutex_ not held.
+  void unmap_allocation(std::uintptr_t base, detail::sim_allocation const& a);
   placement place(void const* p, std::size_t bytes) const;  // mem_mutex_ held
   cudaError_t check_side(char const* call, std::string const& args, char const* side, void const* p,
                          std::size_t bytes, bool want_device, int want_device_id);
@@ -536,5 +544,5 @@ static_assert(is_runtime_v<sim_runtime>);
 // The bodies: compiled by every includer header-only, once in gpukit::compiled
 // (src/sim_runtime.cpp) in compiled mode.
 #ifndef GPUKIT_COMPILED_LIBRARY
-#include <gpukit/runtime/detail/sim_runtime.inl>
+#include <gpukit/runtime/detail/sim_runtime_impl.hpp>
 #endif

@@ -34,10 +34,10 @@
 // stream waits on the batch's event.
 #pragma once
 
-#include <gpukit/detail/compiled.hpp>
 #include <gpukit/error.hpp>
 #include <gpukit/memory/caching_allocator.hpp>
 #include <gpukit/runtime/cuda_runtime.hpp>
+#include <gpukit/runtime/detail/compiled_runtimes.hpp>
 #include <gpukit/runtime/runtime.hpp>
 #include <gpukit/transfer/transfer_pipeline.hpp>
 
@@ -185,7 +185,7 @@ using prefetcher = basic_prefetcher<cuda_runtime>;
 
 }  // namespace gpukit
 
-#include <gpukit/transfer/detail/prefetcher.inl>
+#include <gpukit/transfer/detail/prefetcher_impl.hpp>
 
 GPUKIT_DETAIL_EXTERN_TEMPLATE(class gpukit::basic_prefetcher<gpukit::cuda_runtime>);
 GPUKIT_DETAIL_EXTERN_TEMPLATE(class gpukit::basic_prefetcher<gpukit::sim_runtime>);

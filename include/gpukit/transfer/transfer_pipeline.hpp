@@ -61,11 +61,11 @@
 // Every member is thread-safe; transfers from several threads share the staging threads.
 #pragma once
 
-#include <gpukit/detail/compiled.hpp>
 #include <gpukit/error.hpp>
 #include <gpukit/host/pinned_pool.hpp>
 #include <gpukit/profile/detail/slow_path_range.hpp>
 #include <gpukit/runtime/cuda_runtime.hpp>
+#include <gpukit/runtime/detail/compiled_runtimes.hpp>
 #include <gpukit/runtime/runtime.hpp>
 
 #include <atomic>
@@ -284,6 +284,10 @@ class basic_transfer_pipeline final {
   bool claim(job& j, std::size_t& offset, std::size_t& bytes);
   /// True when it completed a submitted job: the caller then calls complete_submitted, unlocked.
   bool finish_chunk(job& j, std::exception_ptr error);
+  /// Copies the claimed chunk [offset, offset + bytes) of `j` with jobs_mutex_ released (`lock`
+  /// holds it on entry and on return), then finish_chunk: true when the job is complete.
+  bool copy_claimed(job& j, std::size_t offset, std::size_t bytes,
+                    std::unique_lock<std::mutex>& lock);
   void complete_submitted(job* j) noexcept;
   /// Makes `stream` wait for the copy stream of `dir` (also after `error`: what was enqueued
   /// precedes the stream's later work) and counts the transfer if nothing failed. Returns
@@ -338,7 +342,7 @@ using transfer_pipeline = basic_transfer_pipeline<cuda_runtime>;
 
 }  // namespace gpukit
 
-#include <gpukit/transfer/detail/transfer_pipeline.inl>
+#include <gpukit/transfer/detail/transfer_pipeline_impl.hpp>
 
 GPUKIT_DETAIL_EXTERN_TEMPLATE(class gpukit::basic_transfer_pipeline<gpukit::cuda_runtime>);
 GPUKIT_DETAIL_EXTERN_TEMPLATE(class gpukit::basic_transfer_pipeline<gpukit::sim_runtime>);

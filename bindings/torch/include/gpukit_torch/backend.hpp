@@ -428,4 +428,4 @@ class backend final {
 
 }  // namespace gpukit_torch
 
-#include "detail/backend.inl"
+#include "detail/backend_impl.hpp"

@@ -24,6 +24,7 @@
 #include <gpukit/checkpoint/chain.hpp>
 #include <gpukit/checkpoint/schedule.hpp>
 #include <gpukit/error.hpp>
+#include <gpukit/error_macros.hpp>
 
 #include <algorithm>
 #include <cstddef>

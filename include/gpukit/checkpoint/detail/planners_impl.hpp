@@ -2,7 +2,7 @@
 // gpukit/checkpoint/detail/planners_impl.hpp: the bodies of gpukit/checkpoint/planners.hpp, and
 // the planners' algorithms. Not public API; included by gpukit/checkpoint/planners.hpp, or in
 // compiled mode by src/planners.cpp alone (GPUKIT_DETAIL_COMPILED_INLINE,
-// gpukit/detail/compiled.hpp).
+// gpukit/detail/compiled_mode.hpp).
 #pragma once
 
 #include <gpukit/checkpoint/chain.hpp>
@@ -12,8 +12,9 @@
 #include <gpukit/checkpoint/detail/revolve.hpp>
 #include <gpukit/checkpoint/detail/search.hpp>
 #include <gpukit/checkpoint/schedule.hpp>
-#include <gpukit/detail/compiled.hpp>
+#include <gpukit/detail/compiled_mode.hpp>
 #include <gpukit/error.hpp>
+#include <gpukit/error_macros.hpp>
 
 #include <algorithm>
 #include <cmath>

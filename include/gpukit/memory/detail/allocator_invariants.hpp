@@ -1,9 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// gpukit/memory/detail/allocator_invariants.hpp: the invariant checker of basic_caching_allocator,
-// for tests (include it explicitly). Not public API.
-//
-//   #include <gpukit/memory/detail/allocator_invariants.hpp>
-//   CHECK(gpukit::detail::check_invariants(alloc) == "");
+// gpukit/memory/detail/allocator_invariants.hpp: the invariant checker of basic_caching_allocator.
+// Not public API: code outside include/ and tests/ calls it as
+// gpukit::memory::testing::check_invariants (gpukit/memory/testing.hpp).
 //
 // It checks that the blocks tile each segment, that neighbours which could merge did, that
 // growable segments' blocks lie on mapped pages (and unmapped ones are page-aligned and listed

@@ -4,7 +4,7 @@
 // `Runtime::error_type`, `Runtime::out_of_memory`, `Runtime::error_name` and the others.
 #pragma once
 
-#include <gpukit/error.hpp>
+#include <gpukit/detail/cuda_error_traits.hpp>
 
 #include <cuda_runtime_api.h>
 
@@ -53,31 +53,13 @@ struct cuda_error_vocabulary {
   /// driver). Never throws.
   [[nodiscard]] static char const* error_name(error_type e) noexcept
   {
-    return ::cudaGetErrorName(e);
+    return error_traits<error_type>::name(e);
   }
   /// CUDA's description of `e` (cudaGetErrorString). Never throws.
   [[nodiscard]] static char const* error_string(error_type e) noexcept
   {
-    return ::cudaGetErrorString(e);
+    return error_traits<error_type>::description(e);
   }
 };
 
 }  // namespace gpukit::detail
-
-namespace gpukit {
-
-/// Names the errors of the CUDA family for GPUKIT_CUDA_TRY and gpukit::cuda_error.
-template <>
-struct error_traits<cudaError_t> {
-  static constexpr cudaError_t success = cudaSuccess;
-  [[nodiscard]] static char const* name(cudaError_t e) noexcept
-  {
-    return detail::cuda_error_vocabulary::error_name(e);
-  }
-  [[nodiscard]] static char const* description(cudaError_t e) noexcept
-  {
-    return detail::cuda_error_vocabulary::error_string(e);
-  }
-};
-
-}  // namespace gpukit
