@@ -43,7 +43,7 @@ struct allocator_invariants {
 
   static std::string check(allocator const& a)
   {
-    std::lock_guard<std::mutex> lock{a.mutex_};
+    detail::pool_lock lock{a.mutex_};
     std::string err;
     totals t;
     a.pool_.blocks.for_each([&](std::uintptr_t key, block* b) {

@@ -157,7 +157,7 @@ basic_caching_allocator<Runtime>::~basic_caching_allocator()
 template <class Runtime>
 void basic_caching_allocator<Runtime>::teardown() noexcept
 {
-  std::lock_guard<std::mutex> lock{mutex_};
+  detail::pool_lock lock{mutex_};
   std::uint64_t failed = 0;
   auto call            = [&](auto&& f) {
     if (f() != Runtime::success && f() != Runtime::success) { ++failed; }
@@ -195,6 +195,7 @@ void basic_caching_allocator<Runtime>::teardown() noexcept
     }
   }
   pool_.blocks.for_each([&](std::uintptr_t, block* b) {
+    mutex_.assert_held();                // a lambda run under the lock
     if (b->prev != nullptr) { return; }  // not the first block of its segment
     auto* seg = static_cast<segment*>(b->segment);
     // A heap is unregistered while its memory is still there: tools reject it afterwards.
@@ -238,7 +239,7 @@ void* basic_caching_allocator<Runtime>::allocate_async(std::size_t bytes, stream
   thread_cache& tc = local_cache();
   if (tc.flush_requested.load(std::memory_order_relaxed)) { flush_cache(tc); }
   if (size <= options_.thread_cache_max_block_bytes &&
-      capture_.underway.load(std::memory_order_relaxed) == 0) {
+      captures_underway_.load(std::memory_order_relaxed) == 0) {
     if (block* b = tc.pop(stream, size)) {
       b->state.store(detail::block_state::allocated, std::memory_order_relaxed);
       b->requested = bytes;
@@ -254,10 +255,10 @@ template <class Runtime>
 void* basic_caching_allocator<Runtime>::allocate_slow(std::size_t bytes, std::size_t size,
                                                       stream_type stream, thread_cache& tc)
 {
-  std::unique_lock<std::mutex> lock{mutex_};
+  detail::pool_lock lock{mutex_};
   check_stream_locked(stream, "allocate_async");
   int const kind     = kind_for(size);
-  bool const capture = capture_.underway.load(std::memory_order_relaxed) != 0;
+  bool const capture = captures_underway_.load(std::memory_order_relaxed) != 0;
   if (capture) {
     if (capture_pool* cp = capture_for_locked(stream)) {
       return allocate_captured_locked(bytes, size, kind, *cp, stream, tc);
@@ -296,7 +297,7 @@ void* basic_caching_allocator<Runtime>::allocate_slow(std::size_t bytes, std::si
                          : new_segment_locked(size, kind, stream, oom);
     if (b == nullptr) {
       ++stats_.num_alloc_retries;
-      b = recover_locked(lock, size, kind, stream, tc, freed_on, capture);
+      b = recover_locked(size, kind, stream, tc, freed_on, capture);
       if (b == nullptr) { throw_oom_locked(bytes, size); }
     }
   }
@@ -319,7 +320,7 @@ __attribute__((always_inline)) inline void* basic_caching_allocator<Runtime>::ha
   }
   tc.count_alloc(b->kind, static_cast<std::int64_t>(b->size), static_cast<std::int64_t>(bytes),
                  pending_);
-  if (recording_.on.load(std::memory_order_relaxed)) {
+  if (recording_on_.load(std::memory_order_relaxed)) {
     record(tc, memory_event::action::alloc, b, stream);
   }
   annotate_alloc(b, bytes);
@@ -372,11 +373,11 @@ void basic_caching_allocator<Runtime>::deallocate_impl(void* ptr, std::size_t by
   // A block another thread allocated goes back to the pool, not to this thread's cache: a thread
   // that frees what others allocate (PyTorch's autograd threads) would otherwise strand it.
   if (!foreign && b->size <= options_.thread_cache_max_block_bytes && b->capture_pool == 0 &&
-      capture_.underway.load(std::memory_order_relaxed) == 0 &&
+      captures_underway_.load(std::memory_order_relaxed) == 0 &&
       tc.push(stream, b, options_.thread_cache_blocks_per_class, options_.thread_cache_bytes)) {
     return;
   }
-  std::lock_guard<std::mutex> lock{mutex_};
+  detail::pool_lock lock{mutex_};
   if (!streams_.forgotten.empty()) {  // a user's free on it: a live stream (a reused handle)
     streams_.forgotten.erase(
       std::remove(streams_.forgotten.begin(), streams_.forgotten.end(), stream),
@@ -419,7 +420,7 @@ template <class Runtime>
 typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtime>::claim_foreign(
   void* ptr, std::size_t bytes, bool check_size, void*& owner)
 {
-  std::lock_guard<std::mutex> lock{mutex_};
+  detail::pool_lock lock{mutex_};
   block* b = pool_.blocks.find(reinterpret_cast<std::uintptr_t>(ptr));
   if (b == nullptr) {
     GPUKIT_EXPECTS(false, "deallocate: pointer " + detail::hex(ptr) +
@@ -461,7 +462,7 @@ __attribute__((always_inline)) inline void basic_caching_allocator<Runtime>::cou
   }
   tc.count_free(b->kind, static_cast<std::int64_t>(b->size),
                 static_cast<std::int64_t>(b->requested));
-  if (recording_.on.load(std::memory_order_relaxed)) {
+  if (recording_on_.load(std::memory_order_relaxed)) {
     record(tc, memory_event::action::free, b, stream);
   }
 }
@@ -475,14 +476,14 @@ template <class Runtime>
 void basic_caching_allocator<Runtime>::defer_free(thread_cache& tc, block* b, void* ptr,
                                                   stream_type stream, void* owner)
 {
-  std::lock_guard<std::mutex> lock{mutex_};
+  detail::pool_lock lock{mutex_};
   pending_free pf;
   pf.b      = b;
   pf.stream = stream;
   std::optional<device_guard<Runtime>> guard;  // its query and switch can fail too: inside the try
   try {
     bool in_capture =
-      capture_.underway.load(std::memory_order_relaxed) != 0 || capturing_locked(stream);
+      captures_underway_.load(std::memory_order_relaxed) != 0 || capturing_locked(stream);
     for (std::size_t i = 0; i < b->recorded.size() && !in_capture; ++i) {
       in_capture = !(b->recorded[i] == stream) && capturing_locked(b->recorded[i]);
     }

@@ -26,10 +26,11 @@ struct basic_caching_allocator<Runtime>::debug_state {
     stream_type stream;
     std::size_t size;
   };
-  std::mutex mutex;  // taken before the pool lock, never after it
-  std::deque<entry> quarantine;
-  std::unordered_set<void*> held;
-  std::size_t held_bytes{0};
+  // Taken before the pool lock, never after it.
+  detail::annotated_mutex mutex GPUKIT_ACQUIRED_BEFORE(basic_caching_allocator::mutex_);
+  std::deque<entry> quarantine GPUKIT_GUARDED_BY(mutex);
+  std::unordered_set<void*> held GPUKIT_GUARDED_BY(mutex);
+  std::size_t held_bytes GPUKIT_GUARDED_BY(mutex){0};
   // Guard pages (fixed at construction); the members below are guarded by the pool lock.
   bool guard{false};
   std::unordered_set<void*> guarded;    // blocks placed with guard pages, allocated now
@@ -104,7 +105,7 @@ bool basic_caching_allocator<Runtime>::debug_free(void* ptr, std::size_t bytes, 
   if (debug_releasing() == ptr) { return false; }
   std::vector<typename debug_state::entry> evicted;
   {
-    std::lock_guard<std::mutex> debug_lock{debug_->mutex};
+    detail::pool_lock debug_lock{debug_->mutex};
     GPUKIT_EXPECTS(debug_->held.count(ptr) == 0,
                    "deallocate: double free of " + detail::hex(ptr) +
                      " (freed before and still in the debug quarantine, device " +
@@ -112,7 +113,7 @@ bool basic_caching_allocator<Runtime>::debug_free(void* ptr, std::size_t bytes, 
     std::size_t size = 0;
     bool guarded     = false;
     {
-      std::lock_guard<std::mutex> lock{mutex_};
+      detail::pool_lock lock{mutex_};
       GPUKIT_EXPECTS(debug_->guard_freed.count(ptr) == 0,
                      "deallocate: double free of " + detail::hex(ptr) +
                        " (a block with guard pages, freed before: its pages are unmapped, device " +
@@ -132,17 +133,18 @@ bool basic_caching_allocator<Runtime>::debug_free(void* ptr, std::size_t bytes, 
       size    = b->size;
       guarded = debug_->guarded.count(ptr) != 0;
     }
-    if (guarded && capture_.underway.load(std::memory_order_relaxed) == 0) {
+    if (guarded && captures_underway_.load(std::memory_order_relaxed) == 0) {
       guard_free(ptr, bytes, check_size, stream);
       return true;
     }
     if (guarded) {  // freed while a graph is being captured (no waiting): an ordinary free
-      std::lock_guard<std::mutex> lock{mutex_};
+      detail::pool_lock lock{mutex_};
       debug_->guarded.erase(ptr);
     }
     if (options_.nvtx_annotate) { unregister_memory_region(ptr); }
     // Not while a graph is being captured: the memset would become a node of the user's graph.
-    if (options_.debug.poison_byte >= 0 && capture_.underway.load(std::memory_order_relaxed) == 0) {
+    if (options_.debug.poison_byte >= 0 &&
+        captures_underway_.load(std::memory_order_relaxed) == 0) {
       device_guard<Runtime> guard{runtime_, device_};
       GPUKIT_CUDA_TRY(runtime_.memset_async(ptr, options_.debug.poison_byte & 0xff, size, stream));
     }
@@ -175,7 +177,7 @@ void basic_caching_allocator<Runtime>::debug_flush(stream_type stream, bool all)
   if (debug_ == nullptr) { return; }
   std::vector<typename debug_state::entry> evicted;
   {
-    std::lock_guard<std::mutex> debug_lock{debug_->mutex};
+    detail::pool_lock debug_lock{debug_->mutex};
     auto& q = debug_->quarantine;
     for (auto it = q.begin(); it != q.end();) {
       if (!all && it->stream != stream) {
@@ -202,7 +204,7 @@ void basic_caching_allocator<Runtime>::debug_release(Entries const& evicted)
       deallocate_impl(e.ptr, e.bytes, e.check_size, e.stream);
     } catch (...) {  // this entry and the ones after it go back to the front of the quarantine
       debug_releasing() = nullptr;
-      std::lock_guard<std::mutex> debug_lock{debug_->mutex};
+      detail::pool_lock debug_lock{debug_->mutex};
       for (auto back = evicted.end(); back != it;) {
         --back;
         debug_->quarantine.push_front(*back);
@@ -332,7 +334,7 @@ void basic_caching_allocator<Runtime>::guard_free(void* ptr, std::size_t bytes, 
   block* b         = claim_foreign(ptr, bytes, check_size, owner);
   std::vector<stream_type> streams{stream};
   {
-    std::lock_guard<std::mutex> lock{mutex_};
+    detail::pool_lock lock{mutex_};
     streams.insert(streams.end(), b->recorded.begin(), b->recorded.end());
   }
   try {
@@ -347,7 +349,7 @@ void basic_caching_allocator<Runtime>::guard_free(void* ptr, std::size_t bytes, 
     throw;
   }
   count_free(tc, b, ptr, stream);
-  std::lock_guard<std::mutex> lock{mutex_};
+  detail::pool_lock lock{mutex_};
   b->recorded.clear();
   debug_->guarded.erase(ptr);
   debug_->guard_freed.insert(ptr);
@@ -378,7 +380,7 @@ template <class Runtime>
 std::size_t basic_caching_allocator<Runtime>::debug_quarantined_blocks() const
 {
   if (debug_ == nullptr) { return 0; }
-  std::lock_guard<std::mutex> debug_lock{debug_->mutex};
+  detail::pool_lock debug_lock{debug_->mutex};
   return debug_->held.size();
 }
 

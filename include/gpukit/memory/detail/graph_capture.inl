@@ -28,62 +28,62 @@ template <class Runtime>
 typename basic_caching_allocator<Runtime>::capture_id
 basic_caching_allocator<Runtime>::begin_capture(stream_type stream)
 {
-  std::lock_guard<std::mutex> lock{mutex_};
+  detail::pool_lock lock{mutex_};
   GPUKIT_EXPECTS(active_capture_locked(stream) == nullptr,
                  "begin_capture: the stream already has a capture under way on this allocator");
   capture_.pools.push_back(std::make_unique<capture_pool>());
   capture_.pools.back()->id     = capture_.next_id++;
   capture_.pools.back()->stream = stream;
-  capture_.underway.fetch_add(1, std::memory_order_relaxed);
+  captures_underway_.fetch_add(1, std::memory_order_relaxed);
   return capture_.pools.back()->id;
 }
 
 template <class Runtime>
 void basic_caching_allocator<Runtime>::resume_capture(stream_type stream, capture_id id)
 {
-  std::lock_guard<std::mutex> lock{mutex_};
+  detail::pool_lock lock{mutex_};
   GPUKIT_EXPECTS(active_capture_locked(stream) == nullptr,
                  "resume_capture: the stream already has a capture under way on this allocator");
   capture_pool& cp = capture_pool_locked(id);
   GPUKIT_EXPECTS(!cp.active, "resume_capture: capture pool " + std::to_string(id) + " is in use");
   cp.active = true;
   cp.stream = stream;
-  capture_.underway.fetch_add(1, std::memory_order_relaxed);
+  captures_underway_.fetch_add(1, std::memory_order_relaxed);
 }
 
 template <class Runtime>
 void basic_caching_allocator<Runtime>::end_capture(stream_type stream)
 {
-  std::lock_guard<std::mutex> lock{mutex_};
+  detail::pool_lock lock{mutex_};
   capture_pool* cp = active_capture_locked(stream);
   GPUKIT_EXPECTS(cp != nullptr, "end_capture: no capture is under way on this stream");
   cp->active = false;
-  capture_.underway.fetch_sub(1, std::memory_order_relaxed);
+  captures_underway_.fetch_sub(1, std::memory_order_relaxed);
 }
 
 template <class Runtime>
 void basic_caching_allocator<Runtime>::begin_capture_window()
 {
-  std::lock_guard<std::mutex> lock{mutex_};
+  detail::pool_lock lock{mutex_};
   ++capture_.windows;
-  capture_.underway.fetch_add(1, std::memory_order_relaxed);
+  captures_underway_.fetch_add(1, std::memory_order_relaxed);
 }
 
 template <class Runtime>
 void basic_caching_allocator<Runtime>::end_capture_window()
 {
-  std::lock_guard<std::mutex> lock{mutex_};
+  detail::pool_lock lock{mutex_};
   GPUKIT_EXPECTS(capture_.windows > 0,
                  "end_capture_window: no capture window is open on this allocator (device " +
                    std::to_string(device_) + ")");
   --capture_.windows;
-  capture_.underway.fetch_sub(1, std::memory_order_relaxed);
+  captures_underway_.fetch_sub(1, std::memory_order_relaxed);
 }
 
 template <class Runtime>
 void basic_caching_allocator<Runtime>::release_capture_pool(capture_id id)
 {
-  std::lock_guard<std::mutex> lock{mutex_};
+  detail::pool_lock lock{mutex_};
   auto it = std::find_if(capture_.pools.begin(), capture_.pools.end(),
                          [&](auto const& cp) { return cp->id == id; });
   GPUKIT_EXPECTS(it != capture_.pools.end(),
@@ -131,10 +131,11 @@ typename basic_caching_allocator<Runtime>::capture_pool*
 basic_caching_allocator<Runtime>::capture_for_locked(stream_type stream, bool guess_on_error)
 {
   if (capture_pool* cp = active_capture_locked(stream)) { return cp; }
-  if (capture_.underway.load(std::memory_order_relaxed) == 0 || stream == stream_type{}) {
+  if (captures_underway_.load(std::memory_order_relaxed) == 0 || stream == stream_type{}) {
     return nullptr;
   }
   auto fail = [&](typename Runtime::error_type e) -> capture_pool* {
+    mutex_.assert_held();  // a lambda run under the lock
     if (!guess_on_error) { GPUKIT_CUDA_TRY(e, "stream_capture_id"); }
     for (auto& cp : capture_.pools) {
       if (cp->active) { return cp.get(); }

@@ -42,6 +42,7 @@ void basic_caching_allocator<Runtime>::insert_unmapped_locked(block* b)
 {
   auto& list  = pages_.unmapped[b->kind];
   auto unlist = [&](block* x) {
+    mutex_.assert_held();  // a lambda run under the lock
     auto it = std::find(list.begin(), list.end(), x);
     if (it != list.end()) {
       *it = list.back();
@@ -148,7 +149,7 @@ template <class Runtime>
 std::size_t basic_caching_allocator<Runtime>::harvest_pages_locked(int kind, std::size_t wanted,
                                                                    block const* keep)
 {
-  if (wanted == 0 || capture_.underway.load(std::memory_order_relaxed) != 0) { return 0; }
+  if (wanted == 0 || captures_underway_.load(std::memory_order_relaxed) != 0) { return 0; }
   std::vector<block*> donors;
   auto consider = [&](block* b) {
     auto const* seg = static_cast<segment const*>(b->segment);
@@ -448,7 +449,7 @@ std::size_t basic_caching_allocator<Runtime>::release_growable_locked(
   std::size_t const before = pool_.reserved;
   device_guard<Runtime> guard{runtime_, device_};
   release_spare_pages_locked(target);
-  if (capture_.underway.load(std::memory_order_relaxed) != 0) {
+  if (captures_underway_.load(std::memory_order_relaxed) != 0) {
     return before - pool_.reserved;  // no synchronization while a graph is being captured
   }
   unmap_stranded_pages_locked();
@@ -596,7 +597,7 @@ template <class Runtime>
 typename basic_caching_allocator<Runtime>::shared_pages
 basic_caching_allocator<Runtime>::share_pages(void const* ptr)
 {
-  std::lock_guard<std::mutex> lock{mutex_};
+  detail::pool_lock lock{mutex_};
   block const* b = pool_.blocks.find(reinterpret_cast<std::uintptr_t>(ptr));
   GPUKIT_EXPECTS(
     b != nullptr && b->state.load(std::memory_order_relaxed) == detail::block_state::allocated,
@@ -638,7 +639,7 @@ void basic_caching_allocator<Runtime>::grant_access(int peer_device)
   GPUKIT_EXPECTS(
     peer_device >= 0 && peer_device < 64,
     "caching_allocator::grant_access: device " + std::to_string(peer_device) + " is out of range");
-  std::lock_guard<std::mutex> lock{mutex_};
+  detail::pool_lock lock{mutex_};
   auto& peers = pages_.peers;
   if (peer_device == device_ || std::find(peers.begin(), peers.end(), peer_device) != peers.end()) {
     return;
@@ -666,7 +667,7 @@ void basic_caching_allocator<Runtime>::grant_access(int peer_device)
 template <class Runtime>
 std::vector<int> basic_caching_allocator<Runtime>::peers() const
 {
-  std::lock_guard<std::mutex> lock{mutex_};
+  detail::pool_lock lock{mutex_};
   return pages_.peers;
 }
 

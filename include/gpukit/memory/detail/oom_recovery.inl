@@ -29,7 +29,6 @@ namespace detail {
 /// yet taken effect.
 template <class Runtime>
 struct basic_caching_allocator<Runtime>::recovery_request {
-  std::unique_lock<std::mutex>& lock;
   std::size_t size;
   int kind;
   stream_type stream;
@@ -44,14 +43,14 @@ struct basic_caching_allocator<Runtime>::recovery_request {
 // report).
 template <class Runtime>
 typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtime>::recover_locked(
-  std::unique_lock<std::mutex>& lock, std::size_t size, int kind, stream_type stream,
-  thread_cache& tc, std::vector<stream_type>& freed_on, bool capture)
+  std::size_t size, int kind, stream_type stream, thread_cache& tc,
+  std::vector<stream_type>& freed_on, bool capture)
 {
   recovery_.ladder.assign(recovery_step_count, oom_report::step{});
   for (std::size_t i = 0; i < recovery_.ladder.size(); ++i) {
     recovery_.ladder[i].name = recovery_step_names[i];
   }
-  recovery_request r{lock, size, kind, stream, tc, freed_on, capture};
+  recovery_request r{size, kind, stream, tc, freed_on, capture};
   settle_frees_locked(r);  // segments returned just before the failed try (release_before_grow)
   if (block* b = retry_locked(r)) { return b; }
   if (block* b = recover_events_locked(r)) { return b; }
@@ -148,9 +147,11 @@ basic_caching_allocator<Runtime>::recover_callbacks_locked(recovery_request& r)
     std::size_t const reserved_before = pool_.reserved;
     oom_context const ctx{r.size, device_, pool_.reserved,
                           static_cast<std::size_t>(limit_.load(std::memory_order_relaxed))};
-    r.lock.unlock();
-    bool const again = cb(ctx);
-    r.lock.lock();
+    bool again = false;
+    {
+      detail::pool_lock::unlocked_scope unlocked{mutex_};  // the one step run without the lock
+      again = cb(ctx);
+    }
     flush_cache_locked(r.tc);
     std::size_t const free_after = free_bytes_locked();
     count_step_locked(step_callbacks,
@@ -222,7 +223,8 @@ basic_caching_allocator<Runtime>::recover_wait_locked(recovery_request& r)
   GPUKIT_DETAIL_SLOW_PATH_RANGE(categories::allocator, detail::oom_step_range_name(step_wait));
   std::size_t const free_before = free_bytes_locked();
   ++recovery_.waiters;
-  recovery_.frees_cv.wait_for(r.lock, std::chrono::milliseconds(options_.oom_wait_for_frees_ms));
+  detail::wait_for(recovery_.frees_cv, mutex_,
+                   std::chrono::milliseconds(options_.oom_wait_for_frees_ms));
   --recovery_.waiters;
   std::size_t const free_after = free_bytes_locked();
   count_step_locked(step_wait, free_after > free_before ? free_after - free_before : 0);
@@ -244,7 +246,7 @@ template <class Runtime>
 void basic_caching_allocator<Runtime>::add_oom_callback(oom_callback callback)
 {
   GPUKIT_EXPECTS(static_cast<bool>(callback), "add_oom_callback: the callback is empty");
-  std::lock_guard<std::mutex> lock{mutex_};
+  detail::pool_lock lock{mutex_};
   recovery_.callbacks.push_back(std::move(callback));
 }
 

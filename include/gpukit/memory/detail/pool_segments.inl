@@ -229,7 +229,7 @@ basic_caching_allocator<Runtime>::insert_free_locked(block* b)
 template <class Runtime>
 void basic_caching_allocator<Runtime>::free_to_pool_locked(block* b, stream_type stream)
 {
-  if (b->capture_pool == 0 && capture_.underway.load(std::memory_order_relaxed) != 0) {
+  if (b->capture_pool == 0 && captures_underway_.load(std::memory_order_relaxed) != 0) {
     // Freed on a stream being captured: the graph may use the block when it replays, so it is
     // kept for that capture's pool (reusable within it) until release_capture_pool.
     if (capture_pool* cp = capture_for_locked(stream, true)) { b->capture_pool = cp->id; }
@@ -299,7 +299,7 @@ template <class Runtime>
 typename basic_caching_allocator<Runtime>::block_extent basic_caching_allocator<Runtime>::extent(
   void const* ptr) const
 {
-  std::lock_guard<std::mutex> lock{mutex_};
+  detail::pool_lock lock{mutex_};
   block const* b = pool_.blocks.find(reinterpret_cast<std::uintptr_t>(ptr));
   GPUKIT_EXPECTS(
     b != nullptr && b->state.load(std::memory_order_relaxed) == detail::block_state::allocated,

@@ -19,7 +19,7 @@ void basic_caching_allocator<Runtime>::record(thread_cache& tc, memory_event::ac
                                               block const* b, stream_type stream)
 {
   tc.record(memory_event{what, now_ns(), b->address(), b->size, stream_id(stream)},
-            recording_.capacity);
+            recording_capacity_.load(std::memory_order_relaxed));
 }
 
 template <class Runtime>
@@ -27,13 +27,14 @@ void basic_caching_allocator<Runtime>::record_pool_locked(memory_event::action w
                                                           std::uintptr_t address, std::size_t bytes,
                                                           stream_type stream)
 {
-  if (!recording_.on.load(std::memory_order_relaxed)) { return; }
+  if (!recording_on_.load(std::memory_order_relaxed)) { return; }
   memory_event const e{what, now_ns(), address, bytes, stream_id(stream)};
-  if (recording_.ring.size() < recording_.capacity) {
+  std::size_t const capacity = recording_capacity_.load(std::memory_order_relaxed);
+  if (recording_.ring.size() < capacity) {
     recording_.ring.push_back(e);
-  } else if (recording_.capacity != 0) {
+  } else if (capacity != 0) {
     recording_.ring[recording_.next] = e;
-    recording_.next                  = (recording_.next + 1) % recording_.capacity;
+    recording_.next                  = (recording_.next + 1) % capacity;
     ++recording_.dropped;
   }
 }
@@ -58,8 +59,8 @@ template <class Runtime>
 void basic_caching_allocator<Runtime>::start_recording(std::size_t events_per_thread)
 {
   GPUKIT_EXPECTS(events_per_thread > 0, "start_recording: the ring must hold at least one event");
-  std::lock_guard<std::mutex> lock{mutex_};
-  recording_.capacity = events_per_thread;
+  detail::pool_lock lock{mutex_};
+  recording_capacity_.store(events_per_thread, std::memory_order_relaxed);
   for (auto& c : threads_.caches) {
     std::lock_guard<typename thread_cache::spin_lock> ring_lock{c->ring_mutex};
     c->ring.clear();
@@ -69,19 +70,19 @@ void basic_caching_allocator<Runtime>::start_recording(std::size_t events_per_th
   recording_.ring.clear();
   recording_.next    = 0;
   recording_.dropped = 0;
-  recording_.on.store(true, std::memory_order_relaxed);
+  recording_on_.store(true, std::memory_order_relaxed);
 }
 
 template <class Runtime>
 void basic_caching_allocator<Runtime>::stop_recording()
 {
-  recording_.on.store(false, std::memory_order_relaxed);
+  recording_on_.store(false, std::memory_order_relaxed);
 }
 
 template <class Runtime>
 memory_snapshot basic_caching_allocator<Runtime>::snapshot() const
 {
-  std::lock_guard<std::mutex> lock{mutex_};
+  detail::pool_lock lock{mutex_};
   memory_snapshot s;
   s.device = device_;
   pool_.blocks.for_each([&](std::uintptr_t, block* head) {

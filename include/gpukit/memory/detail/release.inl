@@ -25,12 +25,12 @@ template <class Runtime>
 std::size_t basic_caching_allocator<Runtime>::trim(std::size_t target_reserved_bytes)
 {
   thread_cache& tc = local_cache();
-  std::lock_guard<std::mutex> lock{mutex_};
+  detail::pool_lock lock{mutex_};
   flush_cache_locked(tc);
   for (auto& c : threads_.caches) {
     if (c.get() != &tc) { c->flush_requested.store(true, std::memory_order_relaxed); }
   }
-  if (capture_.underway.load(std::memory_order_relaxed) == 0) { poll_pending_locked(); }
+  if (captures_underway_.load(std::memory_order_relaxed) == 0) { poll_pending_locked(); }
   return release_locked(target_reserved_bytes);
 }
 
@@ -45,9 +45,10 @@ std::size_t basic_caching_allocator<Runtime>::release_locked(std::size_t target,
   if (growable_ && only_kind < 0) { released += release_growable_locked(target, only_stream); }
   // Stream-ordered frees issued here are waited for before an allocation reports out of memory.
   std::vector<stream_type>& issued = freed_on != nullptr ? *freed_on : recovery_.unsettled;
-  bool const capture               = capture_.underway.load(std::memory_order_relaxed) != 0;
+  bool const capture               = captures_underway_.load(std::memory_order_relaxed) != 0;
   std::vector<block*> whole;  // free blocks that span their segment
   auto collect = [&](block* b) {
+    mutex_.assert_held();  // a lambda run under the lock
     auto const* seg = static_cast<segment const*>(b->segment);
     // While a graph is captured: no free on a capturing stream (it would join the graph), and no
     // synchronous free (illegal then).

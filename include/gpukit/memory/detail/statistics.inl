@@ -216,7 +216,7 @@ void basic_caching_allocator<Runtime>::store_shared_peaks_locked(bool from_curre
 template <class Runtime>
 caching_allocator_stats basic_caching_allocator<Runtime>::stats() const
 {
-  std::lock_guard<std::mutex> lock{mutex_};
+  detail::pool_lock lock{mutex_};
   update_peaks_locked();
   update_scanned_locked();
   caching_pool_stats const &sm = stats_.small_pool, &lg = stats_.large_pool;
@@ -234,7 +234,7 @@ caching_allocator_stats basic_caching_allocator<Runtime>::stats() const
 template <class Runtime>
 void basic_caching_allocator<Runtime>::reset_peak()
 {
-  std::lock_guard<std::mutex> lock{mutex_};
+  detail::pool_lock lock{mutex_};
   update_peaks_locked();
   update_scanned_locked();
   for (auto& c : threads_.caches) {  // the owners write these too: a relaxed store races benignly

@@ -104,7 +104,7 @@ bool basic_caching_allocator<Runtime>::check_stream_locked(stream_type stream, c
 template <class Runtime>
 bool basic_caching_allocator<Runtime>::check_free_stream(thread_cache& tc, stream_type stream)
 {
-  std::lock_guard<std::mutex> lock{mutex_};
+  detail::pool_lock lock{mutex_};
   bool const live = check_stream_locked(stream, "deallocate_async", true);
   if (live && std::find(streams_.checked.begin(), streams_.checked.end(), stream) !=
                 streams_.checked.end()) {
@@ -121,7 +121,7 @@ bool basic_caching_allocator<Runtime>::check_free_stream(thread_cache& tc, strea
 template <class Runtime>
 void basic_caching_allocator<Runtime>::retire_dead_stream_locked(stream_type stream)
 {
-  if (capture_.underway.load(std::memory_order_relaxed) != 0) {
+  if (captures_underway_.load(std::memory_order_relaxed) != 0) {
     detail::throw_explained_cuda_error(  // no synchronization during a capture
       Runtime::invalid_resource_handle,
       "deallocate_async: stream " + detail::hex(stream_id(stream)) +
@@ -144,7 +144,7 @@ template <class Runtime>
 void basic_caching_allocator<Runtime>::free_on_dead_stream(thread_cache& tc, block* b, void* ptr,
                                                            stream_type stream)
 {
-  std::lock_guard<std::mutex> lock{mutex_};
+  detail::pool_lock lock{mutex_};
   count_free(tc, b, ptr, stream);
   b->recorded.clear();
   b->stream = stream_type{};
@@ -182,7 +182,7 @@ template <class Runtime>
 void basic_caching_allocator<Runtime>::record_stream(void* ptr, stream_type stream)
 {
   auto const key = reinterpret_cast<std::uintptr_t>(ptr);
-  std::lock_guard<std::mutex> lock{mutex_};
+  detail::pool_lock lock{mutex_};
   check_stream_locked(stream, "record_stream");
   block* b = pool_.blocks.find(key);
   GPUKIT_EXPECTS(
@@ -243,7 +243,7 @@ std::size_t basic_caching_allocator<Runtime>::poll_pending_locked(bool wait)
 template <class Runtime>
 bool basic_caching_allocator<Runtime>::arm_pending_locked(pending_free& pf)
 {
-  if (capture_.underway.load(std::memory_order_relaxed) != 0) { return false; }
+  if (captures_underway_.load(std::memory_order_relaxed) != 0) { return false; }
   for (stream_type s : pf.uses) {
     if (capturing_locked(s)) { return false; }
   }
@@ -346,7 +346,7 @@ void basic_caching_allocator<Runtime>::forget_stream(stream_type stream)
 {
   debug_flush(stream, false);  // debug mode: quarantined frees on it go back while it lives
   thread_cache& tc = local_cache();
-  std::lock_guard<std::mutex> lock{mutex_};
+  detail::pool_lock lock{mutex_};
   flush_cache_locked(tc);
   if (tc.checked_stream == stream) { tc.checked_stream = stream_type{}; }
   forget_stream_locked(stream, false);
@@ -361,6 +361,7 @@ void basic_caching_allocator<Runtime>::forget_stream_locked(stream_type stream, 
   streams_.checked.erase(std::remove(streams_.checked.begin(), streams_.checked.end(), stream),
                          streams_.checked.end());
   auto remember = [&] {
+    mutex_.assert_held();  // a lambda run under the lock
     // Blocks that still come back on it (other threads' cached blocks) go to every stream, never
     // to a pool of this stream, which may be destroyed by then.
     if (stream == stream_type{} || std::find(streams_.forgotten.begin(), streams_.forgotten.end(),
@@ -371,6 +372,7 @@ void basic_caching_allocator<Runtime>::forget_stream_locked(stream_type stream, 
     streams_.forgotten.push_back(stream);
   };
   auto has_pool = [&] {
+    mutex_.assert_held();  // a lambda run under the lock
     return std::any_of(streams_.pools.begin(), streams_.pools.end(),
                        [&](auto const& sp) { return sp->stream == stream; });
   };

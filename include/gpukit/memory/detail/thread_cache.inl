@@ -316,7 +316,7 @@ basic_caching_allocator<Runtime>::local_cache_slow(detail::tls_registry& r)
   }
   thread_cache* tc = nullptr;
   {
-    std::lock_guard<std::mutex> lock{mutex_};
+    detail::pool_lock lock{mutex_};
     for (auto& c : threads_.caches) {
       if (c->orphaned) {
         c->orphaned = false;
@@ -353,7 +353,7 @@ void basic_caching_allocator<Runtime>::on_thread_exit(void* allocator, void* cac
 {
   auto* self = static_cast<basic_caching_allocator*>(allocator);
   auto* tc   = static_cast<thread_cache*>(cache);
-  std::lock_guard<std::mutex> lock{self->mutex_};
+  detail::pool_lock lock{self->mutex_};
   self->flush_cache_locked(*tc);
   tc->handed_out.erase_if([](std::uintptr_t, block*) { return true; });
   tc->checked_stream = stream_type{};
@@ -401,14 +401,17 @@ template <class Runtime>
 void basic_caching_allocator<Runtime>::flush_cache_locked(thread_cache& tc)
 {
   tc.flush_requested.store(false, std::memory_order_relaxed);
-  tc.drain([&](stream_type s, block* b) { free_to_pool_locked(b, s); });
+  tc.drain([&](stream_type s, block* b) {
+    mutex_.assert_held();  // a lambda run under the lock
+    free_to_pool_locked(b, s);
+  });
   if (recovery_.waiters != 0) { recovery_.frees_cv.notify_all(); }
 }
 
 template <class Runtime>
 void basic_caching_allocator<Runtime>::flush_cache(thread_cache& tc)
 {
-  std::lock_guard<std::mutex> lock{mutex_};
+  detail::pool_lock lock{mutex_};
   flush_cache_locked(tc);
 }
 
