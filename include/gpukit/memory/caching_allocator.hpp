@@ -90,6 +90,7 @@
 #include <gpukit/error.hpp>
 #include <gpukit/memory/caching_allocator_stats.hpp>
 #include <gpukit/memory/detail/address_map.hpp>
+#include <gpukit/memory/detail/caching/block_index.hpp>
 #include <gpukit/memory/detail/caching_block.hpp>
 #include <gpukit/memory/detail/debug_options.hpp>
 #include <gpukit/memory/detail/shared_counts.hpp>
@@ -620,14 +621,13 @@ class basic_caching_allocator final {
   void adopt_segment_locked(block* b, std::unique_ptr<segment> seg, void* p, std::size_t seg_size,
                             int kind, stream_type stream, bool stream_ordered, capture_id pool)
     GPUKIT_REQUIRES(mutex_);
-  block* take_locked(block* b, std::size_t size, std::size_t bytes, stream_type stream)
+  block* take(block* b, std::size_t size, std::size_t bytes, stream_type stream)
     GPUKIT_REQUIRES(mutex_);
-  block* split_off_locked(block* b, std::size_t offset) GPUKIT_REQUIRES(mutex_);
-  block* insert_free_locked(block* b) GPUKIT_REQUIRES(mutex_);
-  void unindex_locked(block* b) GPUKIT_REQUIRES(mutex_);
+  // The index free block b belongs in: its capture's pool, the global pool, or its stream's pool.
+  detail::tlsf_index<block>& index_for(block const* b) GPUKIT_REQUIRES(mutex_);
+  block* insert_free(block* b) GPUKIT_REQUIRES(mutex_);
+  void unindex(block* b) GPUKIT_REQUIRES(mutex_) { index_for(b).remove(b); }
   void free_to_pool_locked(block* b, stream_type stream) GPUKIT_REQUIRES(mutex_);
-  block* new_block_locked() GPUKIT_REQUIRES(mutex_);
-  void recycle_block_locked(block* b) GPUKIT_REQUIRES(mutex_);
   static memory_heap segment_heap(block const* b) noexcept;
   // Streams, pending frees, migration, events (detail/stream_bookkeeping.inl).
   stream_pool& stream_pool_locked(stream_type stream) GPUKIT_REQUIRES(mutex_);
@@ -739,13 +739,8 @@ class basic_caching_allocator final {
   // clang's -Wthread-safety checks (GPUKIT_GUARDED_BY, and GPUKIT_REQUIRES on the functions that
   // need it held; tests/headers builds with it as an error).
 
-  /// Segments and blocks: every block by address, free blocks usable on any stream, the storage
-  /// of block descriptors, and what is held from the device.
+  /// What is held from the device (the blocks themselves are in blocks_).
   struct pool_state {
-    detail::address_map<block> blocks;    // every block, by address
-    detail::tlsf_index<block> global[2];  // free blocks usable on any stream, per pool kind
-    std::vector<std::unique_ptr<block[]>> block_chunks;
-    block* spare_blocks{nullptr};
     std::size_t reserved{0};  // bytes held from the device (growable: mapped and spare pages)
     std::size_t segments{0};
   };
@@ -800,6 +795,8 @@ class basic_caching_allocator final {
   std::atomic<std::size_t> limit_{0};
 
   mutable detail::annotated_mutex mutex_;  // the pool lock: guards everything below
+  // Every block by address, the free blocks usable on any stream, the descriptors.
+  detail::caching::block_index<block> blocks_ GPUKIT_GUARDED_BY(mutex_);
   pool_state pool_ GPUKIT_GUARDED_BY(mutex_);
   page_state pages_ GPUKIT_GUARDED_BY(mutex_);
   stream_state streams_ GPUKIT_GUARDED_BY(mutex_);

@@ -46,7 +46,7 @@ struct allocator_invariants {
     detail::pool_lock lock{a.mutex_};
     std::string err;
     totals t;
-    a.pool_.blocks.for_each([&](std::uintptr_t key, block* b) {
+    a.blocks_.for_each([&](std::uintptr_t key, block* b) {
       if (b->address() != key) { err += "block key mismatch; "; }
       if (b->prev == nullptr) { check_segment(a, b, t, err); }
     });
@@ -106,7 +106,7 @@ struct allocator_invariants {
     }
     if (x->next != nullptr && x->next->prev != x) { err += "broken prev link; "; }
     if (x->segment != head->segment) { err += "block in the wrong segment; "; }
-    if (a.pool_.blocks.find(x->address()) != x) { err += "block missing from the map; "; }
+    if (a.blocks_.find(x->address()) != x) { err += "block missing from the map; "; }
     if (is(x, block_state::free) && x->next != nullptr && is(x->next, block_state::free) &&
         (x->global || x->next->global || x->stream == x->next->stream)) {
       err += "mergeable neighbours left unmerged; ";
@@ -156,7 +156,7 @@ struct allocator_invariants {
     for (auto const& sp : a.streams_.pools) {
       for (auto const& idx : sp->index) { count_index(idx, false, sp->stream); }
     }
-    for (auto const& idx : a.pool_.global) { count_index(idx, true, stream_type{}); }
+    for (auto const& idx : a.blocks_.globals()) { count_index(idx, true, stream_type{}); }
     for (auto const& cp : a.capture_.pools) {
       for (auto const& idx : cp->index) {
         idx.for_each([&](block* b) {
@@ -167,7 +167,7 @@ struct allocator_invariants {
       }
     }
     std::size_t free_blocks_bytes = 0;
-    a.pool_.blocks.for_each([&](std::uintptr_t, block* b) {
+    a.blocks_.for_each([&](std::uintptr_t, block* b) {
       if (is(b, block_state::free)) { free_blocks_bytes += b->size; }
     });
     if (free_blocks_bytes != t.indexed_bytes) { err += "free blocks and indices disagree; "; }

@@ -194,7 +194,7 @@ void basic_caching_allocator<Runtime>::teardown() noexcept
       call([&] { return runtime_.vm_release(h); });
     }
   }
-  pool_.blocks.for_each([&](std::uintptr_t, block* b) {
+  blocks_.for_each([&](std::uintptr_t, block* b) {
     mutex_.assert_held();                // a lambda run under the lock
     if (b->prev != nullptr) { return; }  // not the first block of its segment
     auto* seg = static_cast<segment*>(b->segment);
@@ -301,7 +301,7 @@ void* basic_caching_allocator<Runtime>::allocate_slow(std::size_t bytes, std::si
       if (b == nullptr) { throw_oom_locked(bytes, size); }
     }
   }
-  return hand_out(tc, take_locked(b, size, bytes, stream), bytes, stream);
+  return hand_out(tc, take(b, size, bytes, stream), bytes, stream);
 }
 
 // Every path that gives a block to a user ends here: the thread's map and counters, then the
@@ -421,7 +421,7 @@ typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtim
   void* ptr, std::size_t bytes, bool check_size, void*& owner)
 {
   detail::pool_lock lock{mutex_};
-  block* b = pool_.blocks.find(reinterpret_cast<std::uintptr_t>(ptr));
+  block* b = blocks_.find(ptr);
   if (b == nullptr) {
     GPUKIT_EXPECTS(false, "deallocate: pointer " + detail::hex(ptr) +
                             " was not allocated by this allocator (device " +

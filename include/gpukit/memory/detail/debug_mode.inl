@@ -118,7 +118,7 @@ bool basic_caching_allocator<Runtime>::debug_free(void* ptr, std::size_t bytes, 
                      "deallocate: double free of " + detail::hex(ptr) +
                        " (a block with guard pages, freed before: its pages are unmapped, device " +
                        std::to_string(device_) + ")");
-      block const* b = pool_.blocks.find(reinterpret_cast<std::uintptr_t>(ptr));
+      block const* b = blocks_.find(ptr);
       GPUKIT_EXPECTS(b != nullptr, "deallocate: pointer " + detail::hex(ptr) +
                                      " was not allocated by this allocator (device " +
                                      std::to_string(device_) + ")");
@@ -271,18 +271,18 @@ basic_caching_allocator<Runtime>::guard_place_locked(std::size_t size, int kind,
   list.erase(std::find(list.begin(), list.end(), u));
   block* run = u;
   if (at > u->address()) {
-    run = split_off_locked(u, at - u->address());
+    run = blocks_.split_off(u, at - u->address());
     list.push_back(u);
   }
-  list.push_back(split_off_locked(run, pages * page));  // the guard page and beyond
+  list.push_back(blocks_.split_off(run, pages * page));  // the guard page and beyond
   debug_->guard_cursor = at + pages * page;
   block* b             = run;
-  if (pages * page > size) { b = split_off_locked(run, pages * page - size); }
+  if (pages * page > size) { b = blocks_.split_off(run, pages * page - size); }
   b->state.store(detail::block_state::allocated, std::memory_order_relaxed);  // no merge into it
   if (b != run) {
     run->global   = true;  // never used: any stream's
     run->free_seq = 0;
-    insert_free_locked(run);
+    insert_free(run);
   }
   b->stream = stream;
   b->global = false;
@@ -361,7 +361,7 @@ void basic_caching_allocator<Runtime>::guard_free(void* ptr, std::size_t bytes, 
   }
   b->stream     = stream_type{};  // its work is done: any stream's
   b->global     = true;
-  block* merged = insert_free_locked(b);
+  block* merged = insert_free(b);
   if (recovery_.waiters != 0) { recovery_.frees_cv.notify_all(); }
   // The free has happened: from here nothing throws (a caller told of an error would free the
   // block again). Pages that cannot be unmapped now stay mapped until release() unmaps them.

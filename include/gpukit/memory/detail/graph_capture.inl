@@ -100,12 +100,12 @@ void basic_caching_allocator<Runtime>::release_capture_pool(capture_id id)
     (*it)->index[b->kind].remove(b);
     b->state.store(detail::block_state::pending, std::memory_order_relaxed);
   }
-  pool_.blocks.for_each([&](std::uintptr_t, block* b) {
+  blocks_.for_each([&](std::uintptr_t, block* b) {
     if (b->capture_pool == id) { b->capture_pool = 0; }
   });
   for (block* b : movers) {
     b->global = true;
-    insert_free_locked(b);
+    insert_free(b);
   }
   capture_.pools.erase(it);
 }
@@ -184,7 +184,7 @@ void* basic_caching_allocator<Runtime>::allocate_captured_locked(std::size_t byt
     std::size_t const limit    = limit_.load(std::memory_order_relaxed);
     if (limit != 0 && pool_.reserved + seg_size > limit) { throw_oom_locked(bytes, size); }
     auto seg                       = std::make_unique<segment>();
-    block* nb                      = new_block_locked();
+    block* nb                      = blocks_.new_block();
     void* p                        = nullptr;
     typename Runtime::error_type e = Runtime::success;
     {
@@ -195,7 +195,7 @@ void* basic_caching_allocator<Runtime>::allocate_captured_locked(std::size_t byt
       (void)runtime_.exchange_capture_mode(mode);
     }
     if (e != Runtime::success) {
-      recycle_block_locked(nb);
+      blocks_.recycle(nb);
       if (e == Runtime::out_of_memory) { throw_oom_locked(bytes, size); }
       GPUKIT_CUDA_TRY(e, "malloc (a segment for a graph capture)");
     }
@@ -203,7 +203,7 @@ void* basic_caching_allocator<Runtime>::allocate_captured_locked(std::size_t byt
     cp.index[kind].insert(nb);
     b = nb;
   }
-  return hand_out(tc, take_locked(b, size, bytes, stream), bytes, stream);
+  return hand_out(tc, take(b, size, bytes, stream), bytes, stream);
 }
 
 }  // namespace gpukit

@@ -58,23 +58,13 @@ void basic_caching_allocator<Runtime>::insert_unmapped_locked(block* b)
   b->stream       = stream_type{};
   b->capture_pool = 0;
   if (is_unmapped(b->prev)) {
-    block* p = b->prev;
-    p->size += b->size;
-    p->next = b->next;
-    if (b->next != nullptr) { b->next->prev = p; }
     unlist(b);
-    pool_.blocks.erase(b->address());
-    recycle_block_locked(b);
-    b = p;
+    b = b->prev;
+    blocks_.absorb_next(b);
   }
   if (is_unmapped(b->next)) {
-    block* n = b->next;
-    b->size += n->size;
-    b->next = n->next;
-    if (n->next != nullptr) { n->next->prev = b; }
-    unlist(n);
-    pool_.blocks.erase(n->address());
-    recycle_block_locked(n);
+    unlist(b->next);
+    blocks_.absorb_next(b);
   }
   if (std::find(list.begin(), list.end(), b) == list.end()) { list.push_back(b); }
 }
@@ -129,14 +119,14 @@ std::size_t basic_caching_allocator<Runtime>::unmap_free_pages_locked(
   std::size_t const first = pe - done;
   record_pool_locked(memory_event::action::segment_free, va0 + first * page, done * page,
                      b->global ? stream_type{} : b->stream);
-  unindex_locked(b);
+  unindex(b);
   block* mid = b;
-  if (first * page > off) { mid = split_off_locked(b, first * page - off); }
+  if (first * page > off) { mid = blocks_.split_off(b, first * page - off); }
   block* tail = nullptr;
-  if (end > pe * page) { tail = split_off_locked(mid, done * page); }
+  if (end > pe * page) { tail = blocks_.split_off(mid, done * page); }
   mid->state.store(detail::block_state::unmapped, std::memory_order_relaxed);  // no merge into it
-  if (mid != b) { insert_free_locked(b); }
-  if (tail != nullptr) { insert_free_locked(tail); }
+  if (mid != b) { insert_free(b); }
+  if (tail != nullptr) { insert_free(tail); }
   insert_unmapped_locked(mid);
   return done;
 }
@@ -162,7 +152,7 @@ std::size_t basic_caching_allocator<Runtime>::harvest_pages_locked(int kind, std
   // Both pools' pages serve either pool when their pages have the same size.
   int const kinds[2] = {kind, 1 - kind};
   int const nkinds   = pages_.page_bytes[0] == pages_.page_bytes[1] ? 2 : 1;
-  for (int k = 0; k < nkinds; ++k) { pool_.global[kinds[k]].for_each(consider); }
+  for (int k = 0; k < nkinds; ++k) { blocks_.global(kinds[k]).for_each(consider); }
   for (auto& sp : streams_.pools) {
     bool any = false;
     for (int k = 0; k < nkinds; ++k) { any = any || !sp->index[kinds[k]].empty(); }
@@ -341,7 +331,7 @@ basic_caching_allocator<Runtime>::reserve_growable_locked(std::size_t size, int 
                                      : detail::round_up(device_total_ / 8 * 9, page);
   reserve                        = std::max(reserve, detail::round_up(size, page));
   auto seg                       = std::make_unique<segment>();
-  block* b                       = new_block_locked();
+  block* b                       = blocks_.new_block();
   void* p                        = nullptr;
   typename Runtime::error_type e = Runtime::success;
   GPUKIT_DETAIL_SLOW_PATH_RANGEF(categories::allocator, "reserve growable segment %.1f MiB",
@@ -351,7 +341,7 @@ basic_caching_allocator<Runtime>::reserve_growable_locked(std::size_t size, int 
     e = runtime_.vm_reserve(&p, reserve, 0);
   }
   if (e != Runtime::success) {
-    recycle_block_locked(b);
+    blocks_.recycle(b);
     if (e == Runtime::out_of_memory) {
       oom = true;
       return nullptr;
@@ -369,13 +359,9 @@ basic_caching_allocator<Runtime>::reserve_growable_locked(std::size_t size, int 
   if (options_.nvtx_annotate) {
     seg->nvtx_heap = register_memory_heap(p, reserve, "gpukit caching allocator (growable)");
   }
-  b->ptr.store(reinterpret_cast<std::uintptr_t>(p), std::memory_order_relaxed);
-  b->size    = reserve;
-  b->kind    = kind;
-  b->stream  = stream;
-  b->segment = seg.get();
-  b->prev = b->next = nullptr;
-  pool_.blocks.insert(b->address(), b);
+  blocks_.add_segment(b, p, reserve, seg.get());
+  b->kind   = kind;
+  b->stream = stream;
   pages_.segments.push_back(seg.release());
   count_segment_locked(kind, 1);
   insert_unmapped_locked(b);
@@ -427,12 +413,14 @@ typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtim
   if (!map_pages_locked(*seg, first, best_pages, oom)) { return nullptr; }
   auto& list = pages_.unmapped[kind];
   list.erase(std::find(list.begin(), list.end(), best));
-  if (best_pages * page < best->size) { list.push_back(split_off_locked(best, best_pages * page)); }
+  if (best_pages * page < best->size) {
+    list.push_back(blocks_.split_off(best, best_pages * page));
+  }
   best->state.store(detail::block_state::free, std::memory_order_relaxed);
   best->stream   = stream;
   best->global   = false;
   best->free_seq = ++stream_pool_locked(stream).free_seq;
-  block* merged  = insert_free_locked(best);
+  block* merged  = insert_free(best);
   return merged->size >= size ? merged : find_free_locked(size, kind, stream);
 }
 
@@ -532,7 +520,7 @@ void basic_caching_allocator<Runtime>::unmap_released_blocks_locked(std::size_t 
     for (auto& idx : sp->index) { idx.for_each(collect); }
   }
   if (only_stream == nullptr) {
-    for (auto& idx : pool_.global) { idx.for_each(collect); }
+    for (auto& idx : blocks_.globals()) { idx.for_each(collect); }
   }
   std::sort(blocks.begin(), blocks.end(), [](block* a, block* b) { return a->size > b->size; });
   for (block* b : blocks) {
@@ -550,7 +538,7 @@ void basic_caching_allocator<Runtime>::free_empty_ranges_locked()
 {
   for (std::size_t i = 0; i < pages_.segments.size();) {
     segment* seg = pages_.segments[i];
-    block* head  = pool_.blocks.find(reinterpret_cast<std::uintptr_t>(seg->ptr));
+    block* head  = blocks_.find(seg->ptr);
     if (seg->mapped_pages != 0 || head == nullptr || head->next != nullptr ||
         head->state.load(std::memory_order_relaxed) != detail::block_state::unmapped) {
       ++i;
@@ -560,8 +548,7 @@ void basic_caching_allocator<Runtime>::free_empty_ranges_locked()
     GPUKIT_CUDA_TRY(runtime_.vm_free(seg->ptr, seg->size));
     auto& list = pages_.unmapped[seg->kind];
     list.erase(std::find(list.begin(), list.end(), head));
-    pool_.blocks.erase(head->address());
-    recycle_block_locked(head);
+    blocks_.remove(head);
     count_segment_locked(seg->kind, -1);
     delete seg;
     pages_.segments[i] = pages_.segments.back();
@@ -598,7 +585,7 @@ typename basic_caching_allocator<Runtime>::shared_pages
 basic_caching_allocator<Runtime>::share_pages(void const* ptr)
 {
   detail::pool_lock lock{mutex_};
-  block const* b = pool_.blocks.find(reinterpret_cast<std::uintptr_t>(ptr));
+  block const* b = blocks_.find(ptr);
   GPUKIT_EXPECTS(
     b != nullptr && b->state.load(std::memory_order_relaxed) == detail::block_state::allocated,
     "caching_allocator::share_pages: " + detail::hex(ptr) +

@@ -237,7 +237,7 @@ basic_caching_allocator<Runtime>::recover_wait_locked(recovery_request& r)
 template <class Runtime>
 std::size_t basic_caching_allocator<Runtime>::free_bytes_locked() const
 {
-  std::size_t n = pool_.global[0].bytes() + pool_.global[1].bytes();
+  std::size_t n = blocks_.global_bytes();
   for (auto const& sp : streams_.pools) { n += sp->index[0].bytes() + sp->index[1].bytes(); }
   return n;
 }
@@ -277,7 +277,7 @@ void basic_caching_allocator<Runtime>::throw_oom_locked(std::size_t bytes, std::
       r.cached_per_stream.push_back({id, cached});
     }
   }
-  for (auto const& idx : pool_.global) {
+  for (auto const& idx : blocks_.globals()) {
     r.total_free_in_pool += idx.bytes();
     r.largest_free_block = std::max(r.largest_free_block, idx.largest());
   }

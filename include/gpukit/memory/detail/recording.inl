@@ -85,7 +85,7 @@ memory_snapshot basic_caching_allocator<Runtime>::snapshot() const
   detail::pool_lock lock{mutex_};
   memory_snapshot s;
   s.device = device_;
-  pool_.blocks.for_each([&](std::uintptr_t, block* head) {
+  blocks_.for_each([&](std::uintptr_t, block* head) {
     if (head->prev != nullptr) { return; }
     auto const* seg = static_cast<segment const*>(head->segment);
     // A growable segment appears as one segment per run of mapped blocks (as PyTorch shows its

@@ -65,7 +65,7 @@ std::size_t basic_caching_allocator<Runtime>::release_locked(std::size_t target,
     for (auto& idx : sp->index) { idx.for_each(collect); }
   }
   if (only_stream == nullptr) {
-    for (auto& idx : pool_.global) { idx.for_each(collect); }
+    for (auto& idx : blocks_.globals()) { idx.for_each(collect); }
   }
   std::sort(whole.begin(), whole.end(), [](block* a, block* b) { return a->size > b->size; });
   device_guard<Runtime> guard{runtime_, device_};
@@ -111,9 +111,8 @@ std::size_t basic_caching_allocator<Runtime>::release_locked(std::size_t target,
     }
     if (!seg->stream_ordered) { ++stats_.synchronizing_frees; }
     record_pool_locked(memory_event::action::segment_free, b->address(), seg->size, on);
-    unindex_locked(b);
-    pool_.blocks.erase(b->address());
-    recycle_block_locked(b);
+    unindex(b);
+    blocks_.remove(b);
     pool_.reserved -= seg->size;
     count_reserved_locked(seg->kind, -static_cast<std::int64_t>(seg->size));
     released += seg->size;

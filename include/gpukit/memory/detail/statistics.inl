@@ -114,7 +114,7 @@ void basic_caching_allocator<Runtime>::update_scanned_locked() const
   for (auto const& sp : streams_.pools) {
     for (auto const& idx : sp->index) { idx.for_each(split); }
   }
-  for (auto const& idx : pool_.global) { idx.for_each(split); }
+  for (auto const& idx : blocks_.globals()) { idx.for_each(split); }
   // Active peaks, raised by the allocations that made them (as in update_peaks_locked).
   std::array<std::int64_t, 3> peak_active_bytes{}, peak_active_count{};
   if (shared_.on.load(std::memory_order_relaxed)) {

@@ -149,7 +149,7 @@ void basic_caching_allocator<Runtime>::free_on_dead_stream(thread_cache& tc, blo
   b->recorded.clear();
   b->stream = stream_type{};
   b->global = true;
-  insert_free_locked(b);
+  insert_free(b);
   if (recovery_.waiters != 0) { recovery_.frees_cv.notify_all(); }
 }
 
@@ -184,7 +184,7 @@ void basic_caching_allocator<Runtime>::record_stream(void* ptr, stream_type stre
   auto const key = reinterpret_cast<std::uintptr_t>(ptr);
   detail::pool_lock lock{mutex_};
   check_stream_locked(stream, "record_stream");
-  block* b = pool_.blocks.find(key);
+  block* b = blocks_.find(key);
   GPUKIT_EXPECTS(
     b != nullptr && b->state.load(std::memory_order_relaxed) == detail::block_state::allocated,
     "record_stream: pointer " + detail::hex(ptr) +
@@ -226,7 +226,7 @@ std::size_t basic_caching_allocator<Runtime>::poll_pending_locked(bool wait)
     if (pf.to_global) {
       pf.b->stream = stream_type{};
       pf.b->global = true;
-      insert_free_locked(pf.b);
+      insert_free(pf.b);
     } else {
       free_to_pool_locked(pf.b, pf.stream);
     }
@@ -308,9 +308,9 @@ std::size_t basic_caching_allocator<Runtime>::migrate_locked(stream_type request
     moved += make_global_locked(*sp, sp->migration_seq);
   }
   for (stream_type s : dead) {
-    std::size_t const before = pool_.global[0].bytes() + pool_.global[1].bytes();
+    std::size_t const before = blocks_.global_bytes();
     retire_dead_stream_locked(s);
-    moved += pool_.global[0].bytes() + pool_.global[1].bytes() - before;
+    moved += blocks_.global_bytes() - before;
   }
   return moved;
 }
@@ -336,7 +336,7 @@ std::size_t basic_caching_allocator<Runtime>::make_global_locked(stream_pool& sp
   std::size_t moved = 0;
   for (block* b : movers) {
     moved += b->size;
-    insert_free_locked(b);
+    insert_free(b);
   }
   return moved;
 }
