@@ -574,6 +574,12 @@ class basic_caching_allocator final {
   // Allocation and deallocation (detail/caching_allocator.inl).
   void* allocate_slow(std::size_t bytes, std::size_t size, stream_type stream, thread_cache& tc)
     GPUKIT_EXCLUDES(mutex_);
+  block* find_reusable(std::size_t size, int kind, stream_type stream, thread_cache& tc,
+                       bool capture) GPUKIT_REQUIRES(mutex_);
+  block* find_free_or_migrate(std::size_t size, int kind, stream_type stream, bool capture)
+    GPUKIT_REQUIRES(mutex_);
+  block* new_memory(std::size_t bytes, std::size_t size, int kind, stream_type stream,
+                    thread_cache& tc, bool capture) GPUKIT_REQUIRES(mutex_);
   void* hand_out(thread_cache& tc, block* b, std::size_t bytes, stream_type stream);
   void deallocate_impl(void* ptr, std::size_t bytes, bool check_size, stream_type stream)
     GPUKIT_EXCLUDES(mutex_);
@@ -585,6 +591,9 @@ class basic_caching_allocator final {
     GPUKIT_EXCLUDES(mutex_);
   void validate_options() const;
   void teardown() noexcept GPUKIT_EXCLUDES(mutex_);
+  struct teardown_calls;
+  void teardown_events(teardown_calls& call) noexcept GPUKIT_REQUIRES(mutex_);
+  void teardown_segment(segment* seg, teardown_calls& call) noexcept GPUKIT_REQUIRES(mutex_);
 
   // Debug mode (detail/debug_mode.inl).
   struct debug_state;
@@ -669,9 +678,16 @@ class basic_caching_allocator final {
   std::size_t free_bytes_locked() const GPUKIT_REQUIRES(mutex_);
   [[noreturn]] void throw_oom_locked(std::size_t bytes, std::size_t size) GPUKIT_REQUIRES(mutex_);
   // Release (detail/release.inl).
-  std::size_t release_locked(std::size_t target, std::vector<stream_type>* freed_on = nullptr,
-                             int only_kind = -1, stream_type const* only_stream = nullptr)
+  struct capture_probe;
+  std::size_t release_segments(std::size_t target, std::vector<stream_type>* freed_on = nullptr,
+                               int only_kind = -1, stream_type const* only_stream = nullptr)
     GPUKIT_REQUIRES(mutex_);
+  std::vector<block*> whole_free_segments(int only_kind, stream_type const* only_stream)
+    GPUKIT_REQUIRES(mutex_);
+  template <class F>
+  void for_each_free_index(stream_type const* only_stream, F&& f) GPUKIT_REQUIRES(mutex_);
+  std::size_t release_segment(block* b, std::vector<stream_type>& issued) GPUKIT_REQUIRES(mutex_);
+  stream_type free_segment_memory(segment& seg, stream_type on) GPUKIT_REQUIRES(mutex_);
   // Graph capture (detail/graph_capture.inl).
   capture_pool* active_capture_locked(stream_type stream) GPUKIT_REQUIRES(mutex_);
   capture_pool* capture_for_locked(stream_type stream, bool guess_on_error = false)

@@ -151,6 +151,17 @@ basic_caching_allocator<Runtime>::~basic_caching_allocator()
   teardown();
 }
 
+/// A runtime call of teardown: tried twice; a call that fails both times is counted.
+template <class Runtime>
+struct basic_caching_allocator<Runtime>::teardown_calls {
+  std::uint64_t failed{0};
+  template <class F>
+  void operator()(F&& f) noexcept
+  {
+    if (f() != Runtime::success && f() != Runtime::success) { ++failed; }
+  }
+};
+
 // Every segment goes back, whatever it holds. Never throws: a runtime call that fails is tried
 // once more (a stream-ordered free that fails becomes a synchronous one), and what still fails is
 // counted (caching_allocator_teardown_failures) and reported once on stderr.
@@ -158,10 +169,7 @@ template <class Runtime>
 void basic_caching_allocator<Runtime>::teardown() noexcept
 {
   detail::pool_lock lock{mutex_};
-  std::uint64_t failed = 0;
-  auto call            = [&](auto&& f) {
-    if (f() != Runtime::success && f() != Runtime::success) { ++failed; }
-  };
+  teardown_calls call;
   std::optional<device_guard<Runtime>> guard;
   for (int attempt = 0; attempt < 2 && !guard; ++attempt) {
     try {
@@ -169,7 +177,30 @@ void basic_caching_allocator<Runtime>::teardown() noexcept
     } catch (...) {  // the frees below name their memory: they go on without the guard
     }
   }
-  if (!guard) { ++failed; }
+  if (!guard) { ++call.failed; }
+  teardown_events(call);
+  // The streams blocks were last used on may be gone by now (a stream destroyed after
+  // forget_stream, or never forgotten): wait for the device once, then free everything in the
+  // order of the device's null stream, which always exists.
+  if (pool_.segments != 0) {
+    call([&] { return runtime_.device_synchronize(); });
+  }
+  for (auto& spares : pages_.spare) {
+    for (physical_handle h : spares) {
+      call([&] { return runtime_.vm_release(h); });
+    }
+  }
+  blocks_.for_each([&](std::uintptr_t, block* b) {
+    mutex_.assert_held();  // a lambda run under the lock
+    if (b->prev == nullptr) { teardown_segment(static_cast<segment*>(b->segment), call); }
+  });
+  detail::note_teardown_failures(call.failed, device_);
+}
+
+// Teardown: the events of pending frees, migrations and the spare list.
+template <class Runtime>
+void basic_caching_allocator<Runtime>::teardown_events(teardown_calls& call) noexcept
+{
   for (auto& p : streams_.pending) {
     for (event_type e : p.events) {
       call([&] { return runtime_.event_destroy(e); });
@@ -183,42 +214,31 @@ void basic_caching_allocator<Runtime>::teardown() noexcept
   for (event_type e : streams_.spare_events) {
     call([&] { return runtime_.event_destroy(e); });
   }
-  // The streams blocks were last used on may be gone by now (a stream destroyed after
-  // forget_stream, or never forgotten): wait for the device once, then free everything in the
-  // order of the device's null stream, which always exists.
-  if (pool_.segments != 0) {
-    call([&] { return runtime_.device_synchronize(); });
-  }
-  for (auto& spares : pages_.spare) {
-    for (physical_handle h : spares) {
-      call([&] { return runtime_.vm_release(h); });
+}
+
+// Teardown: one segment back to the runtime (after its NVTX heap: tools reject a heap whose memory
+// is gone), and its descriptor deleted.
+template <class Runtime>
+void basic_caching_allocator<Runtime>::teardown_segment(segment* seg, teardown_calls& call) noexcept
+{
+  if (options_.nvtx_annotate) { unregister_memory_heap(seg->nvtx_heap); }
+  if (seg->growable) {
+    for (std::size_t i = 0; i < seg->mapped.size(); ++i) {
+      if (seg->mapped[i] == 0) { continue; }
+      void* at = static_cast<char*>(seg->ptr) + i * seg->page;
+      close_page_fd_locked(*seg, i);
+      call([&] { return runtime_.vm_unmap(at, seg->page); });
+      call([&] { return runtime_.vm_release(seg->handles[i]); });
     }
-  }
-  blocks_.for_each([&](std::uintptr_t, block* b) {
-    mutex_.assert_held();                // a lambda run under the lock
-    if (b->prev != nullptr) { return; }  // not the first block of its segment
-    auto* seg = static_cast<segment*>(b->segment);
-    // A heap is unregistered while its memory is still there: tools reject it afterwards.
-    if (options_.nvtx_annotate) { unregister_memory_heap(seg->nvtx_heap); }
-    if (seg->growable) {
-      for (std::size_t i = 0; i < seg->mapped.size(); ++i) {
-        if (seg->mapped[i] == 0) { continue; }
-        void* at = static_cast<char*>(seg->ptr) + i * seg->page;
-        close_page_fd_locked(*seg, i);
-        call([&] { return runtime_.vm_unmap(at, seg->page); });
-        call([&] { return runtime_.vm_release(seg->handles[i]); });
-      }
-      call([&] { return runtime_.vm_free(seg->ptr, seg->size); });
-    } else if (seg->stream_ordered) {
-      if (runtime_.free_async(seg->ptr, stream_type{}) != Runtime::success) {
-        call([&] { return runtime_.free(seg->ptr); });
-      }
-    } else {
+    call([&] { return runtime_.vm_free(seg->ptr, seg->size); });
+  } else if (seg->stream_ordered) {
+    if (runtime_.free_async(seg->ptr, stream_type{}) != Runtime::success) {
       call([&] { return runtime_.free(seg->ptr); });
     }
-    delete seg;
-  });
-  detail::note_teardown_failures(failed, device_);
+  } else {
+    call([&] { return runtime_.free(seg->ptr); });
+  }
+  delete seg;
 }
 
 template <class Runtime>
@@ -267,41 +287,64 @@ void* basic_caching_allocator<Runtime>::allocate_slow(std::size_t bytes, std::si
   if (debug_ != nullptr && debug_->guard && !capture) {  // guard pages (detail/debug_mode.inl)
     return guard_allocate_locked(bytes, size, kind, stream, tc);
   }
-  // While a graph is being captured (in global mode), event queries and synchronizations are
-  // illegal on every thread: blocks waiting on events stay where they are until it ends.
-  if (!capture && !streams_.pending.empty()) {
-    poll_pending_locked();
-  }  // reuse the oldest memory first
+  block* b = find_reusable(size, kind, stream, tc, capture);
+  if (b == nullptr) { b = new_memory(bytes, size, kind, stream, tc, capture); }
+  return hand_out(tc, take(b, size, bytes, stream), bytes, stream);
+}
+
+// A free block of `size` bytes for `stream` from what the pool holds: after the pending frees whose
+// events completed, then blocks other streams freed, then this thread's cached blocks (of any
+// stream: they may coalesce into what is needed). While a graph is being captured (in global mode),
+// event queries and synchronizations are illegal on every thread: blocks waiting on events stay
+// where they are until it ends. nullptr when none fits.
+template <class Runtime>
+typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtime>::find_reusable(
+  std::size_t size, int kind, stream_type stream, thread_cache& tc, bool capture)
+{
+  if (!capture && !streams_.pending.empty()) { poll_pending_locked(); }  // the oldest memory first
+  block* b = find_free_or_migrate(size, kind, stream, capture);
+  if (b == nullptr && tc.cached_bytes.get() > 0) {
+    flush_cache_locked(tc);
+    b = find_free_or_migrate(size, kind, stream, capture);
+  }
+  return b;
+}
+
+// A free block of this stream's or the global pool; else, outside captures, the same after moving
+// the blocks other streams freed whose work has completed.
+template <class Runtime>
+typename basic_caching_allocator<Runtime>::block*
+basic_caching_allocator<Runtime>::find_free_or_migrate(std::size_t size, int kind,
+                                                       stream_type stream, bool capture)
+{
   block* b = find_free_locked(size, kind, stream);
   if (b == nullptr && !capture && migrate_locked(stream, false)) {
     b = find_free_locked(size, kind, stream);
   }
-  if (b == nullptr && tc.cached_bytes.get() > 0) {
-    // This thread's cached blocks (of any stream) may coalesce into what is needed.
-    flush_cache_locked(tc);
-    b = find_free_locked(size, kind, stream);
-    if (b == nullptr && !capture && migrate_locked(stream, false)) {
-      b = find_free_locked(size, kind, stream);
-    }
+  return b;
+}
+
+// No free block fits: new memory from the runtime, else the out-of-memory ladder.
+// @throws gpukit::out_of_memory when the ladder finds nothing either
+template <class Runtime>
+typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtime>::new_memory(
+  std::size_t bytes, std::size_t size, int kind, stream_type stream, thread_cache& tc, bool capture)
+{
+  std::vector<stream_type> freed_on;
+  if (options_.release_before_grow && !growable_) {
+    // Fully free segments of this kind are too small for the request. Give them back before
+    // taking a new segment, so they do not add to the peak (stream-ordered frees in the order of
+    // the stream that used them: no wait).
+    release_segments(0, &freed_on, kind);
   }
-  if (b == nullptr) {
-    std::vector<stream_type> freed_on;
-    if (options_.release_before_grow && !growable_) {
-      // No free block fits: fully free segments of this kind are too small for it. Give them
-      // back before taking a new segment, so they do not add to the peak (stream-ordered frees
-      // in the order of the stream that used them: no wait).
-      release_locked(0, &freed_on, kind);
-    }
-    bool oom = false;
-    b        = growable_ ? grow_locked(size, kind, stream, oom)
-                         : new_segment_locked(size, kind, stream, oom);
-    if (b == nullptr) {
-      ++stats_.num_alloc_retries;
-      b = recover_locked(size, kind, stream, tc, freed_on, capture);
-      if (b == nullptr) { throw_oom_locked(bytes, size); }
-    }
-  }
-  return hand_out(tc, take(b, size, bytes, stream), bytes, stream);
+  bool oom = false;
+  block* b =
+    growable_ ? grow_locked(size, kind, stream, oom) : new_segment_locked(size, kind, stream, oom);
+  if (b != nullptr) { return b; }
+  ++stats_.num_alloc_retries;
+  b = recover_locked(size, kind, stream, tc, freed_on, capture);
+  if (b == nullptr) { throw_oom_locked(bytes, size); }
+  return b;
 }
 
 // Every path that gives a block to a user ends here: the thread's map and counters, then the

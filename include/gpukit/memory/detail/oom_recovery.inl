@@ -171,7 +171,7 @@ basic_caching_allocator<Runtime>::recover_release_stream_locked(recovery_request
 {
   GPUKIT_DETAIL_SLOW_PATH_RANGE(categories::allocator,
                                 detail::oom_step_range_name(step_release_stream));
-  count_step_locked(step_release_stream, release_locked(0, &r.freed_on, -1, &r.stream));
+  count_step_locked(step_release_stream, release_segments(0, &r.freed_on, -1, &r.stream));
   settle_frees_locked(r);
   return retry_locked(r);
 }
@@ -194,7 +194,7 @@ basic_caching_allocator<Runtime>::recover_release_all_locked(recovery_request& r
       return b;
     }
   }
-  count_step_locked(step_release_all, moved + release_locked(0, &r.freed_on));
+  count_step_locked(step_release_all, moved + release_segments(0, &r.freed_on));
   settle_frees_locked(r);
   return retry_locked(r);
 }
@@ -229,7 +229,7 @@ basic_caching_allocator<Runtime>::recover_wait_locked(recovery_request& r)
   std::size_t const free_after = free_bytes_locked();
   count_step_locked(step_wait, free_after > free_before ? free_after - free_before : 0);
   if (!r.capture) { migrate_locked(r.stream, false); }
-  release_locked(0, &r.freed_on);
+  release_segments(0, &r.freed_on);
   settle_frees_locked(r);
   return retry_locked(r);
 }
