@@ -91,6 +91,7 @@
 #include <gpukit/memory/caching_allocator_stats.hpp>
 #include <gpukit/memory/detail/address_map.hpp>
 #include <gpukit/memory/detail/caching/block_index.hpp>
+#include <gpukit/memory/detail/caching/capture_pools.hpp>
 #include <gpukit/memory/detail/caching_block.hpp>
 #include <gpukit/memory/detail/debug_options.hpp>
 #include <gpukit/memory/detail/shared_counts.hpp>
@@ -549,10 +550,10 @@ class basic_caching_allocator final {
 
   using block        = detail::caching_block<Runtime>;
   using thread_cache = detail::caching_thread_cache<Runtime>;
+  using capture_pool = typename detail::caching::capture_pools<Runtime, block>::pool;
   struct segment;           // detail/pool_segments.inl
   struct stream_pool;       // detail/stream_bookkeeping.inl
   struct pending_free;      // detail/stream_bookkeeping.inl
-  struct capture_pool;      // detail/graph_capture.inl
   struct recovery_request;  // detail/oom_recovery.inl
   enum pool_kind : int { small_pool = 0, large_pool = 1 };
 
@@ -589,6 +590,10 @@ class basic_caching_allocator final {
   void count_free(thread_cache& tc, block* b, void* ptr, stream_type stream);
   void defer_free(thread_cache& tc, block* b, void* ptr, stream_type stream, void* owner)
     GPUKIT_EXCLUDES(mutex_);
+  bool defer_in_capture(block* b, stream_type stream, pending_free& pf) GPUKIT_REQUIRES(mutex_);
+  void record_use_events(block* b, stream_type stream, pending_free& pf) GPUKIT_REQUIRES(mutex_);
+  void park_pending(thread_cache& tc, block* b, void* ptr, pending_free&& pf)
+    GPUKIT_REQUIRES(mutex_);
   void validate_options() const;
   void teardown() noexcept GPUKIT_EXCLUDES(mutex_);
   struct teardown_calls;
@@ -689,10 +694,12 @@ class basic_caching_allocator final {
   std::size_t release_segment(block* b, std::vector<stream_type>& issued) GPUKIT_REQUIRES(mutex_);
   stream_type free_segment_memory(segment& seg, stream_type on) GPUKIT_REQUIRES(mutex_);
   // Graph capture (detail/graph_capture.inl).
-  capture_pool* active_capture_locked(stream_type stream) GPUKIT_REQUIRES(mutex_);
-  capture_pool* capture_for_locked(stream_type stream, bool guess_on_error = false)
-    GPUKIT_REQUIRES(mutex_);
-  capture_pool& capture_pool_locked(capture_id id) GPUKIT_REQUIRES(mutex_);
+  // The capture pool `stream` allocates from (detail/caching/capture_pools.hpp), or nullptr.
+  capture_pool* capture_for(stream_type stream, bool guess_on_error = false) GPUKIT_REQUIRES(mutex_)
+  {
+    return capture_.find_for(
+      runtime_, stream, captures_underway_.load(std::memory_order_relaxed) != 0, guess_on_error);
+  }
   void* allocate_captured_locked(std::size_t bytes, std::size_t size, int kind, capture_pool& cp,
                                  stream_type stream, thread_cache& tc) GPUKIT_REQUIRES(mutex_);
   // Recording (detail/recording.inl).
@@ -730,6 +737,8 @@ class basic_caching_allocator final {
     GPUKIT_REQUIRES(mutex_);
   std::size_t harvest_pages_locked(int kind, std::size_t wanted, block const* keep)
     GPUKIT_REQUIRES(mutex_);
+  std::vector<block*> page_donors(int kind, block const* keep) GPUKIT_REQUIRES(mutex_);
+  static bool holds_free_page(block const* b) noexcept;
   typename Runtime::error_type unmap_page_locked(segment& seg, std::size_t i)
     GPUKIT_REQUIRES(mutex_);
   std::size_t unmap_free_pages_locked(block* b, std::size_t wanted,
@@ -741,6 +750,9 @@ class basic_caching_allocator final {
   void unmap_stranded_pages_locked() GPUKIT_REQUIRES(mutex_);
   void unmap_released_blocks_locked(std::size_t target, stream_type const* only_stream)
     GPUKIT_REQUIRES(mutex_);
+  std::vector<stream_type> wait_for_growable_streams(stream_type const* only_stream)
+    GPUKIT_REQUIRES(mutex_);
+  static bool holds_growable_free(stream_pool const& sp);
   void free_empty_ranges_locked() GPUKIT_REQUIRES(mutex_);
   typename Runtime::error_type grant_peers_locked(void* va, std::size_t bytes)
     GPUKIT_REQUIRES(mutex_);
@@ -788,12 +800,6 @@ class basic_caching_allocator final {
     int waiters{0};
     std::vector<stream_type> unsettled;  // streams of stream-ordered frees release() issued
   };
-  /// Graph captures and their private pools.
-  struct capture_state {
-    std::vector<std::unique_ptr<capture_pool>> pools;
-    capture_id next_id{1};
-    int windows{0};  // begin_capture_window calls not yet ended
-  };
   /// Recorded events: threads record into their caches' rings, the pool into `ring`.
   struct recording_state {
     std::vector<memory_event> ring;  // segment and out-of-memory events
@@ -818,7 +824,7 @@ class basic_caching_allocator final {
   stream_state streams_ GPUKIT_GUARDED_BY(mutex_);
   thread_state threads_ GPUKIT_GUARDED_BY(mutex_);
   recovery_state recovery_ GPUKIT_GUARDED_BY(mutex_);
-  capture_state capture_ GPUKIT_GUARDED_BY(mutex_);
+  detail::caching::capture_pools<Runtime, block> capture_ GPUKIT_GUARDED_BY(mutex_);
   // Captures and windows under way: read on the fast path without the lock, written under it.
   std::atomic<int> captures_underway_{0};
   std::unique_ptr<debug_state> debug_;     // debug mode's quarantine (null when off)

@@ -157,7 +157,7 @@ struct allocator_invariants {
       for (auto const& idx : sp->index) { count_index(idx, false, sp->stream); }
     }
     for (auto const& idx : a.blocks_.globals()) { count_index(idx, true, stream_type{}); }
-    for (auto const& cp : a.capture_.pools) {
+    for (auto const& cp : a.capture_.pools()) {
       for (auto const& idx : cp->index) {
         idx.for_each([&](block* b) {
           t.indexed_bytes += b->size;

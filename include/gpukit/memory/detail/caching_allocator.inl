@@ -280,7 +280,7 @@ void* basic_caching_allocator<Runtime>::allocate_slow(std::size_t bytes, std::si
   int const kind     = kind_for(size);
   bool const capture = captures_underway_.load(std::memory_order_relaxed) != 0;
   if (capture) {
-    if (capture_pool* cp = capture_for_locked(stream)) {
+    if (capture_pool* cp = capture_for(stream)) {
       return allocate_captured_locked(bytes, size, kind, *cp, stream, tc);
     }
   }
@@ -525,39 +525,12 @@ void basic_caching_allocator<Runtime>::defer_free(thread_cache& tc, block* b, vo
   pf.stream = stream;
   std::optional<device_guard<Runtime>> guard;  // its query and switch can fail too: inside the try
   try {
-    bool in_capture =
-      captures_underway_.load(std::memory_order_relaxed) != 0 || capturing_locked(stream);
-    for (std::size_t i = 0; i < b->recorded.size() && !in_capture; ++i) {
-      in_capture = !(b->recorded[i] == stream) && capturing_locked(b->recorded[i]);
-    }
-    if (in_capture) {
-      capture_pool* cp = b->capture_pool == 0 ? capture_for_locked(stream) : nullptr;
-      for (stream_type s : b->recorded) {
-        if (!(s == stream)) { pf.uses.push_back(s); }
-      }
-      if (!pf.uses.empty()) {
-        if (cp != nullptr) { b->capture_pool = cp->id; }
-        pending_.add(b->kind, static_cast<std::int64_t>(b->size), 1);  // still active: first
-        count_free(tc, b, ptr, stream);
-        b->recorded.clear();
-        b->state.store(detail::block_state::pending, std::memory_order_relaxed);
-        streams_.pending.push_back(std::move(pf));
-        return;
-      }
+    if (defer_in_capture(b, stream, pf)) {
+      park_pending(tc, b, ptr, std::move(pf));
+      return;
     }
     guard.emplace(runtime_, device_);
-    for (stream_type s : b->recorded) {
-      if (s == stream) { continue; }
-      event_type e                         = take_event_locked();
-      typename Runtime::error_type const r = runtime_.event_record(e, s);
-      if (r != Runtime::success) { streams_.spare_events.push_back(e); }
-      if (r == Runtime::invalid_resource_handle) {  // s was destroyed: the device is waited for
-        retire_dead_stream_locked(s);
-        continue;
-      }
-      GPUKIT_CUDA_TRY(r, "event_record");
-      pf.events.push_back(e);
-    }
+    record_use_events(b, stream, pf);
   } catch (...) {  // the block stays allocated, as if this call had not been made
     streams_.spare_events.insert(streams_.spare_events.end(), pf.events.begin(), pf.events.end());
     b->owner.store(owner, std::memory_order_release);
@@ -569,8 +542,58 @@ void basic_caching_allocator<Runtime>::defer_free(thread_cache& tc, block* b, vo
     free_to_pool_locked(b, stream);
     return;
   }
+  park_pending(tc, b, ptr, std::move(pf));
+}
+
+// defer_free during a graph capture that involves b's streams: true when b waits for its other
+// streams' uses (in pf.uses) until the capture has ended, kept for the capture's pool of `stream`.
+template <class Runtime>
+bool basic_caching_allocator<Runtime>::defer_in_capture(block* b, stream_type stream,
+                                                        pending_free& pf)
+{
+  bool in_capture =
+    captures_underway_.load(std::memory_order_relaxed) != 0 || capturing_locked(stream);
+  for (std::size_t i = 0; i < b->recorded.size() && !in_capture; ++i) {
+    in_capture = !(b->recorded[i] == stream) && capturing_locked(b->recorded[i]);
+  }
+  if (!in_capture) { return false; }
+  capture_pool* cp = b->capture_pool == 0 ? capture_for(stream) : nullptr;
+  for (stream_type s : b->recorded) {
+    if (!(s == stream)) { pf.uses.push_back(s); }
+  }
+  if (pf.uses.empty()) { return false; }
+  if (cp != nullptr) { b->capture_pool = cp->id; }
+  return true;
+}
+
+// defer_free: an event on each other stream b was used on, into pf.events; a stream found
+// destroyed is retired (the device waited for) instead.
+// @throws gpukit::cuda_error when a record fails otherwise (the events so far are in pf.events)
+template <class Runtime>
+void basic_caching_allocator<Runtime>::record_use_events(block* b, stream_type stream,
+                                                         pending_free& pf)
+{
+  for (stream_type s : b->recorded) {
+    if (s == stream) { continue; }
+    event_type e                         = take_event_locked();
+    typename Runtime::error_type const r = runtime_.event_record(e, s);
+    if (r != Runtime::success) { streams_.spare_events.push_back(e); }
+    if (r == Runtime::invalid_resource_handle) {  // s was destroyed: the device is waited for
+      retire_dead_stream_locked(s);
+      continue;
+    }
+    GPUKIT_CUDA_TRY(r, "event_record");
+    pf.events.push_back(e);
+  }
+}
+
+// b, freed, waits as a pending free (still active in the statistics until its events complete).
+template <class Runtime>
+void basic_caching_allocator<Runtime>::park_pending(thread_cache& tc, block* b, void* ptr,
+                                                    pending_free&& pf)
+{
   pending_.add(b->kind, static_cast<std::int64_t>(b->size), 1);  // still active: first
-  count_free(tc, b, ptr, stream);
+  count_free(tc, b, ptr, pf.stream);
   b->recorded.clear();
   b->state.store(detail::block_state::pending, std::memory_order_relaxed);
   streams_.pending.push_back(std::move(pf));

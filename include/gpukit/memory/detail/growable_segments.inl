@@ -140,15 +140,30 @@ std::size_t basic_caching_allocator<Runtime>::harvest_pages_locked(int kind, std
                                                                    block const* keep)
 {
   if (wanted == 0 || captures_underway_.load(std::memory_order_relaxed) != 0) { return 0; }
+  device_guard<Runtime> guard{runtime_, device_};
+  std::vector<block*> donors = page_donors(kind, keep);
+  // Largest first: fewer blocks split for the same pages.
+  std::sort(donors.begin(), donors.end(), [](block* a, block* b) { return a->size > b->size; });
+  std::size_t got = 0;
+  for (block* b : donors) {
+    typename Runtime::error_type error = Runtime::success;
+    got += unmap_free_pages_locked(b, wanted - got, error);
+    if (error != Runtime::success || got >= wanted) { break; }  // a failed unmap: grow instead
+  }
+  return got;
+}
+
+// The free growable blocks whose work is known complete (global, or of an idle stream) and that
+// hold a whole page, of pool `kind` (and of the other kind when the pages have the same size);
+// the neighbours of `keep` stay.
+template <class Runtime>
+std::vector<typename basic_caching_allocator<Runtime>::block*>
+basic_caching_allocator<Runtime>::page_donors(int kind, block const* keep)
+{
   std::vector<block*> donors;
   auto consider = [&](block* b) {
-    auto const* seg = static_cast<segment const*>(b->segment);
-    if (!seg->growable || b->capture_pool != 0 || b == keep->prev || b == keep->next) { return; }
-    std::uintptr_t const va0 = reinterpret_cast<std::uintptr_t>(seg->ptr);
-    std::size_t const off    = b->address() - va0;
-    if ((off + b->size) / seg->page > (off + seg->page - 1) / seg->page) { donors.push_back(b); }
+    if (b != keep->prev && b != keep->next && holds_free_page(b)) { donors.push_back(b); }
   };
-  device_guard<Runtime> guard{runtime_, device_};
   // Both pools' pages serve either pool when their pages have the same size.
   int const kinds[2] = {kind, 1 - kind};
   int const nkinds   = pages_.page_bytes[0] == pages_.page_bytes[1] ? 2 : 1;
@@ -163,15 +178,17 @@ std::size_t basic_caching_allocator<Runtime>::harvest_pages_locked(int kind, std
     GPUKIT_CUDA_TRY(q, "stream_query");
     for (int k = 0; k < nkinds; ++k) { sp->index[kinds[k]].for_each(consider); }
   }
-  // Largest first: fewer blocks split for the same pages.
-  std::sort(donors.begin(), donors.end(), [](block* a, block* b) { return a->size > b->size; });
-  std::size_t got = 0;
-  for (block* b : donors) {
-    typename Runtime::error_type error = Runtime::success;
-    got += unmap_free_pages_locked(b, wanted - got, error);
-    if (error != Runtime::success || got >= wanted) { break; }  // a failed unmap: grow instead
-  }
-  return got;
+  return donors;
+}
+
+// Whether free block b of a growable segment (and of no capture) covers a whole page.
+template <class Runtime>
+bool basic_caching_allocator<Runtime>::holds_free_page(block const* b) noexcept
+{
+  auto const* seg = static_cast<segment const*>(b->segment);
+  if (!seg->growable || b->capture_pool != 0) { return false; }
+  std::size_t const off = b->address() - reinterpret_cast<std::uintptr_t>(seg->ptr);
+  return (off + b->size) / seg->page > (off + seg->page - 1) / seg->page;
 }
 
 /// A page map_pages_locked has mapped, until the transaction ends.
@@ -486,34 +503,13 @@ template <class Runtime>
 void basic_caching_allocator<Runtime>::unmap_released_blocks_locked(std::size_t target,
                                                                     stream_type const* only_stream)
 {
+  std::vector<stream_type> const capturing = wait_for_growable_streams(only_stream);
   std::vector<block*> blocks;
   auto collect = [&](block* b) {
     if (static_cast<segment const*>(b->segment)->growable && b->capture_pool == 0) {
       blocks.push_back(b);
     }
   };
-  // The streams whose pages go are waited for first; destroyed ones are retired (their blocks
-  // join the global pool) before any block is collected, as retiring merges blocks.
-  // Streams being captured (begun on the stream directly) are not waited for: their pages stay.
-  std::vector<stream_type> dead, capturing;
-  for (auto& sp : streams_.pools) {
-    if (only_stream != nullptr && !(sp->stream == *only_stream)) { continue; }
-    for (auto& idx : sp->index) { idx.for_each(collect); }
-    if (blocks.empty()) { continue; }
-    blocks.clear();
-    if (capturing_locked(sp->stream)) {
-      capturing.push_back(sp->stream);
-      continue;
-    }
-    typename Runtime::error_type const e = runtime_.stream_synchronize(sp->stream);
-    if (e == Runtime::invalid_resource_handle) {
-      dead.push_back(sp->stream);
-    } else {
-      GPUKIT_CUDA_TRY(e, "stream_synchronize (releasing growable segments)");
-    }
-    ++stats_.num_release_waits;
-  }
-  for (stream_type d : dead) { retire_dead_stream_locked(d); }
   for (auto& sp : streams_.pools) {
     if (only_stream != nullptr && !(sp->stream == *only_stream)) { continue; }
     if (std::find(capturing.begin(), capturing.end(), sp->stream) != capturing.end()) { continue; }
@@ -530,6 +526,47 @@ void basic_caching_allocator<Runtime>::unmap_released_blocks_locked(std::size_t 
     release_spare_pages_locked(target);
     GPUKIT_CUDA_TRY(error, "vm_unmap (releasing growable segment pages)");
   }
+}
+
+// The streams whose growable pages unmap_released_blocks_locked unmaps are waited for first;
+// destroyed ones are retired (their blocks join the global pool) before any block is collected,
+// as retiring merges blocks. Streams being captured (begun on the stream directly) are not
+// waited for: returned, their pages stay.
+template <class Runtime>
+std::vector<typename Runtime::stream_type>
+basic_caching_allocator<Runtime>::wait_for_growable_streams(stream_type const* only_stream)
+{
+  std::vector<stream_type> dead, capturing;
+  for (auto& sp : streams_.pools) {
+    if (only_stream != nullptr && !(sp->stream == *only_stream)) { continue; }
+    if (!holds_growable_free(*sp)) { continue; }
+    if (capturing_locked(sp->stream)) {
+      capturing.push_back(sp->stream);
+      continue;
+    }
+    typename Runtime::error_type const e = runtime_.stream_synchronize(sp->stream);
+    if (e == Runtime::invalid_resource_handle) {
+      dead.push_back(sp->stream);
+    } else {
+      GPUKIT_CUDA_TRY(e, "stream_synchronize (releasing growable segments)");
+    }
+    ++stats_.num_release_waits;
+  }
+  for (stream_type d : dead) { retire_dead_stream_locked(d); }
+  return capturing;
+}
+
+// Whether stream pool sp holds a free block of a growable segment (and of no capture).
+template <class Runtime>
+bool basic_caching_allocator<Runtime>::holds_growable_free(stream_pool const& sp)
+{
+  bool found = false;
+  for (auto const& idx : sp.index) {
+    idx.for_each([&](block* b) {
+      found = found || (static_cast<segment const*>(b->segment)->growable && b->capture_pool == 0);
+    });
+  }
+  return found;
 }
 
 // Address ranges with nothing left in them go back to the runtime.

@@ -155,7 +155,7 @@ template <class Runtime>
 detail::tlsf_index<typename basic_caching_allocator<Runtime>::block>&
 basic_caching_allocator<Runtime>::index_for(block const* b)
 {
-  if (b->capture_pool != 0) { return capture_pool_locked(b->capture_pool).index[b->kind]; }
+  if (b->capture_pool != 0) { return capture_.at(b->capture_pool).index[b->kind]; }
   if (b->global) { return blocks_.global(b->kind); }
   return stream_pool_locked(b->stream).index[b->kind];
 }
@@ -178,7 +178,7 @@ void basic_caching_allocator<Runtime>::free_to_pool_locked(block* b, stream_type
   if (b->capture_pool == 0 && captures_underway_.load(std::memory_order_relaxed) != 0) {
     // Freed on a stream being captured: the graph may use the block when it replays, so it is
     // kept for that capture's pool (reusable within it) until release_capture_pool.
-    if (capture_pool* cp = capture_for_locked(stream, true)) { b->capture_pool = cp->id; }
+    if (capture_pool* cp = capture_for(stream, true)) { b->capture_pool = cp->id; }
   }
   if (b->capture_pool != 0) {
     b->stream = stream;

@@ -100,7 +100,7 @@ basic_caching_allocator<Runtime>::whole_free_segments(int only_kind, stream_type
     bool const alone =
       b->prev == nullptr && b->next == nullptr && b->capture_pool == 0 && !seg->growable;
     if (!alone || (only_kind >= 0 && b->kind != only_kind)) { return; }
-    if (capture && (!seg->stream_ordered || (!b->global && active_capture_locked(b->stream)))) {
+    if (capture && (!seg->stream_ordered || (!b->global && capture_.active_on(b->stream)))) {
       return;
     }
     whole.push_back(b);
