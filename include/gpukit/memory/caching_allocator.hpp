@@ -609,12 +609,11 @@ class basic_caching_allocator final {
   void debug_flush(stream_type stream, bool all);
   template <class Entries>
   void debug_release(Entries const& evicted);
-  void* guard_allocate_locked(std::size_t bytes, std::size_t size, int kind, stream_type stream,
-                              thread_cache& tc) GPUKIT_REQUIRES(mutex_);
-  block* guard_place_locked(std::size_t size, int kind, stream_type stream, bool& oom)
+  void* guard_allocate(std::size_t bytes, std::size_t size, int kind, stream_type stream,
+                       thread_cache& tc) GPUKIT_REQUIRES(mutex_);
+  block* guard_place(std::size_t size, int kind, stream_type stream, bool& oom)
     GPUKIT_REQUIRES(mutex_);
-  block* guard_range_locked(std::size_t pages, int kind, std::uintptr_t& at)
-    GPUKIT_REQUIRES(mutex_);
+  block* guard_range(std::size_t pages, int kind, std::uintptr_t& at) GPUKIT_REQUIRES(mutex_);
   void guard_free(void* ptr, std::size_t bytes, bool check_size, stream_type stream)
     GPUKIT_EXCLUDES(mutex_);
   // Thread caches (detail/thread_cache.inl).
@@ -625,15 +624,15 @@ class basic_caching_allocator final {
     GPUKIT_EXCLUDES(mutex_);
   static void on_thread_exit(void* allocator, void* cache);
   void purge_handed_out(thread_cache& tc);
-  void flush_cache_locked(thread_cache& tc) GPUKIT_REQUIRES(mutex_);
+  void drain_cache(thread_cache& tc) GPUKIT_REQUIRES(mutex_);
   void flush_cache(thread_cache& tc) GPUKIT_EXCLUDES(mutex_);
   // The pool: segments, descriptors, indices (detail/pool_segments.inl).
-  block* find_free_locked(std::size_t size, int kind, stream_type stream) GPUKIT_REQUIRES(mutex_);
+  block* find_free(std::size_t size, int kind, stream_type stream) GPUKIT_REQUIRES(mutex_);
   std::size_t segment_size_for(std::size_t size) const noexcept;
-  block* new_segment_locked(std::size_t size, int kind, stream_type stream, bool& oom)
+  block* new_segment(std::size_t size, int kind, stream_type stream, bool& oom)
     GPUKIT_REQUIRES(mutex_);
-  void adopt_segment_locked(block* b, std::unique_ptr<segment> seg, void* p, std::size_t seg_size,
-                            int kind, stream_type stream, bool stream_ordered, capture_id pool)
+  void adopt_segment(block* b, std::unique_ptr<segment> seg, void* p, std::size_t seg_size,
+                     int kind, stream_type stream, bool stream_ordered, capture_id pool)
     GPUKIT_REQUIRES(mutex_);
   block* take(block* b, std::size_t size, std::size_t bytes, stream_type stream)
     GPUKIT_REQUIRES(mutex_);
@@ -641,24 +640,23 @@ class basic_caching_allocator final {
   detail::tlsf_index<block>& index_for(block const* b) GPUKIT_REQUIRES(mutex_);
   block* insert_free(block* b) GPUKIT_REQUIRES(mutex_);
   void unindex(block* b) GPUKIT_REQUIRES(mutex_) { index_for(b).remove(b); }
-  void free_to_pool_locked(block* b, stream_type stream) GPUKIT_REQUIRES(mutex_);
+  void free_to_pool(block* b, stream_type stream) GPUKIT_REQUIRES(mutex_);
   static memory_heap segment_heap(block const* b) noexcept;
   // Streams, pending frees, migration, events (detail/stream_bookkeeping.inl).
-  stream_pool& stream_pool_locked(stream_type stream) GPUKIT_REQUIRES(mutex_);
-  void check_stream_locked(stream_type stream, char const* what) GPUKIT_REQUIRES(mutex_);
-  bool check_stream_locked(stream_type stream, char const* what, bool dead_ok)
-    GPUKIT_REQUIRES(mutex_);
+  stream_pool& pool_of(stream_type stream) GPUKIT_REQUIRES(mutex_);
+  void check_stream(stream_type stream, char const* what) GPUKIT_REQUIRES(mutex_);
+  bool check_stream(stream_type stream, char const* what, bool dead_ok) GPUKIT_REQUIRES(mutex_);
   bool check_free_stream(thread_cache& tc, stream_type stream) GPUKIT_EXCLUDES(mutex_);
-  void retire_dead_stream_locked(stream_type stream) GPUKIT_REQUIRES(mutex_);
+  void retire_dead_stream(stream_type stream) GPUKIT_REQUIRES(mutex_);
   void free_on_dead_stream(thread_cache& tc, block* b, void* ptr, stream_type stream)
     GPUKIT_EXCLUDES(mutex_);
-  void forget_stream_locked(stream_type stream, bool synchronized) GPUKIT_REQUIRES(mutex_);
-  bool capturing_locked(stream_type stream) GPUKIT_REQUIRES(mutex_);
-  std::size_t poll_pending_locked(bool wait = false) GPUKIT_REQUIRES(mutex_);
-  bool arm_pending_locked(pending_free& pf) GPUKIT_REQUIRES(mutex_);
-  std::size_t migrate_locked(stream_type requester, bool wait) GPUKIT_REQUIRES(mutex_);
-  std::size_t make_global_locked(stream_pool& sp, std::uint64_t up_to_seq) GPUKIT_REQUIRES(mutex_);
-  event_type take_event_locked() GPUKIT_REQUIRES(mutex_);
+  void drop_stream(stream_type stream, bool synchronized) GPUKIT_REQUIRES(mutex_);
+  bool is_capturing(stream_type stream) GPUKIT_REQUIRES(mutex_);
+  std::size_t poll_pending(bool wait = false) GPUKIT_REQUIRES(mutex_);
+  bool arm_pending(pending_free& pf) GPUKIT_REQUIRES(mutex_);
+  std::size_t migrate(stream_type requester, bool wait) GPUKIT_REQUIRES(mutex_);
+  std::size_t make_global(stream_pool& sp, std::uint64_t up_to_seq) GPUKIT_REQUIRES(mutex_);
+  event_type take_event() GPUKIT_REQUIRES(mutex_);
   // The out-of-memory ladder (detail/oom_recovery.inl).
   enum recovery_step : int {
     step_events,
@@ -669,19 +667,30 @@ class basic_caching_allocator final {
     step_wait,
   };
   static_assert(step_wait + 1 == recovery_step_count, "one enumerator per recovery_step_names");
-  block* recover_locked(std::size_t size, int kind, stream_type stream, thread_cache& tc,
-                        std::vector<stream_type>& freed_on, bool capture) GPUKIT_REQUIRES(mutex_);
-  block* retry_locked(recovery_request const& r) GPUKIT_REQUIRES(mutex_);
-  void settle_frees_locked(recovery_request& r) GPUKIT_REQUIRES(mutex_);
-  void count_step_locked(recovery_step step, std::size_t reclaimed) GPUKIT_REQUIRES(mutex_);
-  block* recover_events_locked(recovery_request& r) GPUKIT_REQUIRES(mutex_);
-  block* recover_callbacks_locked(recovery_request& r) GPUKIT_REQUIRES(mutex_);
-  block* recover_release_stream_locked(recovery_request& r) GPUKIT_REQUIRES(mutex_);
-  block* recover_release_all_locked(recovery_request& r) GPUKIT_REQUIRES(mutex_);
-  block* recover_other_pool_locked(recovery_request& r) GPUKIT_REQUIRES(mutex_);
-  block* recover_wait_locked(recovery_request& r) GPUKIT_REQUIRES(mutex_);
-  std::size_t free_bytes_locked() const GPUKIT_REQUIRES(mutex_);
-  [[noreturn]] void throw_oom_locked(std::size_t bytes, std::size_t size) GPUKIT_REQUIRES(mutex_);
+  block* recover(std::size_t size, int kind, stream_type stream, thread_cache& tc,
+                 std::vector<stream_type>& freed_on, bool capture) GPUKIT_REQUIRES(mutex_);
+  block* retry(recovery_request const& r) GPUKIT_REQUIRES(mutex_);
+  void settle_frees(recovery_request& r) GPUKIT_REQUIRES(mutex_);
+  void count_step(recovery_step step, std::size_t reclaimed) GPUKIT_REQUIRES(mutex_);
+  block* recover_events(recovery_request& r) GPUKIT_REQUIRES(mutex_);
+  block* recover_callbacks(recovery_request& r) GPUKIT_REQUIRES(mutex_);
+  block* recover_release_stream(recovery_request& r) GPUKIT_REQUIRES(mutex_);
+  block* recover_release_all(recovery_request& r) GPUKIT_REQUIRES(mutex_);
+  block* recover_other_pool(recovery_request& r) GPUKIT_REQUIRES(mutex_);
+  block* recover_wait(recovery_request& r) GPUKIT_REQUIRES(mutex_);
+  // The ladder's steps, one per recovery_step, in the order of recovery_step_names; each records
+  // what it reclaimed (count_step) and ends with a fresh search of the pool and one more try of
+  // the runtime. Growable segments: the two release steps unmap the free pages of the streams
+  // they release.
+  using recovery_fn = block* (basic_caching_allocator::*)(recovery_request&);
+  static constexpr recovery_fn recovery_ladder[] = {
+    &basic_caching_allocator::recover_events,         &basic_caching_allocator::recover_callbacks,
+    &basic_caching_allocator::recover_release_stream, &basic_caching_allocator::recover_release_all,
+    &basic_caching_allocator::recover_other_pool,     &basic_caching_allocator::recover_wait,
+  };
+  static_assert(std::size(recovery_ladder) == recovery_step_count, "one step per recovery_step");
+  std::size_t free_bytes() const GPUKIT_REQUIRES(mutex_);
+  [[noreturn]] void throw_oom(std::size_t bytes, std::size_t size) GPUKIT_REQUIRES(mutex_);
   // Release (detail/release.inl).
   struct capture_probe;
   std::size_t release_segments(std::size_t target, std::vector<stream_type>* freed_on = nullptr,
@@ -700,63 +709,59 @@ class basic_caching_allocator final {
     return capture_.find_for(
       runtime_, stream, captures_underway_.load(std::memory_order_relaxed) != 0, guess_on_error);
   }
-  void* allocate_captured_locked(std::size_t bytes, std::size_t size, int kind, capture_pool& cp,
-                                 stream_type stream, thread_cache& tc) GPUKIT_REQUIRES(mutex_);
+  void* allocate_captured(std::size_t bytes, std::size_t size, int kind, capture_pool& cp,
+                          stream_type stream, thread_cache& tc) GPUKIT_REQUIRES(mutex_);
   // Recording (detail/recording.inl).
   void record(thread_cache& tc, memory_event::action what, block const* b, stream_type stream);
-  void record_pool_locked(memory_event::action what, std::uintptr_t address, std::size_t bytes,
-                          stream_type stream) GPUKIT_REQUIRES(mutex_);
+  void record_pool(memory_event::action what, std::uintptr_t address, std::size_t bytes,
+                   stream_type stream) GPUKIT_REQUIRES(mutex_);
   static std::uint64_t now_ns() noexcept;
   static std::uintptr_t stream_id(stream_type stream) noexcept;
   // Statistics (detail/statistics.inl).
-  caching_pool_stats& pool_stats_locked(int kind) const noexcept GPUKIT_REQUIRES(mutex_);
-  void update_peaks_locked() const GPUKIT_REQUIRES(mutex_);
-  void share_counts_locked() GPUKIT_REQUIRES(mutex_);
+  caching_pool_stats& pool_stats(int kind) const noexcept GPUKIT_REQUIRES(mutex_);
+  void update_peaks() const GPUKIT_REQUIRES(mutex_);
+  void share_counts() GPUKIT_REQUIRES(mutex_);
   __attribute__((noinline)) void join_shared_counts(thread_cache& tc) noexcept;
-  void store_shared_peaks_locked(bool from_current) GPUKIT_REQUIRES(mutex_);
-  void update_scanned_locked() const GPUKIT_REQUIRES(mutex_);
-  void count_reserved_locked(int kind, std::int64_t delta) noexcept GPUKIT_REQUIRES(mutex_);
-  void count_segment_locked(int kind, int delta) noexcept GPUKIT_REQUIRES(mutex_);
-  void raise_reserved_peak_locked() noexcept GPUKIT_REQUIRES(mutex_);
+  void store_shared_peaks(bool from_current) GPUKIT_REQUIRES(mutex_);
+  void update_scanned() const GPUKIT_REQUIRES(mutex_);
+  void count_reserved(int kind, std::int64_t delta) noexcept GPUKIT_REQUIRES(mutex_);
+  void count_segment(int kind, int delta) noexcept GPUKIT_REQUIRES(mutex_);
+  void raise_reserved_peak() noexcept GPUKIT_REQUIRES(mutex_);
   // Growable segments (detail/growable_segments.inl).
-  block* grow_locked(std::size_t size, int kind, stream_type stream, bool& oom)
+  block* grow_segment(std::size_t size, int kind, stream_type stream, bool& oom)
     GPUKIT_REQUIRES(mutex_);
-  block* reserve_growable_locked(std::size_t size, int kind, stream_type stream, bool& oom)
+  block* reserve_growable(std::size_t size, int kind, stream_type stream, bool& oom)
     GPUKIT_REQUIRES(mutex_);
   struct mapped_page;
-  bool map_pages_locked(segment& seg, std::size_t first, std::size_t count, bool& oom)
+  bool map_pages(segment& seg, std::size_t first, std::size_t count, bool& oom)
     GPUKIT_REQUIRES(mutex_);
   static void* page_address(segment const& seg, std::size_t i) noexcept;
-  void count_mapped_page_locked(segment const& seg, bool fresh) noexcept GPUKIT_REQUIRES(mutex_);
-  typename Runtime::error_type take_page_locked(int kind, std::size_t page, mapped_page& m)
+  void count_mapped_page(segment const& seg, bool fresh) noexcept GPUKIT_REQUIRES(mutex_);
+  typename Runtime::error_type take_page(int kind, std::size_t page, mapped_page& m)
     GPUKIT_REQUIRES(mutex_);
-  void give_back_page_locked(int kind, std::size_t page, mapped_page const& m)
-    GPUKIT_REQUIRES(mutex_);
-  bool undo_map_locked(segment& seg, std::vector<mapped_page> const& now,
-                       typename Runtime::error_type e, bool& oom, char const* call)
-    GPUKIT_REQUIRES(mutex_);
-  std::size_t harvest_pages_locked(int kind, std::size_t wanted, block const* keep)
+  void give_back_page(int kind, std::size_t page, mapped_page const& m) GPUKIT_REQUIRES(mutex_);
+  bool undo_map(segment& seg, std::vector<mapped_page> const& now, typename Runtime::error_type e,
+                bool& oom, char const* call) GPUKIT_REQUIRES(mutex_);
+  std::size_t harvest_pages(int kind, std::size_t wanted, block const* keep)
     GPUKIT_REQUIRES(mutex_);
   std::vector<block*> page_donors(int kind, block const* keep) GPUKIT_REQUIRES(mutex_);
   static bool holds_free_page(block const* b) noexcept;
-  typename Runtime::error_type unmap_page_locked(segment& seg, std::size_t i)
+  typename Runtime::error_type unmap_page(segment& seg, std::size_t i) GPUKIT_REQUIRES(mutex_);
+  std::size_t unmap_free_pages(block* b, std::size_t wanted, typename Runtime::error_type& error)
     GPUKIT_REQUIRES(mutex_);
-  std::size_t unmap_free_pages_locked(block* b, std::size_t wanted,
-                                      typename Runtime::error_type& error) GPUKIT_REQUIRES(mutex_);
-  void insert_unmapped_locked(block* b) GPUKIT_REQUIRES(mutex_);
-  std::size_t release_growable_locked(std::size_t target, stream_type const* only_stream)
+  void insert_unmapped(block* b) GPUKIT_REQUIRES(mutex_);
+  std::size_t release_growable(std::size_t target, stream_type const* only_stream)
     GPUKIT_REQUIRES(mutex_);
-  void release_spare_pages_locked(std::size_t target) GPUKIT_REQUIRES(mutex_);
-  void unmap_stranded_pages_locked() GPUKIT_REQUIRES(mutex_);
-  void unmap_released_blocks_locked(std::size_t target, stream_type const* only_stream)
+  void release_spare_pages(std::size_t target) GPUKIT_REQUIRES(mutex_);
+  void unmap_stranded_pages() GPUKIT_REQUIRES(mutex_);
+  void unmap_released_blocks(std::size_t target, stream_type const* only_stream)
     GPUKIT_REQUIRES(mutex_);
   std::vector<stream_type> wait_for_growable_streams(stream_type const* only_stream)
     GPUKIT_REQUIRES(mutex_);
   static bool holds_growable_free(stream_pool const& sp);
-  void free_empty_ranges_locked() GPUKIT_REQUIRES(mutex_);
-  typename Runtime::error_type grant_peers_locked(void* va, std::size_t bytes)
-    GPUKIT_REQUIRES(mutex_);
-  void close_page_fd_locked(segment& seg, std::size_t i) noexcept GPUKIT_REQUIRES(mutex_);
+  void free_empty_ranges() GPUKIT_REQUIRES(mutex_);
+  typename Runtime::error_type grant_peers(void* va, std::size_t bytes) GPUKIT_REQUIRES(mutex_);
+  void close_page_fd(segment& seg, std::size_t i) noexcept GPUKIT_REQUIRES(mutex_);
   // The list of spare pages a pool kind uses: one for both when their pages have the same size.
   int spare_kind(int kind) const noexcept GPUKIT_REQUIRES(mutex_)
   {

@@ -179,7 +179,7 @@ struct allocator_invariants {
     for (int k = 0; k < 2; ++k) {
       t.segment_bytes += a.pages_.spare[k].size() * a.pages_.page_bytes[k];
       t.kind_bytes[k] += a.pages_.spare[k].size() * a.pages_.page_bytes[k];
-      caching_pool_stats const& p = a.pool_stats_locked(k);
+      caching_pool_stats const& p = a.pool_stats(k);
       if (p.reserved_bytes.current != static_cast<std::int64_t>(t.kind_bytes[k])) {
         err += "pool " + std::to_string(k) + " reserved " +
                std::to_string(p.reserved_bytes.current) + " != its segments " +

@@ -226,7 +226,7 @@ void basic_caching_allocator<Runtime>::teardown_segment(segment* seg, teardown_c
     for (std::size_t i = 0; i < seg->mapped.size(); ++i) {
       if (seg->mapped[i] == 0) { continue; }
       void* at = static_cast<char*>(seg->ptr) + i * seg->page;
-      close_page_fd_locked(*seg, i);
+      close_page_fd(*seg, i);
       call([&] { return runtime_.vm_unmap(at, seg->page); });
       call([&] { return runtime_.vm_release(seg->handles[i]); });
     }
@@ -276,16 +276,16 @@ void* basic_caching_allocator<Runtime>::allocate_slow(std::size_t bytes, std::si
                                                       stream_type stream, thread_cache& tc)
 {
   detail::pool_lock lock{mutex_};
-  check_stream_locked(stream, "allocate_async");
+  check_stream(stream, "allocate_async");
   int const kind     = kind_for(size);
   bool const capture = captures_underway_.load(std::memory_order_relaxed) != 0;
   if (capture) {
     if (capture_pool* cp = capture_for(stream)) {
-      return allocate_captured_locked(bytes, size, kind, *cp, stream, tc);
+      return allocate_captured(bytes, size, kind, *cp, stream, tc);
     }
   }
   if (debug_ != nullptr && debug_->guard && !capture) {  // guard pages (detail/debug_mode.inl)
-    return guard_allocate_locked(bytes, size, kind, stream, tc);
+    return guard_allocate(bytes, size, kind, stream, tc);
   }
   block* b = find_reusable(size, kind, stream, tc, capture);
   if (b == nullptr) { b = new_memory(bytes, size, kind, stream, tc, capture); }
@@ -301,10 +301,10 @@ template <class Runtime>
 typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtime>::find_reusable(
   std::size_t size, int kind, stream_type stream, thread_cache& tc, bool capture)
 {
-  if (!capture && !streams_.pending.empty()) { poll_pending_locked(); }  // the oldest memory first
+  if (!capture && !streams_.pending.empty()) { poll_pending(); }  // the oldest memory first
   block* b = find_free_or_migrate(size, kind, stream, capture);
   if (b == nullptr && tc.cached_bytes.get() > 0) {
-    flush_cache_locked(tc);
+    drain_cache(tc);
     b = find_free_or_migrate(size, kind, stream, capture);
   }
   return b;
@@ -317,10 +317,8 @@ typename basic_caching_allocator<Runtime>::block*
 basic_caching_allocator<Runtime>::find_free_or_migrate(std::size_t size, int kind,
                                                        stream_type stream, bool capture)
 {
-  block* b = find_free_locked(size, kind, stream);
-  if (b == nullptr && !capture && migrate_locked(stream, false)) {
-    b = find_free_locked(size, kind, stream);
-  }
+  block* b = find_free(size, kind, stream);
+  if (b == nullptr && !capture && migrate(stream, false)) { b = find_free(size, kind, stream); }
   return b;
 }
 
@@ -339,11 +337,11 @@ typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtim
   }
   bool oom = false;
   block* b =
-    growable_ ? grow_locked(size, kind, stream, oom) : new_segment_locked(size, kind, stream, oom);
+    growable_ ? grow_segment(size, kind, stream, oom) : new_segment(size, kind, stream, oom);
   if (b != nullptr) { return b; }
   ++stats_.num_alloc_retries;
-  b = recover_locked(size, kind, stream, tc, freed_on, capture);
-  if (b == nullptr) { throw_oom_locked(bytes, size); }
+  b = recover(size, kind, stream, tc, freed_on, capture);
+  if (b == nullptr) { throw_oom(bytes, size); }
   return b;
 }
 
@@ -426,7 +424,7 @@ void basic_caching_allocator<Runtime>::deallocate_impl(void* ptr, std::size_t by
       std::remove(streams_.forgotten.begin(), streams_.forgotten.end(), stream),
       streams_.forgotten.end());
   }
-  free_to_pool_locked(b, stream);
+  free_to_pool(b, stream);
 }
 
 // The block this thread handed out at `key`, claimed for this free; nullptr when this thread's
@@ -514,7 +512,7 @@ __attribute__((always_inline)) inline void basic_caching_allocator<Runtime>::cou
 // now has completed, so it waits as a pending free on an event per such stream. During a graph
 // capture (of this allocator, or on any of those streams) an event would be part of the graph and
 // could not be queried: the block waits, its events unrecorded, until the capture has ended
-// (arm_pending_locked), kept for the capture's pool as free_to_pool_locked would keep it.
+// (arm_pending), kept for the capture's pool as free_to_pool would keep it.
 template <class Runtime>
 void basic_caching_allocator<Runtime>::defer_free(thread_cache& tc, block* b, void* ptr,
                                                   stream_type stream, void* owner)
@@ -539,7 +537,7 @@ void basic_caching_allocator<Runtime>::defer_free(thread_cache& tc, block* b, vo
   if (pf.events.empty()) {  // every other stream was destroyed and waited for
     count_free(tc, b, ptr, stream);
     b->recorded.clear();
-    free_to_pool_locked(b, stream);
+    free_to_pool(b, stream);
     return;
   }
   park_pending(tc, b, ptr, std::move(pf));
@@ -551,10 +549,9 @@ template <class Runtime>
 bool basic_caching_allocator<Runtime>::defer_in_capture(block* b, stream_type stream,
                                                         pending_free& pf)
 {
-  bool in_capture =
-    captures_underway_.load(std::memory_order_relaxed) != 0 || capturing_locked(stream);
+  bool in_capture = captures_underway_.load(std::memory_order_relaxed) != 0 || is_capturing(stream);
   for (std::size_t i = 0; i < b->recorded.size() && !in_capture; ++i) {
-    in_capture = !(b->recorded[i] == stream) && capturing_locked(b->recorded[i]);
+    in_capture = !(b->recorded[i] == stream) && is_capturing(b->recorded[i]);
   }
   if (!in_capture) { return false; }
   capture_pool* cp = b->capture_pool == 0 ? capture_for(stream) : nullptr;
@@ -575,11 +572,11 @@ void basic_caching_allocator<Runtime>::record_use_events(block* b, stream_type s
 {
   for (stream_type s : b->recorded) {
     if (s == stream) { continue; }
-    event_type e                         = take_event_locked();
+    event_type e                         = take_event();
     typename Runtime::error_type const r = runtime_.event_record(e, s);
     if (r != Runtime::success) { streams_.spare_events.push_back(e); }
     if (r == Runtime::invalid_resource_handle) {  // s was destroyed: the device is waited for
-      retire_dead_stream_locked(s);
+      retire_dead_stream(s);
       continue;
     }
     GPUKIT_CUDA_TRY(r, "event_record");

@@ -223,18 +223,18 @@ void basic_caching_allocator<Runtime>::debug_release(Entries const& evicted)
 // @throws gpukit::out_of_memory when the device or the limit has no room for the pages
 // @throws gpukit::cuda_error when the runtime fails otherwise (the allocator is left as it was)
 template <class Runtime>
-void* basic_caching_allocator<Runtime>::guard_allocate_locked(std::size_t bytes, std::size_t size,
-                                                              int kind, stream_type stream,
-                                                              thread_cache& tc)
+void* basic_caching_allocator<Runtime>::guard_allocate(std::size_t bytes, std::size_t size,
+                                                       int kind, stream_type stream,
+                                                       thread_cache& tc)
 {
   bool oom = false;
-  block* b = guard_place_locked(size, kind, stream, oom);
+  block* b = guard_place(size, kind, stream, oom);
   if (b == nullptr) {
     ++stats_.num_alloc_retries;
-    release_growable_locked(0, nullptr);
+    release_growable(0, nullptr);
     oom = false;
-    b   = guard_place_locked(size, kind, stream, oom);
-    if (b == nullptr) { throw_oom_locked(bytes, size); }
+    b   = guard_place(size, kind, stream, oom);
+    if (b == nullptr) { throw_oom(bytes, size); }
   }
   b->requested = bytes;
   debug_->guarded.insert(b->data());
@@ -249,22 +249,20 @@ void* basic_caching_allocator<Runtime>::guard_allocate_locked(std::size_t bytes,
 // least one page]; within the run, the bytes before the block are a free block of every stream.
 // Returns the block (allocated, on `stream`), or nullptr with `oom` set.
 template <class Runtime>
-typename basic_caching_allocator<Runtime>::block*
-basic_caching_allocator<Runtime>::guard_place_locked(std::size_t size, int kind, stream_type stream,
-                                                     bool& oom)
+typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtime>::guard_place(
+  std::size_t size, int kind, stream_type stream, bool& oom)
 {
   std::size_t const page  = pages_.page_bytes[kind];
   std::size_t const pages = (size + page - 1) / page;
   std::uintptr_t at       = 0;
-  block* u                = guard_range_locked(pages, kind, at);
+  block* u                = guard_range(pages, kind, at);
   if (u == nullptr) {
-    u = reserve_growable_locked(size + 2 * page, kind, stream, oom);
+    u = reserve_growable(size + 2 * page, kind, stream, oom);
     if (u == nullptr) { return nullptr; }
     at = u->address();
   }
   auto* seg = static_cast<segment*>(u->segment);
-  if (!map_pages_locked(*seg, (at - reinterpret_cast<std::uintptr_t>(seg->ptr)) / page, pages,
-                        oom)) {
+  if (!map_pages(*seg, (at - reinterpret_cast<std::uintptr_t>(seg->ptr)) / page, pages, oom)) {
     return nullptr;
   }
   auto& list = pages_.unmapped[kind];
@@ -293,9 +291,8 @@ basic_caching_allocator<Runtime>::guard_place_locked(std::size_t size, int kind,
 // one precedes it, and before one more unmapped page), at `at`: the lowest address at or beyond
 // the cursor, else (round the address space once) the lowest of all. nullptr when none has room.
 template <class Runtime>
-typename basic_caching_allocator<Runtime>::block*
-basic_caching_allocator<Runtime>::guard_range_locked(std::size_t pages, int kind,
-                                                     std::uintptr_t& at)
+typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtime>::guard_range(
+  std::size_t pages, int kind, std::uintptr_t& at)
 {
   std::size_t const page      = pages_.page_bytes[kind];
   std::uintptr_t const cursor = debug_->guard_cursor;
@@ -368,7 +365,7 @@ void basic_caching_allocator<Runtime>::guard_free(void* ptr, std::size_t bytes, 
   try {
     typename Runtime::error_type error = Runtime::success;
     device_guard<Runtime> guard{runtime_, device_};
-    unmap_free_pages_locked(merged, std::numeric_limits<std::size_t>::max(), error);
+    unmap_free_pages(merged, std::numeric_limits<std::size_t>::max(), error);
     if (error != Runtime::success) { ++stats_.num_guard_unmap_failures; }
   } catch (...) {
     ++stats_.num_guard_unmap_failures;

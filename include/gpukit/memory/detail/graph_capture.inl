@@ -81,17 +81,15 @@ void basic_caching_allocator<Runtime>::release_capture_pool(capture_id id)
 // joined to it); new segments from a synchronous malloc made in relaxed capture mode (legal during
 // capture, and not part of the graph).
 template <class Runtime>
-void* basic_caching_allocator<Runtime>::allocate_captured_locked(std::size_t bytes,
-                                                                 std::size_t size, int kind,
-                                                                 capture_pool& cp,
-                                                                 stream_type stream,
-                                                                 thread_cache& tc)
+void* basic_caching_allocator<Runtime>::allocate_captured(std::size_t bytes, std::size_t size,
+                                                          int kind, capture_pool& cp,
+                                                          stream_type stream, thread_cache& tc)
 {
   block* b = cp.index[kind].find(size);
   if (b == nullptr) {
     std::size_t const seg_size = segment_size_for(size);
     std::size_t const limit    = limit_.load(std::memory_order_relaxed);
-    if (limit != 0 && pool_.reserved + seg_size > limit) { throw_oom_locked(bytes, size); }
+    if (limit != 0 && pool_.reserved + seg_size > limit) { throw_oom(bytes, size); }
     auto seg                       = std::make_unique<segment>();
     block* nb                      = blocks_.new_block();
     void* p                        = nullptr;
@@ -105,10 +103,10 @@ void* basic_caching_allocator<Runtime>::allocate_captured_locked(std::size_t byt
     }
     if (e != Runtime::success) {
       blocks_.recycle(nb);
-      if (e == Runtime::out_of_memory) { throw_oom_locked(bytes, size); }
+      if (e == Runtime::out_of_memory) { throw_oom(bytes, size); }
       GPUKIT_CUDA_TRY(e, "malloc (a segment for a graph capture)");
     }
-    adopt_segment_locked(nb, std::move(seg), p, seg_size, kind, cp.stream, false, cp.id);
+    adopt_segment(nb, std::move(seg), p, seg_size, kind, cp.stream, false, cp.id);
     cp.index[kind].insert(nb);
     b = nb;
   }

@@ -34,8 +34,8 @@ struct basic_caching_allocator<Runtime>::segment {
 };
 
 template <class Runtime>
-typename basic_caching_allocator<Runtime>::block*
-basic_caching_allocator<Runtime>::find_free_locked(std::size_t size, int kind, stream_type stream)
+typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtime>::find_free(
+  std::size_t size, int kind, stream_type stream)
 {
   for (auto& sp : streams_.pools) {
     if (sp->stream == stream) {
@@ -57,10 +57,10 @@ std::size_t basic_caching_allocator<Runtime>::segment_size_for(std::size_t size)
 // Makes `b` the one free block of a new segment [p, p + seg_size) and counts the segment; the
 // caller indexes it.
 template <class Runtime>
-void basic_caching_allocator<Runtime>::adopt_segment_locked(block* b, std::unique_ptr<segment> seg,
-                                                            void* p, std::size_t seg_size, int kind,
-                                                            stream_type stream, bool stream_ordered,
-                                                            capture_id pool)
+void basic_caching_allocator<Runtime>::adopt_segment(block* b, std::unique_ptr<segment> seg,
+                                                     void* p, std::size_t seg_size, int kind,
+                                                     stream_type stream, bool stream_ordered,
+                                                     capture_id pool)
 {
   seg->ptr            = p;
   seg->size           = seg_size;
@@ -76,16 +76,15 @@ void basic_caching_allocator<Runtime>::adopt_segment_locked(block* b, std::uniqu
   b->capture_pool = pool;
   b->state.store(detail::block_state::free, std::memory_order_relaxed);
   pool_.reserved += seg_size;
-  count_reserved_locked(kind, static_cast<std::int64_t>(seg_size));
-  count_segment_locked(kind, 1);  // raises the reserved and segment peaks
+  count_reserved(kind, static_cast<std::int64_t>(seg_size));
+  count_segment(kind, 1);  // raises the reserved and segment peaks
   ++stats_.num_device_allocs;
-  record_pool_locked(memory_event::action::segment_alloc, b->address(), seg_size, stream);
+  record_pool(memory_event::action::segment_alloc, b->address(), seg_size, stream);
 }
 
 template <class Runtime>
-typename basic_caching_allocator<Runtime>::block*
-basic_caching_allocator<Runtime>::new_segment_locked(std::size_t size, int kind, stream_type stream,
-                                                     bool& oom)
+typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtime>::new_segment(
+  std::size_t size, int kind, stream_type stream, bool& oom)
 {
   std::size_t seg_size    = segment_size_for(size);
   std::size_t const limit = limit_.load(std::memory_order_relaxed);
@@ -126,9 +125,9 @@ basic_caching_allocator<Runtime>::new_segment_locked(std::size_t size, int kind,
     }
     GPUKIT_CUDA_TRY(e, stream_ordered_ ? "malloc_async" : "malloc");
   }
-  adopt_segment_locked(b, std::move(seg), p, seg_size, kind, stream, stream_ordered_, 0);
-  // Indexed as a free block of `stream`, so take_locked finds it where it expects it.
-  auto& sp    = stream_pool_locked(stream);
+  adopt_segment(b, std::move(seg), p, seg_size, kind, stream, stream_ordered_, 0);
+  // Indexed as a free block of `stream`, so take finds it where it expects it.
+  auto& sp    = pool_of(stream);
   b->free_seq = ++sp.free_seq;
   sp.index[kind].insert(b);
   return b;
@@ -157,7 +156,7 @@ basic_caching_allocator<Runtime>::index_for(block const* b)
 {
   if (b->capture_pool != 0) { return capture_.at(b->capture_pool).index[b->kind]; }
   if (b->global) { return blocks_.global(b->kind); }
-  return stream_pool_locked(b->stream).index[b->kind];
+  return pool_of(b->stream).index[b->kind];
 }
 
 // Inserts free block b (state free, owner set) into its index, merging free neighbours first.
@@ -173,7 +172,7 @@ typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtim
 }
 
 template <class Runtime>
-void basic_caching_allocator<Runtime>::free_to_pool_locked(block* b, stream_type stream)
+void basic_caching_allocator<Runtime>::free_to_pool(block* b, stream_type stream)
 {
   if (b->capture_pool == 0 && captures_underway_.load(std::memory_order_relaxed) != 0) {
     // Freed on a stream being captured: the graph may use the block when it replays, so it is
@@ -198,7 +197,7 @@ void basic_caching_allocator<Runtime>::free_to_pool_locked(block* b, stream_type
   }
   b->stream   = stream;
   b->global   = false;
-  b->free_seq = ++stream_pool_locked(stream).free_seq;
+  b->free_seq = ++pool_of(stream).free_seq;
   insert_free(b);
   if (recovery_.waiters != 0) { recovery_.frees_cv.notify_all(); }
 }

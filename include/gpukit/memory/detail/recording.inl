@@ -23,9 +23,9 @@ void basic_caching_allocator<Runtime>::record(thread_cache& tc, memory_event::ac
 }
 
 template <class Runtime>
-void basic_caching_allocator<Runtime>::record_pool_locked(memory_event::action what,
-                                                          std::uintptr_t address, std::size_t bytes,
-                                                          stream_type stream)
+void basic_caching_allocator<Runtime>::record_pool(memory_event::action what,
+                                                   std::uintptr_t address, std::size_t bytes,
+                                                   stream_type stream)
 {
   if (!recording_on_.load(std::memory_order_relaxed)) { return; }
   memory_event const e{what, now_ns(), address, bytes, stream_id(stream)};

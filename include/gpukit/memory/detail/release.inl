@@ -26,11 +26,11 @@ std::size_t basic_caching_allocator<Runtime>::trim(std::size_t target_reserved_b
 {
   thread_cache& tc = local_cache();
   detail::pool_lock lock{mutex_};
-  flush_cache_locked(tc);
+  drain_cache(tc);
   for (auto& c : threads_.caches) {
     if (c.get() != &tc) { c->flush_requested.store(true, std::memory_order_relaxed); }
   }
-  if (captures_underway_.load(std::memory_order_relaxed) == 0) { poll_pending_locked(); }
+  if (captures_underway_.load(std::memory_order_relaxed) == 0) { poll_pending(); }
   return release_segments(target_reserved_bytes);
 }
 
@@ -72,7 +72,7 @@ std::size_t basic_caching_allocator<Runtime>::release_segments(std::size_t targe
 {
   GPUKIT_DETAIL_SLOW_PATH_RANGE(categories::allocator, "release free segments to the driver");
   std::size_t released = 0;
-  if (growable_ && only_kind < 0) { released += release_growable_locked(target, only_stream); }
+  if (growable_ && only_kind < 0) { released += release_growable(target, only_stream); }
   std::vector<stream_type>& issued = freed_on != nullptr ? *freed_on : recovery_.unsettled;
   std::vector<block*> const whole  = whole_free_segments(only_kind, only_stream);
   device_guard<Runtime> guard{runtime_, device_};
@@ -137,13 +137,13 @@ std::size_t basic_caching_allocator<Runtime>::release_segment(block* b,
     issued.push_back(on);
   }
   if (!seg->stream_ordered) { ++stats_.synchronizing_frees; }
-  record_pool_locked(memory_event::action::segment_free, b->address(), seg->size, on);
+  record_pool(memory_event::action::segment_free, b->address(), seg->size, on);
   unindex(b);
   blocks_.remove(b);
   std::size_t const bytes = seg->size;
   pool_.reserved -= bytes;
-  count_reserved_locked(seg->kind, -static_cast<std::int64_t>(bytes));
-  count_segment_locked(seg->kind, -1);
+  count_reserved(seg->kind, -static_cast<std::int64_t>(bytes));
+  count_segment(seg->kind, -1);
   ++stats_.num_device_frees;
   delete seg;
   return bytes;
@@ -163,7 +163,7 @@ typename Runtime::stream_type basic_caching_allocator<Runtime>::free_segment_mem
   typename Runtime::error_type e = runtime_.free_async(seg.ptr, on);
   if (e == Runtime::invalid_resource_handle &&
       captures_underway_.load(std::memory_order_relaxed) == 0) {
-    retire_dead_stream_locked(on);
+    retire_dead_stream(on);
     on = stream_type{};
     e  = runtime_.free_async(seg.ptr, on);
   }

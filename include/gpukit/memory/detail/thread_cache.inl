@@ -9,7 +9,7 @@
 // cached blocks to the pool and leaves its cache, counters intact, for the next thread.
 //
 // Holds: the registry (tls_entry, live_allocators, tls_registry), caching_thread_cache, and the
-// allocator's local_cache, on_thread_exit, purge_handed_out and flush_cache(_locked).
+// allocator's local_cache, on_thread_exit, purge_handed_out and flush_cache and drain_cache.
 #pragma once
 
 #include <gpukit/memory/caching_allocator.hpp>
@@ -329,7 +329,7 @@ basic_caching_allocator<Runtime>::local_cache_slow(detail::tls_registry& r)
       tc = threads_.caches.back().get();
     }
     if (threads_.caches.size() > 1 && !shared_.on.load(std::memory_order_relaxed)) {
-      share_counts_locked();
+      share_counts();
     }
   }
   detail::tls_entry e{uid_, this, tc, &on_thread_exit};
@@ -354,7 +354,7 @@ void basic_caching_allocator<Runtime>::on_thread_exit(void* allocator, void* cac
   auto* self = static_cast<basic_caching_allocator*>(allocator);
   auto* tc   = static_cast<thread_cache*>(cache);
   detail::pool_lock lock{self->mutex_};
-  self->flush_cache_locked(*tc);
+  self->drain_cache(*tc);
   tc->handed_out.erase_if([](std::uintptr_t, block*) { return true; });
   tc->checked_stream = stream_type{};
   // The counters stay: the sums over caches stay right when another thread reuses this one.
@@ -398,12 +398,12 @@ void basic_caching_allocator<Runtime>::purge_handed_out(thread_cache& tc)
 }
 
 template <class Runtime>
-void basic_caching_allocator<Runtime>::flush_cache_locked(thread_cache& tc)
+void basic_caching_allocator<Runtime>::drain_cache(thread_cache& tc)
 {
   tc.flush_requested.store(false, std::memory_order_relaxed);
   tc.drain([&](stream_type s, block* b) {
     mutex_.assert_held();  // a lambda run under the lock
-    free_to_pool_locked(b, s);
+    free_to_pool(b, s);
   });
   if (recovery_.waiters != 0) { recovery_.frees_cv.notify_all(); }
 }
@@ -412,7 +412,7 @@ template <class Runtime>
 void basic_caching_allocator<Runtime>::flush_cache(thread_cache& tc)
 {
   detail::pool_lock lock{mutex_};
-  flush_cache_locked(tc);
+  drain_cache(tc);
 }
 
 }  // namespace gpukit
