@@ -584,6 +584,9 @@ class basic_caching_allocator final {
   void* hand_out(thread_cache& tc, block* b, std::size_t bytes, stream_type stream);
   void deallocate_impl(void* ptr, std::size_t bytes, bool check_size, stream_type stream)
     GPUKIT_EXCLUDES(mutex_);
+  bool free_stream_dead(thread_cache& tc, stream_type stream) GPUKIT_EXCLUDES(mutex_);
+  bool cache_push(thread_cache& tc, block* b, stream_type stream) noexcept;
+  void return_to_pool(block* b, stream_type stream) GPUKIT_EXCLUDES(mutex_);
   block* claim_own(thread_cache& tc, std::uintptr_t key, std::size_t bytes, bool check_size);
   block* claim_foreign(void* ptr, std::size_t bytes, bool check_size, void*& owner)
     GPUKIT_EXCLUDES(mutex_);
@@ -605,6 +608,8 @@ class basic_caching_allocator final {
   void debug_init();
   static void const*& debug_releasing() noexcept;
   bool debug_free(void* ptr, std::size_t bytes, bool check_size, stream_type stream)
+    GPUKIT_EXCLUDES(mutex_);
+  std::size_t debug_check_free(void* ptr, std::size_t bytes, bool check_size, bool& guarded)
     GPUKIT_EXCLUDES(mutex_);
   void debug_flush(stream_type stream, bool all);
   template <class Entries>
@@ -724,12 +729,17 @@ class basic_caching_allocator final {
   __attribute__((noinline)) void join_shared_counts(thread_cache& tc) noexcept;
   void store_shared_peaks(bool from_current) GPUKIT_REQUIRES(mutex_);
   void update_scanned() const GPUKIT_REQUIRES(mutex_);
+  struct active_peaks;
+  active_peaks peak_active() const GPUKIT_REQUIRES(mutex_);
   void count_reserved(int kind, std::int64_t delta) noexcept GPUKIT_REQUIRES(mutex_);
   void count_segment(int kind, int delta) noexcept GPUKIT_REQUIRES(mutex_);
   void raise_reserved_peak() noexcept GPUKIT_REQUIRES(mutex_);
   // Growable segments (detail/growable_segments.inl).
   block* grow_segment(std::size_t size, int kind, stream_type stream, bool& oom)
     GPUKIT_REQUIRES(mutex_);
+  block* fewest_pages(std::size_t size, int kind, stream_type stream, std::size_t& pages)
+    GPUKIT_REQUIRES(mutex_);
+  static std::size_t free_before(block const* u, stream_type stream) noexcept;
   block* reserve_growable(std::size_t size, int kind, stream_type stream, bool& oom)
     GPUKIT_REQUIRES(mutex_);
   struct mapped_page;

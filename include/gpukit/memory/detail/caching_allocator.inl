@@ -391,12 +391,9 @@ void basic_caching_allocator<Runtime>::deallocate_impl(void* ptr, std::size_t by
 {
   if (ptr == nullptr) { return; }
   if (debug_ != nullptr && debug_free(ptr, bytes, check_size, stream)) { return; }  // debug mode
-  auto const key   = reinterpret_cast<std::uintptr_t>(ptr);
-  thread_cache& tc = local_cache();
-  // A stream this thread's cache does not know yet is checked first (device, liveness), as
-  // allocations check theirs; a known one costs one comparison.
-  bool const dead = !(stream == stream_type{}) && !(stream == tc.checked_stream) &&
-                    tc.find(stream) == nullptr && !check_free_stream(tc, stream);
+  auto const key     = reinterpret_cast<std::uintptr_t>(ptr);
+  thread_cache& tc   = local_cache();
+  bool const dead    = free_stream_dead(tc, stream);
   block* b           = claim_own(tc, key, bytes, check_size);
   bool const foreign = b == nullptr;  // allocated by another thread (or an earlier life)
   void* owner        = &tc;           // the cache that handed the block out (claim_foreign sets it)
@@ -413,11 +410,36 @@ void basic_caching_allocator<Runtime>::deallocate_impl(void* ptr, std::size_t by
   b->state.store(detail::block_state::cached, std::memory_order_relaxed);
   // A block another thread allocated goes back to the pool, not to this thread's cache: a thread
   // that frees what others allocate (PyTorch's autograd threads) would otherwise strand it.
-  if (!foreign && b->size <= options_.thread_cache_max_block_bytes && b->capture_pool == 0 &&
-      captures_underway_.load(std::memory_order_relaxed) == 0 &&
-      tc.push(stream, b, options_.thread_cache_blocks_per_class, options_.thread_cache_bytes)) {
-    return;
-  }
+  if (!foreign && cache_push(tc, b, stream)) { return; }
+  return_to_pool(b, stream);
+}
+
+// Whether the free's stream, one this thread's cache does not know yet, was found destroyed: it is
+// checked first (device, liveness), as allocations check theirs; a known one costs one comparison.
+// @throws gpukit::logic_error for another device's stream
+template <class Runtime>
+__attribute__((always_inline)) inline bool basic_caching_allocator<Runtime>::free_stream_dead(
+  thread_cache& tc, stream_type stream)
+{
+  return !(stream == stream_type{}) && !(stream == tc.checked_stream) &&
+         tc.find(stream) == nullptr && !check_free_stream(tc, stream);
+}
+
+// The fast path's end: freed block b goes to this thread's cache for `stream` when it is small,
+// of no capture, no capture is under way and the cache has room. False when it did not.
+template <class Runtime>
+__attribute__((always_inline)) inline bool basic_caching_allocator<Runtime>::cache_push(
+  thread_cache& tc, block* b, stream_type stream) noexcept
+{
+  return b->size <= options_.thread_cache_max_block_bytes && b->capture_pool == 0 &&
+         captures_underway_.load(std::memory_order_relaxed) == 0 &&
+         tc.push(stream, b, options_.thread_cache_blocks_per_class, options_.thread_cache_bytes);
+}
+
+// Freed block b goes back to the shared pool, on `stream`.
+template <class Runtime>
+void basic_caching_allocator<Runtime>::return_to_pool(block* b, stream_type stream)
+{
   detail::pool_lock lock{mutex_};
   if (!streams_.forgotten.empty()) {  // a user's free on it: a live stream (a reused handle)
     streams_.forgotten.erase(

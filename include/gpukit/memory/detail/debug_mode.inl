@@ -31,6 +31,22 @@ struct basic_caching_allocator<Runtime>::debug_state {
   std::deque<entry> quarantine GPUKIT_GUARDED_BY(mutex);
   std::unordered_set<void*> held GPUKIT_GUARDED_BY(mutex);
   std::size_t held_bytes GPUKIT_GUARDED_BY(mutex){0};
+
+  /// Quarantines `e`; the oldest entries beyond the quarantine's bounds go to `evicted`.
+  void hold(entry const& e, caching_allocator_debug_options const& o, std::vector<entry>& evicted)
+    GPUKIT_REQUIRES(mutex)
+  {
+    quarantine.push_back(e);
+    held.insert(e.ptr);
+    held_bytes += e.size;
+    while (!quarantine.empty() &&
+           (held_bytes > o.quarantine_bytes || held.size() > o.quarantine_blocks)) {
+      evicted.push_back(quarantine.front());
+      quarantine.pop_front();
+      held.erase(evicted.back().ptr);
+      held_bytes -= evicted.back().size;
+    }
+  }
   // Guard pages (fixed at construction); the members below are guarded by the pool lock.
   bool guard{false};
   std::unordered_set<void*> guarded;    // blocks placed with guard pages, allocated now
@@ -95,6 +111,34 @@ void const*& basic_caching_allocator<Runtime>::debug_releasing() noexcept
   return releasing;
 }
 
+// debug_free's checks under the pool lock: `ptr` is a block this allocator handed out and has not
+// taken back (nor unmapped, for a guarded block), freed with the size it was allocated with.
+// Returns the block's size; `guarded` tells whether it has guard pages.
+// @throws gpukit::logic_error naming the pointer otherwise
+template <class Runtime>
+std::size_t basic_caching_allocator<Runtime>::debug_check_free(void* ptr, std::size_t bytes,
+                                                               bool check_size, bool& guarded)
+{
+  detail::pool_lock lock{mutex_};
+  GPUKIT_EXPECTS(debug_->guard_freed.count(ptr) == 0,
+                 "deallocate: double free of " + detail::hex(ptr) +
+                   " (a block with guard pages, freed before: its pages are unmapped, device " +
+                   std::to_string(device_) + ")");
+  block const* b = blocks_.find(ptr);
+  GPUKIT_EXPECTS(b != nullptr, "deallocate: pointer " + detail::hex(ptr) +
+                                 " was not allocated by this allocator (device " +
+                                 std::to_string(device_) + ")");
+  GPUKIT_EXPECTS(b->state.load(std::memory_order_relaxed) == detail::block_state::allocated,
+                 "deallocate: double free of " + detail::hex(ptr) + " (a block of " +
+                   std::to_string(b->size) + " bytes that is already free, device " +
+                   std::to_string(device_) + ")");
+  GPUKIT_EXPECTS(!check_size || bytes == b->requested,
+                 "deallocate: pointer " + detail::hex(ptr) + " was allocated with " +
+                   std::to_string(b->requested) + " bytes but freed with " + std::to_string(bytes));
+  guarded = debug_->guarded.count(ptr) != 0;
+  return b->size;
+}
+
 // True when the free of `ptr` was taken into the quarantine (the caller returns).
 // @throws gpukit::logic_error for a pointer this allocator did not hand out, a double free (also
 // of a block still in quarantine) or a size that differs from the allocation's
@@ -110,29 +154,8 @@ bool basic_caching_allocator<Runtime>::debug_free(void* ptr, std::size_t bytes, 
                    "deallocate: double free of " + detail::hex(ptr) +
                      " (freed before and still in the debug quarantine, device " +
                      std::to_string(device_) + ")");
-    std::size_t size = 0;
-    bool guarded     = false;
-    {
-      detail::pool_lock lock{mutex_};
-      GPUKIT_EXPECTS(debug_->guard_freed.count(ptr) == 0,
-                     "deallocate: double free of " + detail::hex(ptr) +
-                       " (a block with guard pages, freed before: its pages are unmapped, device " +
-                       std::to_string(device_) + ")");
-      block const* b = blocks_.find(ptr);
-      GPUKIT_EXPECTS(b != nullptr, "deallocate: pointer " + detail::hex(ptr) +
-                                     " was not allocated by this allocator (device " +
-                                     std::to_string(device_) + ")");
-      GPUKIT_EXPECTS(b->state.load(std::memory_order_relaxed) == detail::block_state::allocated,
-                     "deallocate: double free of " + detail::hex(ptr) + " (a block of " +
-                       std::to_string(b->size) + " bytes that is already free, device " +
-                       std::to_string(device_) + ")");
-      GPUKIT_EXPECTS(!check_size || bytes == b->requested,
-                     "deallocate: pointer " + detail::hex(ptr) + " was allocated with " +
-                       std::to_string(b->requested) + " bytes but freed with " +
-                       std::to_string(bytes));
-      size    = b->size;
-      guarded = debug_->guarded.count(ptr) != 0;
-    }
+    bool guarded           = false;
+    std::size_t const size = debug_check_free(ptr, bytes, check_size, guarded);
     if (guarded && captures_underway_.load(std::memory_order_relaxed) == 0) {
       guard_free(ptr, bytes, check_size, stream);
       return true;
@@ -148,17 +171,7 @@ bool basic_caching_allocator<Runtime>::debug_free(void* ptr, std::size_t bytes, 
       device_guard<Runtime> guard{runtime_, device_};
       GPUKIT_CUDA_TRY(runtime_.memset_async(ptr, options_.debug.poison_byte & 0xff, size, stream));
     }
-    debug_->quarantine.push_back({ptr, bytes, check_size, stream, size});
-    debug_->held.insert(ptr);
-    debug_->held_bytes += size;
-    auto const& o = options_.debug;
-    while (!debug_->quarantine.empty() &&
-           (debug_->held_bytes > o.quarantine_bytes || debug_->held.size() > o.quarantine_blocks)) {
-      evicted.push_back(debug_->quarantine.front());
-      debug_->quarantine.pop_front();
-      debug_->held.erase(evicted.back().ptr);
-      debug_->held_bytes -= evicted.back().size;
-    }
+    debug_->hold({ptr, bytes, check_size, stream, size}, options_.debug, evicted);
   }
   // The block is freed (quarantined) whatever happens now: a failure to release the blocks it
   // pushed out must not tell the caller otherwise (a retry would be a double free). Those blocks

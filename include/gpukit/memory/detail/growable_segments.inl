@@ -380,6 +380,42 @@ basic_caching_allocator<Runtime>::reserve_growable(std::size_t size, int kind, s
   return b;
 }
 
+// The unmapped block of pool `kind` that needs the fewest new pages for `size` bytes on `stream`
+// (counting the free block before it when `stream` may use it; the lowest address on a tie), with
+// that count in `pages`; nullptr when none has room.
+template <class Runtime>
+typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtime>::fewest_pages(
+  std::size_t size, int kind, stream_type stream, std::size_t& pages)
+{
+  std::size_t const page = pages_.page_bytes[kind];
+  block* best            = nullptr;
+  pages                  = std::numeric_limits<std::size_t>::max();
+  for (block* u : pages_.unmapped[kind]) {
+    std::size_t const have = free_before(u, stream);
+    std::size_t const need = size > have ? size - have : 0;
+    std::size_t const n    = std::max<std::size_t>(1, (need + page - 1) / page);
+    if (n * page > u->size) { continue; }
+    if (n < pages || (n == pages && u->address() < best->address())) {
+      best  = u;
+      pages = n;
+    }
+  }
+  return best;
+}
+
+// The bytes of the free block just before unmapped block u, when `stream` may use it (0 if none).
+template <class Runtime>
+std::size_t basic_caching_allocator<Runtime>::free_before(block const* u,
+                                                          stream_type stream) noexcept
+{
+  block const* p = u->prev;
+  if (p == nullptr || p->state.load(std::memory_order_relaxed) != detail::block_state::free ||
+      p->capture_pool != 0 || !(p->global || p->stream == stream)) {
+    return 0;
+  }
+  return p->size;
+}
+
 // No free block fits `size`: map pages where the fewest are needed (see the top of this file).
 // Returns a free block of at least `size` bytes usable on `stream`, or nullptr with `oom` set.
 template <class Runtime>
@@ -388,26 +424,8 @@ typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtim
 {
   std::size_t const page = pages_.page_bytes[kind];
   std::size_t const most = (size + page - 1) / page;
-  auto usable_before     = [&](block const* u) -> std::size_t {
-    block const* p = u->prev;
-    if (p == nullptr || p->state.load(std::memory_order_relaxed) != detail::block_state::free ||
-        p->capture_pool != 0 || !(p->global || p->stream == stream)) {
-      return 0;
-    }
-    return p->size;
-  };
-  block* best            = nullptr;
-  std::size_t best_pages = std::numeric_limits<std::size_t>::max();
-  for (block* u : pages_.unmapped[kind]) {
-    std::size_t const have  = usable_before(u);
-    std::size_t const need  = size > have ? size - have : 0;
-    std::size_t const pages = std::max<std::size_t>(1, (need + page - 1) / page);
-    if (pages * page > u->size) { continue; }
-    if (pages < best_pages || (pages == best_pages && u->address() < best->address())) {
-      best       = u;
-      best_pages = pages;
-    }
-  }
+  std::size_t best_pages = 0;
+  block* best            = fewest_pages(size, kind, stream, best_pages);
   if (best == nullptr) {
     best = reserve_growable(size, kind, stream, oom);
     if (best == nullptr) { return nullptr; }

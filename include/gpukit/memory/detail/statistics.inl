@@ -96,27 +96,23 @@ void basic_caching_allocator<Runtime>::update_peaks() const
   detail::set_current(stats_.segment_count, static_cast<std::int64_t>(pool_.segments));
 }
 
+/// Active peaks per pool kind (0 small, 1 large) and in total (2).
 template <class Runtime>
-void basic_caching_allocator<Runtime>::update_scanned() const
+struct basic_caching_allocator<Runtime>::active_peaks {
+  std::array<std::int64_t, 3> bytes{};
+  std::array<std::int64_t, 3> count{};
+};
+
+// The active peaks, raised by the allocations that made them (as in update_peaks): the shared
+// counters' once two threads are in, else the highest of the threads'; at least the allocated
+// peaks (while no free is pending, active is allocated).
+template <class Runtime>
+typename basic_caching_allocator<Runtime>::active_peaks
+basic_caching_allocator<Runtime>::peak_active() const
 {
-  // Per pool kind: blocks waiting on other streams' work, and free blocks of split segments.
-  std::array<std::int64_t, 2> pending_bytes{}, pending_count{}, split_bytes{}, split_count{};
-  for (auto const& p : streams_.pending) {
-    pending_bytes[static_cast<std::size_t>(p.b->kind)] += static_cast<std::int64_t>(p.b->size);
-    ++pending_count[static_cast<std::size_t>(p.b->kind)];
-  }
-  auto split = [&](block* b) {
-    if (b->prev != nullptr || b->next != nullptr) {
-      split_bytes[static_cast<std::size_t>(b->kind)] += static_cast<std::int64_t>(b->size);
-      ++split_count[static_cast<std::size_t>(b->kind)];
-    }
-  };
-  for (auto const& sp : streams_.pools) {
-    for (auto const& idx : sp->index) { idx.for_each(split); }
-  }
-  for (auto const& idx : blocks_.globals()) { idx.for_each(split); }
-  // Active peaks, raised by the allocations that made them (as in update_peaks).
-  std::array<std::int64_t, 3> peak_active_bytes{}, peak_active_count{};
+  active_peaks peaks;
+  auto& peak_active_bytes = peaks.bytes;
+  auto& peak_active_count = peaks.count;
   if (shared_.on.load(std::memory_order_relaxed)) {
     for (std::size_t i = 0; i < 3; ++i) {
       peak_active_bytes[i] = shared_.peak_active_bytes[i].load(std::memory_order_relaxed);
@@ -140,6 +136,31 @@ void basic_caching_allocator<Runtime>::update_scanned() const
   }
   peak_active_bytes[2] = std::max(peak_active_bytes[2], stats_.allocated_bytes.peak);
   peak_active_count[2] = std::max(peak_active_count[2], stats_.allocation_count.peak);
+  return peaks;
+}
+
+template <class Runtime>
+void basic_caching_allocator<Runtime>::update_scanned() const
+{
+  // Per pool kind: blocks waiting on other streams' work, and free blocks of split segments.
+  std::array<std::int64_t, 2> pending_bytes{}, pending_count{}, split_bytes{}, split_count{};
+  for (auto const& p : streams_.pending) {
+    pending_bytes[static_cast<std::size_t>(p.b->kind)] += static_cast<std::int64_t>(p.b->size);
+    ++pending_count[static_cast<std::size_t>(p.b->kind)];
+  }
+  auto split = [&](block* b) {
+    if (b->prev != nullptr || b->next != nullptr) {
+      split_bytes[static_cast<std::size_t>(b->kind)] += static_cast<std::int64_t>(b->size);
+      ++split_count[static_cast<std::size_t>(b->kind)];
+    }
+  };
+  for (auto const& sp : streams_.pools) {
+    for (auto const& idx : sp->index) { idx.for_each(split); }
+  }
+  for (auto const& idx : blocks_.globals()) { idx.for_each(split); }
+  active_peaks const peaks      = peak_active();
+  auto const& peak_active_bytes = peaks.bytes;
+  auto const& peak_active_count = peaks.count;
   for (std::size_t i = 0; i < 2; ++i) {
     caching_pool_stats& p = pool_stats(static_cast<int>(i));
     // Active: handed out, less the frees that have completed (pending frees are still active).
