@@ -92,6 +92,7 @@
 #include <gpukit/memory/detail/address_map.hpp>
 #include <gpukit/memory/detail/caching/block_index.hpp>
 #include <gpukit/memory/detail/caching/capture_pools.hpp>
+#include <gpukit/memory/detail/caching/event_ring.hpp>
 #include <gpukit/memory/detail/caching_block.hpp>
 #include <gpukit/memory/detail/debug_options.hpp>
 #include <gpukit/memory/detail/shared_counts.hpp>
@@ -815,12 +816,6 @@ class basic_caching_allocator final {
     int waiters{0};
     std::vector<stream_type> unsettled;  // streams of stream-ordered frees release() issued
   };
-  /// Recorded events: threads record into their caches' rings, the pool into `ring`.
-  struct recording_state {
-    std::vector<memory_event> ring;  // segment and out-of-memory events
-    std::size_t next{0};
-    std::uint64_t dropped{0};
-  };
 
   Runtime& runtime_;
   int device_;
@@ -847,7 +842,7 @@ class basic_caching_allocator final {
   // Events per ring: read by record() on the fast path (a thread's own ring), written under the
   // lock.
   std::atomic<std::size_t> recording_capacity_{0};
-  recording_state recording_ GPUKIT_GUARDED_BY(mutex_);
+  detail::caching::event_ring recording_ GPUKIT_GUARDED_BY(mutex_);  // segment and OOM events
   mutable caching_allocator_stats stats_
     GPUKIT_GUARDED_BY(mutex_){};    // pool-level counters and peaks
   detail::pending_counts pending_;  // frees waiting on other streams (still active)

@@ -28,15 +28,8 @@ void basic_caching_allocator<Runtime>::record_pool(memory_event::action what,
                                                    stream_type stream)
 {
   if (!recording_on_.load(std::memory_order_relaxed)) { return; }
-  memory_event const e{what, now_ns(), address, bytes, stream_id(stream)};
-  std::size_t const capacity = recording_capacity_.load(std::memory_order_relaxed);
-  if (recording_.ring.size() < capacity) {
-    recording_.ring.push_back(e);
-  } else if (capacity != 0) {
-    recording_.ring[recording_.next] = e;
-    recording_.next                  = (recording_.next + 1) % capacity;
-    ++recording_.dropped;
-  }
+  recording_.push(memory_event{what, now_ns(), address, bytes, stream_id(stream)},
+                  recording_capacity_.load(std::memory_order_relaxed));
 }
 
 template <class Runtime>
@@ -64,12 +57,8 @@ void basic_caching_allocator<Runtime>::start_recording(std::size_t events_per_th
   for (auto& c : threads_.caches) {
     std::lock_guard<typename thread_cache::spin_lock> ring_lock{c->ring_mutex};
     c->ring.clear();
-    c->ring_next    = 0;
-    c->ring_dropped = 0;
   }
-  recording_.ring.clear();
-  recording_.next    = 0;
-  recording_.dropped = 0;
+  recording_.clear();
   recording_on_.store(true, std::memory_order_relaxed);
 }
 
@@ -115,12 +104,12 @@ memory_snapshot basic_caching_allocator<Runtime>::snapshot() const
   });
   std::sort(s.segments.begin(), s.segments.end(),
             [](auto const& a, auto const& b) { return a.address < b.address; });
-  s.events         = recording_.ring;
-  s.dropped_events = recording_.dropped;
+  s.events         = recording_.events();
+  s.dropped_events = recording_.dropped();
   for (auto const& c : threads_.caches) {
     std::lock_guard<typename thread_cache::spin_lock> ring_lock{c->ring_mutex};
-    s.events.insert(s.events.end(), c->ring.begin(), c->ring.end());
-    s.dropped_events += c->ring_dropped;
+    s.events.insert(s.events.end(), c->ring.events().begin(), c->ring.events().end());
+    s.dropped_events += c->ring.dropped();
   }
   std::stable_sort(s.events.begin(), s.events.end(),
                    [](auto const& a, auto const& b) { return a.time_ns < b.time_ns; });

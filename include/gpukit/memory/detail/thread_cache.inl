@@ -13,6 +13,7 @@
 #pragma once
 
 #include <gpukit/memory/caching_allocator.hpp>
+#include <gpukit/memory/detail/caching/event_ring.hpp>
 
 #include <algorithm>
 #include <array>
@@ -274,20 +275,12 @@ struct caching_thread_cache {
     void unlock() noexcept { flag.clear(std::memory_order_release); }
   };
   spin_lock ring_mutex;
-  std::vector<memory_event> ring;
-  std::size_t ring_next{0};
-  std::uint64_t ring_dropped{0};
+  caching::event_ring ring;  // guarded by ring_mutex
 
   void record(memory_event const& e, std::size_t capacity)
   {
     std::lock_guard<spin_lock> lock{ring_mutex};
-    if (ring.size() < capacity) {
-      ring.push_back(e);
-    } else if (capacity != 0) {
-      ring[ring_next] = e;
-      ring_next       = (ring_next + 1) % capacity;
-      ++ring_dropped;
-    }
+    ring.push(e, capacity);
   }
 };
 
