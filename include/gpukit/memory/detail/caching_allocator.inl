@@ -18,6 +18,14 @@
 //   statistics.inl          stats(), peaks, reset_peak
 //   growable_segments.inl   growable (virtual memory) segments
 //   allocator_invariants.hpp  the invariant checker tests use (included by tests only)
+//
+// Layers that own their state (detail/caching/*.hpp, single-threaded, each with its own test in
+// tests/memory/detail/caching/; the allocator holds them under its pool lock):
+//   block_index.hpp    blocks by address, global free indices, split/coalesce/carve/recycle
+//   capture_pools.hpp  the private pools of graph captures
+//   event_ring.hpp     the rings of recorded events (the pool's and each thread's)
+// The lock discipline is declared (GPUKIT_GUARDED_BY, GPUKIT_REQUIRES, GPUKIT_EXCLUDES:
+// gpukit/detail/thread_annotations.hpp) and checked by clang's -Wthread-safety.
 #pragma once
 
 #include <gpukit/detail/hex.hpp>
