@@ -86,11 +86,15 @@
 #include <gpukit/detail/cccl_compat.hpp>  // <cuda/memory_resource>, whichever CCCL
 #include <gpukit/detail/compiled.hpp>
 #include <gpukit/detail/lifetime.hpp>
+#include <gpukit/detail/thread_annotations.hpp>
 #include <gpukit/error.hpp>
 #include <gpukit/memory/alloc_conf.hpp>
 #include <gpukit/memory/caching_allocator_options.hpp>
 #include <gpukit/memory/caching_allocator_stats.hpp>
 #include <gpukit/memory/detail/address_map.hpp>
+#include <gpukit/memory/detail/caching/block_index.hpp>
+#include <gpukit/memory/detail/caching/capture_pools.hpp>
+#include <gpukit/memory/detail/caching/event_ring.hpp>
 #include <gpukit/memory/detail/caching_block.hpp>
 #include <gpukit/memory/detail/debug_options.hpp>
 #include <gpukit/memory/detail/shared_counts.hpp>
@@ -475,10 +479,10 @@ class basic_caching_allocator final {
 
   using block        = detail::caching_block<Runtime>;
   using thread_cache = detail::caching_thread_cache<Runtime>;
+  using capture_pool = typename detail::caching::capture_pools<Runtime, block>::pool;
   struct segment;           // detail/pool_segments.inl
   struct stream_pool;       // detail/stream_bookkeeping.inl
   struct pending_free;      // detail/stream_bookkeeping.inl
-  struct capture_pool;      // detail/graph_capture.inl
   struct recovery_request;  // detail/oom_recovery.inl
   enum pool_kind : int { small_pool = 0, large_pool = 1 };
 
@@ -498,66 +502,95 @@ class basic_caching_allocator final {
   }
 
   // Allocation and deallocation (detail/caching_allocator.inl).
-  void* allocate_slow(std::size_t bytes, std::size_t size, stream_type stream, thread_cache& tc);
+  void* allocate_slow(std::size_t bytes, std::size_t size, stream_type stream, thread_cache& tc)
+    GPUKIT_EXCLUDES(mutex_);
+  block* find_reusable(std::size_t size, int kind, stream_type stream, thread_cache& tc,
+                       bool capture) GPUKIT_REQUIRES(mutex_);
+  block* find_free_or_migrate(std::size_t size, int kind, stream_type stream, bool capture)
+    GPUKIT_REQUIRES(mutex_);
+  block* new_memory(std::size_t bytes, std::size_t size, int kind, stream_type stream,
+                    thread_cache& tc, bool capture) GPUKIT_REQUIRES(mutex_);
   void* hand_out(thread_cache& tc, block* b, std::size_t bytes, stream_type stream);
-  void deallocate_impl(void* ptr, std::size_t bytes, bool check_size, stream_type stream);
+  void deallocate_impl(void* ptr, std::size_t bytes, bool check_size, stream_type stream)
+    GPUKIT_EXCLUDES(mutex_);
+  bool free_stream_dead(thread_cache& tc, stream_type stream) GPUKIT_EXCLUDES(mutex_);
+  bool cache_push(thread_cache& tc, block* b, stream_type stream) noexcept;
+  void return_to_pool(block* b, stream_type stream) GPUKIT_EXCLUDES(mutex_);
   block* claim_own(thread_cache& tc, std::uintptr_t key, std::size_t bytes, bool check_size);
-  block* claim_foreign(void* ptr, std::size_t bytes, bool check_size, void*& owner);
+  block* claim_foreign(void* ptr, std::size_t bytes, bool check_size, void*& owner)
+    GPUKIT_EXCLUDES(mutex_);
   void count_free(thread_cache& tc, block* b, void* ptr, stream_type stream);
-  void defer_free(thread_cache& tc, block* b, void* ptr, stream_type stream, void* owner);
+  void defer_free(thread_cache& tc, block* b, void* ptr, stream_type stream, void* owner)
+    GPUKIT_EXCLUDES(mutex_);
+  bool defer_in_capture(block* b, stream_type stream, pending_free& pf) GPUKIT_REQUIRES(mutex_);
+  void record_use_events(block* b, stream_type stream, pending_free& pf) GPUKIT_REQUIRES(mutex_);
+  void park_pending(thread_cache& tc, block* b, void* ptr, pending_free&& pf)
+    GPUKIT_REQUIRES(mutex_);
   void validate_options() const;
-  void teardown() noexcept;
+  void teardown() noexcept GPUKIT_EXCLUDES(mutex_);
+  struct teardown_calls;
+  void teardown_events(teardown_calls& call) noexcept GPUKIT_REQUIRES(mutex_);
+  void teardown_segment(segment* seg, teardown_calls& call) noexcept GPUKIT_REQUIRES(mutex_);
 
   // Debug mode (detail/debug_mode.inl).
   struct debug_state;
   void debug_init();
   static void const*& debug_releasing() noexcept;
-  bool debug_free(void* ptr, std::size_t bytes, bool check_size, stream_type stream);
+  bool debug_free(void* ptr, std::size_t bytes, bool check_size, stream_type stream)
+    GPUKIT_EXCLUDES(mutex_);
+  std::size_t debug_check_free(void* ptr, std::size_t bytes, bool check_size, bool& guarded)
+    GPUKIT_EXCLUDES(mutex_);
   void debug_flush(stream_type stream, bool all);
   template <class Entries>
   void debug_release(Entries const& evicted);
-  void* guard_allocate_locked(std::size_t bytes, std::size_t size, int kind, stream_type stream,
-                              thread_cache& tc);
-  block* guard_place_locked(std::size_t size, int kind, stream_type stream, bool& oom);
-  block* guard_range_locked(std::size_t pages, int kind, std::uintptr_t& at);
-  void guard_free(void* ptr, std::size_t bytes, bool check_size, stream_type stream);
+  void* guard_allocate(std::size_t bytes, std::size_t size, int kind, stream_type stream,
+                       thread_cache& tc) GPUKIT_REQUIRES(mutex_);
+  block* guard_place(std::size_t size, int kind, stream_type stream, bool& oom)
+    GPUKIT_REQUIRES(mutex_);
+  block* guard_range(std::size_t pages, int kind, std::uintptr_t& at) GPUKIT_REQUIRES(mutex_);
+  void guard_free(void* ptr, std::size_t bytes, bool check_size, stream_type stream)
+    GPUKIT_EXCLUDES(mutex_);
   // Thread caches (detail/thread_cache.inl).
   thread_cache& local_cache();
   // Its first call on a thread (or after another allocator was used there): out of line, so that
   // local_cache() inlines into the hot path.
-  __attribute__((noinline)) thread_cache& local_cache_slow(detail::tls_registry& r);
+  __attribute__((noinline)) thread_cache& local_cache_slow(detail::tls_registry& r)
+    GPUKIT_EXCLUDES(mutex_);
   static void on_thread_exit(void* allocator, void* cache);
   void purge_handed_out(thread_cache& tc);
-  void flush_cache_locked(thread_cache& tc);
-  void flush_cache(thread_cache& tc);
+  void drain_cache(thread_cache& tc) GPUKIT_REQUIRES(mutex_);
+  void flush_cache(thread_cache& tc) GPUKIT_EXCLUDES(mutex_);
   // The pool: segments, descriptors, indices (detail/pool_segments.inl).
-  block* find_free_locked(std::size_t size, int kind, stream_type stream);
+  block* find_free(std::size_t size, int kind, stream_type stream) GPUKIT_REQUIRES(mutex_);
   std::size_t segment_size_for(std::size_t size) const noexcept;
-  block* new_segment_locked(std::size_t size, int kind, stream_type stream, bool& oom);
-  void adopt_segment_locked(block* b, std::unique_ptr<segment> seg, void* p, std::size_t seg_size,
-                            int kind, stream_type stream, bool stream_ordered, capture_id pool);
-  block* take_locked(block* b, std::size_t size, std::size_t bytes, stream_type stream);
-  block* split_off_locked(block* b, std::size_t offset);
-  block* insert_free_locked(block* b);
-  void unindex_locked(block* b);
-  void free_to_pool_locked(block* b, stream_type stream);
-  block* new_block_locked();
-  void recycle_block_locked(block* b);
+  block* new_segment(std::size_t size, int kind, stream_type stream, bool& oom)
+    GPUKIT_REQUIRES(mutex_);
+  void adopt_segment(block* b, std::unique_ptr<segment> seg, void* p, std::size_t seg_size,
+                     int kind, stream_type stream, bool stream_ordered, capture_id pool)
+    GPUKIT_REQUIRES(mutex_);
+  block* take(block* b, std::size_t size, std::size_t bytes, stream_type stream)
+    GPUKIT_REQUIRES(mutex_);
+  // The index free block b belongs in: its capture's pool, the global pool, or its stream's pool.
+  detail::tlsf_index<block>& index_for(block const* b) GPUKIT_REQUIRES(mutex_);
+  block* insert_free(block* b) GPUKIT_REQUIRES(mutex_);
+  void unindex(block* b) GPUKIT_REQUIRES(mutex_) { index_for(b).remove(b); }
+  void free_to_pool(block* b, stream_type stream) GPUKIT_REQUIRES(mutex_);
   static memory_heap segment_heap(block const* b) noexcept;
   // Streams, pending frees, migration, events (detail/stream_bookkeeping.inl).
-  stream_pool& stream_pool_locked(stream_type stream);
-  void check_stream_locked(stream_type stream, char const* what);
-  bool check_stream_locked(stream_type stream, char const* what, bool dead_ok);
-  bool check_free_stream(thread_cache& tc, stream_type stream);
-  void retire_dead_stream_locked(stream_type stream);
-  void free_on_dead_stream(thread_cache& tc, block* b, void* ptr, stream_type stream);
-  void forget_stream_locked(stream_type stream, bool synchronized);
-  bool capturing_locked(stream_type stream);
-  std::size_t poll_pending_locked(bool wait = false);
-  bool arm_pending_locked(pending_free& pf);
-  std::size_t migrate_locked(stream_type requester, bool wait);
-  std::size_t make_global_locked(stream_pool& sp, std::uint64_t up_to_seq);
-  event_type take_event_locked();
+  stream_pool& pool_of(stream_type stream) GPUKIT_REQUIRES(mutex_);
+  void check_stream(stream_type stream, char const* what) GPUKIT_REQUIRES(mutex_);
+  bool check_stream(stream_type stream, char const* what, bool dead_ok) GPUKIT_REQUIRES(mutex_);
+  bool check_free_stream(thread_cache& tc, stream_type stream) GPUKIT_EXCLUDES(mutex_);
+  void retire_dead_stream(stream_type stream) GPUKIT_REQUIRES(mutex_);
+  void free_on_dead_stream(thread_cache& tc, block* b, void* ptr, stream_type stream)
+    GPUKIT_EXCLUDES(mutex_);
+  void drop_stream(stream_type stream, bool synchronized) GPUKIT_REQUIRES(mutex_);
+  bool is_capturing(stream_type stream) GPUKIT_REQUIRES(mutex_);
+  std::size_t poll_pending(bool wait = false) GPUKIT_REQUIRES(mutex_);
+  bool arm_pending(pending_free& pf) GPUKIT_REQUIRES(mutex_);
+  std::size_t migrate(stream_type requester, bool wait) GPUKIT_REQUIRES(mutex_);
+  std::size_t make_global(stream_pool& sp, std::uint64_t up_to_seq) GPUKIT_REQUIRES(mutex_);
+  event_type take_event() GPUKIT_REQUIRES(mutex_);
   // The out-of-memory ladder (detail/oom_recovery.inl).
   enum recovery_step : int {
     step_events,
@@ -568,83 +601,118 @@ class basic_caching_allocator final {
     step_wait,
   };
   static_assert(step_wait + 1 == recovery_step_count, "one enumerator per recovery_step_names");
-  block* recover_locked(std::unique_lock<std::mutex>& lock, std::size_t size, int kind,
-                        stream_type stream, thread_cache& tc, std::vector<stream_type>& freed_on,
-                        bool capture);
-  block* retry_locked(recovery_request const& r);
-  void settle_frees_locked(recovery_request& r);
-  void count_step_locked(recovery_step step, std::size_t reclaimed);
-  block* recover_events_locked(recovery_request& r);
-  block* recover_callbacks_locked(recovery_request& r);
-  block* recover_release_stream_locked(recovery_request& r);
-  block* recover_release_all_locked(recovery_request& r);
-  block* recover_other_pool_locked(recovery_request& r);
-  block* recover_wait_locked(recovery_request& r);
-  std::size_t free_bytes_locked() const;
-  [[noreturn]] void throw_oom_locked(std::size_t bytes, std::size_t size);
+  block* recover(std::size_t size, int kind, stream_type stream, thread_cache& tc,
+                 std::vector<stream_type>& freed_on, bool capture) GPUKIT_REQUIRES(mutex_);
+  block* retry(recovery_request const& r) GPUKIT_REQUIRES(mutex_);
+  void settle_frees(recovery_request& r) GPUKIT_REQUIRES(mutex_);
+  void count_step(recovery_step step, std::size_t reclaimed) GPUKIT_REQUIRES(mutex_);
+  block* recover_events(recovery_request& r) GPUKIT_REQUIRES(mutex_);
+  block* recover_callbacks(recovery_request& r) GPUKIT_REQUIRES(mutex_);
+  block* recover_release_stream(recovery_request& r) GPUKIT_REQUIRES(mutex_);
+  block* recover_release_all(recovery_request& r) GPUKIT_REQUIRES(mutex_);
+  block* recover_other_pool(recovery_request& r) GPUKIT_REQUIRES(mutex_);
+  block* recover_wait(recovery_request& r) GPUKIT_REQUIRES(mutex_);
+  // The ladder's steps, one per recovery_step, in the order of recovery_step_names; each records
+  // what it reclaimed (count_step) and ends with a fresh search of the pool and one more try of
+  // the runtime. Growable segments: the two release steps unmap the free pages of the streams
+  // they release.
+  using recovery_fn = block* (basic_caching_allocator::*)(recovery_request&);
+  static constexpr recovery_fn recovery_ladder[] = {
+    &basic_caching_allocator::recover_events,         &basic_caching_allocator::recover_callbacks,
+    &basic_caching_allocator::recover_release_stream, &basic_caching_allocator::recover_release_all,
+    &basic_caching_allocator::recover_other_pool,     &basic_caching_allocator::recover_wait,
+  };
+  static_assert(std::size(recovery_ladder) == recovery_step_count, "one step per recovery_step");
+  std::size_t free_bytes() const GPUKIT_REQUIRES(mutex_);
+  [[noreturn]] void throw_oom(std::size_t bytes, std::size_t size) GPUKIT_REQUIRES(mutex_);
   // Release (detail/release.inl).
-  std::size_t release_locked(std::size_t target, std::vector<stream_type>* freed_on = nullptr,
-                             int only_kind = -1, stream_type const* only_stream = nullptr);
+  struct capture_probe;
+  std::size_t release_segments(std::size_t target, std::vector<stream_type>* freed_on = nullptr,
+                               int only_kind = -1, stream_type const* only_stream = nullptr)
+    GPUKIT_REQUIRES(mutex_);
+  std::vector<block*> whole_free_segments(int only_kind, stream_type const* only_stream)
+    GPUKIT_REQUIRES(mutex_);
+  template <class F>
+  void for_each_free_index(stream_type const* only_stream, F&& f) GPUKIT_REQUIRES(mutex_);
+  std::size_t release_segment(block* b, std::vector<stream_type>& issued) GPUKIT_REQUIRES(mutex_);
+  stream_type free_segment_memory(segment& seg, stream_type on) GPUKIT_REQUIRES(mutex_);
   // Graph capture (detail/graph_capture.inl).
-  capture_pool* active_capture_locked(stream_type stream);
-  capture_pool* capture_for_locked(stream_type stream, bool guess_on_error = false);
-  capture_pool& capture_pool_locked(capture_id id);
-  void* allocate_captured_locked(std::size_t bytes, std::size_t size, int kind, capture_pool& cp,
-                                 stream_type stream, thread_cache& tc);
+  // The capture pool `stream` allocates from (detail/caching/capture_pools.hpp), or nullptr.
+  capture_pool* capture_for(stream_type stream, bool guess_on_error = false) GPUKIT_REQUIRES(mutex_)
+  {
+    return capture_.find_for(
+      runtime_, stream, captures_underway_.load(std::memory_order_relaxed) != 0, guess_on_error);
+  }
+  void* allocate_captured(std::size_t bytes, std::size_t size, int kind, capture_pool& cp,
+                          stream_type stream, thread_cache& tc) GPUKIT_REQUIRES(mutex_);
   // Recording (detail/recording.inl).
   void record(thread_cache& tc, memory_event::action what, block const* b, stream_type stream);
-  void record_pool_locked(memory_event::action what, std::uintptr_t address, std::size_t bytes,
-                          stream_type stream);
+  void record_pool(memory_event::action what, std::uintptr_t address, std::size_t bytes,
+                   stream_type stream) GPUKIT_REQUIRES(mutex_);
   static std::uint64_t now_ns() noexcept;
   static std::uintptr_t stream_id(stream_type stream) noexcept;
   // Statistics (detail/statistics.inl).
-  caching_pool_stats& pool_stats_locked(int kind) const noexcept;
-  void update_peaks_locked() const;
-  void share_counts_locked();
+  caching_pool_stats& pool_stats(int kind) const noexcept GPUKIT_REQUIRES(mutex_);
+  void update_peaks() const GPUKIT_REQUIRES(mutex_);
+  void share_counts() GPUKIT_REQUIRES(mutex_);
   __attribute__((noinline)) void join_shared_counts(thread_cache& tc) noexcept;
-  void store_shared_peaks_locked(bool from_current);
-  void update_scanned_locked() const;
-  void count_reserved_locked(int kind, std::int64_t delta) noexcept;
-  void count_segment_locked(int kind, int delta) noexcept;
-  void raise_reserved_peak_locked() noexcept;
+  void store_shared_peaks(bool from_current) GPUKIT_REQUIRES(mutex_);
+  void update_scanned() const GPUKIT_REQUIRES(mutex_);
+  struct active_peaks;
+  active_peaks peak_active() const GPUKIT_REQUIRES(mutex_);
+  void count_reserved(int kind, std::int64_t delta) noexcept GPUKIT_REQUIRES(mutex_);
+  void count_segment(int kind, int delta) noexcept GPUKIT_REQUIRES(mutex_);
+  void raise_reserved_peak() noexcept GPUKIT_REQUIRES(mutex_);
   // Growable segments (detail/growable_segments.inl).
-  block* grow_locked(std::size_t size, int kind, stream_type stream, bool& oom);
-  block* reserve_growable_locked(std::size_t size, int kind, stream_type stream, bool& oom);
+  block* grow_segment(std::size_t size, int kind, stream_type stream, bool& oom)
+    GPUKIT_REQUIRES(mutex_);
+  block* fewest_pages(std::size_t size, int kind, stream_type stream, std::size_t& pages)
+    GPUKIT_REQUIRES(mutex_);
+  static std::size_t free_before(block const* u, stream_type stream) noexcept;
+  block* reserve_growable(std::size_t size, int kind, stream_type stream, bool& oom)
+    GPUKIT_REQUIRES(mutex_);
   struct mapped_page;
-  bool map_pages_locked(segment& seg, std::size_t first, std::size_t count, bool& oom);
+  bool map_pages(segment& seg, std::size_t first, std::size_t count, bool& oom)
+    GPUKIT_REQUIRES(mutex_);
   static void* page_address(segment const& seg, std::size_t i) noexcept;
-  void count_mapped_page_locked(segment const& seg, bool fresh) noexcept;
-  typename Runtime::error_type take_page_locked(int kind, std::size_t page, mapped_page& m);
-  void give_back_page_locked(int kind, std::size_t page, mapped_page const& m);
-  bool undo_map_locked(segment& seg, std::vector<mapped_page> const& now,
-                       typename Runtime::error_type e, bool& oom, char const* call);
-  std::size_t harvest_pages_locked(int kind, std::size_t wanted, block const* keep);
-  typename Runtime::error_type unmap_page_locked(segment& seg, std::size_t i);
-  std::size_t unmap_free_pages_locked(block* b, std::size_t wanted,
-                                      typename Runtime::error_type& error);
-  void insert_unmapped_locked(block* b);
-  std::size_t release_growable_locked(std::size_t target, stream_type const* only_stream);
-  void release_spare_pages_locked(std::size_t target);
-  void unmap_stranded_pages_locked();
-  void unmap_released_blocks_locked(std::size_t target, stream_type const* only_stream);
-  void free_empty_ranges_locked();
-  typename Runtime::error_type grant_peers_locked(void* va, std::size_t bytes);
-  void close_page_fd_locked(segment& seg, std::size_t i) noexcept;
+  void count_mapped_page(segment const& seg, bool fresh) noexcept GPUKIT_REQUIRES(mutex_);
+  typename Runtime::error_type take_page(int kind, std::size_t page, mapped_page& m)
+    GPUKIT_REQUIRES(mutex_);
+  void give_back_page(int kind, std::size_t page, mapped_page const& m) GPUKIT_REQUIRES(mutex_);
+  bool undo_map(segment& seg, std::vector<mapped_page> const& now, typename Runtime::error_type e,
+                bool& oom, char const* call) GPUKIT_REQUIRES(mutex_);
+  std::size_t harvest_pages(int kind, std::size_t wanted, block const* keep)
+    GPUKIT_REQUIRES(mutex_);
+  std::vector<block*> page_donors(int kind, block const* keep) GPUKIT_REQUIRES(mutex_);
+  static bool holds_free_page(block const* b) noexcept;
+  typename Runtime::error_type unmap_page(segment& seg, std::size_t i) GPUKIT_REQUIRES(mutex_);
+  std::size_t unmap_free_pages(block* b, std::size_t wanted, typename Runtime::error_type& error)
+    GPUKIT_REQUIRES(mutex_);
+  void insert_unmapped(block* b) GPUKIT_REQUIRES(mutex_);
+  std::size_t release_growable(std::size_t target, stream_type const* only_stream)
+    GPUKIT_REQUIRES(mutex_);
+  void release_spare_pages(std::size_t target) GPUKIT_REQUIRES(mutex_);
+  void unmap_stranded_pages() GPUKIT_REQUIRES(mutex_);
+  void unmap_released_blocks(std::size_t target, stream_type const* only_stream)
+    GPUKIT_REQUIRES(mutex_);
+  std::vector<stream_type> wait_for_growable_streams(stream_type const* only_stream)
+    GPUKIT_REQUIRES(mutex_);
+  static bool holds_growable_free(stream_pool const& sp);
+  void free_empty_ranges() GPUKIT_REQUIRES(mutex_);
+  typename Runtime::error_type grant_peers(void* va, std::size_t bytes) GPUKIT_REQUIRES(mutex_);
+  void close_page_fd(segment& seg, std::size_t i) noexcept GPUKIT_REQUIRES(mutex_);
   // The list of spare pages a pool kind uses: one for both when their pages have the same size.
-  int spare_kind(int kind) const noexcept
+  int spare_kind(int kind) const noexcept GPUKIT_REQUIRES(mutex_)
   {
     return pages_.page_bytes[small_pool] == pages_.page_bytes[large_pool] ? small_pool : kind;
   }
 
-  // The state, grouped by what it serves. Everything but the atomics is guarded by mutex_.
+  // The state, grouped by what it serves. Everything but the atomics is guarded by mutex_, which
+  // clang's -Wthread-safety checks (GPUKIT_GUARDED_BY, and GPUKIT_REQUIRES on the functions that
+  // need it held; tests/headers builds with it as an error).
 
-  /// Segments and blocks: every block by address, free blocks usable on any stream, the storage
-  /// of block descriptors, and what is held from the device.
+  /// What is held from the device (the blocks themselves are in blocks_).
   struct pool_state {
-    detail::address_map<block> blocks;    // every block, by address
-    detail::tlsf_index<block> global[2];  // free blocks usable on any stream, per pool kind
-    std::vector<std::unique_ptr<block[]>> block_chunks;
-    block* spare_blocks{nullptr};
     std::size_t reserved{0};  // bytes held from the device (growable: mapped and spare pages)
     std::size_t segments{0};
   };
@@ -676,21 +744,6 @@ class basic_caching_allocator final {
     int waiters{0};
     std::vector<stream_type> unsettled;  // streams of stream-ordered frees release() issued
   };
-  /// Graph captures and their private pools.
-  struct capture_state {
-    std::vector<std::unique_ptr<capture_pool>> pools;
-    capture_id next_id{1};
-    int windows{0};                // begin_capture_window calls not yet ended
-    std::atomic<int> underway{0};  // captures and windows; read on the fast path
-  };
-  /// Recorded events: threads record into their caches' rings, the pool into `ring`.
-  struct recording_state {
-    std::atomic<bool> on{false};     // read on the fast path
-    std::size_t capacity{0};         // events per ring
-    std::vector<memory_event> ring;  // segment and out-of-memory events
-    std::size_t next{0};
-    std::uint64_t dropped{0};
-  };
 
   Runtime& runtime_;
   int device_;
@@ -701,18 +754,27 @@ class basic_caching_allocator final {
   bool growable_{false};
   std::atomic<std::size_t> limit_{0};
 
-  mutable std::mutex mutex_;  // the pool lock: guards everything below
-  pool_state pool_;
-  page_state pages_;
-  stream_state streams_;
-  thread_state threads_;
-  recovery_state recovery_;
-  capture_state capture_;
-  std::unique_ptr<debug_state> debug_;  // debug mode's quarantine (null when off)
-  recording_state recording_;
-  mutable caching_allocator_stats stats_{};  // pool-level counters and peaks
-  detail::pending_counts pending_;           // frees waiting on other streams (still active)
-  detail::shared_counts shared_;             // current values and peaks once two threads are in
+  mutable detail::annotated_mutex mutex_;  // the pool lock: guards everything below
+  // Every block by address, the free blocks usable on any stream, the descriptors.
+  detail::caching::block_index<block> blocks_ GPUKIT_GUARDED_BY(mutex_);
+  pool_state pool_ GPUKIT_GUARDED_BY(mutex_);
+  page_state pages_ GPUKIT_GUARDED_BY(mutex_);
+  stream_state streams_ GPUKIT_GUARDED_BY(mutex_);
+  thread_state threads_ GPUKIT_GUARDED_BY(mutex_);
+  recovery_state recovery_ GPUKIT_GUARDED_BY(mutex_);
+  detail::caching::capture_pools<Runtime, block> capture_ GPUKIT_GUARDED_BY(mutex_);
+  // Captures and windows under way: read on the fast path without the lock, written under it.
+  std::atomic<int> captures_underway_{0};
+  std::unique_ptr<debug_state> debug_;     // debug mode's quarantine (null when off)
+  std::atomic<bool> recording_on_{false};  // read on the fast path, written under the lock
+  // Events per ring: read by record() on the fast path (a thread's own ring), written under the
+  // lock.
+  std::atomic<std::size_t> recording_capacity_{0};
+  detail::caching::event_ring recording_ GPUKIT_GUARDED_BY(mutex_);  // segment and OOM events
+  mutable caching_allocator_stats stats_
+    GPUKIT_GUARDED_BY(mutex_){};    // pool-level counters and peaks
+  detail::pending_counts pending_;  // frees waiting on other streams (still active)
+  detail::shared_counts shared_;    // current values and peaks once two threads are in
   // Expired first thing in the destructor (before teardown): an owning stream that is destroyed
   // later then skips this allocator, and one being destroyed now is waited for.
   detail::lifetime_registration lifetime_;

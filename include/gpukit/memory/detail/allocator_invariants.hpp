@@ -41,10 +41,10 @@ struct allocator_invariants {
 
   static std::string check(allocator const& a)
   {
-    std::lock_guard<std::mutex> lock{a.mutex_};
+    detail::pool_lock lock{a.mutex_};
     std::string err;
     totals t;
-    a.pool_.blocks.for_each([&](std::uintptr_t key, block* b) {
+    a.blocks_.for_each([&](std::uintptr_t key, block* b) {
       if (b->address() != key) { err += "block key mismatch; "; }
       if (b->prev == nullptr) { check_segment(a, b, t, err); }
     });
@@ -104,7 +104,7 @@ struct allocator_invariants {
     }
     if (x->next != nullptr && x->next->prev != x) { err += "broken prev link; "; }
     if (x->segment != head->segment) { err += "block in the wrong segment; "; }
-    if (a.pool_.blocks.find(x->address()) != x) { err += "block missing from the map; "; }
+    if (a.blocks_.find(x->address()) != x) { err += "block missing from the map; "; }
     if (is(x, block_state::free) && x->next != nullptr && is(x->next, block_state::free) &&
         (x->global || x->next->global || x->stream == x->next->stream)) {
       err += "mergeable neighbours left unmerged; ";
@@ -154,8 +154,8 @@ struct allocator_invariants {
     for (auto const& sp : a.streams_.pools) {
       for (auto const& idx : sp->index) { count_index(idx, false, sp->stream); }
     }
-    for (auto const& idx : a.pool_.global) { count_index(idx, true, stream_type{}); }
-    for (auto const& cp : a.capture_.pools) {
+    for (auto const& idx : a.blocks_.globals()) { count_index(idx, true, stream_type{}); }
+    for (auto const& cp : a.capture_.pools()) {
       for (auto const& idx : cp->index) {
         idx.for_each([&](block* b) {
           t.indexed_bytes += b->size;
@@ -165,7 +165,7 @@ struct allocator_invariants {
       }
     }
     std::size_t free_blocks_bytes = 0;
-    a.pool_.blocks.for_each([&](std::uintptr_t, block* b) {
+    a.blocks_.for_each([&](std::uintptr_t, block* b) {
       if (is(b, block_state::free)) { free_blocks_bytes += b->size; }
     });
     if (free_blocks_bytes != t.indexed_bytes) { err += "free blocks and indices disagree; "; }
@@ -177,7 +177,7 @@ struct allocator_invariants {
     for (int k = 0; k < 2; ++k) {
       t.segment_bytes += a.pages_.spare[k].size() * a.pages_.page_bytes[k];
       t.kind_bytes[k] += a.pages_.spare[k].size() * a.pages_.page_bytes[k];
-      caching_pool_stats const& p = a.pool_stats_locked(k);
+      caching_pool_stats const& p = a.pool_stats(k);
       if (p.reserved_bytes.current != static_cast<std::int64_t>(t.kind_bytes[k])) {
         err += "pool " + std::to_string(k) + " reserved " +
                std::to_string(p.reserved_bytes.current) + " != its segments " +

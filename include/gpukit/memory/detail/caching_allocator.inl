@@ -18,6 +18,14 @@
 //   statistics.inl          stats(), peaks, reset_peak
 //   growable_segments.inl   growable (virtual memory) segments
 //   allocator_invariants.hpp  the invariant checker tests use (included by tests only)
+//
+// Layers that own their state (detail/caching/*.hpp, single-threaded, each with its own test in
+// tests/memory/detail/caching/; the allocator holds them under its pool lock):
+//   block_index.hpp    blocks by address, global free indices, split/coalesce/carve/recycle
+//   capture_pools.hpp  the private pools of graph captures
+//   event_ring.hpp     the rings of recorded events (the pool's and each thread's)
+// The lock discipline is declared (GPUKIT_GUARDED_BY, GPUKIT_REQUIRES, GPUKIT_EXCLUDES:
+// gpukit/detail/thread_annotations.hpp) and checked by clang's -Wthread-safety.
 #pragma once
 
 #include <gpukit/detail/hex.hpp>
@@ -123,17 +131,25 @@ basic_caching_allocator<Runtime>::~basic_caching_allocator()
   teardown();
 }
 
+/// A runtime call of teardown: tried twice; a call that fails both times is counted.
+template <class Runtime>
+struct basic_caching_allocator<Runtime>::teardown_calls {
+  std::uint64_t failed{0};
+  template <class F>
+  void operator()(F&& f) noexcept
+  {
+    if (f() != Runtime::success && f() != Runtime::success) { ++failed; }
+  }
+};
+
 // Every segment goes back, whatever it holds. Never throws: a runtime call that fails is tried
 // once more (a stream-ordered free that fails becomes a synchronous one), and what still fails is
 // counted (caching_allocator_teardown_failures) and reported once on stderr.
 template <class Runtime>
 void basic_caching_allocator<Runtime>::teardown() noexcept
 {
-  std::lock_guard<std::mutex> lock{mutex_};
-  std::uint64_t failed = 0;
-  auto call            = [&](auto&& f) {
-    if (f() != Runtime::success && f() != Runtime::success) { ++failed; }
-  };
+  detail::pool_lock lock{mutex_};
+  teardown_calls call;
   std::optional<device_guard<Runtime>> guard;
   for (int attempt = 0; attempt < 2 && !guard; ++attempt) {
     try {
@@ -141,7 +157,30 @@ void basic_caching_allocator<Runtime>::teardown() noexcept
     } catch (...) {  // the frees below name their memory: they go on without the guard
     }
   }
-  if (!guard) { ++failed; }
+  if (!guard) { ++call.failed; }
+  teardown_events(call);
+  // The streams blocks were last used on may be gone by now (a stream destroyed after
+  // forget_stream, or never forgotten): wait for the device once, then free everything in the
+  // order of the device's null stream, which always exists.
+  if (pool_.segments != 0) {
+    call([&] { return runtime_.device_synchronize(); });
+  }
+  for (auto& spares : pages_.spare) {
+    for (physical_handle h : spares) {
+      call([&] { return runtime_.vm_release(h); });
+    }
+  }
+  blocks_.for_each([&](std::uintptr_t, block* b) {
+    mutex_.assert_held();  // a lambda run under the lock
+    if (b->prev == nullptr) { teardown_segment(static_cast<segment*>(b->segment), call); }
+  });
+  detail::note_teardown_failures(call.failed, device_);
+}
+
+// Teardown: the events of pending frees, migrations and the spare list.
+template <class Runtime>
+void basic_caching_allocator<Runtime>::teardown_events(teardown_calls& call) noexcept
+{
   for (auto& p : streams_.pending) {
     for (event_type e : p.events) {
       call([&] { return runtime_.event_destroy(e); });
@@ -155,41 +194,31 @@ void basic_caching_allocator<Runtime>::teardown() noexcept
   for (event_type e : streams_.spare_events) {
     call([&] { return runtime_.event_destroy(e); });
   }
-  // The streams blocks were last used on may be gone by now (a stream destroyed after
-  // forget_stream, or never forgotten): wait for the device once, then free everything in the
-  // order of the device's null stream, which always exists.
-  if (pool_.segments != 0) {
-    call([&] { return runtime_.device_synchronize(); });
-  }
-  for (auto& spares : pages_.spare) {
-    for (physical_handle h : spares) {
-      call([&] { return runtime_.vm_release(h); });
+}
+
+// Teardown: one segment back to the runtime (after its NVTX heap: tools reject a heap whose memory
+// is gone), and its descriptor deleted.
+template <class Runtime>
+void basic_caching_allocator<Runtime>::teardown_segment(segment* seg, teardown_calls& call) noexcept
+{
+  if (options_.nvtx_annotate) { unregister_memory_heap(seg->nvtx_heap); }
+  if (seg->growable) {
+    for (std::size_t i = 0; i < seg->mapped.size(); ++i) {
+      if (seg->mapped[i] == 0) { continue; }
+      void* at = static_cast<char*>(seg->ptr) + i * seg->page;
+      close_page_fd(*seg, i);
+      call([&] { return runtime_.vm_unmap(at, seg->page); });
+      call([&] { return runtime_.vm_release(seg->handles[i]); });
     }
-  }
-  pool_.blocks.for_each([&](std::uintptr_t, block* b) {
-    if (b->prev != nullptr) { return; }  // not the first block of its segment
-    auto* seg = static_cast<segment*>(b->segment);
-    // A heap is unregistered while its memory is still there: tools reject it afterwards.
-    if (options_.nvtx_annotate) { unregister_memory_heap(seg->nvtx_heap); }
-    if (seg->growable) {
-      for (std::size_t i = 0; i < seg->mapped.size(); ++i) {
-        if (seg->mapped[i] == 0) { continue; }
-        void* at = static_cast<char*>(seg->ptr) + i * seg->page;
-        close_page_fd_locked(*seg, i);
-        call([&] { return runtime_.vm_unmap(at, seg->page); });
-        call([&] { return runtime_.vm_release(seg->handles[i]); });
-      }
-      call([&] { return runtime_.vm_free(seg->ptr, seg->size); });
-    } else if (seg->stream_ordered) {
-      if (runtime_.free_async(seg->ptr, stream_type{}) != Runtime::success) {
-        call([&] { return runtime_.free(seg->ptr); });
-      }
-    } else {
+    call([&] { return runtime_.vm_free(seg->ptr, seg->size); });
+  } else if (seg->stream_ordered) {
+    if (runtime_.free_async(seg->ptr, stream_type{}) != Runtime::success) {
       call([&] { return runtime_.free(seg->ptr); });
     }
-    delete seg;
-  });
-  detail::note_teardown_failures(failed, device_);
+  } else {
+    call([&] { return runtime_.free(seg->ptr); });
+  }
+  delete seg;
 }
 
 template <class Runtime>
@@ -210,7 +239,7 @@ void* basic_caching_allocator<Runtime>::allocate_async(std::size_t bytes, stream
   thread_cache& tc = local_cache();
   if (tc.flush_requested.load(std::memory_order_relaxed)) { flush_cache(tc); }
   if (size <= options_.thread_cache_max_block_bytes &&
-      capture_.underway.load(std::memory_order_relaxed) == 0) {
+      captures_underway_.load(std::memory_order_relaxed) == 0) {
     if (block* b = tc.pop(stream, size)) {
       b->state.store(detail::block_state::allocated, std::memory_order_relaxed);
       b->requested = bytes;
@@ -226,53 +255,74 @@ template <class Runtime>
 void* basic_caching_allocator<Runtime>::allocate_slow(std::size_t bytes, std::size_t size,
                                                       stream_type stream, thread_cache& tc)
 {
-  std::unique_lock<std::mutex> lock{mutex_};
-  check_stream_locked(stream, "allocate_async");
+  detail::pool_lock lock{mutex_};
+  check_stream(stream, "allocate_async");
   int const kind     = kind_for(size);
-  bool const capture = capture_.underway.load(std::memory_order_relaxed) != 0;
+  bool const capture = captures_underway_.load(std::memory_order_relaxed) != 0;
   if (capture) {
-    if (capture_pool* cp = capture_for_locked(stream)) {
-      return allocate_captured_locked(bytes, size, kind, *cp, stream, tc);
+    if (capture_pool* cp = capture_for(stream)) {
+      return allocate_captured(bytes, size, kind, *cp, stream, tc);
     }
   }
   if (debug_ != nullptr && debug_->guard && !capture) {  // guard pages (detail/debug_mode.inl)
-    return guard_allocate_locked(bytes, size, kind, stream, tc);
+    return guard_allocate(bytes, size, kind, stream, tc);
   }
-  // While a graph is being captured (in global mode), event queries and synchronizations are
-  // illegal on every thread: blocks waiting on events stay where they are until it ends.
-  if (!capture && !streams_.pending.empty()) {
-    poll_pending_locked();
-  }  // reuse the oldest memory first
-  block* b = find_free_locked(size, kind, stream);
-  if (b == nullptr && !capture && migrate_locked(stream, false)) {
-    b = find_free_locked(size, kind, stream);
-  }
+  block* b = find_reusable(size, kind, stream, tc, capture);
+  if (b == nullptr) { b = new_memory(bytes, size, kind, stream, tc, capture); }
+  return hand_out(tc, take(b, size, bytes, stream), bytes, stream);
+}
+
+// A free block of `size` bytes for `stream` from what the pool holds: after the pending frees whose
+// events completed, then blocks other streams freed, then this thread's cached blocks (of any
+// stream: they may coalesce into what is needed). While a graph is being captured (in global mode),
+// event queries and synchronizations are illegal on every thread: blocks waiting on events stay
+// where they are until it ends. nullptr when none fits.
+template <class Runtime>
+typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtime>::find_reusable(
+  std::size_t size, int kind, stream_type stream, thread_cache& tc, bool capture)
+{
+  if (!capture && !streams_.pending.empty()) { poll_pending(); }  // the oldest memory first
+  block* b = find_free_or_migrate(size, kind, stream, capture);
   if (b == nullptr && tc.cached_bytes.get() > 0) {
-    // This thread's cached blocks (of any stream) may coalesce into what is needed.
-    flush_cache_locked(tc);
-    b = find_free_locked(size, kind, stream);
-    if (b == nullptr && !capture && migrate_locked(stream, false)) {
-      b = find_free_locked(size, kind, stream);
-    }
+    drain_cache(tc);
+    b = find_free_or_migrate(size, kind, stream, capture);
   }
-  if (b == nullptr) {
-    std::vector<stream_type> freed_on;
-    if (options_.release_before_grow && !growable_) {
-      // No free block fits: fully free segments of this kind are too small for it. Give them
-      // back before taking a new segment, so they do not add to the peak (stream-ordered frees
-      // in the order of the stream that used them: no wait).
-      release_locked(0, &freed_on, kind);
-    }
-    bool oom = false;
-    b        = growable_ ? grow_locked(size, kind, stream, oom)
-                         : new_segment_locked(size, kind, stream, oom);
-    if (b == nullptr) {
-      ++stats_.num_alloc_retries;
-      b = recover_locked(lock, size, kind, stream, tc, freed_on, capture);
-      if (b == nullptr) { throw_oom_locked(bytes, size); }
-    }
+  return b;
+}
+
+// A free block of this stream's or the global pool; else, outside captures, the same after moving
+// the blocks other streams freed whose work has completed.
+template <class Runtime>
+typename basic_caching_allocator<Runtime>::block*
+basic_caching_allocator<Runtime>::find_free_or_migrate(std::size_t size, int kind,
+                                                       stream_type stream, bool capture)
+{
+  block* b = find_free(size, kind, stream);
+  if (b == nullptr && !capture && migrate(stream, false)) { b = find_free(size, kind, stream); }
+  return b;
+}
+
+// No free block fits: new memory from the runtime, else the out-of-memory ladder.
+// @throws gpukit::out_of_memory when the ladder finds nothing either
+template <class Runtime>
+typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtime>::new_memory(
+  std::size_t bytes, std::size_t size, int kind, stream_type stream, thread_cache& tc, bool capture)
+{
+  std::vector<stream_type> freed_on;
+  if (options_.release_before_grow && !growable_) {
+    // Fully free segments of this kind are too small for the request. Give them back before
+    // taking a new segment, so they do not add to the peak (stream-ordered frees in the order of
+    // the stream that used them: no wait).
+    release_segments(0, &freed_on, kind);
   }
-  return hand_out(tc, take_locked(b, size, bytes, stream), bytes, stream);
+  bool oom = false;
+  block* b =
+    growable_ ? grow_segment(size, kind, stream, oom) : new_segment(size, kind, stream, oom);
+  if (b != nullptr) { return b; }
+  ++stats_.num_alloc_retries;
+  b = recover(size, kind, stream, tc, freed_on, capture);
+  if (b == nullptr) { throw_oom(bytes, size); }
+  return b;
 }
 
 // Every path that gives a block to a user ends here: the thread's map and counters, then the
@@ -291,7 +341,7 @@ __attribute__((always_inline)) inline void* basic_caching_allocator<Runtime>::ha
   }
   tc.count_alloc(b->kind, static_cast<std::int64_t>(b->size), static_cast<std::int64_t>(bytes),
                  pending_);
-  if (recording_.on.load(std::memory_order_relaxed)) {
+  if (recording_on_.load(std::memory_order_relaxed)) {
     record(tc, memory_event::action::alloc, b, stream);
   }
   annotate_alloc(b, bytes);
@@ -321,12 +371,9 @@ void basic_caching_allocator<Runtime>::deallocate_impl(void* ptr, std::size_t by
 {
   if (ptr == nullptr) { return; }
   if (debug_ != nullptr && debug_free(ptr, bytes, check_size, stream)) { return; }  // debug mode
-  auto const key   = reinterpret_cast<std::uintptr_t>(ptr);
-  thread_cache& tc = local_cache();
-  // A stream this thread's cache does not know yet is checked first (device, liveness), as
-  // allocations check theirs; a known one costs one comparison.
-  bool const dead = !(stream == stream_type{}) && !(stream == tc.checked_stream) &&
-                    tc.find(stream) == nullptr && !check_free_stream(tc, stream);
+  auto const key     = reinterpret_cast<std::uintptr_t>(ptr);
+  thread_cache& tc   = local_cache();
+  bool const dead    = free_stream_dead(tc, stream);
   block* b           = claim_own(tc, key, bytes, check_size);
   bool const foreign = b == nullptr;  // allocated by another thread (or an earlier life)
   void* owner        = &tc;           // the cache that handed the block out (claim_foreign sets it)
@@ -343,18 +390,43 @@ void basic_caching_allocator<Runtime>::deallocate_impl(void* ptr, std::size_t by
   b->state.store(detail::block_state::cached, std::memory_order_relaxed);
   // A block another thread allocated goes back to the pool, not to this thread's cache: a thread
   // that frees what others allocate (PyTorch's autograd threads) would otherwise strand it.
-  if (!foreign && b->size <= options_.thread_cache_max_block_bytes && b->capture_pool == 0 &&
-      capture_.underway.load(std::memory_order_relaxed) == 0 &&
-      tc.push(stream, b, options_.thread_cache_blocks_per_class, options_.thread_cache_bytes)) {
-    return;
-  }
-  std::lock_guard<std::mutex> lock{mutex_};
+  if (!foreign && cache_push(tc, b, stream)) { return; }
+  return_to_pool(b, stream);
+}
+
+// Whether the free's stream, one this thread's cache does not know yet, was found destroyed: it is
+// checked first (device, liveness), as allocations check theirs; a known one costs one comparison.
+// @throws gpukit::logic_error for another device's stream
+template <class Runtime>
+__attribute__((always_inline)) inline bool basic_caching_allocator<Runtime>::free_stream_dead(
+  thread_cache& tc, stream_type stream)
+{
+  return !(stream == stream_type{}) && !(stream == tc.checked_stream) &&
+         tc.find(stream) == nullptr && !check_free_stream(tc, stream);
+}
+
+// The fast path's end: freed block b goes to this thread's cache for `stream` when it is small,
+// of no capture, no capture is under way and the cache has room. False when it did not.
+template <class Runtime>
+__attribute__((always_inline)) inline bool basic_caching_allocator<Runtime>::cache_push(
+  thread_cache& tc, block* b, stream_type stream) noexcept
+{
+  return b->size <= options_.thread_cache_max_block_bytes && b->capture_pool == 0 &&
+         captures_underway_.load(std::memory_order_relaxed) == 0 &&
+         tc.push(stream, b, options_.thread_cache_blocks_per_class, options_.thread_cache_bytes);
+}
+
+// Freed block b goes back to the shared pool, on `stream`.
+template <class Runtime>
+void basic_caching_allocator<Runtime>::return_to_pool(block* b, stream_type stream)
+{
+  detail::pool_lock lock{mutex_};
   if (!streams_.forgotten.empty()) {  // a user's free on it: a live stream (a reused handle)
     streams_.forgotten.erase(
       std::remove(streams_.forgotten.begin(), streams_.forgotten.end(), stream),
       streams_.forgotten.end());
   }
-  free_to_pool_locked(b, stream);
+  free_to_pool(b, stream);
 }
 
 // The block this thread handed out at `key`, claimed for this free; nullptr when this thread's
@@ -391,8 +463,8 @@ template <class Runtime>
 typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtime>::claim_foreign(
   void* ptr, std::size_t bytes, bool check_size, void*& owner)
 {
-  std::lock_guard<std::mutex> lock{mutex_};
-  block* b = pool_.blocks.find(reinterpret_cast<std::uintptr_t>(ptr));
+  detail::pool_lock lock{mutex_};
+  block* b = blocks_.find(ptr);
   if (b == nullptr) {
     GPUKIT_EXPECTS(false, "deallocate: pointer " + detail::hex(ptr) +
                             " was not allocated by this allocator (device " +
@@ -433,7 +505,7 @@ __attribute__((always_inline)) inline void basic_caching_allocator<Runtime>::cou
   }
   tc.count_free(b->kind, static_cast<std::int64_t>(b->size),
                 static_cast<std::int64_t>(b->requested));
-  if (recording_.on.load(std::memory_order_relaxed)) {
+  if (recording_on_.load(std::memory_order_relaxed)) {
     record(tc, memory_event::action::free, b, stream);
   }
 }
@@ -442,50 +514,23 @@ __attribute__((always_inline)) inline void basic_caching_allocator<Runtime>::cou
 // now has completed, so it waits as a pending free on an event per such stream. During a graph
 // capture (of this allocator, or on any of those streams) an event would be part of the graph and
 // could not be queried: the block waits, its events unrecorded, until the capture has ended
-// (arm_pending_locked), kept for the capture's pool as free_to_pool_locked would keep it.
+// (arm_pending), kept for the capture's pool as free_to_pool would keep it.
 template <class Runtime>
 void basic_caching_allocator<Runtime>::defer_free(thread_cache& tc, block* b, void* ptr,
                                                   stream_type stream, void* owner)
 {
-  std::lock_guard<std::mutex> lock{mutex_};
+  detail::pool_lock lock{mutex_};
   pending_free pf;
   pf.b      = b;
   pf.stream = stream;
   std::optional<device_guard<Runtime>> guard;  // its query and switch can fail too: inside the try
   try {
-    bool in_capture =
-      capture_.underway.load(std::memory_order_relaxed) != 0 || capturing_locked(stream);
-    for (std::size_t i = 0; i < b->recorded.size() && !in_capture; ++i) {
-      in_capture = !(b->recorded[i] == stream) && capturing_locked(b->recorded[i]);
-    }
-    if (in_capture) {
-      capture_pool* cp = b->capture_pool == 0 ? capture_for_locked(stream) : nullptr;
-      for (stream_type s : b->recorded) {
-        if (!(s == stream)) { pf.uses.push_back(s); }
-      }
-      if (!pf.uses.empty()) {
-        if (cp != nullptr) { b->capture_pool = cp->id; }
-        pending_.add(b->kind, static_cast<std::int64_t>(b->size), 1);  // still active: first
-        count_free(tc, b, ptr, stream);
-        b->recorded.clear();
-        b->state.store(detail::block_state::pending, std::memory_order_relaxed);
-        streams_.pending.push_back(std::move(pf));
-        return;
-      }
+    if (defer_in_capture(b, stream, pf)) {
+      park_pending(tc, b, ptr, std::move(pf));
+      return;
     }
     guard.emplace(runtime_, device_);
-    for (stream_type s : b->recorded) {
-      if (s == stream) { continue; }
-      event_type e                         = take_event_locked();
-      typename Runtime::error_type const r = runtime_.event_record(e, s);
-      if (r != Runtime::success) { streams_.spare_events.push_back(e); }
-      if (r == Runtime::invalid_resource_handle) {  // s was destroyed: the device is waited for
-        retire_dead_stream_locked(s);
-        continue;
-      }
-      GPUKIT_CUDA_TRY(r, "event_record");
-      pf.events.push_back(e);
-    }
+    record_use_events(b, stream, pf);
   } catch (...) {  // the block stays allocated, as if this call had not been made
     streams_.spare_events.insert(streams_.spare_events.end(), pf.events.begin(), pf.events.end());
     b->owner.store(owner, std::memory_order_release);
@@ -494,11 +539,60 @@ void basic_caching_allocator<Runtime>::defer_free(thread_cache& tc, block* b, vo
   if (pf.events.empty()) {  // every other stream was destroyed and waited for
     count_free(tc, b, ptr, stream);
     b->recorded.clear();
-    free_to_pool_locked(b, stream);
+    free_to_pool(b, stream);
     return;
   }
+  park_pending(tc, b, ptr, std::move(pf));
+}
+
+// defer_free during a graph capture that involves b's streams: true when b waits for its other
+// streams' uses (in pf.uses) until the capture has ended, kept for the capture's pool of `stream`.
+template <class Runtime>
+bool basic_caching_allocator<Runtime>::defer_in_capture(block* b, stream_type stream,
+                                                        pending_free& pf)
+{
+  bool in_capture = captures_underway_.load(std::memory_order_relaxed) != 0 || is_capturing(stream);
+  for (std::size_t i = 0; i < b->recorded.size() && !in_capture; ++i) {
+    in_capture = !(b->recorded[i] == stream) && is_capturing(b->recorded[i]);
+  }
+  if (!in_capture) { return false; }
+  capture_pool* cp = b->capture_pool == 0 ? capture_for(stream) : nullptr;
+  for (stream_type s : b->recorded) {
+    if (!(s == stream)) { pf.uses.push_back(s); }
+  }
+  if (pf.uses.empty()) { return false; }
+  if (cp != nullptr) { b->capture_pool = cp->id; }
+  return true;
+}
+
+// defer_free: an event on each other stream b was used on, into pf.events; a stream found
+// destroyed is retired (the device waited for) instead.
+// @throws gpukit::cuda_error when a record fails otherwise (the events so far are in pf.events)
+template <class Runtime>
+void basic_caching_allocator<Runtime>::record_use_events(block* b, stream_type stream,
+                                                         pending_free& pf)
+{
+  for (stream_type s : b->recorded) {
+    if (s == stream) { continue; }
+    event_type e                         = take_event();
+    typename Runtime::error_type const r = runtime_.event_record(e, s);
+    if (r != Runtime::success) { streams_.spare_events.push_back(e); }
+    if (r == Runtime::invalid_resource_handle) {  // s was destroyed: the device is waited for
+      retire_dead_stream(s);
+      continue;
+    }
+    GPUKIT_CUDA_TRY(r, "event_record");
+    pf.events.push_back(e);
+  }
+}
+
+// b, freed, waits as a pending free (still active in the statistics until its events complete).
+template <class Runtime>
+void basic_caching_allocator<Runtime>::park_pending(thread_cache& tc, block* b, void* ptr,
+                                                    pending_free&& pf)
+{
   pending_.add(b->kind, static_cast<std::int64_t>(b->size), 1);  // still active: first
-  count_free(tc, b, ptr, stream);
+  count_free(tc, b, ptr, pf.stream);
   b->recorded.clear();
   b->state.store(detail::block_state::pending, std::memory_order_relaxed);
   streams_.pending.push_back(std::move(pf));

@@ -26,10 +26,27 @@ struct basic_caching_allocator<Runtime>::debug_state {
     stream_type stream;
     std::size_t size;
   };
-  std::mutex mutex;  // taken before the pool lock, never after it
-  std::deque<entry> quarantine;
-  std::unordered_set<void*> held;
-  std::size_t held_bytes{0};
+  // Taken before the pool lock, never after it.
+  detail::annotated_mutex mutex GPUKIT_ACQUIRED_BEFORE(basic_caching_allocator::mutex_);
+  std::deque<entry> quarantine GPUKIT_GUARDED_BY(mutex);
+  std::unordered_set<void*> held GPUKIT_GUARDED_BY(mutex);
+  std::size_t held_bytes GPUKIT_GUARDED_BY(mutex){0};
+
+  /// Quarantines `e`; the oldest entries beyond the quarantine's bounds go to `evicted`.
+  void hold(entry const& e, caching_allocator_debug_options const& o, std::vector<entry>& evicted)
+    GPUKIT_REQUIRES(mutex)
+  {
+    quarantine.push_back(e);
+    held.insert(e.ptr);
+    held_bytes += e.size;
+    while (!quarantine.empty() &&
+           (held_bytes > o.quarantine_bytes || held.size() > o.quarantine_blocks)) {
+      evicted.push_back(quarantine.front());
+      quarantine.pop_front();
+      held.erase(evicted.back().ptr);
+      held_bytes -= evicted.back().size;
+    }
+  }
   // Guard pages (fixed at construction); the members below are guarded by the pool lock.
   bool guard{false};
   std::unordered_set<void*> guarded;    // blocks placed with guard pages, allocated now
@@ -94,6 +111,34 @@ void const*& basic_caching_allocator<Runtime>::debug_releasing() noexcept
   return releasing;
 }
 
+// debug_free's checks under the pool lock: `ptr` is a block this allocator handed out and has not
+// taken back (nor unmapped, for a guarded block), freed with the size it was allocated with.
+// Returns the block's size; `guarded` tells whether it has guard pages.
+// @throws gpukit::logic_error naming the pointer otherwise
+template <class Runtime>
+std::size_t basic_caching_allocator<Runtime>::debug_check_free(void* ptr, std::size_t bytes,
+                                                               bool check_size, bool& guarded)
+{
+  detail::pool_lock lock{mutex_};
+  GPUKIT_EXPECTS(debug_->guard_freed.count(ptr) == 0,
+                 "deallocate: double free of " + detail::hex(ptr) +
+                   " (a block with guard pages, freed before: its pages are unmapped, device " +
+                   std::to_string(device_) + ")");
+  block const* b = blocks_.find(ptr);
+  GPUKIT_EXPECTS(b != nullptr, "deallocate: pointer " + detail::hex(ptr) +
+                                 " was not allocated by this allocator (device " +
+                                 std::to_string(device_) + ")");
+  GPUKIT_EXPECTS(b->state.load(std::memory_order_relaxed) == detail::block_state::allocated,
+                 "deallocate: double free of " + detail::hex(ptr) + " (a block of " +
+                   std::to_string(b->size) + " bytes that is already free, device " +
+                   std::to_string(device_) + ")");
+  GPUKIT_EXPECTS(!check_size || bytes == b->requested,
+                 "deallocate: pointer " + detail::hex(ptr) + " was allocated with " +
+                   std::to_string(b->requested) + " bytes but freed with " + std::to_string(bytes));
+  guarded = debug_->guarded.count(ptr) != 0;
+  return b->size;
+}
+
 // True when the free of `ptr` was taken into the quarantine (the caller returns).
 // @throws gpukit::logic_error for a pointer this allocator did not hand out, a double free (also
 // of a block still in quarantine) or a size that differs from the allocation's
@@ -104,59 +149,29 @@ bool basic_caching_allocator<Runtime>::debug_free(void* ptr, std::size_t bytes, 
   if (debug_releasing() == ptr) { return false; }
   std::vector<typename debug_state::entry> evicted;
   {
-    std::lock_guard<std::mutex> debug_lock{debug_->mutex};
+    detail::pool_lock debug_lock{debug_->mutex};
     GPUKIT_EXPECTS(debug_->held.count(ptr) == 0,
                    "deallocate: double free of " + detail::hex(ptr) +
                      " (freed before and still in the debug quarantine, device " +
                      std::to_string(device_) + ")");
-    std::size_t size = 0;
-    bool guarded     = false;
-    {
-      std::lock_guard<std::mutex> lock{mutex_};
-      GPUKIT_EXPECTS(debug_->guard_freed.count(ptr) == 0,
-                     "deallocate: double free of " + detail::hex(ptr) +
-                       " (a block with guard pages, freed before: its pages are unmapped, device " +
-                       std::to_string(device_) + ")");
-      block const* b = pool_.blocks.find(reinterpret_cast<std::uintptr_t>(ptr));
-      GPUKIT_EXPECTS(b != nullptr, "deallocate: pointer " + detail::hex(ptr) +
-                                     " was not allocated by this allocator (device " +
-                                     std::to_string(device_) + ")");
-      GPUKIT_EXPECTS(b->state.load(std::memory_order_relaxed) == detail::block_state::allocated,
-                     "deallocate: double free of " + detail::hex(ptr) + " (a block of " +
-                       std::to_string(b->size) + " bytes that is already free, device " +
-                       std::to_string(device_) + ")");
-      GPUKIT_EXPECTS(!check_size || bytes == b->requested,
-                     "deallocate: pointer " + detail::hex(ptr) + " was allocated with " +
-                       std::to_string(b->requested) + " bytes but freed with " +
-                       std::to_string(bytes));
-      size    = b->size;
-      guarded = debug_->guarded.count(ptr) != 0;
-    }
-    if (guarded && capture_.underway.load(std::memory_order_relaxed) == 0) {
+    bool guarded           = false;
+    std::size_t const size = debug_check_free(ptr, bytes, check_size, guarded);
+    if (guarded && captures_underway_.load(std::memory_order_relaxed) == 0) {
       guard_free(ptr, bytes, check_size, stream);
       return true;
     }
     if (guarded) {  // freed while a graph is being captured (no waiting): an ordinary free
-      std::lock_guard<std::mutex> lock{mutex_};
+      detail::pool_lock lock{mutex_};
       debug_->guarded.erase(ptr);
     }
     if (options_.nvtx_annotate) { unregister_memory_region(ptr); }
     // Not while a graph is being captured: the memset would become a node of the user's graph.
-    if (options_.debug.poison_byte >= 0 && capture_.underway.load(std::memory_order_relaxed) == 0) {
+    if (options_.debug.poison_byte >= 0 &&
+        captures_underway_.load(std::memory_order_relaxed) == 0) {
       device_guard<Runtime> guard{runtime_, device_};
       GPUKIT_CUDA_TRY(runtime_.memset_async(ptr, options_.debug.poison_byte & 0xff, size, stream));
     }
-    debug_->quarantine.push_back({ptr, bytes, check_size, stream, size});
-    debug_->held.insert(ptr);
-    debug_->held_bytes += size;
-    auto const& o = options_.debug;
-    while (!debug_->quarantine.empty() &&
-           (debug_->held_bytes > o.quarantine_bytes || debug_->held.size() > o.quarantine_blocks)) {
-      evicted.push_back(debug_->quarantine.front());
-      debug_->quarantine.pop_front();
-      debug_->held.erase(evicted.back().ptr);
-      debug_->held_bytes -= evicted.back().size;
-    }
+    debug_->hold({ptr, bytes, check_size, stream, size}, options_.debug, evicted);
   }
   // The block is freed (quarantined) whatever happens now: a failure to release the blocks it
   // pushed out must not tell the caller otherwise (a retry would be a double free). Those blocks
@@ -175,7 +190,7 @@ void basic_caching_allocator<Runtime>::debug_flush(stream_type stream, bool all)
   if (debug_ == nullptr) { return; }
   std::vector<typename debug_state::entry> evicted;
   {
-    std::lock_guard<std::mutex> debug_lock{debug_->mutex};
+    detail::pool_lock debug_lock{debug_->mutex};
     auto& q = debug_->quarantine;
     for (auto it = q.begin(); it != q.end();) {
       if (!all && it->stream != stream) {
@@ -202,7 +217,7 @@ void basic_caching_allocator<Runtime>::debug_release(Entries const& evicted)
       deallocate_impl(e.ptr, e.bytes, e.check_size, e.stream);
     } catch (...) {  // this entry and the ones after it go back to the front of the quarantine
       debug_releasing() = nullptr;
-      std::lock_guard<std::mutex> debug_lock{debug_->mutex};
+      detail::pool_lock debug_lock{debug_->mutex};
       for (auto back = evicted.end(); back != it;) {
         --back;
         debug_->quarantine.push_front(*back);
@@ -221,18 +236,18 @@ void basic_caching_allocator<Runtime>::debug_release(Entries const& evicted)
 // @throws gpukit::out_of_memory when the device or the limit has no room for the pages
 // @throws gpukit::cuda_error when the runtime fails otherwise (the allocator is left as it was)
 template <class Runtime>
-void* basic_caching_allocator<Runtime>::guard_allocate_locked(std::size_t bytes, std::size_t size,
-                                                              int kind, stream_type stream,
-                                                              thread_cache& tc)
+void* basic_caching_allocator<Runtime>::guard_allocate(std::size_t bytes, std::size_t size,
+                                                       int kind, stream_type stream,
+                                                       thread_cache& tc)
 {
   bool oom = false;
-  block* b = guard_place_locked(size, kind, stream, oom);
+  block* b = guard_place(size, kind, stream, oom);
   if (b == nullptr) {
     ++stats_.num_alloc_retries;
-    release_growable_locked(0, nullptr);
+    release_growable(0, nullptr);
     oom = false;
-    b   = guard_place_locked(size, kind, stream, oom);
-    if (b == nullptr) { throw_oom_locked(bytes, size); }
+    b   = guard_place(size, kind, stream, oom);
+    if (b == nullptr) { throw_oom(bytes, size); }
   }
   b->requested = bytes;
   debug_->guarded.insert(b->data());
@@ -247,40 +262,38 @@ void* basic_caching_allocator<Runtime>::guard_allocate_locked(std::size_t bytes,
 // least one page]; within the run, the bytes before the block are a free block of every stream.
 // Returns the block (allocated, on `stream`), or nullptr with `oom` set.
 template <class Runtime>
-typename basic_caching_allocator<Runtime>::block*
-basic_caching_allocator<Runtime>::guard_place_locked(std::size_t size, int kind, stream_type stream,
-                                                     bool& oom)
+typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtime>::guard_place(
+  std::size_t size, int kind, stream_type stream, bool& oom)
 {
   std::size_t const page  = pages_.page_bytes[kind];
   std::size_t const pages = (size + page - 1) / page;
   std::uintptr_t at       = 0;
-  block* u                = guard_range_locked(pages, kind, at);
+  block* u                = guard_range(pages, kind, at);
   if (u == nullptr) {
-    u = reserve_growable_locked(size + 2 * page, kind, stream, oom);
+    u = reserve_growable(size + 2 * page, kind, stream, oom);
     if (u == nullptr) { return nullptr; }
     at = u->address();
   }
   auto* seg = static_cast<segment*>(u->segment);
-  if (!map_pages_locked(*seg, (at - reinterpret_cast<std::uintptr_t>(seg->ptr)) / page, pages,
-                        oom)) {
+  if (!map_pages(*seg, (at - reinterpret_cast<std::uintptr_t>(seg->ptr)) / page, pages, oom)) {
     return nullptr;
   }
   auto& list = pages_.unmapped[kind];
   list.erase(std::find(list.begin(), list.end(), u));
   block* run = u;
   if (at > u->address()) {
-    run = split_off_locked(u, at - u->address());
+    run = blocks_.split_off(u, at - u->address());
     list.push_back(u);
   }
-  list.push_back(split_off_locked(run, pages * page));  // the guard page and beyond
+  list.push_back(blocks_.split_off(run, pages * page));  // the guard page and beyond
   debug_->guard_cursor = at + pages * page;
   block* b             = run;
-  if (pages * page > size) { b = split_off_locked(run, pages * page - size); }
+  if (pages * page > size) { b = blocks_.split_off(run, pages * page - size); }
   b->state.store(detail::block_state::allocated, std::memory_order_relaxed);  // no merge into it
   if (b != run) {
     run->global   = true;  // never used: any stream's
     run->free_seq = 0;
-    insert_free_locked(run);
+    insert_free(run);
   }
   b->stream = stream;
   b->global = false;
@@ -291,9 +304,8 @@ basic_caching_allocator<Runtime>::guard_place_locked(std::size_t size, int kind,
 // one precedes it, and before one more unmapped page), at `at`: the lowest address at or beyond
 // the cursor, else (round the address space once) the lowest of all. nullptr when none has room.
 template <class Runtime>
-typename basic_caching_allocator<Runtime>::block*
-basic_caching_allocator<Runtime>::guard_range_locked(std::size_t pages, int kind,
-                                                     std::uintptr_t& at)
+typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtime>::guard_range(
+  std::size_t pages, int kind, std::uintptr_t& at)
 {
   std::size_t const page      = pages_.page_bytes[kind];
   std::uintptr_t const cursor = debug_->guard_cursor;
@@ -332,7 +344,7 @@ void basic_caching_allocator<Runtime>::guard_free(void* ptr, std::size_t bytes, 
   block* b         = claim_foreign(ptr, bytes, check_size, owner);
   std::vector<stream_type> streams{stream};
   {
-    std::lock_guard<std::mutex> lock{mutex_};
+    detail::pool_lock lock{mutex_};
     streams.insert(streams.end(), b->recorded.begin(), b->recorded.end());
   }
   try {
@@ -347,7 +359,7 @@ void basic_caching_allocator<Runtime>::guard_free(void* ptr, std::size_t bytes, 
     throw;
   }
   count_free(tc, b, ptr, stream);
-  std::lock_guard<std::mutex> lock{mutex_};
+  detail::pool_lock lock{mutex_};
   b->recorded.clear();
   debug_->guarded.erase(ptr);
   debug_->guard_freed.insert(ptr);
@@ -359,14 +371,14 @@ void basic_caching_allocator<Runtime>::guard_free(void* ptr, std::size_t bytes, 
   }
   b->stream     = stream_type{};  // its work is done: any stream's
   b->global     = true;
-  block* merged = insert_free_locked(b);
+  block* merged = insert_free(b);
   if (recovery_.waiters != 0) { recovery_.frees_cv.notify_all(); }
   // The free has happened: from here nothing throws (a caller told of an error would free the
   // block again). Pages that cannot be unmapped now stay mapped until release() unmaps them.
   try {
     typename Runtime::error_type error = Runtime::success;
     device_guard<Runtime> guard{runtime_, device_};
-    unmap_free_pages_locked(merged, std::numeric_limits<std::size_t>::max(), error);
+    unmap_free_pages(merged, std::numeric_limits<std::size_t>::max(), error);
     if (error != Runtime::success) { ++stats_.num_guard_unmap_failures; }
   } catch (...) {
     ++stats_.num_guard_unmap_failures;
@@ -378,7 +390,7 @@ template <class Runtime>
 std::size_t basic_caching_allocator<Runtime>::debug_quarantined_blocks() const
 {
   if (debug_ == nullptr) { return 0; }
-  std::lock_guard<std::mutex> debug_lock{debug_->mutex};
+  detail::pool_lock debug_lock{debug_->mutex};
   return debug_->held.size();
 }
 

@@ -9,7 +9,7 @@
 // and the unmapped pages form blocks of state `unmapped`, which are not in any free index but
 // listed in `pages_.unmapped` per kind.
 //
-// Growth (grow_locked, when no free block fits): pick the unmapped block that needs the fewest new
+// Growth (grow_segment, when no free block fits): pick the unmapped block that needs the fewest new
 // pages, counting the free block just before it when the requesting stream may use it; map that
 // many pages at its start (physical pages held spare first, then cuMemCreate) in one transaction;
 // the new pages become a free block that merges with the free block before them. Before creating
@@ -38,10 +38,11 @@ namespace gpukit {
 
 // Makes b an unmapped block, merged with unmapped neighbours and listed once.
 template <class Runtime>
-void basic_caching_allocator<Runtime>::insert_unmapped_locked(block* b)
+void basic_caching_allocator<Runtime>::insert_unmapped(block* b)
 {
   auto& list  = pages_.unmapped[b->kind];
   auto unlist = [&](block* x) {
+    mutex_.assert_held();  // a lambda run under the lock
     auto it = std::find(list.begin(), list.end(), x);
     if (it != list.end()) {
       *it = list.back();
@@ -57,23 +58,13 @@ void basic_caching_allocator<Runtime>::insert_unmapped_locked(block* b)
   b->stream       = stream_type{};
   b->capture_pool = 0;
   if (is_unmapped(b->prev)) {
-    block* p = b->prev;
-    p->size += b->size;
-    p->next = b->next;
-    if (b->next != nullptr) { b->next->prev = p; }
     unlist(b);
-    pool_.blocks.erase(b->address());
-    recycle_block_locked(b);
-    b = p;
+    b = b->prev;
+    blocks_.absorb_next(b);
   }
   if (is_unmapped(b->next)) {
-    block* n = b->next;
-    b->size += n->size;
-    b->next = n->next;
-    if (n->next != nullptr) { n->next->prev = b; }
-    unlist(n);
-    pool_.blocks.erase(n->address());
-    recycle_block_locked(n);
+    unlist(b->next);
+    blocks_.absorb_next(b);
   }
   if (std::find(list.begin(), list.end(), b) == list.end()) { list.push_back(b); }
 }
@@ -81,16 +72,16 @@ void basic_caching_allocator<Runtime>::insert_unmapped_locked(block* b)
 // Unmaps page i of seg and keeps its physical memory as a spare page. Returns the runtime's
 // error (the page then stays mapped).
 template <class Runtime>
-typename Runtime::error_type basic_caching_allocator<Runtime>::unmap_page_locked(segment& seg,
-                                                                                 std::size_t i)
+typename Runtime::error_type basic_caching_allocator<Runtime>::unmap_page(segment& seg,
+                                                                          std::size_t i)
 {
   typename Runtime::error_type const e =
     runtime_.vm_unmap(static_cast<char*>(seg.ptr) + i * seg.page, seg.page);
   if (e != Runtime::success) { return e; }
-  close_page_fd_locked(seg, i);
+  close_page_fd(seg, i);
   pages_.spare[spare_kind(seg.kind)].push_back(seg.handles[i]);
-  count_reserved_locked(seg.kind, -static_cast<std::int64_t>(seg.page));
-  count_reserved_locked(spare_kind(seg.kind), static_cast<std::int64_t>(seg.page));
+  count_reserved(seg.kind, -static_cast<std::int64_t>(seg.page));
+  count_reserved(spare_kind(seg.kind), static_cast<std::int64_t>(seg.page));
   seg.handles[i] = physical_handle{};
   seg.mapped[i]  = 0;
   --seg.mapped_pages;
@@ -104,8 +95,8 @@ typename Runtime::error_type basic_caching_allocator<Runtime>::unmap_page_locked
 // (that page stays mapped and free; the error is returned through `error`). Returns the pages
 // unmapped.
 template <class Runtime>
-std::size_t basic_caching_allocator<Runtime>::unmap_free_pages_locked(
-  block* b, std::size_t wanted, typename Runtime::error_type& error)
+std::size_t basic_caching_allocator<Runtime>::unmap_free_pages(block* b, std::size_t wanted,
+                                                               typename Runtime::error_type& error)
 {
   auto* seg                = static_cast<segment*>(b->segment);
   std::size_t const page   = seg->page;
@@ -118,7 +109,7 @@ std::size_t basic_caching_allocator<Runtime>::unmap_free_pages_locked(
   std::size_t const lo = pe - std::min(pe - ps, wanted);
   std::size_t done     = 0;
   for (std::size_t i = pe; i-- > lo;) {
-    if (typename Runtime::error_type const e = unmap_page_locked(*seg, i); e != Runtime::success) {
+    if (typename Runtime::error_type const e = unmap_page(*seg, i); e != Runtime::success) {
       error = e;
       break;
     }
@@ -126,17 +117,17 @@ std::size_t basic_caching_allocator<Runtime>::unmap_free_pages_locked(
   }
   if (done == 0) { return 0; }
   std::size_t const first = pe - done;
-  record_pool_locked(memory_event::action::segment_free, va0 + first * page, done * page,
-                     b->global ? stream_type{} : b->stream);
-  unindex_locked(b);
+  record_pool(memory_event::action::segment_free, va0 + first * page, done * page,
+              b->global ? stream_type{} : b->stream);
+  unindex(b);
   block* mid = b;
-  if (first * page > off) { mid = split_off_locked(b, first * page - off); }
+  if (first * page > off) { mid = blocks_.split_off(b, first * page - off); }
   block* tail = nullptr;
-  if (end > pe * page) { tail = split_off_locked(mid, done * page); }
+  if (end > pe * page) { tail = blocks_.split_off(mid, done * page); }
   mid->state.store(detail::block_state::unmapped, std::memory_order_relaxed);  // no merge into it
-  if (mid != b) { insert_free_locked(b); }
-  if (tail != nullptr) { insert_free_locked(tail); }
-  insert_unmapped_locked(mid);
+  if (mid != b) { insert_free(b); }
+  if (tail != nullptr) { insert_free(tail); }
+  insert_unmapped(mid);
   return done;
 }
 
@@ -145,45 +136,62 @@ std::size_t basic_caching_allocator<Runtime>::unmap_free_pages_locked(
 // when the stream that owns it is idle. The neighbours of `keep` (the unmapped range about to be
 // mapped, whose free block before it becomes part of the new block) are left alone.
 template <class Runtime>
-std::size_t basic_caching_allocator<Runtime>::harvest_pages_locked(int kind, std::size_t wanted,
-                                                                   block const* keep)
+std::size_t basic_caching_allocator<Runtime>::harvest_pages(int kind, std::size_t wanted,
+                                                            block const* keep)
 {
-  if (wanted == 0 || capture_.underway.load(std::memory_order_relaxed) != 0) { return 0; }
+  if (wanted == 0 || captures_underway_.load(std::memory_order_relaxed) != 0) { return 0; }
+  device_guard<Runtime> guard{runtime_, device_};
+  std::vector<block*> donors = page_donors(kind, keep);
+  // Largest first: fewer blocks split for the same pages.
+  std::sort(donors.begin(), donors.end(), [](block* a, block* b) { return a->size > b->size; });
+  std::size_t got = 0;
+  for (block* b : donors) {
+    typename Runtime::error_type error = Runtime::success;
+    got += unmap_free_pages(b, wanted - got, error);
+    if (error != Runtime::success || got >= wanted) { break; }  // a failed unmap: grow instead
+  }
+  return got;
+}
+
+// The free growable blocks whose work is known complete (global, or of an idle stream) and that
+// hold a whole page, of pool `kind` (and of the other kind when the pages have the same size);
+// the neighbours of `keep` stay.
+template <class Runtime>
+std::vector<typename basic_caching_allocator<Runtime>::block*>
+basic_caching_allocator<Runtime>::page_donors(int kind, block const* keep)
+{
   std::vector<block*> donors;
   auto consider = [&](block* b) {
-    auto const* seg = static_cast<segment const*>(b->segment);
-    if (!seg->growable || b->capture_pool != 0 || b == keep->prev || b == keep->next) { return; }
-    std::uintptr_t const va0 = reinterpret_cast<std::uintptr_t>(seg->ptr);
-    std::size_t const off    = b->address() - va0;
-    if ((off + b->size) / seg->page > (off + seg->page - 1) / seg->page) { donors.push_back(b); }
+    if (b != keep->prev && b != keep->next && holds_free_page(b)) { donors.push_back(b); }
   };
-  device_guard<Runtime> guard{runtime_, device_};
   // Both pools' pages serve either pool when their pages have the same size.
   int const kinds[2] = {kind, 1 - kind};
   int const nkinds   = pages_.page_bytes[0] == pages_.page_bytes[1] ? 2 : 1;
-  for (int k = 0; k < nkinds; ++k) { pool_.global[kinds[k]].for_each(consider); }
+  for (int k = 0; k < nkinds; ++k) { blocks_.global(kinds[k]).for_each(consider); }
   for (auto& sp : streams_.pools) {
     bool any = false;
     for (int k = 0; k < nkinds; ++k) { any = any || !sp->index[kinds[k]].empty(); }
-    if (!any || capturing_locked(sp->stream)) { continue; }  // a query would end its capture
+    if (!any || is_capturing(sp->stream)) { continue; }  // a query would end its capture
     typename Runtime::error_type const q = runtime_.stream_query(sp->stream);
     // Busy, or destroyed (retired by the next migration or release): not a donor now.
     if (q == Runtime::not_ready || q == Runtime::invalid_resource_handle) { continue; }
     GPUKIT_CUDA_TRY(q, "stream_query");
     for (int k = 0; k < nkinds; ++k) { sp->index[kinds[k]].for_each(consider); }
   }
-  // Largest first: fewer blocks split for the same pages.
-  std::sort(donors.begin(), donors.end(), [](block* a, block* b) { return a->size > b->size; });
-  std::size_t got = 0;
-  for (block* b : donors) {
-    typename Runtime::error_type error = Runtime::success;
-    got += unmap_free_pages_locked(b, wanted - got, error);
-    if (error != Runtime::success || got >= wanted) { break; }  // a failed unmap: grow instead
-  }
-  return got;
+  return donors;
 }
 
-/// A page map_pages_locked has mapped, until the transaction ends.
+// Whether free block b of a growable segment (and of no capture) covers a whole page.
+template <class Runtime>
+bool basic_caching_allocator<Runtime>::holds_free_page(block const* b) noexcept
+{
+  auto const* seg = static_cast<segment const*>(b->segment);
+  if (!seg->growable || b->capture_pool != 0) { return false; }
+  std::size_t const off = b->address() - reinterpret_cast<std::uintptr_t>(seg->ptr);
+  return (off + b->size) / seg->page > (off + seg->page - 1) / seg->page;
+}
+
+/// A page map_pages has mapped, until the transaction ends.
 template <class Runtime>
 struct basic_caching_allocator<Runtime>::mapped_page {
   std::size_t index{0};
@@ -198,8 +206,8 @@ struct basic_caching_allocator<Runtime>::mapped_page {
 // but inaccessible inside its unmapped block, and is retried by release). Returns false with
 // `oom` set when memory ran out; throws gpukit::cuda_error for other errors.
 template <class Runtime>
-bool basic_caching_allocator<Runtime>::map_pages_locked(segment& seg, std::size_t first,
-                                                        std::size_t count, bool& oom)
+bool basic_caching_allocator<Runtime>::map_pages(segment& seg, std::size_t first, std::size_t count,
+                                                 bool& oom)
 {
   std::size_t const page = seg.page;
   int const kind         = spare_kind(seg.kind);
@@ -209,15 +217,14 @@ bool basic_caching_allocator<Runtime>::map_pages_locked(segment& seg, std::size_
   for (std::size_t i = first; i < first + count; ++i) {
     if (seg.mapped[i] != 0) { continue; }  // left mapped by an undo that failed: access only
     mapped_page m{i, physical_handle{}, false};
-    if (typename Runtime::error_type const e = take_page_locked(kind, page, m);
-        e != Runtime::success) {
-      return undo_map_locked(seg, now, e, oom, "vm_create");
+    if (typename Runtime::error_type const e = take_page(kind, page, m); e != Runtime::success) {
+      return undo_map(seg, now, e, oom, "vm_create");
     }
     if (typename Runtime::error_type const e =
           runtime_.vm_map(page_address(seg, i), page, m.handle);
         e != Runtime::success) {
-      give_back_page_locked(kind, page, m);
-      return undo_map_locked(seg, now, e, oom, "vm_map");
+      give_back_page(kind, page, m);
+      return undo_map(seg, now, e, oom, "vm_map");
     }
     now.push_back(m);
   }
@@ -225,36 +232,34 @@ bool basic_caching_allocator<Runtime>::map_pages_locked(segment& seg, std::size_
         runtime_.vm_set_access(page_address(seg, first), count * page, device_);
       e != Runtime::success) {
     // Pages left mapped by an earlier failed undo are in the range too: they stay as they were.
-    return undo_map_locked(seg, now, e, oom, "vm_set_access");
+    return undo_map(seg, now, e, oom, "vm_set_access");
   }
-  if (typename Runtime::error_type const e =
-        grant_peers_locked(page_address(seg, first), count * page);
+  if (typename Runtime::error_type const e = grant_peers(page_address(seg, first), count * page);
       e != Runtime::success) {
-    return undo_map_locked(seg, now, e, oom, "vm_set_access for a peer device");
+    return undo_map(seg, now, e, oom, "vm_set_access for a peer device");
   }
   for (auto const& m : now) {
     seg.handles[m.index] = m.handle;
     seg.mapped[m.index]  = 1;
     ++seg.mapped_pages;
     stats_.num_pages_reused += m.fresh ? 0 : 1;
-    count_mapped_page_locked(seg, m.fresh);
+    count_mapped_page(seg, m.fresh);
   }
   stats_.num_device_allocs += now.size();
-  raise_reserved_peak_locked();
-  record_pool_locked(memory_event::action::segment_alloc,
-                     reinterpret_cast<std::uintptr_t>(page_address(seg, first)), count * page,
-                     stream_type{});
+  raise_reserved_peak();
+  record_pool(memory_event::action::segment_alloc,
+              reinterpret_cast<std::uintptr_t>(page_address(seg, first)), count * page,
+              stream_type{});
   return true;
 }
 
 // A page now mapped in seg counts as its pool kind's reserved memory: a new one (`fresh`), or a
 // spare one, which leaves its list's pool kind.
 template <class Runtime>
-void basic_caching_allocator<Runtime>::count_mapped_page_locked(segment const& seg,
-                                                                bool fresh) noexcept
+void basic_caching_allocator<Runtime>::count_mapped_page(segment const& seg, bool fresh) noexcept
 {
-  if (!fresh) { count_reserved_locked(spare_kind(seg.kind), -static_cast<std::int64_t>(seg.page)); }
-  count_reserved_locked(seg.kind, static_cast<std::int64_t>(seg.page));
+  if (!fresh) { count_reserved(spare_kind(seg.kind), -static_cast<std::int64_t>(seg.page)); }
+  count_reserved(seg.kind, static_cast<std::int64_t>(seg.page));
 }
 
 template <class Runtime>
@@ -266,9 +271,8 @@ void* basic_caching_allocator<Runtime>::page_address(segment const& seg, std::si
 // Physical memory for one page: a spare page, else a new one within the limit
 // (cudaErrorMemoryAllocation beyond it).
 template <class Runtime>
-typename Runtime::error_type basic_caching_allocator<Runtime>::take_page_locked(int kind,
-                                                                                std::size_t page,
-                                                                                mapped_page& m)
+typename Runtime::error_type basic_caching_allocator<Runtime>::take_page(int kind, std::size_t page,
+                                                                         mapped_page& m)
 {
   if (!pages_.spare[kind].empty()) {
     m.handle = pages_.spare[kind].back();
@@ -289,35 +293,34 @@ typename Runtime::error_type basic_caching_allocator<Runtime>::take_page_locked(
 // An unmapped page's memory: released if this transaction created it, else (or if that fails)
 // held as a spare page, released by release().
 template <class Runtime>
-void basic_caching_allocator<Runtime>::give_back_page_locked(int kind, std::size_t page,
-                                                             mapped_page const& m)
+void basic_caching_allocator<Runtime>::give_back_page(int kind, std::size_t page,
+                                                      mapped_page const& m)
 {
   if (m.fresh && runtime_.vm_release(m.handle) == Runtime::success) {
     pool_.reserved -= page;
     ++stats_.num_pages_released;
   } else {
     pages_.spare[kind].push_back(m.handle);
-    if (m.fresh) { count_reserved_locked(kind, static_cast<std::int64_t>(page)); }
+    if (m.fresh) { count_reserved(kind, static_cast<std::int64_t>(page)); }
   }
 }
 
 // Undoes a failed transaction (the pages in `now`, last first), then reports `e`: false with `oom`
 // set when memory ran out, else throws gpukit::cuda_error naming `call`.
 template <class Runtime>
-bool basic_caching_allocator<Runtime>::undo_map_locked(segment& seg,
-                                                       std::vector<mapped_page> const& now,
-                                                       typename Runtime::error_type e, bool& oom,
-                                                       char const* call)
+bool basic_caching_allocator<Runtime>::undo_map(segment& seg, std::vector<mapped_page> const& now,
+                                                typename Runtime::error_type e, bool& oom,
+                                                char const* call)
 {
   for (auto it = now.rbegin(); it != now.rend(); ++it) {
     if (runtime_.vm_unmap(page_address(seg, it->index), seg.page) != Runtime::success) {
       seg.handles[it->index] = it->handle;  // still mapped, never made accessible
       seg.mapped[it->index]  = 1;
       ++seg.mapped_pages;
-      count_mapped_page_locked(seg, it->fresh);
+      count_mapped_page(seg, it->fresh);
       continue;
     }
-    give_back_page_locked(spare_kind(seg.kind), seg.page, *it);
+    give_back_page(spare_kind(seg.kind), seg.page, *it);
   }
   if (e == Runtime::out_of_memory) {
     oom = true;
@@ -331,8 +334,8 @@ bool basic_caching_allocator<Runtime>::undo_map_locked(segment& seg,
 // block. Returns that block, or nullptr with `oom` set when no address space is left.
 template <class Runtime>
 typename basic_caching_allocator<Runtime>::block*
-basic_caching_allocator<Runtime>::reserve_growable_locked(std::size_t size, int kind,
-                                                          stream_type stream, bool& oom)
+basic_caching_allocator<Runtime>::reserve_growable(std::size_t size, int kind, stream_type stream,
+                                                   bool& oom)
 {
   std::size_t const page         = pages_.page_bytes[kind];
   std::size_t reserve            = options_.growable_reserve_bytes != 0
@@ -340,7 +343,7 @@ basic_caching_allocator<Runtime>::reserve_growable_locked(std::size_t size, int 
                                      : detail::round_up(device_total_ / 8 * 9, page);
   reserve                        = std::max(reserve, detail::round_up(size, page));
   auto seg                       = std::make_unique<segment>();
-  block* b                       = new_block_locked();
+  block* b                       = blocks_.new_block();
   void* p                        = nullptr;
   typename Runtime::error_type e = Runtime::success;
   GPUKIT_DETAIL_SLOW_PATH_RANGEF(categories::allocator, "reserve growable segment %.1f MiB",
@@ -350,7 +353,7 @@ basic_caching_allocator<Runtime>::reserve_growable_locked(std::size_t size, int 
     e = runtime_.vm_reserve(&p, reserve, 0);
   }
   if (e != Runtime::success) {
-    recycle_block_locked(b);
+    blocks_.recycle(b);
     if (e == Runtime::out_of_memory) {
       oom = true;
       return nullptr;
@@ -368,49 +371,63 @@ basic_caching_allocator<Runtime>::reserve_growable_locked(std::size_t size, int 
   if (options_.nvtx_annotate) {
     seg->nvtx_heap = register_memory_heap(p, reserve, "gpukit caching allocator (growable)");
   }
-  b->ptr.store(reinterpret_cast<std::uintptr_t>(p), std::memory_order_relaxed);
-  b->size    = reserve;
-  b->kind    = kind;
-  b->stream  = stream;
-  b->segment = seg.get();
-  b->prev = b->next = nullptr;
-  pool_.blocks.insert(b->address(), b);
+  blocks_.add_segment(b, p, reserve, seg.get());
+  b->kind   = kind;
+  b->stream = stream;
   pages_.segments.push_back(seg.release());
-  count_segment_locked(kind, 1);
-  insert_unmapped_locked(b);
+  count_segment(kind, 1);
+  insert_unmapped(b);
   return b;
+}
+
+// The unmapped block of pool `kind` that needs the fewest new pages for `size` bytes on `stream`
+// (counting the free block before it when `stream` may use it; the lowest address on a tie), with
+// that count in `pages`; nullptr when none has room.
+template <class Runtime>
+typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtime>::fewest_pages(
+  std::size_t size, int kind, stream_type stream, std::size_t& pages)
+{
+  std::size_t const page = pages_.page_bytes[kind];
+  block* best            = nullptr;
+  pages                  = std::numeric_limits<std::size_t>::max();
+  for (block* u : pages_.unmapped[kind]) {
+    std::size_t const have = free_before(u, stream);
+    std::size_t const need = size > have ? size - have : 0;
+    std::size_t const n    = std::max<std::size_t>(1, (need + page - 1) / page);
+    if (n * page > u->size) { continue; }
+    if (n < pages || (n == pages && u->address() < best->address())) {
+      best  = u;
+      pages = n;
+    }
+  }
+  return best;
+}
+
+// The bytes of the free block just before unmapped block u, when `stream` may use it (0 if none).
+template <class Runtime>
+std::size_t basic_caching_allocator<Runtime>::free_before(block const* u,
+                                                          stream_type stream) noexcept
+{
+  block const* p = u->prev;
+  if (p == nullptr || p->state.load(std::memory_order_relaxed) != detail::block_state::free ||
+      p->capture_pool != 0 || !(p->global || p->stream == stream)) {
+    return 0;
+  }
+  return p->size;
 }
 
 // No free block fits `size`: map pages where the fewest are needed (see the top of this file).
 // Returns a free block of at least `size` bytes usable on `stream`, or nullptr with `oom` set.
 template <class Runtime>
-typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtime>::grow_locked(
+typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtime>::grow_segment(
   std::size_t size, int kind, stream_type stream, bool& oom)
 {
   std::size_t const page = pages_.page_bytes[kind];
   std::size_t const most = (size + page - 1) / page;
-  auto usable_before     = [&](block const* u) -> std::size_t {
-    block const* p = u->prev;
-    if (p == nullptr || p->state.load(std::memory_order_relaxed) != detail::block_state::free ||
-        p->capture_pool != 0 || !(p->global || p->stream == stream)) {
-      return 0;
-    }
-    return p->size;
-  };
-  block* best            = nullptr;
-  std::size_t best_pages = std::numeric_limits<std::size_t>::max();
-  for (block* u : pages_.unmapped[kind]) {
-    std::size_t const have  = usable_before(u);
-    std::size_t const need  = size > have ? size - have : 0;
-    std::size_t const pages = std::max<std::size_t>(1, (need + page - 1) / page);
-    if (pages * page > u->size) { continue; }
-    if (pages < best_pages || (pages == best_pages && u->address() < best->address())) {
-      best       = u;
-      best_pages = pages;
-    }
-  }
+  std::size_t best_pages = 0;
+  block* best            = fewest_pages(size, kind, stream, best_pages);
   if (best == nullptr) {
-    best = reserve_growable_locked(size, kind, stream, oom);
+    best = reserve_growable(size, kind, stream, oom);
     if (best == nullptr) { return nullptr; }
     best_pages = most;
   }
@@ -419,20 +436,22 @@ typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtim
     detail::mib(best_pages * page), best_pages, detail::stream_address(stream));
   // Physical memory of free pages elsewhere first, new memory only for the rest.
   auto const& spares = pages_.spare[spare_kind(kind)];
-  if (spares.size() < best_pages) { harvest_pages_locked(kind, best_pages - spares.size(), best); }
+  if (spares.size() < best_pages) { harvest_pages(kind, best_pages - spares.size(), best); }
   auto* seg = static_cast<segment*>(best->segment);
   std::size_t const first =
     (best->address() - reinterpret_cast<std::uintptr_t>(seg->ptr)) / seg->page;
-  if (!map_pages_locked(*seg, first, best_pages, oom)) { return nullptr; }
+  if (!map_pages(*seg, first, best_pages, oom)) { return nullptr; }
   auto& list = pages_.unmapped[kind];
   list.erase(std::find(list.begin(), list.end(), best));
-  if (best_pages * page < best->size) { list.push_back(split_off_locked(best, best_pages * page)); }
+  if (best_pages * page < best->size) {
+    list.push_back(blocks_.split_off(best, best_pages * page));
+  }
   best->state.store(detail::block_state::free, std::memory_order_relaxed);
   best->stream   = stream;
   best->global   = false;
-  best->free_seq = ++stream_pool_locked(stream).free_seq;
-  block* merged  = insert_free_locked(best);
-  return merged->size >= size ? merged : find_free_locked(size, kind, stream);
+  best->free_seq = ++pool_of(stream).free_seq;
+  block* merged  = insert_free(best);
+  return merged->size >= size ? merged : find_free(size, kind, stream);
 }
 
 // Unmaps the free pages of growable segments (of `only_stream`'s blocks, or of every stream),
@@ -440,27 +459,27 @@ typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtim
 // (when releasing everything) returns address ranges that hold nothing. Waits only on the streams
 // that own the free blocks it unmaps.
 template <class Runtime>
-std::size_t basic_caching_allocator<Runtime>::release_growable_locked(
-  std::size_t target, stream_type const* only_stream)
+std::size_t basic_caching_allocator<Runtime>::release_growable(std::size_t target,
+                                                               stream_type const* only_stream)
 {
   GPUKIT_DETAIL_SLOW_PATH_RANGE(categories::allocator,
                                 "trim growable segments: unmap free pages, release spare ones");
   std::size_t const before = pool_.reserved;
   device_guard<Runtime> guard{runtime_, device_};
-  release_spare_pages_locked(target);
-  if (capture_.underway.load(std::memory_order_relaxed) != 0) {
+  release_spare_pages(target);
+  if (captures_underway_.load(std::memory_order_relaxed) != 0) {
     return before - pool_.reserved;  // no synchronization while a graph is being captured
   }
-  unmap_stranded_pages_locked();
-  release_spare_pages_locked(target);
-  unmap_released_blocks_locked(target, only_stream);
-  if (only_stream == nullptr && target == 0) { free_empty_ranges_locked(); }
+  unmap_stranded_pages();
+  release_spare_pages(target);
+  unmap_released_blocks(target, only_stream);
+  if (only_stream == nullptr && target == 0) { free_empty_ranges(); }
   return before - pool_.reserved;
 }
 
 // Releases spare physical pages until at most `target` bytes are reserved.
 template <class Runtime>
-void basic_caching_allocator<Runtime>::release_spare_pages_locked(std::size_t target)
+void basic_caching_allocator<Runtime>::release_spare_pages(std::size_t target)
 {
   for (int k = 0; k < 2; ++k) {
     auto& spares = pages_.spare[k];
@@ -468,7 +487,7 @@ void basic_caching_allocator<Runtime>::release_spare_pages_locked(std::size_t ta
       GPUKIT_CUDA_TRY(runtime_.vm_release(spares.back()));
       spares.pop_back();
       pool_.reserved -= pages_.page_bytes[k];
-      count_reserved_locked(k, -static_cast<std::int64_t>(pages_.page_bytes[k]));
+      count_reserved(k, -static_cast<std::int64_t>(pages_.page_bytes[k]));
       ++stats_.num_pages_released;
     }
   }
@@ -476,7 +495,7 @@ void basic_caching_allocator<Runtime>::release_spare_pages_locked(std::size_t ta
 
 // Pages left mapped (never accessible) inside unmapped blocks by a failed undo: unmapped now.
 template <class Runtime>
-void basic_caching_allocator<Runtime>::unmap_stranded_pages_locked()
+void basic_caching_allocator<Runtime>::unmap_stranded_pages()
 {
   for (segment* seg : pages_.segments) {
     for (block* u : pages_.unmapped[seg->kind]) {
@@ -484,7 +503,7 @@ void basic_caching_allocator<Runtime>::unmap_stranded_pages_locked()
       std::size_t const p0 =
         (u->address() - reinterpret_cast<std::uintptr_t>(seg->ptr)) / seg->page;
       for (std::size_t i = p0; i < p0 + u->size / seg->page; ++i) {
-        if (seg->mapped[i] != 0) { GPUKIT_CUDA_TRY(unmap_page_locked(*seg, i)); }
+        if (seg->mapped[i] != 0) { GPUKIT_CUDA_TRY(unmap_page(*seg, i)); }
       }
     }
   }
@@ -494,25 +513,47 @@ void basic_caching_allocator<Runtime>::unmap_stranded_pages_locked()
 // block first, until at most `target` bytes are reserved; each stream that owns such blocks is
 // synchronized first (the work that used those pages goes first).
 template <class Runtime>
-void basic_caching_allocator<Runtime>::unmap_released_blocks_locked(std::size_t target,
-                                                                    stream_type const* only_stream)
+void basic_caching_allocator<Runtime>::unmap_released_blocks(std::size_t target,
+                                                             stream_type const* only_stream)
 {
+  std::vector<stream_type> const capturing = wait_for_growable_streams(only_stream);
   std::vector<block*> blocks;
   auto collect = [&](block* b) {
     if (static_cast<segment const*>(b->segment)->growable && b->capture_pool == 0) {
       blocks.push_back(b);
     }
   };
-  // The streams whose pages go are waited for first; destroyed ones are retired (their blocks
-  // join the global pool) before any block is collected, as retiring merges blocks.
-  // Streams being captured (begun on the stream directly) are not waited for: their pages stay.
+  for (auto& sp : streams_.pools) {
+    if (only_stream != nullptr && !(sp->stream == *only_stream)) { continue; }
+    if (std::find(capturing.begin(), capturing.end(), sp->stream) != capturing.end()) { continue; }
+    for (auto& idx : sp->index) { idx.for_each(collect); }
+  }
+  if (only_stream == nullptr) {
+    for (auto& idx : blocks_.globals()) { idx.for_each(collect); }
+  }
+  std::sort(blocks.begin(), blocks.end(), [](block* a, block* b) { return a->size > b->size; });
+  for (block* b : blocks) {
+    if (pool_.reserved <= target) { break; }
+    typename Runtime::error_type error = Runtime::success;
+    unmap_free_pages(b, std::numeric_limits<std::size_t>::max(), error);
+    release_spare_pages(target);
+    GPUKIT_CUDA_TRY(error, "vm_unmap (releasing growable segment pages)");
+  }
+}
+
+// The streams whose growable pages unmap_released_blocks unmaps are waited for first;
+// destroyed ones are retired (their blocks join the global pool) before any block is collected,
+// as retiring merges blocks. Streams being captured (begun on the stream directly) are not
+// waited for: returned, their pages stay.
+template <class Runtime>
+std::vector<typename Runtime::stream_type>
+basic_caching_allocator<Runtime>::wait_for_growable_streams(stream_type const* only_stream)
+{
   std::vector<stream_type> dead, capturing;
   for (auto& sp : streams_.pools) {
     if (only_stream != nullptr && !(sp->stream == *only_stream)) { continue; }
-    for (auto& idx : sp->index) { idx.for_each(collect); }
-    if (blocks.empty()) { continue; }
-    blocks.clear();
-    if (capturing_locked(sp->stream)) {
+    if (!holds_growable_free(*sp)) { continue; }
+    if (is_capturing(sp->stream)) {
       capturing.push_back(sp->stream);
       continue;
     }
@@ -524,32 +565,30 @@ void basic_caching_allocator<Runtime>::unmap_released_blocks_locked(std::size_t 
     }
     ++stats_.num_release_waits;
   }
-  for (stream_type d : dead) { retire_dead_stream_locked(d); }
-  for (auto& sp : streams_.pools) {
-    if (only_stream != nullptr && !(sp->stream == *only_stream)) { continue; }
-    if (std::find(capturing.begin(), capturing.end(), sp->stream) != capturing.end()) { continue; }
-    for (auto& idx : sp->index) { idx.for_each(collect); }
+  for (stream_type d : dead) { retire_dead_stream(d); }
+  return capturing;
+}
+
+// Whether stream pool sp holds a free block of a growable segment (and of no capture).
+template <class Runtime>
+bool basic_caching_allocator<Runtime>::holds_growable_free(stream_pool const& sp)
+{
+  bool found = false;
+  for (auto const& idx : sp.index) {
+    idx.for_each([&](block* b) {
+      found = found || (static_cast<segment const*>(b->segment)->growable && b->capture_pool == 0);
+    });
   }
-  if (only_stream == nullptr) {
-    for (auto& idx : pool_.global) { idx.for_each(collect); }
-  }
-  std::sort(blocks.begin(), blocks.end(), [](block* a, block* b) { return a->size > b->size; });
-  for (block* b : blocks) {
-    if (pool_.reserved <= target) { break; }
-    typename Runtime::error_type error = Runtime::success;
-    unmap_free_pages_locked(b, std::numeric_limits<std::size_t>::max(), error);
-    release_spare_pages_locked(target);
-    GPUKIT_CUDA_TRY(error, "vm_unmap (releasing growable segment pages)");
-  }
+  return found;
 }
 
 // Address ranges with nothing left in them go back to the runtime.
 template <class Runtime>
-void basic_caching_allocator<Runtime>::free_empty_ranges_locked()
+void basic_caching_allocator<Runtime>::free_empty_ranges()
 {
   for (std::size_t i = 0; i < pages_.segments.size();) {
     segment* seg = pages_.segments[i];
-    block* head  = pool_.blocks.find(reinterpret_cast<std::uintptr_t>(seg->ptr));
+    block* head  = blocks_.find(seg->ptr);
     if (seg->mapped_pages != 0 || head == nullptr || head->next != nullptr ||
         head->state.load(std::memory_order_relaxed) != detail::block_state::unmapped) {
       ++i;
@@ -559,9 +598,8 @@ void basic_caching_allocator<Runtime>::free_empty_ranges_locked()
     GPUKIT_CUDA_TRY(runtime_.vm_free(seg->ptr, seg->size));
     auto& list = pages_.unmapped[seg->kind];
     list.erase(std::find(list.begin(), list.end(), head));
-    pool_.blocks.erase(head->address());
-    recycle_block_locked(head);
-    count_segment_locked(seg->kind, -1);
+    blocks_.remove(head);
+    count_segment(seg->kind, -1);
     delete seg;
     pages_.segments[i] = pages_.segments.back();
     pages_.segments.pop_back();
@@ -570,7 +608,7 @@ void basic_caching_allocator<Runtime>::free_empty_ranges_locked()
 
 // Closes the descriptor page i of seg was exported as, if any.
 template <class Runtime>
-void basic_caching_allocator<Runtime>::close_page_fd_locked(segment& seg, std::size_t i) noexcept
+void basic_caching_allocator<Runtime>::close_page_fd(segment& seg, std::size_t i) noexcept
 {
   if (i < seg.fds.size() && seg.fds[i] >= 0) {
     ::close(seg.fds[i]);
@@ -580,8 +618,8 @@ void basic_caching_allocator<Runtime>::close_page_fd_locked(segment& seg, std::s
 
 // Gives every peer device access to [va, va + bytes), whole mapped pages.
 template <class Runtime>
-typename Runtime::error_type basic_caching_allocator<Runtime>::grant_peers_locked(void* va,
-                                                                                  std::size_t bytes)
+typename Runtime::error_type basic_caching_allocator<Runtime>::grant_peers(void* va,
+                                                                           std::size_t bytes)
 {
   for (int peer : pages_.peers) {
     if (typename Runtime::error_type const e = runtime_.vm_set_access(va, bytes, peer);
@@ -596,8 +634,8 @@ template <class Runtime>
 typename basic_caching_allocator<Runtime>::shared_pages
 basic_caching_allocator<Runtime>::share_pages(void const* ptr)
 {
-  std::lock_guard<std::mutex> lock{mutex_};
-  block const* b = pool_.blocks.find(reinterpret_cast<std::uintptr_t>(ptr));
+  detail::pool_lock lock{mutex_};
+  block const* b = blocks_.find(ptr);
   GPUKIT_EXPECTS(
     b != nullptr && b->state.load(std::memory_order_relaxed) == detail::block_state::allocated,
     "caching_allocator::share_pages: " + detail::hex(ptr) +
@@ -638,7 +676,7 @@ void basic_caching_allocator<Runtime>::grant_access(int peer_device)
   GPUKIT_EXPECTS(
     peer_device >= 0 && peer_device < 64,
     "caching_allocator::grant_access: device " + std::to_string(peer_device) + " is out of range");
-  std::lock_guard<std::mutex> lock{mutex_};
+  detail::pool_lock lock{mutex_};
   auto& peers = pages_.peers;
   if (peer_device == device_ || std::find(peers.begin(), peers.end(), peer_device) != peers.end()) {
     return;
@@ -666,7 +704,7 @@ void basic_caching_allocator<Runtime>::grant_access(int peer_device)
 template <class Runtime>
 std::vector<int> basic_caching_allocator<Runtime>::peers() const
 {
-  std::lock_guard<std::mutex> lock{mutex_};
+  detail::pool_lock lock{mutex_};
   return pages_.peers;
 }
 

@@ -29,7 +29,6 @@ namespace detail {
 /// yet taken effect.
 template <class Runtime>
 struct basic_caching_allocator<Runtime>::recovery_request {
-  std::unique_lock<std::mutex>& lock;
   std::size_t size;
   int kind;
   stream_type stream;
@@ -43,43 +42,39 @@ struct basic_caching_allocator<Runtime>::recovery_request {
 // Returns nullptr when every step failed; recovery_.ladder then holds what each reclaimed (for the
 // report).
 template <class Runtime>
-typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtime>::recover_locked(
-  std::unique_lock<std::mutex>& lock, std::size_t size, int kind, stream_type stream,
-  thread_cache& tc, std::vector<stream_type>& freed_on, bool capture)
+typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtime>::recover(
+  std::size_t size, int kind, stream_type stream, thread_cache& tc,
+  std::vector<stream_type>& freed_on, bool capture)
 {
   recovery_.ladder.assign(recovery_step_count, oom_report::step{});
   for (std::size_t i = 0; i < recovery_.ladder.size(); ++i) {
     recovery_.ladder[i].name = recovery_step_names[i];
   }
-  recovery_request r{lock, size, kind, stream, tc, freed_on, capture};
-  settle_frees_locked(r);  // segments returned just before the failed try (release_before_grow)
-  if (block* b = retry_locked(r)) { return b; }
-  if (block* b = recover_events_locked(r)) { return b; }
-  if (block* b = recover_callbacks_locked(r)) { return b; }
-  if (block* b = recover_release_stream_locked(r)) { return b; }
-  if (block* b = recover_release_all_locked(r)) { return b; }
-  if (block* b = recover_other_pool_locked(r)) { return b; }
-  // Growable segments: the two release steps unmap the free pages of the streams they release.
-  if (block* b = recover_wait_locked(r)) { return b; }
+  recovery_request r{size, kind, stream, tc, freed_on, capture};
+  settle_frees(r);  // segments returned just before the failed try (release_before_grow)
+  if (block* b = retry(r)) { return b; }
+  for (recovery_fn const step : recovery_ladder) {
+    if (block* b = (this->*step)(r)) { return b; }
+  }
   // Never out of memory while frees this allocator issued may still be on their way.
   if (r.capture || (r.freed_on.empty() && recovery_.unsettled.empty())) { return nullptr; }
-  settle_frees_locked(r);
-  return retry_locked(r);
+  settle_frees(r);
+  return retry(r);
 }
 
 // A fresh search of the pool, then one more try of the runtime.
 template <class Runtime>
-typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtime>::retry_locked(
+typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtime>::retry(
   recovery_request const& r)
 {
-  if (block* b = find_free_locked(r.size, r.kind, r.stream)) { return b; }
+  if (block* b = find_free(r.size, r.kind, r.stream)) { return b; }
   bool oom = false;
-  return growable_ ? grow_locked(r.size, r.kind, r.stream, oom)
-                   : new_segment_locked(r.size, r.kind, r.stream, oom);
+  return growable_ ? grow_segment(r.size, r.kind, r.stream, oom)
+                   : new_segment(r.size, r.kind, r.stream, oom);
 }
 
 template <class Runtime>
-void basic_caching_allocator<Runtime>::count_step_locked(recovery_step step, std::size_t reclaimed)
+void basic_caching_allocator<Runtime>::count_step(recovery_step step, std::size_t reclaimed)
 {
   auto const i                  = static_cast<std::size_t>(step);
   recovery_.ladder[i].attempted = true;
@@ -91,7 +86,7 @@ void basic_caching_allocator<Runtime>::count_step_locked(recovery_step step, std
 // Stream-ordered frees take effect when their stream reaches them: wait for those streams only
 // (never the whole device); then the memory is the device's again.
 template <class Runtime>
-void basic_caching_allocator<Runtime>::settle_frees_locked(recovery_request& r)
+void basic_caching_allocator<Runtime>::settle_frees(recovery_request& r)
 {
   if (r.capture) { return; }
   for (stream_type fs : recovery_.unsettled) {  // issued by release() and trim()
@@ -105,14 +100,14 @@ void basic_caching_allocator<Runtime>::settle_frees_locked(recovery_request& r)
   std::vector<stream_type> capturing;  // waiting would end their capture: left unsettled
   while (!r.freed_on.empty()) {
     stream_type const fs = r.freed_on.back();
-    if (capturing_locked(fs)) {
+    if (is_capturing(fs)) {
       capturing.push_back(fs);
       r.freed_on.pop_back();
       continue;
     }
     typename Runtime::error_type const e = runtime_.stream_synchronize(fs);
     if (e == Runtime::invalid_resource_handle) {
-      retire_dead_stream_locked(fs);  // synchronizes the device: every free issued has landed
+      retire_dead_stream(fs);  // synchronizes the device: every free issued has landed
     } else {
       GPUKIT_CUDA_TRY(e, "stream_synchronize (out-of-memory recovery)");
     }
@@ -124,40 +119,42 @@ void basic_caching_allocator<Runtime>::settle_frees_locked(recovery_request& r)
 
 // (1) Blocks whose cross-stream events have completed (no waiting).
 template <class Runtime>
-typename basic_caching_allocator<Runtime>::block*
-basic_caching_allocator<Runtime>::recover_events_locked(recovery_request& r)
+typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtime>::recover_events(
+  recovery_request& r)
 {
   if (r.capture) { return nullptr; }
   GPUKIT_DETAIL_SLOW_PATH_RANGE(categories::allocator, detail::oom_step_range_name(step_events));
-  count_step_locked(step_events, poll_pending_locked() + migrate_locked(r.stream, false));
-  flush_cache_locked(r.tc);
-  return retry_locked(r);
+  count_step(step_events, poll_pending() + migrate(r.stream, false));
+  drain_cache(r.tc);
+  return retry(r);
 }
 
 // (2) The user's callbacks, in order, without the pool lock (they may free memory); each may ask
 // for another try.
 template <class Runtime>
 typename basic_caching_allocator<Runtime>::block*
-basic_caching_allocator<Runtime>::recover_callbacks_locked(recovery_request& r)
+basic_caching_allocator<Runtime>::recover_callbacks(recovery_request& r)
 {
   if (recovery_.callbacks.empty()) { return nullptr; }
   GPUKIT_DETAIL_SLOW_PATH_RANGE(categories::allocator, detail::oom_step_range_name(step_callbacks));
   auto callbacks = recovery_.callbacks;
   for (auto const& cb : callbacks) {
-    std::size_t const free_before     = free_bytes_locked();
+    std::size_t const free_before     = free_bytes();
     std::size_t const reserved_before = pool_.reserved;
     oom_context const ctx{r.size, device_, pool_.reserved,
                           static_cast<std::size_t>(limit_.load(std::memory_order_relaxed))};
-    r.lock.unlock();
-    bool const again = cb(ctx);
-    r.lock.lock();
-    flush_cache_locked(r.tc);
-    std::size_t const free_after = free_bytes_locked();
-    count_step_locked(step_callbacks,
-                      (free_after > free_before ? free_after - free_before : 0) +
-                        (reserved_before > pool_.reserved ? reserved_before - pool_.reserved : 0));
+    bool again = false;
+    {
+      detail::pool_lock::unlocked_scope unlocked{mutex_};  // the one step run without the lock
+      again = cb(ctx);
+    }
+    drain_cache(r.tc);
+    std::size_t const free_after = free_bytes();
+    count_step(step_callbacks,
+               (free_after > free_before ? free_after - free_before : 0) +
+                 (reserved_before > pool_.reserved ? reserved_before - pool_.reserved : 0));
     if (again) {
-      if (block* b = retry_locked(r)) { return b; }
+      if (block* b = retry(r)) { return b; }
     }
   }
   return nullptr;
@@ -166,36 +163,36 @@ basic_caching_allocator<Runtime>::recover_callbacks_locked(recovery_request& r)
 // (3) Cached free segments of the requesting stream.
 template <class Runtime>
 typename basic_caching_allocator<Runtime>::block*
-basic_caching_allocator<Runtime>::recover_release_stream_locked(recovery_request& r)
+basic_caching_allocator<Runtime>::recover_release_stream(recovery_request& r)
 {
   GPUKIT_DETAIL_SLOW_PATH_RANGE(categories::allocator,
                                 detail::oom_step_range_name(step_release_stream));
-  count_step_locked(step_release_stream, release_locked(0, &r.freed_on, -1, &r.stream));
-  settle_frees_locked(r);
-  return retry_locked(r);
+  count_step(step_release_stream, release_segments(0, &r.freed_on, -1, &r.stream));
+  settle_frees(r);
+  return retry(r);
 }
 
 // (4) Cached free segments of every stream; blocks other streams freed are first made usable,
 // waiting only on the events that guard them.
 template <class Runtime>
 typename basic_caching_allocator<Runtime>::block*
-basic_caching_allocator<Runtime>::recover_release_all_locked(recovery_request& r)
+basic_caching_allocator<Runtime>::recover_release_all(recovery_request& r)
 {
   GPUKIT_DETAIL_SLOW_PATH_RANGE(categories::allocator,
                                 detail::oom_step_range_name(step_release_all));
   for (auto& c : threads_.caches) {
     if (c.get() != &r.tc) { c->flush_requested.store(true, std::memory_order_relaxed); }
   }
-  std::size_t moved = r.capture ? 0 : migrate_locked(r.stream, true) + poll_pending_locked(true);
+  std::size_t moved = r.capture ? 0 : migrate(r.stream, true) + poll_pending(true);
   if (moved != 0) {
-    if (block* b = find_free_locked(r.size, r.kind, r.stream)) {
-      count_step_locked(step_release_all, moved);
+    if (block* b = find_free(r.size, r.kind, r.stream)) {
+      count_step(step_release_all, moved);
       return b;
     }
   }
-  count_step_locked(step_release_all, moved + release_locked(0, &r.freed_on));
-  settle_frees_locked(r);
-  return retry_locked(r);
+  count_step(step_release_all, moved + release_segments(0, &r.freed_on));
+  settle_frees(r);
+  return retry(r);
 }
 
 // (5) A free block of the other pool kind. Small requests come from small segments, large ones
@@ -204,38 +201,39 @@ basic_caching_allocator<Runtime>::recover_release_all_locked(recovery_request& r
 // a block: the rest stays free in its pool, and the block merges back with it when freed.
 template <class Runtime>
 typename basic_caching_allocator<Runtime>::block*
-basic_caching_allocator<Runtime>::recover_other_pool_locked(recovery_request& r)
+basic_caching_allocator<Runtime>::recover_other_pool(recovery_request& r)
 {
   GPUKIT_DETAIL_SLOW_PATH_RANGE(categories::allocator,
                                 detail::oom_step_range_name(step_other_pool));
-  block* b = find_free_locked(r.size, r.kind ^ 1, r.stream);
-  count_step_locked(step_other_pool, b != nullptr ? r.size : 0);
+  block* b = find_free(r.size, r.kind ^ 1, r.stream);
+  count_step(step_other_pool, b != nullptr ? r.size : 0);
   return b;
 }
 
 // (6) A bounded wait for blocks that other threads are returning to the pool.
 template <class Runtime>
-typename basic_caching_allocator<Runtime>::block*
-basic_caching_allocator<Runtime>::recover_wait_locked(recovery_request& r)
+typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtime>::recover_wait(
+  recovery_request& r)
 {
   if (options_.oom_wait_for_frees_ms <= 0) { return nullptr; }
   GPUKIT_DETAIL_SLOW_PATH_RANGE(categories::allocator, detail::oom_step_range_name(step_wait));
-  std::size_t const free_before = free_bytes_locked();
+  std::size_t const free_before = free_bytes();
   ++recovery_.waiters;
-  recovery_.frees_cv.wait_for(r.lock, std::chrono::milliseconds(options_.oom_wait_for_frees_ms));
+  detail::wait_for(recovery_.frees_cv, mutex_,
+                   std::chrono::milliseconds(options_.oom_wait_for_frees_ms));
   --recovery_.waiters;
-  std::size_t const free_after = free_bytes_locked();
-  count_step_locked(step_wait, free_after > free_before ? free_after - free_before : 0);
-  if (!r.capture) { migrate_locked(r.stream, false); }
-  release_locked(0, &r.freed_on);
-  settle_frees_locked(r);
-  return retry_locked(r);
+  std::size_t const free_after = free_bytes();
+  count_step(step_wait, free_after > free_before ? free_after - free_before : 0);
+  if (!r.capture) { migrate(r.stream, false); }
+  release_segments(0, &r.freed_on);
+  settle_frees(r);
+  return retry(r);
 }
 
 template <class Runtime>
-std::size_t basic_caching_allocator<Runtime>::free_bytes_locked() const
+std::size_t basic_caching_allocator<Runtime>::free_bytes() const
 {
-  std::size_t n = pool_.global[0].bytes() + pool_.global[1].bytes();
+  std::size_t n = blocks_.global_bytes();
   for (auto const& sp : streams_.pools) { n += sp->index[0].bytes() + sp->index[1].bytes(); }
   return n;
 }
@@ -244,16 +242,16 @@ template <class Runtime>
 void basic_caching_allocator<Runtime>::add_oom_callback(oom_callback callback)
 {
   GPUKIT_EXPECTS(static_cast<bool>(callback), "add_oom_callback: the callback is empty");
-  std::lock_guard<std::mutex> lock{mutex_};
+  detail::pool_lock lock{mutex_};
   recovery_.callbacks.push_back(std::move(callback));
 }
 
 template <class Runtime>
-void basic_caching_allocator<Runtime>::throw_oom_locked(std::size_t bytes, std::size_t size)
+void basic_caching_allocator<Runtime>::throw_oom(std::size_t bytes, std::size_t size)
 {
   ++stats_.num_ooms;
-  record_pool_locked(memory_event::action::oom, 0, size, stream_type{});
-  update_peaks_locked();
+  record_pool(memory_event::action::oom, 0, size, stream_type{});
+  update_peaks();
   oom_report r;
   r.requested = bytes;
   r.device    = device_;
@@ -275,7 +273,7 @@ void basic_caching_allocator<Runtime>::throw_oom_locked(std::size_t bytes, std::
       r.cached_per_stream.push_back({id, cached});
     }
   }
-  for (auto const& idx : pool_.global) {
+  for (auto const& idx : blocks_.globals()) {
     r.total_free_in_pool += idx.bytes();
     r.largest_free_block = std::max(r.largest_free_block, idx.largest());
   }

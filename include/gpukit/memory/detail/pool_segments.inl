@@ -34,8 +34,8 @@ struct basic_caching_allocator<Runtime>::segment {
 };
 
 template <class Runtime>
-typename basic_caching_allocator<Runtime>::block*
-basic_caching_allocator<Runtime>::find_free_locked(std::size_t size, int kind, stream_type stream)
+typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtime>::find_free(
+  std::size_t size, int kind, stream_type stream)
 {
   for (auto& sp : streams_.pools) {
     if (sp->stream == stream) {
@@ -43,7 +43,7 @@ basic_caching_allocator<Runtime>::find_free_locked(std::size_t size, int kind, s
       break;
     }
   }
-  return pool_.global[kind].find(size);
+  return blocks_.global(kind).find(size);
 }
 
 template <class Runtime>
@@ -57,10 +57,10 @@ std::size_t basic_caching_allocator<Runtime>::segment_size_for(std::size_t size)
 // Makes `b` the one free block of a new segment [p, p + seg_size) and counts the segment; the
 // caller indexes it.
 template <class Runtime>
-void basic_caching_allocator<Runtime>::adopt_segment_locked(block* b, std::unique_ptr<segment> seg,
-                                                            void* p, std::size_t seg_size, int kind,
-                                                            stream_type stream, bool stream_ordered,
-                                                            capture_id pool)
+void basic_caching_allocator<Runtime>::adopt_segment(block* b, std::unique_ptr<segment> seg,
+                                                     void* p, std::size_t seg_size, int kind,
+                                                     stream_type stream, bool stream_ordered,
+                                                     capture_id pool)
 {
   seg->ptr            = p;
   seg->size           = seg_size;
@@ -69,27 +69,22 @@ void basic_caching_allocator<Runtime>::adopt_segment_locked(block* b, std::uniqu
   if (options_.nvtx_annotate) {
     seg->nvtx_heap = register_memory_heap(p, seg_size, "gpukit caching allocator");
   }
-  b->ptr.store(reinterpret_cast<std::uintptr_t>(p), std::memory_order_relaxed);
-  b->size         = seg_size;
+  blocks_.add_segment(b, p, seg_size, seg.release());
   b->kind         = kind;
   b->stream       = stream;
   b->global       = false;
   b->capture_pool = pool;
-  b->segment      = seg.release();
-  b->prev = b->next = nullptr;
   b->state.store(detail::block_state::free, std::memory_order_relaxed);
-  pool_.blocks.insert(b->address(), b);
   pool_.reserved += seg_size;
-  count_reserved_locked(kind, static_cast<std::int64_t>(seg_size));
-  count_segment_locked(kind, 1);  // raises the reserved and segment peaks
+  count_reserved(kind, static_cast<std::int64_t>(seg_size));
+  count_segment(kind, 1);  // raises the reserved and segment peaks
   ++stats_.num_device_allocs;
-  record_pool_locked(memory_event::action::segment_alloc, b->address(), seg_size, stream);
+  record_pool(memory_event::action::segment_alloc, b->address(), seg_size, stream);
 }
 
 template <class Runtime>
-typename basic_caching_allocator<Runtime>::block*
-basic_caching_allocator<Runtime>::new_segment_locked(std::size_t size, int kind, stream_type stream,
-                                                     bool& oom)
+typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtime>::new_segment(
+  std::size_t size, int kind, stream_type stream, bool& oom)
 {
   std::size_t seg_size    = segment_size_for(size);
   std::size_t const limit = limit_.load(std::memory_order_relaxed);
@@ -114,7 +109,7 @@ basic_caching_allocator<Runtime>::new_segment_locked(std::size_t size, int kind,
                                  detail::stream_address(stream));
   // Host-side bookkeeping first, so that a failure after the runtime call cannot leak memory.
   auto seg                       = std::make_unique<segment>();
-  block* b                       = new_block_locked();
+  block* b                       = blocks_.new_block();
   void* p                        = nullptr;
   typename Runtime::error_type e = Runtime::success;
   {
@@ -123,34 +118,31 @@ basic_caching_allocator<Runtime>::new_segment_locked(std::size_t size, int kind,
       stream_ordered_ ? runtime_.malloc_async(&p, seg_size, stream) : runtime_.malloc(&p, seg_size);
   }
   if (e != Runtime::success) {
-    recycle_block_locked(b);
+    blocks_.recycle(b);
     if (e == Runtime::out_of_memory) {
       oom = true;
       return nullptr;
     }
     GPUKIT_CUDA_TRY(e, stream_ordered_ ? "malloc_async" : "malloc");
   }
-  adopt_segment_locked(b, std::move(seg), p, seg_size, kind, stream, stream_ordered_, 0);
-  // Indexed as a free block of `stream`, so take_locked finds it where it expects it.
-  auto& sp    = stream_pool_locked(stream);
+  adopt_segment(b, std::move(seg), p, seg_size, kind, stream, stream_ordered_, 0);
+  // Indexed as a free block of `stream`, so take finds it where it expects it.
+  auto& sp    = pool_of(stream);
   b->free_seq = ++sp.free_seq;
   sp.index[kind].insert(b);
   return b;
 }
 
+// Takes free block b for an allocation of `size` bytes (`bytes` asked) on `stream`; the tail goes
+// back free to b's pool (detail/caching/block_index.hpp).
 template <class Runtime>
-typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtime>::take_locked(
+typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtime>::take(
   block* b, std::size_t size, std::size_t bytes, stream_type stream)
 {
-  unindex_locked(b);
-  b->state.store(detail::block_state::allocated,
-                 std::memory_order_relaxed);  // before the tail merges
-  if (b->size - size >= alignment) {
-    // Split: the tail stays free, with b's owner.
-    block* rest = split_off_locked(b, size);
-    rest->state.store(detail::block_state::free, std::memory_order_relaxed);
-    insert_free_locked(rest);
-  }
+  blocks_.carve(b, size, [this](block const* x) -> detail::tlsf_index<block>& {
+    mutex_.assert_held();  // a lambda run under the lock
+    return index_for(x);
+  });
   b->state.store(detail::block_state::allocated, std::memory_order_relaxed);
   b->requested = bytes;
   b->stream    = stream;
@@ -159,85 +151,38 @@ typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtim
 }
 
 template <class Runtime>
-void basic_caching_allocator<Runtime>::unindex_locked(block* b)
+detail::tlsf_index<typename basic_caching_allocator<Runtime>::block>&
+basic_caching_allocator<Runtime>::index_for(block const* b)
 {
-  if (b->capture_pool != 0) {
-    capture_pool_locked(b->capture_pool).index[b->kind].remove(b);
-  } else if (b->global) {
-    pool_.global[b->kind].remove(b);
-  } else {
-    stream_pool_locked(b->stream).index[b->kind].remove(b);
-  }
+  if (b->capture_pool != 0) { return capture_.at(b->capture_pool).index[b->kind]; }
+  if (b->global) { return blocks_.global(b->kind); }
+  return pool_of(b->stream).index[b->kind];
 }
 
 // Inserts free block b (state free, owner set) into its index, merging free neighbours first.
 // Returns the block that holds b's bytes now (b, or the free block before it that absorbed it).
 template <class Runtime>
-typename basic_caching_allocator<Runtime>::block*
-basic_caching_allocator<Runtime>::insert_free_locked(block* b)
+typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtime>::insert_free(
+  block* b)
 {
-  auto mergeable = [&](block* n) {
-    if (n == nullptr || n->state.load(std::memory_order_relaxed) != detail::block_state::free) {
-      return false;
-    }
-    if (n->capture_pool != b->capture_pool) { return false; }
-    return b->capture_pool != 0 || n->global || b->global || n->stream == b->stream;
-  };
-  auto absorb_owner = [&](block* n) {
-    if (b->global && !n->global) {
-      b->global = false;
-      b->stream = n->stream;
-    }
-    b->free_seq = std::max(b->free_seq, n->free_seq);
-  };
-  if (mergeable(b->prev)) {
-    block* p = b->prev;
-    unindex_locked(p);
-    absorb_owner(p);
-    // p absorbs b: keep p's address.
-    p->size += b->size;
-    p->next = b->next;
-    if (b->next != nullptr) { b->next->prev = p; }
-    p->stream   = b->stream;
-    p->global   = b->global;
-    p->free_seq = b->free_seq;
-    pool_.blocks.erase(b->address());
-    recycle_block_locked(b);
-    b = p;
-  }
-  if (mergeable(b->next)) {
-    block* n = b->next;
-    unindex_locked(n);
-    absorb_owner(n);
-    b->size += n->size;
-    b->next = n->next;
-    if (n->next != nullptr) { n->next->prev = b; }
-    pool_.blocks.erase(n->address());
-    recycle_block_locked(n);
-  }
-  b->state.store(detail::block_state::free, std::memory_order_relaxed);
-  if (b->capture_pool != 0) {
-    capture_pool_locked(b->capture_pool).index[b->kind].insert(b);
-  } else if (b->global) {
-    pool_.global[b->kind].insert(b);
-  } else {
-    stream_pool_locked(b->stream).index[b->kind].insert(b);
-  }
-  return b;
+  return blocks_.insert_free(b, [this](block const* x) -> detail::tlsf_index<block>& {
+    mutex_.assert_held();  // a lambda run under the lock
+    return index_for(x);
+  });
 }
 
 template <class Runtime>
-void basic_caching_allocator<Runtime>::free_to_pool_locked(block* b, stream_type stream)
+void basic_caching_allocator<Runtime>::free_to_pool(block* b, stream_type stream)
 {
-  if (b->capture_pool == 0 && capture_.underway.load(std::memory_order_relaxed) != 0) {
+  if (b->capture_pool == 0 && captures_underway_.load(std::memory_order_relaxed) != 0) {
     // Freed on a stream being captured: the graph may use the block when it replays, so it is
     // kept for that capture's pool (reusable within it) until release_capture_pool.
-    if (capture_pool* cp = capture_for_locked(stream, true)) { b->capture_pool = cp->id; }
+    if (capture_pool* cp = capture_for(stream, true)) { b->capture_pool = cp->id; }
   }
   if (b->capture_pool != 0) {
     b->stream = stream;
     b->global = false;
-    insert_free_locked(b);
+    insert_free(b);
     return;
   }
   if (!streams_.forgotten.empty() && std::find(streams_.forgotten.begin(), streams_.forgotten.end(),
@@ -246,47 +191,15 @@ void basic_caching_allocator<Runtime>::free_to_pool_locked(block* b, stream_type
     // thread's cache flushing): its work is done, and the stream may be gone: any stream's now.
     b->stream = stream_type{};
     b->global = true;
-    insert_free_locked(b);
+    insert_free(b);
     if (recovery_.waiters != 0) { recovery_.frees_cv.notify_all(); }
     return;
   }
   b->stream   = stream;
   b->global   = false;
-  b->free_seq = ++stream_pool_locked(stream).free_seq;
-  insert_free_locked(b);
+  b->free_seq = ++pool_of(stream).free_seq;
+  insert_free(b);
   if (recovery_.waiters != 0) { recovery_.frees_cv.notify_all(); }
-}
-
-template <class Runtime>
-typename basic_caching_allocator<Runtime>::block*
-basic_caching_allocator<Runtime>::new_block_locked()
-{
-  if (pool_.spare_blocks == nullptr) {
-    constexpr std::size_t chunk = 256;
-    pool_.block_chunks.push_back(std::unique_ptr<block[]>(new block[chunk]));
-    block* blocks = pool_.block_chunks.back().get();
-    for (std::size_t i = 0; i < chunk; ++i) {
-      blocks[i].free_next = pool_.spare_blocks;
-      pool_.spare_blocks  = &blocks[i];
-    }
-  }
-  block* b           = pool_.spare_blocks;
-  pool_.spare_blocks = b->free_next;
-  b->free_next       = nullptr;
-  b->capture_pool    = 0;
-  b->recorded.clear();
-  return b;
-}
-
-template <class Runtime>
-void basic_caching_allocator<Runtime>::recycle_block_locked(block* b)
-{
-  b->state.store(detail::block_state::dead, std::memory_order_relaxed);
-  b->ptr.store(0, std::memory_order_relaxed);
-  b->prev = b->next  = nullptr;
-  b->free_prev       = nullptr;
-  b->free_next       = pool_.spare_blocks;
-  pool_.spare_blocks = b;
 }
 
 template <class Runtime>
@@ -299,8 +212,8 @@ template <class Runtime>
 typename basic_caching_allocator<Runtime>::block_extent basic_caching_allocator<Runtime>::extent(
   void const* ptr) const
 {
-  std::lock_guard<std::mutex> lock{mutex_};
-  block const* b = pool_.blocks.find(reinterpret_cast<std::uintptr_t>(ptr));
+  detail::pool_lock lock{mutex_};
+  block const* b = blocks_.find(ptr);
   GPUKIT_EXPECTS(
     b != nullptr && b->state.load(std::memory_order_relaxed) == detail::block_state::allocated,
     "caching_allocator::extent: " + detail::hex(ptr) +
@@ -321,31 +234,6 @@ typename basic_caching_allocator<Runtime>::block_extent basic_caching_allocator<
                    seg->handles.begin() + static_cast<std::ptrdiff_t>(last + 1));
   }
   return x;
-}
-
-// Splits b at `offset` (0 < offset < size): b keeps the head; the tail, returned, gets b's state
-// and owner and is linked after b. Neither is (re)indexed here.
-template <class Runtime>
-typename basic_caching_allocator<Runtime>::block*
-basic_caching_allocator<Runtime>::split_off_locked(block* b, std::size_t offset)
-{
-  block* t = new_block_locked();
-  t->ptr.store(b->address() + offset, std::memory_order_relaxed);
-  t->size         = b->size - offset;
-  t->kind         = b->kind;
-  t->stream       = b->stream;
-  t->global       = b->global;
-  t->segment      = b->segment;
-  t->free_seq     = b->free_seq;
-  t->capture_pool = b->capture_pool;
-  t->prev         = b;
-  t->next         = b->next;
-  if (b->next != nullptr) { b->next->prev = t; }
-  b->next = t;
-  b->size = offset;
-  t->state.store(b->state.load(std::memory_order_relaxed), std::memory_order_relaxed);
-  pool_.blocks.insert(t->address(), t);
-  return t;
 }
 
 }  // namespace gpukit

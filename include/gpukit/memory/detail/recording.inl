@@ -19,23 +19,17 @@ void basic_caching_allocator<Runtime>::record(thread_cache& tc, memory_event::ac
                                               block const* b, stream_type stream)
 {
   tc.record(memory_event{what, now_ns(), b->address(), b->size, stream_id(stream)},
-            recording_.capacity);
+            recording_capacity_.load(std::memory_order_relaxed));
 }
 
 template <class Runtime>
-void basic_caching_allocator<Runtime>::record_pool_locked(memory_event::action what,
-                                                          std::uintptr_t address, std::size_t bytes,
-                                                          stream_type stream)
+void basic_caching_allocator<Runtime>::record_pool(memory_event::action what,
+                                                   std::uintptr_t address, std::size_t bytes,
+                                                   stream_type stream)
 {
-  if (!recording_.on.load(std::memory_order_relaxed)) { return; }
-  memory_event const e{what, now_ns(), address, bytes, stream_id(stream)};
-  if (recording_.ring.size() < recording_.capacity) {
-    recording_.ring.push_back(e);
-  } else if (recording_.capacity != 0) {
-    recording_.ring[recording_.next] = e;
-    recording_.next                  = (recording_.next + 1) % recording_.capacity;
-    ++recording_.dropped;
-  }
+  if (!recording_on_.load(std::memory_order_relaxed)) { return; }
+  recording_.push(memory_event{what, now_ns(), address, bytes, stream_id(stream)},
+                  recording_capacity_.load(std::memory_order_relaxed));
 }
 
 template <class Runtime>
@@ -58,33 +52,29 @@ template <class Runtime>
 void basic_caching_allocator<Runtime>::start_recording(std::size_t events_per_thread)
 {
   GPUKIT_EXPECTS(events_per_thread > 0, "start_recording: the ring must hold at least one event");
-  std::lock_guard<std::mutex> lock{mutex_};
-  recording_.capacity = events_per_thread;
+  detail::pool_lock lock{mutex_};
+  recording_capacity_.store(events_per_thread, std::memory_order_relaxed);
   for (auto& c : threads_.caches) {
     std::lock_guard<typename thread_cache::spin_lock> ring_lock{c->ring_mutex};
     c->ring.clear();
-    c->ring_next    = 0;
-    c->ring_dropped = 0;
   }
-  recording_.ring.clear();
-  recording_.next    = 0;
-  recording_.dropped = 0;
-  recording_.on.store(true, std::memory_order_relaxed);
+  recording_.clear();
+  recording_on_.store(true, std::memory_order_relaxed);
 }
 
 template <class Runtime>
 void basic_caching_allocator<Runtime>::stop_recording()
 {
-  recording_.on.store(false, std::memory_order_relaxed);
+  recording_on_.store(false, std::memory_order_relaxed);
 }
 
 template <class Runtime>
 memory_snapshot basic_caching_allocator<Runtime>::snapshot() const
 {
-  std::lock_guard<std::mutex> lock{mutex_};
+  detail::pool_lock lock{mutex_};
   memory_snapshot s;
   s.device = device_;
-  pool_.blocks.for_each([&](std::uintptr_t, block* head) {
+  blocks_.for_each([&](std::uintptr_t, block* head) {
     if (head->prev != nullptr) { return; }
     auto const* seg = static_cast<segment const*>(head->segment);
     // A growable segment appears as one segment per run of mapped blocks (as PyTorch shows its
@@ -114,12 +104,12 @@ memory_snapshot basic_caching_allocator<Runtime>::snapshot() const
   });
   std::sort(s.segments.begin(), s.segments.end(),
             [](auto const& a, auto const& b) { return a.address < b.address; });
-  s.events         = recording_.ring;
-  s.dropped_events = recording_.dropped;
+  s.events         = recording_.events();
+  s.dropped_events = recording_.dropped();
   for (auto const& c : threads_.caches) {
     std::lock_guard<typename thread_cache::spin_lock> ring_lock{c->ring_mutex};
-    s.events.insert(s.events.end(), c->ring.begin(), c->ring.end());
-    s.dropped_events += c->ring_dropped;
+    s.events.insert(s.events.end(), c->ring.events().begin(), c->ring.events().end());
+    s.dropped_events += c->ring.dropped();
   }
   std::stable_sort(s.events.begin(), s.events.end(),
                    [](auto const& a, auto const& b) { return a.time_ns < b.time_ns; });

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// gpukit/memory/detail/release.inl: giving memory back: release, trim and release_locked (fully
+// gpukit/memory/detail/release.inl: giving memory back: release, trim and release_segments (fully
 // free fixed segments, largest first, each freed in the order of the stream that used it last;
 // growable segments unmap their free pages in growable_segments.inl). The out-of-memory ladder
-// and release_before_grow call release_locked too. Not public API; included by
+// and release_before_grow call release_segments too. Not public API; included by
 // caching_allocator.hpp.
 #pragma once
 
@@ -25,102 +25,150 @@ template <class Runtime>
 std::size_t basic_caching_allocator<Runtime>::trim(std::size_t target_reserved_bytes)
 {
   thread_cache& tc = local_cache();
-  std::lock_guard<std::mutex> lock{mutex_};
-  flush_cache_locked(tc);
+  detail::pool_lock lock{mutex_};
+  drain_cache(tc);
   for (auto& c : threads_.caches) {
     if (c.get() != &tc) { c->flush_requested.store(true, std::memory_order_relaxed); }
   }
-  if (capture_.underway.load(std::memory_order_relaxed) == 0) { poll_pending_locked(); }
-  return release_locked(target_reserved_bytes);
+  if (captures_underway_.load(std::memory_order_relaxed) == 0) { poll_pending(); }
+  return release_segments(target_reserved_bytes);
 }
 
+/// Whether streams are being captured into a CUDA graph, asked of the runtime once per stream
+/// (legal during capture). A capture this allocator was not told about (begun on the stream
+/// directly) shows only here: a free on such a stream would become a node of the graph.
 template <class Runtime>
-std::size_t basic_caching_allocator<Runtime>::release_locked(std::size_t target,
-                                                             std::vector<stream_type>* freed_on,
-                                                             int only_kind,
-                                                             stream_type const* only_stream)
+struct basic_caching_allocator<Runtime>::capture_probe {
+  Runtime& runtime;
+  std::vector<stream_type> capturing{};
+  std::vector<stream_type> idle{};
+
+  bool operator()(stream_type s)
+  {
+    if (s == stream_type{}) { return false; }  // the null stream is never captured
+    if (std::find(idle.begin(), idle.end(), s) != idle.end()) { return false; }
+    if (std::find(capturing.begin(), capturing.end(), s) != capturing.end()) { return true; }
+    bool now                             = false;
+    typename Runtime::error_type const e = runtime.stream_is_capturing(s, now);
+    // Destroyed: no capture (a capturing stream cannot be destroyed); the free finds it dead and
+    // retires it.
+    if (e == Runtime::invalid_resource_handle) { return false; }
+    GPUKIT_CUDA_TRY(e, "stream_is_capturing (releasing cached memory)");
+    (now ? capturing : idle).push_back(s);
+    return now;
+  }
+};
+
+// Returns fully free fixed segments, largest first, until at most `target` bytes are reserved
+// (growable segments unmap their free pages first); only those of pool kind `only_kind` (-1: both)
+// and of `only_stream`'s pool (nullptr: every pool). The streams of the stream-ordered frees issued
+// go to `freed_on` (nullptr: recovery_.unsettled), which an allocation that finds no memory waits
+// for before reporting out of memory. Returns the bytes released.
+template <class Runtime>
+std::size_t basic_caching_allocator<Runtime>::release_segments(std::size_t target,
+                                                               std::vector<stream_type>* freed_on,
+                                                               int only_kind,
+                                                               stream_type const* only_stream)
 {
   GPUKIT_DETAIL_SLOW_PATH_RANGE(categories::allocator, "release free segments to the driver");
   std::size_t released = 0;
-  if (growable_ && only_kind < 0) { released += release_growable_locked(target, only_stream); }
-  // Stream-ordered frees issued here are waited for before an allocation reports out of memory.
+  if (growable_ && only_kind < 0) { released += release_growable(target, only_stream); }
   std::vector<stream_type>& issued = freed_on != nullptr ? *freed_on : recovery_.unsettled;
-  bool const capture               = capture_.underway.load(std::memory_order_relaxed) != 0;
-  std::vector<block*> whole;  // free blocks that span their segment
-  auto collect = [&](block* b) {
-    auto const* seg = static_cast<segment const*>(b->segment);
-    // While a graph is captured: no free on a capturing stream (it would join the graph), and no
-    // synchronous free (illegal then).
-    if (capture && (!seg->stream_ordered || (!b->global && active_capture_locked(b->stream)))) {
-      return;
-    }
-    if (b->prev == nullptr && b->next == nullptr && b->capture_pool == 0 && !seg->growable &&
-        (only_kind < 0 || b->kind == only_kind)) {
-      whole.push_back(b);
-    }
-  };
-  for (auto& sp : streams_.pools) {
-    if (only_stream != nullptr && !(sp->stream == *only_stream)) { continue; }
-    for (auto& idx : sp->index) { idx.for_each(collect); }
-  }
-  if (only_stream == nullptr) {
-    for (auto& idx : pool_.global) { idx.for_each(collect); }
-  }
-  std::sort(whole.begin(), whole.end(), [](block* a, block* b) { return a->size > b->size; });
+  std::vector<block*> const whole  = whole_free_segments(only_kind, only_stream);
   device_guard<Runtime> guard{runtime_, device_};
-  // A capture this allocator was not told about (begun on the stream directly): a free on that
-  // stream would become a node of the graph, not a free. Such segments stay until it ends.
-  std::vector<stream_type> capturing_streams, idle_streams;
-  auto is_capturing = [&](stream_type s) {
-    if (s == stream_type{}) { return false; }  // the null stream is never captured
-    if (std::find(idle_streams.begin(), idle_streams.end(), s) != idle_streams.end()) {
-      return false;
-    }
-    if (std::find(capturing_streams.begin(), capturing_streams.end(), s) !=
-        capturing_streams.end()) {
-      return true;
-    }
-    bool capturing                       = false;
-    typename Runtime::error_type const e = runtime_.stream_is_capturing(s, capturing);
-    // Destroyed: no capture (a capturing stream cannot be destroyed); the free below finds it
-    // dead and retires it.
-    if (e == Runtime::invalid_resource_handle) { return false; }
-    GPUKIT_CUDA_TRY(e, "stream_is_capturing (releasing cached memory)");
-    (capturing ? capturing_streams : idle_streams).push_back(s);
-    return capturing;
-  };
+  capture_probe capturing{runtime_};
   for (block* b : whole) {
     if (pool_.reserved <= target) { break; }
-    auto* seg = static_cast<segment*>(b->segment);
-    // Stream-ordered: freed in the order of the stream that last used it, so no wait at all.
-    stream_type on = b->global ? stream_type{} : b->stream;
-    if (is_capturing(b->global ? stream_type{} : b->stream)) { continue; }
-    if (options_.nvtx_annotate) { unregister_memory_heap(seg->nvtx_heap); }  // before the free
-    typename Runtime::error_type e =
-      seg->stream_ordered ? runtime_.free_async(seg->ptr, on) : runtime_.free(seg->ptr);
-    if (e == Runtime::invalid_resource_handle && seg->stream_ordered && !capture) {
-      retire_dead_stream_locked(on);  // destroyed: the device waited for, then the null stream
-      on = stream_type{};
-      e  = runtime_.free_async(seg->ptr, on);
-    }
-    GPUKIT_CUDA_TRY(
-      e, seg->stream_ordered ? "free_async (releasing a segment)" : "free (releasing a segment)");
-    if (seg->stream_ordered && std::find(issued.begin(), issued.end(), on) == issued.end()) {
-      issued.push_back(on);
-    }
-    if (!seg->stream_ordered) { ++stats_.synchronizing_frees; }
-    record_pool_locked(memory_event::action::segment_free, b->address(), seg->size, on);
-    unindex_locked(b);
-    pool_.blocks.erase(b->address());
-    recycle_block_locked(b);
-    pool_.reserved -= seg->size;
-    count_reserved_locked(seg->kind, -static_cast<std::int64_t>(seg->size));
-    released += seg->size;
-    count_segment_locked(seg->kind, -1);
-    ++stats_.num_device_frees;
-    delete seg;
+    if (capturing(b->global ? stream_type{} : b->stream)) { continue; }  // stays until it ends
+    released += release_segment(b, issued);
   }
   return released;
+}
+
+// The free blocks that span a fixed segment of their own, in the pools release_segments names,
+// largest first. While a graph is captured: none of a capturing stream (a free there would join
+// the graph) and no synchronous segment (its free is illegal then).
+template <class Runtime>
+std::vector<typename basic_caching_allocator<Runtime>::block*>
+basic_caching_allocator<Runtime>::whole_free_segments(int only_kind, stream_type const* only_stream)
+{
+  bool const capture = captures_underway_.load(std::memory_order_relaxed) != 0;
+  std::vector<block*> whole;
+  auto collect = [&](block* b) {
+    mutex_.assert_held();  // a lambda run under the lock
+    auto const* seg = static_cast<segment const*>(b->segment);
+    bool const alone =
+      b->prev == nullptr && b->next == nullptr && b->capture_pool == 0 && !seg->growable;
+    if (!alone || (only_kind >= 0 && b->kind != only_kind)) { return; }
+    if (capture && (!seg->stream_ordered || (!b->global && capture_.active_on(b->stream)))) {
+      return;
+    }
+    whole.push_back(b);
+  };
+  for_each_free_index(only_stream, [&](detail::tlsf_index<block>& idx) { idx.for_each(collect); });
+  std::sort(whole.begin(), whole.end(), [](block* a, block* b) { return a->size > b->size; });
+  return whole;
+}
+
+// Calls f(index) for the free indices of `only_stream`'s pool (nullptr: every stream's pool, then
+// the global ones).
+template <class Runtime>
+template <class F>
+void basic_caching_allocator<Runtime>::for_each_free_index(stream_type const* only_stream, F&& f)
+{
+  for (auto& sp : streams_.pools) {
+    if (only_stream != nullptr && !(sp->stream == *only_stream)) { continue; }
+    for (auto& idx : sp->index) { f(idx); }
+  }
+  if (only_stream != nullptr) { return; }
+  for (auto& idx : blocks_.globals()) { f(idx); }
+}
+
+// Frees the segment that free block b spans: stream-ordered in the order of the stream that used
+// it last (no wait; that stream goes to `issued`), else synchronously. Returns its bytes.
+template <class Runtime>
+std::size_t basic_caching_allocator<Runtime>::release_segment(block* b,
+                                                              std::vector<stream_type>& issued)
+{
+  auto* seg = static_cast<segment*>(b->segment);
+  if (options_.nvtx_annotate) { unregister_memory_heap(seg->nvtx_heap); }  // before the free
+  stream_type const on = free_segment_memory(*seg, b->global ? stream_type{} : b->stream);
+  if (seg->stream_ordered && std::find(issued.begin(), issued.end(), on) == issued.end()) {
+    issued.push_back(on);
+  }
+  if (!seg->stream_ordered) { ++stats_.synchronizing_frees; }
+  record_pool(memory_event::action::segment_free, b->address(), seg->size, on);
+  unindex(b);
+  blocks_.remove(b);
+  std::size_t const bytes = seg->size;
+  pool_.reserved -= bytes;
+  count_reserved(seg->kind, -static_cast<std::int64_t>(bytes));
+  count_segment(seg->kind, -1);
+  ++stats_.num_device_frees;
+  delete seg;
+  return bytes;
+}
+
+// The runtime's free of a fixed segment last used on `on`; a stream found destroyed is retired
+// (the device waited for) and the free goes to the null stream. Returns the stream it went to.
+// @throws gpukit::cuda_error when the free fails (the segment stays)
+template <class Runtime>
+typename Runtime::stream_type basic_caching_allocator<Runtime>::free_segment_memory(segment& seg,
+                                                                                    stream_type on)
+{
+  if (!seg.stream_ordered) {
+    GPUKIT_CUDA_TRY(runtime_.free(seg.ptr), "free (releasing a segment)");
+    return on;
+  }
+  typename Runtime::error_type e = runtime_.free_async(seg.ptr, on);
+  if (e == Runtime::invalid_resource_handle &&
+      captures_underway_.load(std::memory_order_relaxed) == 0) {
+    retire_dead_stream(on);
+    on = stream_type{};
+    e  = runtime_.free_async(seg.ptr, on);
+  }
+  GPUKIT_CUDA_TRY(e, "free_async (releasing a segment)");
+  return on;
 }
 
 }  // namespace gpukit

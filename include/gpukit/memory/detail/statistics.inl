@@ -35,13 +35,13 @@ inline void set_flow(stat_totals& s, std::int64_t in, std::int64_t out, std::int
 }  // namespace detail
 
 template <class Runtime>
-caching_pool_stats& basic_caching_allocator<Runtime>::pool_stats_locked(int kind) const noexcept
+caching_pool_stats& basic_caching_allocator<Runtime>::pool_stats(int kind) const noexcept
 {
   return kind == small_pool ? stats_.small_pool : stats_.large_pool;
 }
 
 template <class Runtime>
-void basic_caching_allocator<Runtime>::update_peaks_locked() const
+void basic_caching_allocator<Runtime>::update_peaks() const
 {
   // Current values are the sums over threads. Peaks are raised by the allocation that makes
   // them: while one thread uses the allocator, its own peaks are the allocator's; from the second
@@ -78,7 +78,7 @@ void basic_caching_allocator<Runtime>::update_peaks_locked() const
     }
   }
   for (std::size_t i = 0; i < 2; ++i) {
-    caching_pool_stats& p = pool_stats_locked(static_cast<int>(i));
+    caching_pool_stats& p = pool_stats(static_cast<int>(i));
     detail::set_flow(p.allocated_bytes, k[i].bytes_in, k[i].bytes_out, k[i].peak_bytes);
     detail::set_flow(p.requested_bytes, k[i].requested_in, k[i].requested_out, k[i].peak_requested);
     detail::set_flow(p.allocation_count, k[i].allocs, k[i].frees, k[i].peak_count);
@@ -96,27 +96,23 @@ void basic_caching_allocator<Runtime>::update_peaks_locked() const
   detail::set_current(stats_.segment_count, static_cast<std::int64_t>(pool_.segments));
 }
 
+/// Active peaks per pool kind (0 small, 1 large) and in total (2).
 template <class Runtime>
-void basic_caching_allocator<Runtime>::update_scanned_locked() const
+struct basic_caching_allocator<Runtime>::active_peaks {
+  std::array<std::int64_t, 3> bytes{};
+  std::array<std::int64_t, 3> count{};
+};
+
+// The active peaks, raised by the allocations that made them (as in update_peaks): the shared
+// counters' once two threads are in, else the highest of the threads'; at least the allocated
+// peaks (while no free is pending, active is allocated).
+template <class Runtime>
+typename basic_caching_allocator<Runtime>::active_peaks
+basic_caching_allocator<Runtime>::peak_active() const
 {
-  // Per pool kind: blocks waiting on other streams' work, and free blocks of split segments.
-  std::array<std::int64_t, 2> pending_bytes{}, pending_count{}, split_bytes{}, split_count{};
-  for (auto const& p : streams_.pending) {
-    pending_bytes[static_cast<std::size_t>(p.b->kind)] += static_cast<std::int64_t>(p.b->size);
-    ++pending_count[static_cast<std::size_t>(p.b->kind)];
-  }
-  auto split = [&](block* b) {
-    if (b->prev != nullptr || b->next != nullptr) {
-      split_bytes[static_cast<std::size_t>(b->kind)] += static_cast<std::int64_t>(b->size);
-      ++split_count[static_cast<std::size_t>(b->kind)];
-    }
-  };
-  for (auto const& sp : streams_.pools) {
-    for (auto const& idx : sp->index) { idx.for_each(split); }
-  }
-  for (auto const& idx : pool_.global) { idx.for_each(split); }
-  // Active peaks, raised by the allocations that made them (as in update_peaks_locked).
-  std::array<std::int64_t, 3> peak_active_bytes{}, peak_active_count{};
+  active_peaks peaks;
+  auto& peak_active_bytes = peaks.bytes;
+  auto& peak_active_count = peaks.count;
   if (shared_.on.load(std::memory_order_relaxed)) {
     for (std::size_t i = 0; i < 3; ++i) {
       peak_active_bytes[i] = shared_.peak_active_bytes[i].load(std::memory_order_relaxed);
@@ -134,14 +130,39 @@ void basic_caching_allocator<Runtime>::update_scanned_locked() const
   }
   // While no free is pending, active is allocated: its peak is at least the allocated one.
   for (std::size_t i = 0; i < 2; ++i) {
-    caching_pool_stats const& p = pool_stats_locked(static_cast<int>(i));
+    caching_pool_stats const& p = pool_stats(static_cast<int>(i));
     peak_active_bytes[i]        = std::max(peak_active_bytes[i], p.allocated_bytes.peak);
     peak_active_count[i]        = std::max(peak_active_count[i], p.allocation_count.peak);
   }
   peak_active_bytes[2] = std::max(peak_active_bytes[2], stats_.allocated_bytes.peak);
   peak_active_count[2] = std::max(peak_active_count[2], stats_.allocation_count.peak);
+  return peaks;
+}
+
+template <class Runtime>
+void basic_caching_allocator<Runtime>::update_scanned() const
+{
+  // Per pool kind: blocks waiting on other streams' work, and free blocks of split segments.
+  std::array<std::int64_t, 2> pending_bytes{}, pending_count{}, split_bytes{}, split_count{};
+  for (auto const& p : streams_.pending) {
+    pending_bytes[static_cast<std::size_t>(p.b->kind)] += static_cast<std::int64_t>(p.b->size);
+    ++pending_count[static_cast<std::size_t>(p.b->kind)];
+  }
+  auto split = [&](block* b) {
+    if (b->prev != nullptr || b->next != nullptr) {
+      split_bytes[static_cast<std::size_t>(b->kind)] += static_cast<std::int64_t>(b->size);
+      ++split_count[static_cast<std::size_t>(b->kind)];
+    }
+  };
+  for (auto const& sp : streams_.pools) {
+    for (auto const& idx : sp->index) { idx.for_each(split); }
+  }
+  for (auto const& idx : blocks_.globals()) { idx.for_each(split); }
+  active_peaks const peaks      = peak_active();
+  auto const& peak_active_bytes = peaks.bytes;
+  auto const& peak_active_count = peaks.count;
   for (std::size_t i = 0; i < 2; ++i) {
-    caching_pool_stats& p = pool_stats_locked(static_cast<int>(i));
+    caching_pool_stats& p = pool_stats(static_cast<int>(i));
     // Active: handed out, less the frees that have completed (pending frees are still active).
     detail::set_flow(p.active_bytes, p.allocated_bytes.allocated,
                      p.allocated_bytes.freed - pending_bytes[i], peak_active_bytes[i]);
@@ -165,10 +186,10 @@ void basic_caching_allocator<Runtime>::update_scanned_locked() const
 // A second thread is in: from now on every allocation and free also counts in shared_, which
 // starts from the sums over the threads' counters and the peaks so far.
 template <class Runtime>
-void basic_caching_allocator<Runtime>::share_counts_locked()
+void basic_caching_allocator<Runtime>::share_counts()
 {
-  update_peaks_locked();
-  update_scanned_locked();
+  update_peaks();
+  update_scanned();
   // Each cache's counts as seen now wait in the unjoined sums until its thread's next operation
   // puts its own in (join_shared_counts): an operation racing this switch is then not lost.
   for (std::size_t i = 0; i < 2; ++i) {
@@ -185,14 +206,14 @@ void basic_caching_allocator<Runtime>::share_counts_locked()
     shared_.unjoined_requested[i].store(r, std::memory_order_relaxed);
     shared_.unjoined_count[i].store(c, std::memory_order_relaxed);
   }
-  store_shared_peaks_locked(false);
+  store_shared_peaks(false);
   shared_.on.store(true, std::memory_order_release);
 }
 
 // The shared peaks from stats_ (just updated by the caller): its peaks when the shared counts
 // start, its current values when reset_peak sets every peak to its current value.
 template <class Runtime>
-void basic_caching_allocator<Runtime>::store_shared_peaks_locked(bool from_current)
+void basic_caching_allocator<Runtime>::store_shared_peaks(bool from_current)
 {
   auto store = [&](std::size_t i, auto const& bytes, auto const& requested, auto const& count,
                    auto const& active_bytes, auto const& active_count) {
@@ -216,9 +237,9 @@ void basic_caching_allocator<Runtime>::store_shared_peaks_locked(bool from_curre
 template <class Runtime>
 caching_allocator_stats basic_caching_allocator<Runtime>::stats() const
 {
-  std::lock_guard<std::mutex> lock{mutex_};
-  update_peaks_locked();
-  update_scanned_locked();
+  detail::pool_lock lock{mutex_};
+  update_peaks();
+  update_scanned();
   caching_pool_stats const &sm = stats_.small_pool, &lg = stats_.large_pool;
   caching_allocator_stats s = stats_;
   s.num_allocs =
@@ -234,9 +255,9 @@ caching_allocator_stats basic_caching_allocator<Runtime>::stats() const
 template <class Runtime>
 void basic_caching_allocator<Runtime>::reset_peak()
 {
-  std::lock_guard<std::mutex> lock{mutex_};
-  update_peaks_locked();
-  update_scanned_locked();
+  detail::pool_lock lock{mutex_};
+  update_peaks();
+  update_scanned();
   for (auto& c : threads_.caches) {  // the owners write these too: a relaxed store races benignly
     auto reset = [](auto& peak, std::int64_t v) { peak.v.store(v, std::memory_order_relaxed); };
     for (auto& f : c->pools) {
@@ -257,7 +278,7 @@ void basic_caching_allocator<Runtime>::reset_peak()
     reset(c->peak_active_count,
           c->pools[0].peak_active_count.get() + c->pools[1].peak_active_count.get());
   }
-  if (shared_.on.load(std::memory_order_relaxed)) { store_shared_peaks_locked(true); }
+  if (shared_.on.load(std::memory_order_relaxed)) { store_shared_peaks(true); }
   auto reset_pool = [](caching_pool_stats& p) {
     for (stat_totals* t : {&p.allocated_bytes, &p.requested_bytes, &p.reserved_bytes,
                            &p.active_bytes, &p.inactive_split_bytes, &p.allocation_count,
@@ -275,25 +296,25 @@ void basic_caching_allocator<Runtime>::reset_peak()
 }
 
 template <class Runtime>
-void basic_caching_allocator<Runtime>::count_reserved_locked(int kind, std::int64_t delta) noexcept
+void basic_caching_allocator<Runtime>::count_reserved(int kind, std::int64_t delta) noexcept
 {
-  stat_totals& r = pool_stats_locked(kind).reserved_bytes;
+  stat_totals& r = pool_stats(kind).reserved_bytes;
   r.current += delta;
   (delta > 0 ? r.allocated : r.freed) += delta > 0 ? delta : -delta;
 }
 
 template <class Runtime>
-void basic_caching_allocator<Runtime>::count_segment_locked(int kind, int delta) noexcept
+void basic_caching_allocator<Runtime>::count_segment(int kind, int delta) noexcept
 {
   pool_.segments = static_cast<std::size_t>(static_cast<std::int64_t>(pool_.segments) + delta);
-  stat_totals& s = pool_stats_locked(kind).segment_count;
+  stat_totals& s = pool_stats(kind).segment_count;
   s.current += delta;
   (delta > 0 ? s.allocated : s.freed) += delta > 0 ? delta : -delta;
-  raise_reserved_peak_locked();
+  raise_reserved_peak();
 }
 
 template <class Runtime>
-void basic_caching_allocator<Runtime>::raise_reserved_peak_locked() noexcept
+void basic_caching_allocator<Runtime>::raise_reserved_peak() noexcept
 {
   auto raise = [](auto& s, std::int64_t v) { s.peak = std::max(s.peak, v); };
   raise(stats_.reserved_bytes, static_cast<std::int64_t>(pool_.reserved));

@@ -48,16 +48,16 @@ struct basic_caching_allocator<Runtime>::pending_free {
 // capture, a second graph's new stream) is asked only cudaStreamIsCapturing, and is taken to be
 // of this device: it is not remembered as checked, so its first use after the capture checks it.
 template <class Runtime>
-void basic_caching_allocator<Runtime>::check_stream_locked(stream_type stream, char const* what)
+void basic_caching_allocator<Runtime>::check_stream(stream_type stream, char const* what)
 {
-  (void)check_stream_locked(stream, what, false);
+  (void)check_stream(stream, what, false);
 }
 
 // As above; with `dead_ok`, a destroyed stream (its handle invalid) is retired instead of
 // reported, and the result is false.
 template <class Runtime>
-bool basic_caching_allocator<Runtime>::check_stream_locked(stream_type stream, char const* what,
-                                                           bool dead_ok)
+bool basic_caching_allocator<Runtime>::check_stream(stream_type stream, char const* what,
+                                                    bool dead_ok)
 {
   if (stream == stream_type{} || std::find(streams_.checked.begin(), streams_.checked.end(),
                                            stream) != streams_.checked.end()) {
@@ -69,7 +69,7 @@ bool basic_caching_allocator<Runtime>::check_stream_locked(stream_type stream, c
   int d = -1;
   if (r == Runtime::success) { r = runtime_.stream_get_device(stream, d); }
   if (dead_ok && r == Runtime::invalid_resource_handle) {
-    retire_dead_stream_locked(stream);
+    retire_dead_stream(stream);
     return false;
   }
   if (r == Runtime::invalid_resource_handle) {
@@ -98,14 +98,14 @@ bool basic_caching_allocator<Runtime>::check_stream_locked(stream_type stream, c
 
 // A free on a stream this thread has not used yet: true when it is a live stream of this device
 // (remembered by the thread), false when it was destroyed (then retired: see
-// retire_dead_stream_locked).
+// retire_dead_stream).
 // @throws gpukit::logic_error for another device's stream; gpukit::cuda_error when the runtime
 //         fails otherwise (nothing changes in both cases)
 template <class Runtime>
 bool basic_caching_allocator<Runtime>::check_free_stream(thread_cache& tc, stream_type stream)
 {
-  std::lock_guard<std::mutex> lock{mutex_};
-  bool const live = check_stream_locked(stream, "deallocate_async", true);
+  detail::pool_lock lock{mutex_};
+  bool const live = check_stream(stream, "deallocate_async", true);
   if (live && std::find(streams_.checked.begin(), streams_.checked.end(), stream) !=
                 streams_.checked.end()) {
     tc.checked_stream = stream;  // not a stream taken on trust while it is capturing
@@ -119,9 +119,9 @@ bool basic_caching_allocator<Runtime>::check_free_stream(thread_cache& tc, strea
 // usable by every stream, as after forget_stream. Rare, and never an error of its own.
 // @throws gpukit::cuda_error when the device cannot be synchronized (nothing changes then)
 template <class Runtime>
-void basic_caching_allocator<Runtime>::retire_dead_stream_locked(stream_type stream)
+void basic_caching_allocator<Runtime>::retire_dead_stream(stream_type stream)
 {
-  if (capture_.underway.load(std::memory_order_relaxed) != 0) {
+  if (captures_underway_.load(std::memory_order_relaxed) != 0) {
     detail::throw_explained_cuda_error(  // no synchronization during a capture
       Runtime::invalid_resource_handle,
       "deallocate_async: stream " + detail::hex(stream_id(stream)) +
@@ -135,7 +135,7 @@ void basic_caching_allocator<Runtime>::retire_dead_stream_locked(stream_type str
     GPUKIT_CUDA_TRY(runtime_.device_synchronize());
   }
   ++stats_.num_dead_streams;
-  forget_stream_locked(stream, true);
+  drop_stream(stream, true);
 }
 
 // A block freed on a destroyed stream (already retired: the device has been synchronized): usable
@@ -144,18 +144,18 @@ template <class Runtime>
 void basic_caching_allocator<Runtime>::free_on_dead_stream(thread_cache& tc, block* b, void* ptr,
                                                            stream_type stream)
 {
-  std::lock_guard<std::mutex> lock{mutex_};
+  detail::pool_lock lock{mutex_};
   count_free(tc, b, ptr, stream);
   b->recorded.clear();
   b->stream = stream_type{};
   b->global = true;
-  insert_free_locked(b);
+  insert_free(b);
   if (recovery_.waiters != 0) { recovery_.frees_cv.notify_all(); }
 }
 
 template <class Runtime>
-typename basic_caching_allocator<Runtime>::stream_pool&
-basic_caching_allocator<Runtime>::stream_pool_locked(stream_type stream)
+typename basic_caching_allocator<Runtime>::stream_pool& basic_caching_allocator<Runtime>::pool_of(
+  stream_type stream)
 {
   for (auto& sp : streams_.pools) {
     if (sp->stream == stream) { return *sp; }
@@ -168,7 +168,7 @@ basic_caching_allocator<Runtime>::stream_pool_locked(stream_type stream)
 // Whether `stream` takes part in a graph capture (asked of the runtime: legal during capture).
 // The null stream is never captured; a destroyed stream is not capturing (callers find it dead).
 template <class Runtime>
-bool basic_caching_allocator<Runtime>::capturing_locked(stream_type stream)
+bool basic_caching_allocator<Runtime>::is_capturing(stream_type stream)
 {
   if (stream == stream_type{}) { return false; }
   bool capturing                       = false;
@@ -182,9 +182,9 @@ template <class Runtime>
 void basic_caching_allocator<Runtime>::record_stream(void* ptr, stream_type stream)
 {
   auto const key = reinterpret_cast<std::uintptr_t>(ptr);
-  std::lock_guard<std::mutex> lock{mutex_};
-  check_stream_locked(stream, "record_stream");
-  block* b = pool_.blocks.find(key);
+  detail::pool_lock lock{mutex_};
+  check_stream(stream, "record_stream");
+  block* b = blocks_.find(key);
   GPUKIT_EXPECTS(
     b != nullptr && b->state.load(std::memory_order_relaxed) == detail::block_state::allocated,
     "record_stream: pointer " + detail::hex(ptr) +
@@ -197,12 +197,12 @@ void basic_caching_allocator<Runtime>::record_stream(void* ptr, stream_type stre
 
 // Moves pending frees whose events have all completed into their stream's pool.
 template <class Runtime>
-std::size_t basic_caching_allocator<Runtime>::poll_pending_locked(bool wait)
+std::size_t basic_caching_allocator<Runtime>::poll_pending(bool wait)
 {
   std::size_t moved = 0;
   for (std::size_t i = 0; i < streams_.pending.size();) {
     auto& pf = streams_.pending[i];
-    if (!pf.uses.empty() && !arm_pending_locked(pf)) {
+    if (!pf.uses.empty() && !arm_pending(pf)) {
       ++i;  // freed during a capture that is still under way
       continue;
     }
@@ -226,9 +226,9 @@ std::size_t basic_caching_allocator<Runtime>::poll_pending_locked(bool wait)
     if (pf.to_global) {
       pf.b->stream = stream_type{};
       pf.b->global = true;
-      insert_free_locked(pf.b);
+      insert_free(pf.b);
     } else {
-      free_to_pool_locked(pf.b, pf.stream);
+      free_to_pool(pf.b, pf.stream);
     }
     streams_.pending[i] = std::move(streams_.pending.back());
     streams_.pending.pop_back();
@@ -241,18 +241,18 @@ std::size_t basic_caching_allocator<Runtime>::poll_pending_locked(bool wait)
 // capturing. False, with nothing changed, while one still is.
 // @throws gpukit::cuda_error when an event cannot be recorded (nothing changes then)
 template <class Runtime>
-bool basic_caching_allocator<Runtime>::arm_pending_locked(pending_free& pf)
+bool basic_caching_allocator<Runtime>::arm_pending(pending_free& pf)
 {
-  if (capture_.underway.load(std::memory_order_relaxed) != 0) { return false; }
+  if (captures_underway_.load(std::memory_order_relaxed) != 0) { return false; }
   for (stream_type s : pf.uses) {
-    if (capturing_locked(s)) { return false; }
+    if (is_capturing(s)) { return false; }
   }
   device_guard<Runtime> guard{runtime_, device_};
   std::vector<event_type> events;
   std::vector<stream_type> dead;
   try {
     for (stream_type s : pf.uses) {
-      event_type e                         = take_event_locked();
+      event_type e                         = take_event();
       typename Runtime::error_type const r = runtime_.event_record(e, s);
       if (r != Runtime::success) { streams_.spare_events.push_back(e); }
       if (r == Runtime::invalid_resource_handle) {  // destroyed: retired once this is armed
@@ -268,7 +268,7 @@ bool basic_caching_allocator<Runtime>::arm_pending_locked(pending_free& pf)
   }
   pf.events = std::move(events);
   pf.uses.clear();
-  for (stream_type s : dead) { retire_dead_stream_locked(s); }
+  for (stream_type s : dead) { retire_dead_stream(s); }
   return true;
 }
 
@@ -276,7 +276,7 @@ bool basic_caching_allocator<Runtime>::arm_pending_locked(pending_free& pf)
 // blocks, recorded when first needed; once it completes, the blocks that stream had freed before
 // the event move to the global pool. With `wait`, blocks until those events complete.
 template <class Runtime>
-std::size_t basic_caching_allocator<Runtime>::migrate_locked(stream_type requester, bool wait)
+std::size_t basic_caching_allocator<Runtime>::migrate(stream_type requester, bool wait)
 {
   std::size_t moved = 0;
   device_guard<Runtime> guard{runtime_, device_};
@@ -285,8 +285,8 @@ std::size_t basic_caching_allocator<Runtime>::migrate_locked(stream_type request
     if (sp->stream == requester || (sp->index[0].empty() && sp->index[1].empty())) { continue; }
     if (!sp->migrating) {
       // An event recorded on a capturing stream is part of the graph: it could not be queried.
-      if (capturing_locked(sp->stream)) { continue; }
-      event_type e                         = take_event_locked();
+      if (is_capturing(sp->stream)) { continue; }
+      event_type e                         = take_event();
       typename Runtime::error_type const r = runtime_.event_record(e, sp->stream);
       if (r != Runtime::success) { streams_.spare_events.push_back(e); }
       if (r == Runtime::invalid_resource_handle) {
@@ -305,12 +305,12 @@ std::size_t basic_caching_allocator<Runtime>::migrate_locked(stream_type request
     GPUKIT_CUDA_TRY(q, wait ? "event_synchronize" : "event_query");
     streams_.spare_events.push_back(sp->migration_event);
     sp->migrating = false;
-    moved += make_global_locked(*sp, sp->migration_seq);
+    moved += make_global(*sp, sp->migration_seq);
   }
   for (stream_type s : dead) {
-    std::size_t const before = pool_.global[0].bytes() + pool_.global[1].bytes();
-    retire_dead_stream_locked(s);
-    moved += pool_.global[0].bytes() + pool_.global[1].bytes() - before;
+    std::size_t const before = blocks_.global_bytes();
+    retire_dead_stream(s);
+    moved += blocks_.global_bytes() - before;
   }
   return moved;
 }
@@ -318,8 +318,7 @@ std::size_t basic_caching_allocator<Runtime>::migrate_locked(stream_type request
 // Moves the free blocks `sp` holds that entered it up to `up_to_seq` into the global pool, merging
 // them with their neighbours there. Returns the bytes moved.
 template <class Runtime>
-std::size_t basic_caching_allocator<Runtime>::make_global_locked(stream_pool& sp,
-                                                                 std::uint64_t up_to_seq)
+std::size_t basic_caching_allocator<Runtime>::make_global(stream_pool& sp, std::uint64_t up_to_seq)
 {
   std::vector<block*> movers;
   for (auto& idx : sp.index) {
@@ -336,7 +335,7 @@ std::size_t basic_caching_allocator<Runtime>::make_global_locked(stream_pool& sp
   std::size_t moved = 0;
   for (block* b : movers) {
     moved += b->size;
-    insert_free_locked(b);
+    insert_free(b);
   }
   return moved;
 }
@@ -346,21 +345,22 @@ void basic_caching_allocator<Runtime>::forget_stream(stream_type stream)
 {
   debug_flush(stream, false);  // debug mode: quarantined frees on it go back while it lives
   thread_cache& tc = local_cache();
-  std::lock_guard<std::mutex> lock{mutex_};
-  flush_cache_locked(tc);
+  detail::pool_lock lock{mutex_};
+  drain_cache(tc);
   if (tc.checked_stream == stream) { tc.checked_stream = stream_type{}; }
-  forget_stream_locked(stream, false);
+  drop_stream(stream, false);
 }
 
 // forget_stream's work; `synchronized`: the stream's work is known complete (a retired dead
 // stream). A stream already destroyed is retired (the device waited for) instead of failing.
 template <class Runtime>
-void basic_caching_allocator<Runtime>::forget_stream_locked(stream_type stream, bool synchronized)
+void basic_caching_allocator<Runtime>::drop_stream(stream_type stream, bool synchronized)
 {
   // CUDA may hand the handle of a destroyed stream to a new one: check it again then.
   streams_.checked.erase(std::remove(streams_.checked.begin(), streams_.checked.end(), stream),
                          streams_.checked.end());
   auto remember = [&] {
+    mutex_.assert_held();  // a lambda run under the lock
     // Blocks that still come back on it (other threads' cached blocks) go to every stream, never
     // to a pool of this stream, which may be destroyed by then.
     if (stream == stream_type{} || std::find(streams_.forgotten.begin(), streams_.forgotten.end(),
@@ -371,6 +371,7 @@ void basic_caching_allocator<Runtime>::forget_stream_locked(stream_type stream, 
     streams_.forgotten.push_back(stream);
   };
   auto has_pool = [&] {
+    mutex_.assert_held();  // a lambda run under the lock
     return std::any_of(streams_.pools.begin(), streams_.pools.end(),
                        [&](auto const& sp) { return sp->stream == stream; });
   };
@@ -383,14 +384,14 @@ void basic_caching_allocator<Runtime>::forget_stream_locked(stream_type stream, 
   }
   if (!synchronized) {
     // Synchronizing a capturing stream would invalidate its capture.
-    GPUKIT_EXPECTS(!capturing_locked(stream),
+    GPUKIT_EXPECTS(!is_capturing(stream),
                    "forget_stream: stream " + detail::hex(stream_id(stream)) +
                      " is being captured into a CUDA graph; forget it after the capture ends");
     device_guard<Runtime> guard{runtime_, device_};
     typename Runtime::error_type const r =
       runtime_.stream_synchronize(stream);  // the work queued on it so far
     if (r == Runtime::invalid_resource_handle) {
-      retire_dead_stream_locked(stream);
+      retire_dead_stream(stream);
       return;
     }
     GPUKIT_CUDA_TRY(r, "stream_synchronize (forget_stream)");
@@ -407,15 +408,14 @@ void basic_caching_allocator<Runtime>::forget_stream_locked(stream_type stream, 
   if (it != streams_.pools.end()) {
     stream_pool& sp = **it;
     if (sp.migrating) { streams_.spare_events.push_back(sp.migration_event); }  // complete now
-    make_global_locked(sp, std::numeric_limits<std::uint64_t>::max());
+    make_global(sp, std::numeric_limits<std::uint64_t>::max());
     streams_.pools.erase(it);
   }
   remember();
 }
 
 template <class Runtime>
-typename basic_caching_allocator<Runtime>::event_type
-basic_caching_allocator<Runtime>::take_event_locked()
+typename basic_caching_allocator<Runtime>::event_type basic_caching_allocator<Runtime>::take_event()
 {
   if (!streams_.spare_events.empty()) {
     event_type e = streams_.spare_events.back();

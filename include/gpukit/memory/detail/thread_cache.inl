@@ -9,10 +9,11 @@
 // cached blocks to the pool and leaves its cache, counters intact, for the next thread.
 //
 // Holds: the registry (tls_entry, live_allocators, tls_registry), caching_thread_cache, and the
-// allocator's local_cache, on_thread_exit, purge_handed_out and flush_cache(_locked).
+// allocator's local_cache, on_thread_exit, purge_handed_out and flush_cache and drain_cache.
 #pragma once
 
 #include <gpukit/memory/caching_allocator.hpp>
+#include <gpukit/memory/detail/caching/event_ring.hpp>
 
 #include <algorithm>
 #include <array>
@@ -274,20 +275,12 @@ struct caching_thread_cache {
     void unlock() noexcept { flag.clear(std::memory_order_release); }
   };
   spin_lock ring_mutex;
-  std::vector<memory_event> ring;
-  std::size_t ring_next{0};
-  std::uint64_t ring_dropped{0};
+  caching::event_ring ring;  // guarded by ring_mutex
 
   void record(memory_event const& e, std::size_t capacity)
   {
     std::lock_guard<spin_lock> lock{ring_mutex};
-    if (ring.size() < capacity) {
-      ring.push_back(e);
-    } else if (capacity != 0) {
-      ring[ring_next] = e;
-      ring_next       = (ring_next + 1) % capacity;
-      ++ring_dropped;
-    }
+    ring.push(e, capacity);
   }
 };
 
@@ -316,7 +309,7 @@ basic_caching_allocator<Runtime>::local_cache_slow(detail::tls_registry& r)
   }
   thread_cache* tc = nullptr;
   {
-    std::lock_guard<std::mutex> lock{mutex_};
+    detail::pool_lock lock{mutex_};
     for (auto& c : threads_.caches) {
       if (c->orphaned) {
         c->orphaned = false;
@@ -329,7 +322,7 @@ basic_caching_allocator<Runtime>::local_cache_slow(detail::tls_registry& r)
       tc = threads_.caches.back().get();
     }
     if (threads_.caches.size() > 1 && !shared_.on.load(std::memory_order_relaxed)) {
-      share_counts_locked();
+      share_counts();
     }
   }
   detail::tls_entry e{uid_, this, tc, &on_thread_exit};
@@ -353,8 +346,8 @@ void basic_caching_allocator<Runtime>::on_thread_exit(void* allocator, void* cac
 {
   auto* self = static_cast<basic_caching_allocator*>(allocator);
   auto* tc   = static_cast<thread_cache*>(cache);
-  std::lock_guard<std::mutex> lock{self->mutex_};
-  self->flush_cache_locked(*tc);
+  detail::pool_lock lock{self->mutex_};
+  self->drain_cache(*tc);
   tc->handed_out.erase_if([](std::uintptr_t, block*) { return true; });
   tc->checked_stream = stream_type{};
   // The counters stay: the sums over caches stay right when another thread reuses this one.
@@ -398,18 +391,21 @@ void basic_caching_allocator<Runtime>::purge_handed_out(thread_cache& tc)
 }
 
 template <class Runtime>
-void basic_caching_allocator<Runtime>::flush_cache_locked(thread_cache& tc)
+void basic_caching_allocator<Runtime>::drain_cache(thread_cache& tc)
 {
   tc.flush_requested.store(false, std::memory_order_relaxed);
-  tc.drain([&](stream_type s, block* b) { free_to_pool_locked(b, s); });
+  tc.drain([&](stream_type s, block* b) {
+    mutex_.assert_held();  // a lambda run under the lock
+    free_to_pool(b, s);
+  });
   if (recovery_.waiters != 0) { recovery_.frees_cv.notify_all(); }
 }
 
 template <class Runtime>
 void basic_caching_allocator<Runtime>::flush_cache(thread_cache& tc)
 {
-  std::lock_guard<std::mutex> lock{mutex_};
-  flush_cache_locked(tc);
+  detail::pool_lock lock{mutex_};
+  drain_cache(tc);
 }
 
 }  // namespace gpukit
