@@ -8,6 +8,7 @@
 
 #include <gpukit/memory/alloc_conf.hpp>
 #include <gpukit/memory/caching_allocator.hpp>
+#include <gpukit/memory/caching_allocator_options.hpp>
 
 #include <doctest/doctest.h>
 
