@@ -3,6 +3,7 @@
 #pragma once
 
 #include <gpukit/error.hpp>
+#include <gpukit/error_macros.hpp>
 #include <gpukit/memory/alloc_conf.hpp>
 
 #include <algorithm>
