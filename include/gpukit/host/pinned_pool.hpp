@@ -60,6 +60,7 @@
 // - One mutex guards the pool; every member is thread-safe.
 #pragma once
 
+#include <gpukit/detail/alignment_check.hpp>
 #include <gpukit/detail/cccl_compat.hpp>  // <cuda/memory_resource>, whichever CCCL
 #include <gpukit/detail/lifetime.hpp>
 #include <gpukit/error.hpp>
@@ -365,9 +366,7 @@ class basic_pinned_pool final {
 
   static void check_alignment(std::size_t align)
   {
-    GPUKIT_EXPECTS(
-      align != 0 && (align & (align - 1)) == 0 && align <= min_class_bytes,
-      "pinned_pool: alignment " + std::to_string(align) + " is not a power of two up to 4096");
+    detail::check_alignment("pinned_pool", align, min_class_bytes);
   }
   block* take_ready_locked(std::size_t cls);
   block* carve_locked(std::size_t cls);

@@ -83,6 +83,7 @@
 // Thread-safe. One instance serves one device: the hot path never asks which device is current.
 #pragma once
 
+#include <gpukit/detail/alignment_check.hpp>
 #include <gpukit/detail/cccl_compat.hpp>  // <cuda/memory_resource>, whichever CCCL
 #include <gpukit/detail/compiled.hpp>
 #include <gpukit/detail/lifetime.hpp>
@@ -488,9 +489,7 @@ class basic_caching_allocator final {
 
   static void check_alignment(std::size_t align)
   {
-    GPUKIT_EXPECTS(
-      align != 0 && (align & (align - 1)) == 0 && align <= alignment,
-      "caching_allocator: alignment " + std::to_string(align) + " is not a power of two up to 256");
+    detail::check_alignment("caching_allocator", align, alignment);
   }
   int kind_for(std::size_t size) const noexcept
   {

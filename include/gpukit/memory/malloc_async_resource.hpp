@@ -26,6 +26,7 @@
 // stream-ordered, device-accessible resource concept (over cuda_runtime).
 #pragma once
 
+#include <gpukit/detail/alignment_check.hpp>
 #include <gpukit/detail/cccl_compat.hpp>
 #include <gpukit/detail/hex.hpp>
 #include <gpukit/error.hpp>
@@ -177,9 +178,7 @@ class basic_malloc_async_resource final {
  private:
   static void check_alignment(std::size_t align)
   {
-    GPUKIT_EXPECTS(align != 0 && (align & (align - 1)) == 0 && align <= alignment,
-                   "malloc_async_resource: alignment " + std::to_string(align) +
-                     " is not a power of two up to " + std::to_string(alignment));
+    detail::check_alignment("malloc_async_resource", align, alignment);
   }
 
   oom_report report(std::size_t bytes) const
