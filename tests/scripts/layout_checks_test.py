@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
 # tests/scripts/layout_checks_test.py: the layout checks (scripts/check-includes,
-# scripts/check-test-mirror, scripts/check-detail-boundary) fail on what they exist to refuse and
+# scripts/check-test-mirror, scripts/check-detail-boundary, scripts/check-structure) fail on what they exist to refuse and
 # pass on a tree without it, each run over a small tree made here. CTest: layout.checks_selftest.
 import os
 import pathlib
@@ -109,6 +109,44 @@ for use_git in (False, True):
         code, out = run("check-detail-boundary", root)
         if code == 0 or "examples/bad.cpp:1:" not in out:
             failures.append(f"check-detail-boundary (git: {use_git}) over an offender:\n{out}")
+
+# The structure check: a .inl, a _locked name, a long branchy function, a class with too many
+# private member functions are each named; a small clean header is not. (The real allow-lists name
+# files this tree lacks, so the check fails on them too: only the offenders' naming is tested.)
+def private_class(n):
+    body = "".join(f"  void f{i}() {{}}\n" for i in range(n))
+    return f"namespace gpukit {{\nclass crowded {{\n public:\n  void g() {{}}\n private:\n{body}}};\n}}\n"
+
+
+branchy = "int branchy(int x) {\n" + "".join(f"  if (x == {i}) return {i};\n" for i in range(20)) \
+    + "  return -1;\n}\n"
+long_one = "int long_one(int x) {\n" + "".join(f"  x += {i};\n" for i in range(70)) + "  return x;\n}\n"
+STRUCTURE = {
+    "include/gpukit/gpukit.hpp": "#include <gpukit/ok.hpp>\n#include <gpukit/crowded.hpp>\n",
+    "include/gpukit/ok.hpp": "namespace gpukit {\nclass fine {\n  void a() {}\n};\n}\n",
+    "include/gpukit/crowded.hpp": private_class(41),
+    "include/gpukit/detail/bodies.inl": "",
+    "include/gpukit/sync.hpp": "void grow_locked();\n",
+    "include/gpukit/branchy.hpp": branchy + long_one,
+}
+with tempfile.TemporaryDirectory() as tmp:
+    root = pathlib.Path(tmp)
+    write(root, STRUCTURE)
+    code, out = run("check-structure", root)
+    wanted = ["include/gpukit/detail/bodies.inl: a .inl file",
+              "include/gpukit/sync.hpp:1: grow_locked",
+              "class crowded: 41 private member functions"]
+    if "lizard is not installed" not in out:
+        wanted += ["branchy: complexity 21", "long_one: complexity 1, 73 lines"]
+    if "clang++ is not installed" in out:
+        wanted.remove("class crowded: 41 private member functions")
+    missing = [w for w in wanted if w not in out]
+    if code == 0 or missing or "fine" in out:
+        failures.append(f"check-structure over offenders: exit {code}, missing {missing}:\n{out}")
+    write(root, {"include/gpukit/crowded.hpp": private_class(40)})
+    code, out = run("check-structure", root)
+    if "class crowded" in out:
+        failures.append(f"check-structure over a class with 40 private member functions:\n{out}")
 
 if failures:
     print("\n\n".join(failures))
