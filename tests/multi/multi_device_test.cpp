@@ -52,6 +52,7 @@ char const* name_of(gpukit::segment_source s)
     case gpukit::segment_source::stream_ordered: return "stream_ordered";
     case gpukit::segment_source::synchronous: return "synchronous";
     case gpukit::segment_source::growable: return "growable";
+    case gpukit::segment_source::upstream: return "upstream";
     default: return "automatic";
   }
 }

@@ -96,6 +96,7 @@
 #include <gpukit/memory/detail/caching/block_index.hpp>
 #include <gpukit/memory/detail/caching/capture_pools.hpp>
 #include <gpukit/memory/detail/caching/event_ring.hpp>
+#include <gpukit/memory/detail/caching/upstream_source.hpp>
 #include <gpukit/memory/detail/caching_block.hpp>
 #include <gpukit/memory/detail/debug_options.hpp>
 #include <gpukit/memory/detail/shared_counts.hpp>
@@ -169,6 +170,26 @@ class basic_caching_allocator final {
   /// @throws gpukit::cuda_error if the device's properties cannot be read
   explicit basic_caching_allocator(Runtime& runtime, int device = 0,
                                    caching_allocator_options options = {});
+  /// An allocator for `device` of `runtime` whose segments come from `upstream`: any gpukit
+  /// resource, or any CCCL memory resource (an RMM resource, an adaptor stack,
+  /// malloc_async_resource), through its stream-ordered entry points when it has them (segments
+  /// then go back on the stream that last used them), else its synchronous ones. `upstream` must
+  /// outlive the allocator. Everything else is as with the runtime's segments: the caching, the
+  /// statistics (a segment is reserved memory), release/trim (segments go back to `upstream`) and
+  /// the out-of-memory ladder, which runs when `upstream` throws std::bad_alloc (gpukit::bad_alloc
+  /// and gpukit::out_of_memory are such). `segment_source_in_use()` is segment_source::upstream.
+  /// @throws gpukit::logic_error if `options.source` is not automatic (the upstream is the source)
+  ///         or guard pages are asked for (they need growable segments)
+  template <
+    class Upstream,
+    std::enable_if_t<!std::is_same_v<std::decay_t<Upstream>, caching_allocator_options>, int> = 0>
+  basic_caching_allocator(Runtime& runtime, int device, Upstream& upstream,
+                          caching_allocator_options options = {})
+      : basic_caching_allocator(runtime, device, upstream_checked(options))
+  {
+    upstream_       = detail::caching::upstream_source<stream_type>{upstream};
+    stream_ordered_ = upstream_.stream_ordered();
+  }
   /// Returns every segment to the runtime (blocks still allocated are freed with them).
   ~basic_caching_allocator();
 
@@ -402,6 +423,7 @@ class basic_caching_allocator final {
   /// mode's sanitizer segments, which are synchronous).
   [[nodiscard]] segment_source segment_source_in_use() const noexcept
   {
+    if (upstream_.engaged()) { return segment_source::upstream; }
     if (growable_) { return segment_source::growable; }
     return stream_ordered_ ? segment_source::stream_ordered : segment_source::synchronous;
   }
@@ -487,6 +509,18 @@ class basic_caching_allocator final {
   struct recovery_request;  // detail/oom_recovery.inl
   enum pool_kind : int { small_pool = 0, large_pool = 1 };
 
+  static caching_allocator_options upstream_checked(caching_allocator_options o)
+  {
+    GPUKIT_EXPECTS(o.source == segment_source::automatic,
+                   std::string{"caching_allocator: segments come from the upstream resource; "
+                               "options.source must be automatic, not "} +
+                     to_string(o.source));
+    GPUKIT_EXPECTS(!o.debug.guard_pages,
+                   "caching_allocator: guard pages need growable segments, not an upstream "
+                   "resource's");
+    o.source = segment_source::synchronous;  // no runtime pool is set up; the upstream decides
+    return o;
+  }
   static void check_alignment(std::size_t align)
   {
     detail::check_alignment("caching_allocator", align, alignment);
@@ -563,6 +597,8 @@ class basic_caching_allocator final {
   block* find_free(std::size_t size, int kind, stream_type stream) GPUKIT_REQUIRES(mutex_);
   std::size_t segment_size_for(std::size_t size) const noexcept;
   block* new_segment(std::size_t size, int kind, stream_type stream, bool& oom)
+    GPUKIT_REQUIRES(mutex_);
+  typename Runtime::error_type segment_memory(void*& p, std::size_t bytes, stream_type stream)
     GPUKIT_REQUIRES(mutex_);
   void adopt_segment(block* b, std::unique_ptr<segment> seg, void* p, std::size_t seg_size,
                      int kind, stream_type stream, bool stream_ordered, capture_id pool)
@@ -752,6 +788,8 @@ class basic_caching_allocator final {
   bool stream_ordered_{true};
   bool growable_{false};
   std::atomic<std::size_t> limit_{0};
+  // Segments from a user's resource (set by the constructor, then only read).
+  detail::caching::upstream_source<stream_type> upstream_;
 
   mutable detail::annotated_mutex mutex_;  // the pool lock: guards everything below
   // Every block by address, the free blocks usable on any stream, the descriptors.

@@ -41,6 +41,9 @@ enum class segment_source {
   /// needed) before the allocator takes new pages from the device. See "Growable segments" in
   /// gpukit/memory/caching_allocator.hpp.
   growable,
+  /// Segments from a memory resource given to the allocator's constructor (not a setting: what
+  /// segment_source_in_use() says of such an allocator).
+  upstream,
 };
 
 /// The name of a segment source as the `segments` key spells it ("growable"); "unknown" for a
@@ -52,6 +55,7 @@ enum class segment_source {
     case segment_source::stream_ordered: return "stream_ordered";
     case segment_source::synchronous: return "synchronous";
     case segment_source::growable: return "growable";
+    case segment_source::upstream: return "upstream";
   }
   return "unknown";
 }

@@ -211,6 +211,12 @@ void basic_caching_allocator<Runtime>::teardown_segment(segment* seg, teardown_c
       call([&] { return runtime_.vm_release(seg->handles[i]); });
     }
     call([&] { return runtime_.vm_free(seg->ptr, seg->size); });
+  } else if (upstream_.engaged()) {
+    try {
+      upstream_.deallocate(seg->ptr, seg->size, stream_type{});
+    } catch (...) {  // counted, as a runtime call that failed
+      ++call.failed;
+    }
   } else if (seg->stream_ordered) {
     if (runtime_.free_async(seg->ptr, stream_type{}) != Runtime::success) {
       call([&] { return runtime_.free(seg->ptr); });

@@ -112,10 +112,17 @@ typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtim
   block* b                       = blocks_.new_block();
   void* p                        = nullptr;
   typename Runtime::error_type e = Runtime::success;
-  {
-    device_guard<Runtime> guard{runtime_, device_};
-    e =
-      stream_ordered_ ? runtime_.malloc_async(&p, seg_size, stream) : runtime_.malloc(&p, seg_size);
+  try {
+    e = segment_memory(p, seg_size, stream);
+    // An upstream resource may have a limit of its own: a segment just big enough may still fit.
+    if (upstream_.engaged() && e == Runtime::out_of_memory &&
+        seg_size > detail::round_up(size, alignment)) {
+      seg_size = detail::round_up(size, alignment);
+      e        = segment_memory(p, seg_size, stream);
+    }
+  } catch (...) {  // the upstream resource failed otherwise: its error, nothing kept
+    blocks_.recycle(b);
+    throw;
   }
   if (e != Runtime::success) {
     blocks_.recycle(b);
@@ -123,7 +130,9 @@ typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtim
       oom = true;
       return nullptr;
     }
-    GPUKIT_CUDA_TRY(e, stream_ordered_ ? "malloc_async" : "malloc");
+    GPUKIT_CUDA_TRY(e, upstream_.engaged() ? "the upstream resource"
+                       : stream_ordered_   ? "malloc_async"
+                                           : "malloc");
   }
   adopt_segment(b, std::move(seg), p, seg_size, kind, stream, stream_ordered_, 0);
   // Indexed as a free block of `stream`, so take finds it where it expects it.
@@ -131,6 +140,25 @@ typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtim
   b->free_seq = ++sp.free_seq;
   sp.index[kind].insert(b);
   return b;
+}
+
+// A segment's memory from the upstream resource (its std::bad_alloc is out of memory), else from
+// the runtime: malloc_async on `stream`, or malloc.
+template <class Runtime>
+typename Runtime::error_type basic_caching_allocator<Runtime>::segment_memory(void*& p,
+                                                                              std::size_t bytes,
+                                                                              stream_type stream)
+{
+  if (upstream_.engaged()) {
+    try {
+      p = upstream_.allocate(bytes, stream);
+    } catch (std::bad_alloc const&) {
+      return Runtime::out_of_memory;
+    }
+    return Runtime::success;
+  }
+  device_guard<Runtime> guard{runtime_, device_};
+  return stream_ordered_ ? runtime_.malloc_async(&p, bytes, stream) : runtime_.malloc(&p, bytes);
 }
 
 // Takes free block b for an allocation of `size` bytes (`bytes` asked) on `stream`; the tail goes

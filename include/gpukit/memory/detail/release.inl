@@ -156,6 +156,10 @@ template <class Runtime>
 typename Runtime::stream_type basic_caching_allocator<Runtime>::free_segment_memory(segment& seg,
                                                                                     stream_type on)
 {
+  if (upstream_.engaged()) {
+    upstream_.deallocate(seg.ptr, seg.size, seg.stream_ordered ? on : stream_type{});
+    return on;
+  }
   if (!seg.stream_ordered) {
     GPUKIT_CUDA_TRY(runtime_.free(seg.ptr), "free (releasing a segment)");
     return on;
