@@ -97,6 +97,8 @@
 #include <gpukit/memory/detail/caching/capture_pools.hpp>
 #include <gpukit/memory/detail/caching/event_ring.hpp>
 #include <gpukit/memory/detail/caching/upstream_source.hpp>
+#include <gpukit/memory/detail/caching/growable_source.hpp>
+#include <gpukit/memory/detail/caching/segment.hpp>
 #include <gpukit/memory/detail/caching_block.hpp>
 #include <gpukit/memory/detail/debug_options.hpp>
 #include <gpukit/memory/detail/shared_counts.hpp>
@@ -503,7 +505,7 @@ class basic_caching_allocator final {
   using block        = detail::caching_block<Runtime>;
   using thread_cache = detail::caching_thread_cache<Runtime>;
   using capture_pool = typename detail::caching::capture_pools<Runtime, block>::pool;
-  struct segment;           // detail/pool_segments.inl
+  using segment      = detail::caching::segment<Runtime>;
   struct stream_pool;       // detail/stream_bookkeeping.inl
   struct pending_free;      // detail/stream_bookkeeping.inl
   struct recovery_request;  // detail/oom_recovery.inl
@@ -698,49 +700,9 @@ class basic_caching_allocator final {
   void count_reserved(int kind, std::int64_t delta) noexcept GPUKIT_REQUIRES(mutex_);
   void count_segment(int kind, int delta) noexcept GPUKIT_REQUIRES(mutex_);
   void raise_reserved_peak() noexcept GPUKIT_REQUIRES(mutex_);
-  // Growable segments (detail/growable_segments.inl).
-  block* grow_segment(std::size_t size, int kind, stream_type stream, bool& oom)
-    GPUKIT_REQUIRES(mutex_);
-  block* fewest_pages(std::size_t size, int kind, stream_type stream, std::size_t& pages)
-    GPUKIT_REQUIRES(mutex_);
-  static std::size_t free_before(block const* u, stream_type stream) noexcept;
-  block* reserve_growable(std::size_t size, int kind, stream_type stream, bool& oom)
-    GPUKIT_REQUIRES(mutex_);
-  struct mapped_page;
-  bool map_pages(segment& seg, std::size_t first, std::size_t count, bool& oom)
-    GPUKIT_REQUIRES(mutex_);
-  static void* page_address(segment const& seg, std::size_t i) noexcept;
-  void count_mapped_page(segment const& seg, bool fresh) noexcept GPUKIT_REQUIRES(mutex_);
-  typename Runtime::error_type take_page(int kind, std::size_t page, mapped_page& m)
-    GPUKIT_REQUIRES(mutex_);
-  void give_back_page(int kind, std::size_t page, mapped_page const& m) GPUKIT_REQUIRES(mutex_);
-  bool undo_map(segment& seg, std::vector<mapped_page> const& now, typename Runtime::error_type e,
-                bool& oom, char const* call) GPUKIT_REQUIRES(mutex_);
-  std::size_t harvest_pages(int kind, std::size_t wanted, block const* keep)
-    GPUKIT_REQUIRES(mutex_);
-  std::vector<block*> page_donors(int kind, block const* keep) GPUKIT_REQUIRES(mutex_);
-  static bool holds_free_page(block const* b) noexcept;
-  typename Runtime::error_type unmap_page(segment& seg, std::size_t i) GPUKIT_REQUIRES(mutex_);
-  std::size_t unmap_free_pages(block* b, std::size_t wanted, typename Runtime::error_type& error)
-    GPUKIT_REQUIRES(mutex_);
-  void insert_unmapped(block* b) GPUKIT_REQUIRES(mutex_);
-  std::size_t release_growable(std::size_t target, stream_type const* only_stream)
-    GPUKIT_REQUIRES(mutex_);
-  void release_spare_pages(std::size_t target) GPUKIT_REQUIRES(mutex_);
-  void unmap_stranded_pages() GPUKIT_REQUIRES(mutex_);
-  void unmap_released_blocks(std::size_t target, stream_type const* only_stream)
-    GPUKIT_REQUIRES(mutex_);
-  std::vector<stream_type> wait_for_growable_streams(stream_type const* only_stream)
-    GPUKIT_REQUIRES(mutex_);
-  static bool holds_growable_free(stream_pool const& sp);
-  void free_empty_ranges() GPUKIT_REQUIRES(mutex_);
-  typename Runtime::error_type grant_peers(void* va, std::size_t bytes) GPUKIT_REQUIRES(mutex_);
-  void close_page_fd(segment& seg, std::size_t i) noexcept GPUKIT_REQUIRES(mutex_);
-  // The list of spare pages a pool kind uses: one for both when their pages have the same size.
-  int spare_kind(int kind) const noexcept GPUKIT_REQUIRES(mutex_)
-  {
-    return pages_.page_bytes[small_pool] == pages_.page_bytes[large_pool] ? small_pool : kind;
-  }
+  // What the growable segments' layer asks of the pool around it, built at each call under the
+  // lock (detail/pool_segments.inl; the layer: detail/caching/growable_source.hpp).
+  struct growable_pool;
 
   // The state, grouped by what it serves. Everything but the atomics is guarded by mutex_, which
   // clang's -Wthread-safety checks (GPUKIT_GUARDED_BY, and GPUKIT_REQUIRES on the functions that
@@ -750,14 +712,6 @@ class basic_caching_allocator final {
   struct pool_state {
     std::size_t reserved{0};  // bytes held from the device (growable: mapped and spare pages)
     std::size_t segments{0};
-  };
-  /// Growable segments: pages per pool kind.
-  struct page_state {
-    std::size_t page_bytes[2]{0, 0};        // mapping unit per pool kind
-    std::vector<block*> unmapped[2];        // unmapped ranges, per pool kind
-    std::vector<physical_handle> spare[2];  // unmapped physical pages, held
-    std::vector<segment*> segments;
-    std::vector<int> peers;  // devices granted access to every mapped page (grant_access)
   };
   /// Streams and the events that order blocks between them.
   struct stream_state {
@@ -795,7 +749,8 @@ class basic_caching_allocator final {
   // Every block by address, the free blocks usable on any stream, the descriptors.
   detail::caching::block_index<block> blocks_ GPUKIT_GUARDED_BY(mutex_);
   pool_state pool_ GPUKIT_GUARDED_BY(mutex_);
-  page_state pages_ GPUKIT_GUARDED_BY(mutex_);
+  // Growable segments: their pages, spare pages and peers (detail/caching/growable_source.hpp).
+  detail::caching::growable_source<Runtime, block> pages_ GPUKIT_GUARDED_BY(mutex_);
   stream_state streams_ GPUKIT_GUARDED_BY(mutex_);
   thread_state threads_ GPUKIT_GUARDED_BY(mutex_);
   recovery_state recovery_ GPUKIT_GUARDED_BY(mutex_);
@@ -889,7 +844,6 @@ basic_caching_allocator<Runtime>& default_caching_allocator(int device = -1)
 #include <gpukit/memory/detail/caching_allocator.inl>
 #include <gpukit/memory/detail/debug_mode.inl>
 #include <gpukit/memory/detail/graph_capture.inl>
-#include <gpukit/memory/detail/growable_segments.inl>
 #include <gpukit/memory/detail/oom_recovery.inl>
 #include <gpukit/memory/detail/pool_segments.inl>
 #include <gpukit/memory/detail/recording.inl>

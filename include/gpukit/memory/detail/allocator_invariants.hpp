@@ -134,7 +134,7 @@ struct allocator_invariants {
     if (x->next != nullptr && is(x->next, block_state::unmapped)) {
       err += "unmapped neighbours left unmerged; ";
     }
-    auto const& list = a.pages_.unmapped[x->kind];
+    auto const& list = a.pages_.unmapped(x->kind);
     if (std::count(list.begin(), list.end(), x) != 1) { err += "unmapped block not listed once; "; }
   }
 
@@ -175,8 +175,8 @@ struct allocator_invariants {
   static void check_counters(allocator const& a, totals& t, std::string& err)
   {
     for (int k = 0; k < 2; ++k) {
-      t.segment_bytes += a.pages_.spare[k].size() * a.pages_.page_bytes[k];
-      t.kind_bytes[k] += a.pages_.spare[k].size() * a.pages_.page_bytes[k];
+      t.segment_bytes += a.pages_.spare_pages(k) * a.pages_.page_bytes(k);
+      t.kind_bytes[k] += a.pages_.spare_pages(k) * a.pages_.page_bytes(k);
       caching_pool_stats const& p = a.pool_stats(k);
       if (p.reserved_bytes.current != static_cast<std::int64_t>(t.kind_bytes[k])) {
         err += "pool " + std::to_string(k) + " reserved " +

@@ -16,7 +16,6 @@
 //   graph_capture.inl       private pools of CUDA graph captures
 //   recording.inl           recorded events and snapshot()
 //   statistics.inl          stats(), peaks, reset_peak
-//   growable_segments.inl   growable (virtual memory) segments
 //   allocator_invariants.hpp  the invariant checker tests use (included by tests only)
 //
 // Layers that own their state (detail/caching/*.hpp, single-threaded, each with its own test in
@@ -24,6 +23,8 @@
 //   block_index.hpp    blocks by address, global free indices, split/coalesce/carve/recycle
 //   capture_pools.hpp  the private pools of graph captures
 //   event_ring.hpp     the rings of recorded events (the pool's and each thread's)
+//   segment.hpp        the descriptor of a segment
+//   growable_source.hpp  growable (virtual memory) segments: pages mapped on demand, spare pages
 // The lock discipline is declared (GPUKIT_GUARDED_BY, GPUKIT_REQUIRES, GPUKIT_EXCLUDES:
 // gpukit/detail/thread_annotations.hpp) and checked by clang's -Wthread-safety.
 #pragma once
@@ -44,7 +45,7 @@ namespace gpukit {
 template <class Runtime>
 basic_caching_allocator<Runtime>::basic_caching_allocator(Runtime& runtime, int device,
                                                           caching_allocator_options options)
-    : runtime_{runtime}, device_{device}, options_{options}
+    : runtime_{runtime}, device_{device}, options_{options}, pages_{runtime, device}
 {
   validate_options();
   int count = 0;
@@ -64,13 +65,7 @@ basic_caching_allocator<Runtime>::basic_caching_allocator(Runtime& runtime, int 
                    "caching_allocator: segment_source::growable needs virtual memory management, "
                    "which device " +
                      std::to_string(device) + " (" + props.name + ") does not support");
-    std::size_t granularity = 0;
-    GPUKIT_CUDA_TRY(runtime_.vm_granularity(granularity, device));
-    GPUKIT_EXPECTS(granularity != 0 && granularity % alignment == 0,
-                   "caching_allocator: the device reports a mapping granularity of " +
-                     std::to_string(granularity) + " bytes");
-    pages_.page_bytes[small_pool] = granularity;
-    pages_.page_bytes[large_pool] = detail::round_up(options_.growable_page_bytes, granularity);
+    pages_.set_up(options_, device_total_, alignment);
   }
   std::size_t limit = options_.limit_bytes;
   if (options_.limit_fraction > 0.0) {
@@ -165,11 +160,7 @@ void basic_caching_allocator<Runtime>::teardown() noexcept
   if (pool_.segments != 0) {
     call([&] { return runtime_.device_synchronize(); });
   }
-  for (auto& spares : pages_.spare) {
-    for (physical_handle h : spares) {
-      call([&] { return runtime_.vm_release(h); });
-    }
-  }
+  pages_.teardown_spares(call);
   blocks_.for_each([&](std::uintptr_t, block* b) {
     mutex_.assert_held();  // a lambda run under the lock
     if (b->prev == nullptr) { teardown_segment(static_cast<segment*>(b->segment), call); }
@@ -197,21 +188,16 @@ void basic_caching_allocator<Runtime>::teardown_events(teardown_calls& call) noe
 }
 
 // Teardown: one segment back to the runtime (after its NVTX heap: tools reject a heap whose memory
-// is gone), and its descriptor deleted.
+// is gone), and its descriptor deleted (a growable segment's is its layer's).
 template <class Runtime>
 void basic_caching_allocator<Runtime>::teardown_segment(segment* seg, teardown_calls& call) noexcept
 {
   if (options_.nvtx_annotate) { unregister_memory_heap(seg->nvtx_heap); }
   if (seg->growable) {
-    for (std::size_t i = 0; i < seg->mapped.size(); ++i) {
-      if (seg->mapped[i] == 0) { continue; }
-      void* at = static_cast<char*>(seg->ptr) + i * seg->page;
-      close_page_fd(*seg, i);
-      call([&] { return runtime_.vm_unmap(at, seg->page); });
-      call([&] { return runtime_.vm_release(seg->handles[i]); });
-    }
-    call([&] { return runtime_.vm_free(seg->ptr, seg->size); });
-  } else if (upstream_.engaged()) {
+    pages_.teardown_segment(*seg, call);
+    return;
+  }
+  if (upstream_.engaged()) {
     try {
       upstream_.deallocate(seg->ptr, seg->size, stream_type{});
     } catch (...) {  // counted, as a runtime call that failed
@@ -322,8 +308,8 @@ typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtim
     release_segments(0, &freed_on, kind);
   }
   bool oom = false;
-  block* b =
-    growable_ ? grow_segment(size, kind, stream, oom) : new_segment(size, kind, stream, oom);
+  block* b = growable_ ? pages_.grow(size, kind, stream, oom, growable_pool{*this})
+                       : new_segment(size, kind, stream, oom);
   if (b != nullptr) { return b; }
   ++stats_.num_alloc_retries;
   b = recover(size, kind, stream, tc, freed_on, capture);

@@ -244,7 +244,7 @@ void* basic_caching_allocator<Runtime>::guard_allocate(std::size_t bytes, std::s
   block* b = guard_place(size, kind, stream, oom);
   if (b == nullptr) {
     ++stats_.num_alloc_retries;
-    release_growable(0, nullptr);
+    pages_.release(0, nullptr, growable_pool{*this});
     oom = false;
     b   = guard_place(size, kind, stream, oom);
     if (b == nullptr) { throw_oom(bytes, size); }
@@ -265,27 +265,18 @@ template <class Runtime>
 typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtime>::guard_place(
   std::size_t size, int kind, stream_type stream, bool& oom)
 {
-  std::size_t const page  = pages_.page_bytes[kind];
+  std::size_t const page  = pages_.page_bytes(kind);
   std::size_t const pages = (size + page - 1) / page;
   std::uintptr_t at       = 0;
   block* u                = guard_range(pages, kind, at);
   if (u == nullptr) {
-    u = reserve_growable(size + 2 * page, kind, stream, oom);
+    u = pages_.reserve_range(size + 2 * page, kind, stream, oom, growable_pool{*this});
     if (u == nullptr) { return nullptr; }
     at = u->address();
   }
-  auto* seg = static_cast<segment*>(u->segment);
-  if (!map_pages(*seg, (at - reinterpret_cast<std::uintptr_t>(seg->ptr)) / page, pages, oom)) {
-    return nullptr;
-  }
-  auto& list = pages_.unmapped[kind];
-  list.erase(std::find(list.begin(), list.end(), u));
-  block* run = u;
-  if (at > u->address()) {
-    run = blocks_.split_off(u, at - u->address());
-    list.push_back(u);
-  }
-  list.push_back(blocks_.split_off(run, pages * page));  // the guard page and beyond
+  // The run's pages mapped; the unmapped rest (the guard page and beyond) stays listed.
+  block* run = pages_.map_run(u, at, pages, oom, growable_pool{*this});
+  if (run == nullptr) { return nullptr; }
   debug_->guard_cursor = at + pages * page;
   block* b             = run;
   if (pages * page > size) { b = blocks_.split_off(run, pages * page - size); }
@@ -307,12 +298,12 @@ template <class Runtime>
 typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtime>::guard_range(
   std::size_t pages, int kind, std::uintptr_t& at)
 {
-  std::size_t const page      = pages_.page_bytes[kind];
+  std::size_t const page      = pages_.page_bytes(kind);
   std::uintptr_t const cursor = debug_->guard_cursor;
   block* ahead                = nullptr;
   block* lowest               = nullptr;
   std::uintptr_t ahead_at = std::numeric_limits<std::uintptr_t>::max(), lowest_at = ahead_at;
-  for (block* u : pages_.unmapped[kind]) {
+  for (block* u : pages_.unmapped(kind)) {
     std::uintptr_t const lo = u->address(), hi = lo + u->size;
     std::uintptr_t start = lo + (u->prev != nullptr ? page : 0);
     if (cursor > lo && cursor < hi) { start = std::max(start, cursor); }
@@ -378,7 +369,8 @@ void basic_caching_allocator<Runtime>::guard_free(void* ptr, std::size_t bytes, 
   try {
     typename Runtime::error_type error = Runtime::success;
     device_guard<Runtime> guard{runtime_, device_};
-    unmap_free_pages(merged, std::numeric_limits<std::size_t>::max(), error);
+    pages_.unmap_free_pages(merged, std::numeric_limits<std::size_t>::max(), error,
+                            growable_pool{*this});
     if (error != Runtime::success) { ++stats_.num_guard_unmap_failures; }
   } catch (...) {
     ++stats_.num_guard_unmap_failures;

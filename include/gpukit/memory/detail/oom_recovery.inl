@@ -69,7 +69,7 @@ typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtim
 {
   if (block* b = find_free(r.size, r.kind, r.stream)) { return b; }
   bool oom = false;
-  return growable_ ? grow_segment(r.size, r.kind, r.stream, oom)
+  return growable_ ? pages_.grow(r.size, r.kind, r.stream, oom, growable_pool{*this})
                    : new_segment(r.size, r.kind, r.stream, oom);
 }
 

@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // gpukit/memory/detail/pool_segments.inl: the shared pool of basic_caching_allocator: segments
-// taken from the runtime (fixed ones here; growable ones in growable_segments.inl), block
-// descriptors and their spare list, splitting and coalescing, the free indices (per stream, global,
-// per capture) and the extent of a block (gpukit/memory/ipc.hpp). Every function here runs under
-// the pool lock. Not public API; included by caching_allocator.hpp.
+// taken from the runtime (fixed ones here; growable ones in detail/caching/growable_source.hpp,
+// which growable_pool below serves), block descriptors and their spare list, splitting and
+// coalescing, the free indices (per stream, global, per capture), the extent of a block, the
+// export of growable pages (gpukit/memory/ipc.hpp) and the peers granted access to them. Every
+// function here runs under the pool lock. Not public API; included by caching_allocator.hpp.
 #pragma once
 
 #include <gpukit/detail/hex.hpp>
@@ -15,22 +16,89 @@
 
 namespace gpukit {
 
+// What the growable segments' layer (detail/caching/growable_source.hpp) asks of the pool around
+// it: the allocator's state it works on, and the steps that stay the allocator's. Built at each
+// call, under the pool lock (each member asserts it for clang's analysis).
 template <class Runtime>
-struct basic_caching_allocator<Runtime>::segment {
-  void* ptr{nullptr};
-  std::size_t size{0};
-  int kind{0};
-  bool stream_ordered{true};  // from malloc_async (else malloc)
-  memory_heap nvtx_heap{};    // the segment as an NVTX heap (memory annotation)
-  // Growable segments: `size` bytes of reserved addresses, mapped a page at a time. A page is
-  // mapped when it holds a handle; free and allocated blocks lie on mapped pages only, unmapped
-  // blocks on pages that are unmapped (or mapped but not yet accessible, after a failed undo).
-  bool growable{false};
-  std::size_t page{0};
-  std::vector<physical_handle> handles;  // per page
-  std::vector<std::uint8_t> mapped;      // per page
-  std::vector<int> fds;                  // per page: its exported descriptor, or -1 (shareable)
-  std::size_t mapped_pages{0};
+struct basic_caching_allocator<Runtime>::growable_pool {
+  basic_caching_allocator& a;
+
+  detail::caching::block_index<block>& blocks() const
+  {
+    a.mutex_.assert_held();
+    return a.blocks_;
+  }
+  std::size_t& reserved() const
+  {
+    a.mutex_.assert_held();
+    return a.pool_.reserved;
+  }
+  caching_allocator_stats& stats() const
+  {
+    a.mutex_.assert_held();
+    return a.stats_;
+  }
+  std::size_t limit() const noexcept { return a.limit_.load(std::memory_order_relaxed); }
+  bool capturing() const noexcept
+  {
+    return a.captures_underway_.load(std::memory_order_relaxed) != 0;
+  }
+  std::vector<std::unique_ptr<stream_pool>>& streams() const
+  {
+    a.mutex_.assert_held();
+    return a.streams_.pools;
+  }
+  void count_reserved(int kind, std::int64_t delta) const noexcept
+  {
+    a.mutex_.assert_held();
+    a.count_reserved(kind, delta);
+  }
+  void count_segment(int kind, int delta) const noexcept
+  {
+    a.mutex_.assert_held();
+    a.count_segment(kind, delta);
+  }
+  void raise_reserved_peak() const noexcept
+  {
+    a.mutex_.assert_held();
+    a.raise_reserved_peak();
+  }
+  void record(memory_event::action what, std::uintptr_t address, std::size_t bytes,
+              stream_type stream) const
+  {
+    a.mutex_.assert_held();
+    a.record_pool(what, address, bytes, stream);
+  }
+  block* insert_free(block* b) const
+  {
+    a.mutex_.assert_held();
+    return a.insert_free(b);
+  }
+  void unindex(block* b) const
+  {
+    a.mutex_.assert_held();
+    a.unindex(b);
+  }
+  block* find_free(std::size_t size, int kind, stream_type stream) const
+  {
+    a.mutex_.assert_held();
+    return a.find_free(size, kind, stream);
+  }
+  std::uint64_t next_free_seq(stream_type stream) const
+  {
+    a.mutex_.assert_held();
+    return ++a.pool_of(stream).free_seq;
+  }
+  bool is_capturing(stream_type stream) const
+  {
+    a.mutex_.assert_held();
+    return a.is_capturing(stream);
+  }
+  void retire_dead_stream(stream_type stream) const
+  {
+    a.mutex_.assert_held();
+    a.retire_dead_stream(stream);
+  }
 };
 
 template <class Runtime>
@@ -262,6 +330,55 @@ typename basic_caching_allocator<Runtime>::block_extent basic_caching_allocator<
                    seg->handles.begin() + static_cast<std::ptrdiff_t>(last + 1));
   }
   return x;
+}
+
+template <class Runtime>
+typename basic_caching_allocator<Runtime>::shared_pages
+basic_caching_allocator<Runtime>::share_pages(void const* ptr)
+{
+  detail::pool_lock lock{mutex_};
+  block const* b = blocks_.find(ptr);
+  GPUKIT_EXPECTS(
+    b != nullptr && b->state.load(std::memory_order_relaxed) == detail::block_state::allocated,
+    "caching_allocator::share_pages: " + detail::hex(ptr) +
+      " is not a block this allocator has handed out (device " + std::to_string(device_) + ")");
+  auto* seg = static_cast<segment*>(b->segment);
+  GPUKIT_EXPECTS(seg->growable, "caching_allocator::share_pages: " + detail::hex(ptr) +
+                                  " lies in a " +
+                                  (seg->stream_ordered ? "cudaMallocAsync" : "cudaMalloc") +
+                                  " segment, not a growable one (export_block shares it)");
+  GPUKIT_EXPECTS(!seg->fds.empty(),
+                 "caching_allocator::share_pages: " + detail::hex(ptr) +
+                   " lies in a growable segment whose pages are not shareable: set "
+                   "caching_allocator_options::growable_shareable");
+  std::size_t const off   = b->address() - reinterpret_cast<std::uintptr_t>(seg->ptr);
+  std::size_t const first = off / seg->page;
+  std::size_t const last  = (off + b->size - 1) / seg->page;
+  shared_pages out;
+  out.offset = off - first * seg->page;
+  out.bytes  = b->size;
+  out.pages.reserve(last + 1 - first);
+  for (int fd : pages_.export_pages(*seg, first, last)) {
+    out.pages.push_back(shared_page{fd, seg->page});
+  }
+  return out;
+}
+
+template <class Runtime>
+void basic_caching_allocator<Runtime>::grant_access(int peer_device)
+{
+  GPUKIT_EXPECTS(
+    peer_device >= 0 && peer_device < 64,
+    "caching_allocator::grant_access: device " + std::to_string(peer_device) + " is out of range");
+  detail::pool_lock lock{mutex_};
+  pages_.grant(peer_device);
+}
+
+template <class Runtime>
+std::vector<int> basic_caching_allocator<Runtime>::peers() const
+{
+  detail::pool_lock lock{mutex_};
+  return pages_.peers();
 }
 
 }  // namespace gpukit

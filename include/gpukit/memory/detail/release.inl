@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // gpukit/memory/detail/release.inl: giving memory back: release, trim and release_segments (fully
 // free fixed segments, largest first, each freed in the order of the stream that used it last;
-// growable segments unmap their free pages in growable_segments.inl). The out-of-memory ladder
-// and release_before_grow call release_segments too. Not public API; included by
-// caching_allocator.hpp.
+// growable segments unmap their free pages in detail/caching/growable_source.hpp). The
+// out-of-memory ladder and release_before_grow call release_segments too. Not public API; included
+// by caching_allocator.hpp.
 #pragma once
 
 #include <gpukit/memory/caching_allocator.hpp>
@@ -72,7 +72,9 @@ std::size_t basic_caching_allocator<Runtime>::release_segments(std::size_t targe
 {
   GPUKIT_DETAIL_SLOW_PATH_RANGE(categories::allocator, "release free segments to the driver");
   std::size_t released = 0;
-  if (growable_ && only_kind < 0) { released += release_growable(target, only_stream); }
+  if (growable_ && only_kind < 0) {
+    released += pages_.release(target, only_stream, growable_pool{*this});
+  }
   std::vector<stream_type>& issued = freed_on != nullptr ? *freed_on : recovery_.unsettled;
   std::vector<block*> const whole  = whole_free_segments(only_kind, only_stream);
   device_guard<Runtime> guard{runtime_, device_};
