@@ -99,6 +99,7 @@
 #include <gpukit/memory/detail/caching/upstream_source.hpp>
 #include <gpukit/memory/detail/caching/growable_source.hpp>
 #include <gpukit/memory/detail/caching/segment.hpp>
+#include <gpukit/memory/detail/caching/oom_ladder.hpp>
 #include <gpukit/memory/detail/caching_block.hpp>
 #include <gpukit/memory/detail/debug_options.hpp>
 #include <gpukit/memory/detail/shared_counts.hpp>
@@ -115,7 +116,6 @@
 
 #include <array>
 #include <atomic>
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -506,9 +506,8 @@ class basic_caching_allocator final {
   using thread_cache = detail::caching_thread_cache<Runtime>;
   using capture_pool = typename detail::caching::capture_pools<Runtime, block>::pool;
   using segment      = detail::caching::segment<Runtime>;
-  struct stream_pool;       // detail/stream_bookkeeping.inl
-  struct pending_free;      // detail/stream_bookkeeping.inl
-  struct recovery_request;  // detail/oom_recovery.inl
+  struct stream_pool;   // detail/stream_bookkeeping.inl
+  struct pending_free;  // detail/stream_bookkeeping.inl
   enum pool_kind : int { small_pool = 0, large_pool = 1 };
 
   static caching_allocator_options upstream_checked(caching_allocator_options o)
@@ -628,40 +627,9 @@ class basic_caching_allocator final {
   std::size_t migrate(stream_type requester, bool wait) GPUKIT_REQUIRES(mutex_);
   std::size_t make_global(stream_pool& sp, std::uint64_t up_to_seq) GPUKIT_REQUIRES(mutex_);
   event_type take_event() GPUKIT_REQUIRES(mutex_);
-  // The out-of-memory ladder (detail/oom_recovery.inl).
-  enum recovery_step : int {
-    step_events,
-    step_callbacks,
-    step_release_stream,
-    step_release_all,
-    step_other_pool,
-    step_wait,
-  };
-  static_assert(step_wait + 1 == recovery_step_count, "one enumerator per recovery_step_names");
-  block* recover(std::size_t size, int kind, stream_type stream, thread_cache& tc,
-                 std::vector<stream_type>& freed_on, bool capture) GPUKIT_REQUIRES(mutex_);
-  block* retry(recovery_request const& r) GPUKIT_REQUIRES(mutex_);
-  void settle_frees(recovery_request& r) GPUKIT_REQUIRES(mutex_);
-  void count_step(recovery_step step, std::size_t reclaimed) GPUKIT_REQUIRES(mutex_);
-  block* recover_events(recovery_request& r) GPUKIT_REQUIRES(mutex_);
-  block* recover_callbacks(recovery_request& r) GPUKIT_REQUIRES(mutex_);
-  block* recover_release_stream(recovery_request& r) GPUKIT_REQUIRES(mutex_);
-  block* recover_release_all(recovery_request& r) GPUKIT_REQUIRES(mutex_);
-  block* recover_other_pool(recovery_request& r) GPUKIT_REQUIRES(mutex_);
-  block* recover_wait(recovery_request& r) GPUKIT_REQUIRES(mutex_);
-  // The ladder's steps, one per recovery_step, in the order of recovery_step_names; each records
-  // what it reclaimed (count_step) and ends with a fresh search of the pool and one more try of
-  // the runtime. Growable segments: the two release steps unmap the free pages of the streams
-  // they release.
-  using recovery_fn = block* (basic_caching_allocator::*)(recovery_request&);
-  static constexpr recovery_fn recovery_ladder[] = {
-    &basic_caching_allocator::recover_events,         &basic_caching_allocator::recover_callbacks,
-    &basic_caching_allocator::recover_release_stream, &basic_caching_allocator::recover_release_all,
-    &basic_caching_allocator::recover_other_pool,     &basic_caching_allocator::recover_wait,
-  };
-  static_assert(std::size(recovery_ladder) == recovery_step_count, "one step per recovery_step");
-  std::size_t free_bytes() const GPUKIT_REQUIRES(mutex_);
-  [[noreturn]] void throw_oom(std::size_t bytes, std::size_t size) GPUKIT_REQUIRES(mutex_);
+  // The out-of-memory ladder (detail/caching/oom_ladder.hpp) and what it asks of the pool.
+  using oom_ladder = detail::caching::oom_ladder<Runtime, block, oom_callback>;
+  struct oom_operations;  // detail/caching_allocator.inl
   // Release (detail/release.inl).
   struct capture_probe;
   std::size_t release_segments(std::size_t target, std::vector<stream_type>* freed_on = nullptr,
@@ -725,14 +693,6 @@ class basic_caching_allocator final {
   struct thread_state {
     std::vector<std::unique_ptr<thread_cache>> caches;
   };
-  /// The out-of-memory ladder.
-  struct recovery_state {
-    std::vector<oom_callback> callbacks;
-    std::vector<oom_report::step> ladder;  // what the last recovery did
-    std::condition_variable frees_cv;      // blocks came back to the pool (for step_wait)
-    int waiters{0};
-    std::vector<stream_type> unsettled;  // streams of stream-ordered frees release() issued
-  };
 
   Runtime& runtime_;
   int device_;
@@ -753,7 +713,7 @@ class basic_caching_allocator final {
   detail::caching::growable_source<Runtime, block> pages_ GPUKIT_GUARDED_BY(mutex_);
   stream_state streams_ GPUKIT_GUARDED_BY(mutex_);
   thread_state threads_ GPUKIT_GUARDED_BY(mutex_);
-  recovery_state recovery_ GPUKIT_GUARDED_BY(mutex_);
+  oom_ladder oom_ GPUKIT_GUARDED_BY(mutex_);  // callbacks, the last recovery, its waiters
   detail::caching::capture_pools<Runtime, block> capture_ GPUKIT_GUARDED_BY(mutex_);
   // Captures and windows under way: read on the fast path without the lock, written under it.
   std::atomic<int> captures_underway_{0};
@@ -844,7 +804,6 @@ basic_caching_allocator<Runtime>& default_caching_allocator(int device = -1)
 #include <gpukit/memory/detail/caching_allocator.inl>
 #include <gpukit/memory/detail/debug_mode.inl>
 #include <gpukit/memory/detail/graph_capture.inl>
-#include <gpukit/memory/detail/oom_recovery.inl>
 #include <gpukit/memory/detail/pool_segments.inl>
 #include <gpukit/memory/detail/recording.inl>
 #include <gpukit/memory/detail/release.inl>

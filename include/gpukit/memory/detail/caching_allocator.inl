@@ -11,7 +11,6 @@
 //   pool_segments.inl       segments, block descriptors, splitting, coalescing, free indices
 //   stream_bookkeeping.inl  stream pools, stream checks, record_stream, pending frees,
 //                           cross-stream migration, forget_stream, destroyed streams, events
-//   oom_recovery.inl        the out-of-memory ladder and the out_of_memory report
 //   release.inl             release, trim
 //   graph_capture.inl       private pools of CUDA graph captures
 //   recording.inl           recorded events and snapshot()
@@ -25,6 +24,7 @@
 //   event_ring.hpp     the rings of recorded events (the pool's and each thread's)
 //   segment.hpp        the descriptor of a segment
 //   growable_source.hpp  growable (virtual memory) segments: pages mapped on demand, spare pages
+//   oom_ladder.hpp     the out-of-memory ladder, its callbacks and the out_of_memory report
 // The lock discipline is declared (GPUKIT_GUARDED_BY, GPUKIT_REQUIRES, GPUKIT_EXCLUDES:
 // gpukit/detail/thread_annotations.hpp) and checked by clang's -Wthread-safety.
 #pragma once
@@ -45,7 +45,11 @@ namespace gpukit {
 template <class Runtime>
 basic_caching_allocator<Runtime>::basic_caching_allocator(Runtime& runtime, int device,
                                                           caching_allocator_options options)
-    : runtime_{runtime}, device_{device}, options_{options}, pages_{runtime, device}
+    : runtime_{runtime},
+      device_{device},
+      options_{options},
+      pages_{runtime, device},
+      oom_{runtime, device}
 {
   validate_options();
   int count = 0;
@@ -312,9 +316,122 @@ typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtim
                        : new_segment(size, kind, stream, oom);
   if (b != nullptr) { return b; }
   ++stats_.num_alloc_retries;
-  b = recover(size, kind, stream, tc, freed_on, capture);
-  if (b == nullptr) { throw_oom(bytes, size); }
+  oom_operations ops{*this, tc};
+  typename oom_ladder::request r{size,     kind,    stream,
+                                 freed_on, capture, options_.oom_wait_for_frees_ms};
+  b = oom_.recover(r, ops, mutex_);
+  if (b == nullptr) { oom_.throw_oom(bytes, size, ops); }
   return b;
+}
+
+// What the out-of-memory ladder (detail/caching/oom_ladder.hpp, which lists these operations) asks
+// of the pool, for one allocation by the thread whose cache is `tc`. Every member runs under the
+// pool lock, held by the ladder's caller; the analysis cannot follow it through the ladder, hence
+// assert_held.
+template <class Runtime>
+struct basic_caching_allocator<Runtime>::oom_operations {
+  basic_caching_allocator& a;
+  thread_cache& tc;
+
+  block* find_free(std::size_t size, int kind, stream_type stream)
+  {
+    a.mutex_.assert_held();
+    return a.find_free(size, kind, stream);
+  }
+  block* new_segment(std::size_t size, int kind, stream_type stream)
+  {
+    a.mutex_.assert_held();
+    bool oom = false;
+    return a.growable_ ? a.pages_.grow(size, kind, stream, oom, growable_pool{a})
+                       : a.new_segment(size, kind, stream, oom);
+  }
+  std::size_t poll_pending(bool wait)
+  {
+    a.mutex_.assert_held();
+    return a.poll_pending(wait);
+  }
+  std::size_t migrate(stream_type requester, bool wait)
+  {
+    a.mutex_.assert_held();
+    return a.migrate(requester, wait);
+  }
+  void drain_cache()
+  {
+    a.mutex_.assert_held();
+    a.drain_cache(tc);
+  }
+  void flush_other_caches()
+  {
+    a.mutex_.assert_held();
+    for (auto& c : a.threads_.caches) {
+      if (c.get() != &tc) { c->flush_requested.store(true, std::memory_order_relaxed); }
+    }
+  }
+  // Growable segments: the free pages of the streams released are unmapped first.
+  std::size_t release_segments(std::vector<stream_type>& freed_on, stream_type const* only_stream)
+  {
+    a.mutex_.assert_held();
+    return a.release_segments(0, &freed_on, -1, only_stream);
+  }
+  bool is_capturing(stream_type stream)
+  {
+    a.mutex_.assert_held();
+    return a.is_capturing(stream);
+  }
+  void retire_dead_stream(stream_type stream)
+  {
+    a.mutex_.assert_held();
+    a.retire_dead_stream(stream);
+  }
+  std::size_t reserved() const
+  {
+    a.mutex_.assert_held();
+    return a.pool_.reserved;
+  }
+  std::size_t limit() const noexcept { return a.limit_.load(std::memory_order_relaxed); }
+  std::size_t allocated() const
+  {
+    a.mutex_.assert_held();
+    return static_cast<std::size_t>(a.stats_.allocated_bytes.current);
+  }
+  oom_context callback_context(std::size_t size) const
+  {
+    return oom_context{size, a.device_, reserved(), limit()};
+  }
+  template <class F>
+  void for_each_free_pool(F&& f) const
+  {
+    a.mutex_.assert_held();
+    for (auto const& sp : a.streams_.pools) { f(&sp->stream, sp->index[0], sp->index[1]); }
+    f(static_cast<stream_type const*>(nullptr), a.blocks_.global(small_pool),
+      a.blocks_.global(large_pool));
+  }
+  void count_step(int step, std::size_t reclaimed)
+  {
+    a.mutex_.assert_held();
+    ++a.stats_.num_recovery_steps[static_cast<std::size_t>(step)];
+    a.stats_.recovery_bytes[static_cast<std::size_t>(step)] += reclaimed;
+  }
+  void count_release_wait()
+  {
+    a.mutex_.assert_held();
+    ++a.stats_.num_release_waits;
+  }
+  void count_oom(std::size_t size)
+  {
+    a.mutex_.assert_held();
+    ++a.stats_.num_ooms;
+    a.record_pool(memory_event::action::oom, 0, size, stream_type{});
+    a.update_peaks();
+  }
+};
+
+template <class Runtime>
+void basic_caching_allocator<Runtime>::add_oom_callback(oom_callback callback)
+{
+  GPUKIT_EXPECTS(static_cast<bool>(callback), "add_oom_callback: the callback is empty");
+  detail::pool_lock lock{mutex_};
+  oom_.add_callback(std::move(callback));
 }
 
 // Every path that gives a block to a user ends here: the thread's map and counters, then the

@@ -247,7 +247,7 @@ void* basic_caching_allocator<Runtime>::guard_allocate(std::size_t bytes, std::s
     pages_.release(0, nullptr, growable_pool{*this});
     oom = false;
     b   = guard_place(size, kind, stream, oom);
-    if (b == nullptr) { throw_oom(bytes, size); }
+    if (b == nullptr) { oom_.throw_oom(bytes, size, oom_operations{*this, tc}); }
   }
   b->requested = bytes;
   debug_->guarded.insert(b->data());
@@ -363,7 +363,7 @@ void basic_caching_allocator<Runtime>::guard_free(void* ptr, std::size_t bytes, 
   b->stream     = stream_type{};  // its work is done: any stream's
   b->global     = true;
   block* merged = insert_free(b);
-  if (recovery_.waiters != 0) { recovery_.frees_cv.notify_all(); }
+  oom_.wake_waiters();
   // The free has happened: from here nothing throws (a caller told of an error would free the
   // block again). Pages that cannot be unmapped now stay mapped until release() unmaps them.
   try {

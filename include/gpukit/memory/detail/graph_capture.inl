@@ -89,7 +89,9 @@ void* basic_caching_allocator<Runtime>::allocate_captured(std::size_t bytes, std
   if (b == nullptr) {
     std::size_t const seg_size = segment_size_for(size);
     std::size_t const limit    = limit_.load(std::memory_order_relaxed);
-    if (limit != 0 && pool_.reserved + seg_size > limit) { throw_oom(bytes, size); }
+    if (limit != 0 && pool_.reserved + seg_size > limit) {
+      oom_.throw_oom(bytes, size, oom_operations{*this, tc});
+    }
     auto seg                       = std::make_unique<segment>();
     block* nb                      = blocks_.new_block();
     void* p                        = nullptr;
@@ -103,7 +105,7 @@ void* basic_caching_allocator<Runtime>::allocate_captured(std::size_t bytes, std
     }
     if (e != Runtime::success) {
       blocks_.recycle(nb);
-      if (e == Runtime::out_of_memory) { throw_oom(bytes, size); }
+      if (e == Runtime::out_of_memory) { oom_.throw_oom(bytes, size, oom_operations{*this, tc}); }
       GPUKIT_CUDA_TRY(e, "malloc (a segment for a graph capture)");
     }
     adopt_segment(nb, std::move(seg), p, seg_size, kind, cp.stream, false, cp.id);

@@ -288,14 +288,14 @@ void basic_caching_allocator<Runtime>::free_to_pool(block* b, stream_type stream
     b->stream = stream_type{};
     b->global = true;
     insert_free(b);
-    if (recovery_.waiters != 0) { recovery_.frees_cv.notify_all(); }
+    oom_.wake_waiters();
     return;
   }
   b->stream   = stream;
   b->global   = false;
   b->free_seq = ++pool_of(stream).free_seq;
   insert_free(b);
-  if (recovery_.waiters != 0) { recovery_.frees_cv.notify_all(); }
+  oom_.wake_waiters();
 }
 
 template <class Runtime>

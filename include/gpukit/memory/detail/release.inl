@@ -62,7 +62,7 @@ struct basic_caching_allocator<Runtime>::capture_probe {
 // Returns fully free fixed segments, largest first, until at most `target` bytes are reserved
 // (growable segments unmap their free pages first); only those of pool kind `only_kind` (-1: both)
 // and of `only_stream`'s pool (nullptr: every pool). The streams of the stream-ordered frees issued
-// go to `freed_on` (nullptr: recovery_.unsettled), which an allocation that finds no memory waits
+// go to `freed_on` (nullptr: oom_.unsettled()), which an allocation that finds no memory waits
 // for before reporting out of memory. Returns the bytes released.
 template <class Runtime>
 std::size_t basic_caching_allocator<Runtime>::release_segments(std::size_t target,
@@ -75,7 +75,7 @@ std::size_t basic_caching_allocator<Runtime>::release_segments(std::size_t targe
   if (growable_ && only_kind < 0) {
     released += pages_.release(target, only_stream, growable_pool{*this});
   }
-  std::vector<stream_type>& issued = freed_on != nullptr ? *freed_on : recovery_.unsettled;
+  std::vector<stream_type>& issued = freed_on != nullptr ? *freed_on : oom_.unsettled();
   std::vector<block*> const whole  = whole_free_segments(only_kind, only_stream);
   device_guard<Runtime> guard{runtime_, device_};
   capture_probe capturing{runtime_};

@@ -150,7 +150,7 @@ void basic_caching_allocator<Runtime>::free_on_dead_stream(thread_cache& tc, blo
   b->stream = stream_type{};
   b->global = true;
   insert_free(b);
-  if (recovery_.waiters != 0) { recovery_.frees_cv.notify_all(); }
+  oom_.wake_waiters();
 }
 
 template <class Runtime>

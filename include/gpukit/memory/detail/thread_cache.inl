@@ -398,7 +398,7 @@ void basic_caching_allocator<Runtime>::drain_cache(thread_cache& tc)
     mutex_.assert_held();  // a lambda run under the lock
     free_to_pool(b, s);
   });
-  if (recovery_.waiters != 0) { recovery_.frees_cv.notify_all(); }
+  oom_.wake_waiters();
 }
 
 template <class Runtime>
