@@ -82,14 +82,8 @@ class cuda_error : public std::runtime_error {
   /// @param located whether the message ends with the file and line (GPUKIT_ERROR_LOCATIONS)
   cuda_error(int code, char const* name, char const* description, std::string call,
              char const* file, int line, bool located = true)
-      : cuda_error{formatted{},
-                   "gpukit: " + format(code, name, description, call),
-                   code,
-                   name,
-                   std::move(call),
-                   file,
-                   line,
-                   located}
+      : cuda_error{"gpukit: " + format(code, name, description, call), code, name,
+                   origin{std::move(call), file, line, located}}
   {}
 
   /// A runtime error explained in the caller's words: `message` (without the "gpukit: " prefix)
@@ -98,14 +92,8 @@ class cuda_error : public std::runtime_error {
   /// @param code, name, call, file, line, located as above
   cuda_error(std::string const& message, int code, char const* name, std::string call,
              char const* file, int line, bool located = true)
-      : cuda_error{formatted{},
-                   "gpukit: " + message + " (" + name_or_unknown(name) + ")",
-                   code,
-                   name,
-                   std::move(call),
-                   file,
-                   line,
-                   located}
+      : cuda_error{"gpukit: " + message + " (" + name_or_unknown(name) + ")", code, name,
+                   origin{std::move(call), file, line, located}}
   {}
 
   /// The error's value (for CUDA runtimes: compare with cudaError_t values or Runtime::*).
@@ -118,12 +106,19 @@ class cuda_error : public std::runtime_error {
   [[nodiscard]] int line() const noexcept { return line_; }
 
  private:
-  struct formatted {};
+  /// What was called, where, and whether the message ends with the place.
+  struct origin {
+    std::string call;
+    char const* file;
+    int line;
+    bool located;
+  };
 
-  cuda_error(formatted, std::string message, int code, char const* name, std::string call,
-             char const* file, int line, bool located)
-      : std::runtime_error{locate(std::move(message), file, line, located)}, code_{code},
-        name_{name_or_unknown(name)}, call_{std::move(call)}, file_{file}, line_{line}
+  /// `message` is whole but for the place, which locate() adds.
+  cuda_error(std::string message, int code, char const* name, origin where)
+      : std::runtime_error{locate(std::move(message), where.file, where.line, where.located)},
+        code_{code}, name_{name_or_unknown(name)}, call_{std::move(where.call)}, file_{where.file},
+        line_{where.line}
   {}
 
   static std::string name_or_unknown(char const* name)

@@ -43,6 +43,7 @@
 #include <string_view>
 #include <system_error>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace gpukit {
@@ -137,86 +138,135 @@ class dense_names {
   std::unordered_map<std::uint64_t, std::size_t> map_;
 };
 
+/// One line of a trace being read: its text and where it is ("<source>:<line number>").
+struct trace_line {
+  std::string const& text;
+  std::string const& where;
+
+  /// The error for this line: its place, `why`, and the line (cut to 80 characters).
+  [[nodiscard]] trace_error bad(std::string const& why) const
+  {
+    std::string shown = text.size() > 80 ? text.substr(0, 80) + "..." : text;
+    return trace_error{where + ": " + why + ": '" + shown + "'"};
+  }
+};
+
+/// What read_allocation_trace knows while it reads, line by line: the trace so far, the dense
+/// names of ids and streams, and the bytes of each live id.
+class trace_reader {
+ public:
+  explicit trace_reader(trace_limits const& limits) : limits_{limits} {}
+
+  /// Adds the event of `line`, if it has one (not blank, not a comment). Throws trace_error.
+  void read(trace_line const& line)
+  {
+    std::string_view rest{line.text};
+    std::string_view const op = next_trace_field(rest);
+    if (op.empty() || op.front() == '#') { return; }
+    if (t_.events.size() == limits_.max_events) {
+      throw line.bad("more than " + std::to_string(limits_.max_events) + " events");
+    }
+    trace_event e{};
+    if (op == "a") {
+      e = read_alloc(line, rest);
+    } else if (op == "f") {
+      e = read_free(line, rest);
+    } else {
+      throw line.bad("unknown event '" + std::string{op} + "' (expected 'a' or 'f')");
+    }
+    std::string_view const extra = next_trace_field(rest);
+    if (!extra.empty()) {
+      throw line.bad("unexpected '" + std::string{extra} + "' at the end of the line");
+    }
+    t_.events.push_back(e);
+  }
+
+  /// The whole trace; `source` names it in the error when it has no events.
+  allocation_trace finish(std::string const& source) &&
+  {
+    if (t_.events.empty()) { throw trace_error{source + ": no events"}; }
+    t_.ids     = ids_.size();
+    t_.streams = streams_.size();
+    return std::move(t_);
+  }
+
+ private:
+  static constexpr std::size_t not_live = std::numeric_limits<std::size_t>::max();
+
+  /// `a <id> <bytes> <stream>`, the fields after the `a` in `rest`.
+  trace_event read_alloc(trace_line const& line, std::string_view& rest)
+  {
+    std::uint64_t name = 0, bytes = 0, stream = 0;
+    if (!parse_trace_number(next_trace_field(rest), name) ||
+        !parse_trace_number(next_trace_field(rest), bytes) ||
+        !parse_trace_number(next_trace_field(rest), stream)) {
+      throw line.bad("expected 'a <id> <bytes> <stream>' with unsigned decimal integers");
+    }
+    if (bytes > limits_.max_block_bytes) {
+      throw line.bad("allocation of " + std::to_string(bytes) + " bytes exceeds the limit of " +
+                     std::to_string(limits_.max_block_bytes));
+    }
+    trace_event e{};
+    e.alloc = true;
+    e.id    = ids_.get(name);
+    e.bytes = static_cast<std::size_t>(bytes);
+    if (streams_.size() == limits_.max_streams && streams_.get(stream) == limits_.max_streams) {
+      throw line.bad("more than " + std::to_string(limits_.max_streams) + " distinct streams");
+    }
+    e.stream = static_cast<std::uint32_t>(streams_.get(stream));
+    if (e.id == live_bytes_of_.size()) { live_bytes_of_.push_back(not_live); }
+    if (live_bytes_of_[e.id] != not_live) {
+      throw line.bad("id " + std::to_string(name) + " is allocated twice");
+    }
+    if (e.bytes > limits_.max_live_bytes - live_) {
+      throw line.bad("live bytes exceed the limit of " + std::to_string(limits_.max_live_bytes));
+    }
+    live_bytes_of_[e.id] = e.bytes;
+    live_ += e.bytes;
+    if (live_ > t_.peak_live_bytes) { t_.peak_live_bytes = live_; }
+    if (e.bytes == 0) { ++t_.zero_byte_allocs; }
+    return e;
+  }
+
+  /// `f <id>`, the field after the `f` in `rest`.
+  trace_event read_free(trace_line const& line, std::string_view& rest)
+  {
+    std::uint64_t name = 0;
+    if (!parse_trace_number(next_trace_field(rest), name)) {
+      throw line.bad("expected 'f <id>' with an unsigned decimal integer");
+    }
+    std::size_t const before = ids_.size();
+    trace_event e{};
+    e.id = ids_.get(name);
+    if (e.id == before || live_bytes_of_[e.id] == not_live) {
+      throw line.bad("free of id " + std::to_string(name) + ", which is not live");
+    }
+    live_ -= live_bytes_of_[e.id];
+    live_bytes_of_[e.id] = not_live;
+    return e;
+  }
+
+  trace_limits const& limits_;
+  allocation_trace t_;
+  dense_names ids_, streams_;
+  std::vector<std::size_t> live_bytes_of_;  // by dense id; not_live: not live
+  std::size_t live_{0};
+};
+
 }  // namespace detail
 
 /// Reads and validates a whole trace from `in`; `source` names it in errors. Throws trace_error.
 inline allocation_trace read_allocation_trace(std::istream& in, std::string const& source,
                                               trace_limits const& limits = {})
 {
-  allocation_trace t;
-  detail::dense_names ids, streams;
-  std::vector<std::size_t> live_bytes_of;  // by dense id; SIZE_MAX: not live
-  constexpr std::size_t not_live = std::numeric_limits<std::size_t>::max();
-  std::size_t live               = 0;
+  detail::trace_reader reader{limits};
   std::string line;
   for (std::size_t no = 1;; ++no) {
     std::string const where = source + ":" + std::to_string(no);
     if (!detail::read_trace_line(in, line, limits.max_line_chars, where)) { break; }
-    auto bad = [&](std::string const& why) {
-      std::string shown = line.size() > 80 ? line.substr(0, 80) + "..." : line;
-      return trace_error{where + ": " + why + ": '" + shown + "'"};
-    };
-    std::string_view rest{line};
-    std::string_view const op = detail::next_trace_field(rest);
-    if (op.empty() || op.front() == '#') { continue; }
-    if (t.events.size() == limits.max_events) {
-      throw bad("more than " + std::to_string(limits.max_events) + " events");
-    }
-    std::uint64_t name = 0;
-    trace_event e{};
-    if (op == "a") {
-      std::uint64_t bytes = 0, stream = 0;
-      if (!detail::parse_trace_number(detail::next_trace_field(rest), name) ||
-          !detail::parse_trace_number(detail::next_trace_field(rest), bytes) ||
-          !detail::parse_trace_number(detail::next_trace_field(rest), stream)) {
-        throw bad("expected 'a <id> <bytes> <stream>' with unsigned decimal integers");
-      }
-      if (bytes > limits.max_block_bytes) {
-        throw bad("allocation of " + std::to_string(bytes) + " bytes exceeds the limit of " +
-                  std::to_string(limits.max_block_bytes));
-      }
-      e.alloc = true;
-      e.id    = ids.get(name);
-      e.bytes = static_cast<std::size_t>(bytes);
-      if (streams.size() == limits.max_streams && streams.get(stream) == limits.max_streams) {
-        throw bad("more than " + std::to_string(limits.max_streams) + " distinct streams");
-      }
-      e.stream = static_cast<std::uint32_t>(streams.get(stream));
-      if (e.id == live_bytes_of.size()) { live_bytes_of.push_back(not_live); }
-      if (live_bytes_of[e.id] != not_live) {
-        throw bad("id " + std::to_string(name) + " is allocated twice");
-      }
-      if (e.bytes > limits.max_live_bytes - live) {
-        throw bad("live bytes exceed the limit of " + std::to_string(limits.max_live_bytes));
-      }
-      live_bytes_of[e.id] = e.bytes;
-      live += e.bytes;
-      if (live > t.peak_live_bytes) { t.peak_live_bytes = live; }
-      if (e.bytes == 0) { ++t.zero_byte_allocs; }
-    } else if (op == "f") {
-      if (!detail::parse_trace_number(detail::next_trace_field(rest), name)) {
-        throw bad("expected 'f <id>' with an unsigned decimal integer");
-      }
-      std::size_t const before = ids.size();
-      e.id                     = ids.get(name);
-      if (e.id == before || live_bytes_of[e.id] == not_live) {
-        throw bad("free of id " + std::to_string(name) + ", which is not live");
-      }
-      live -= live_bytes_of[e.id];
-      live_bytes_of[e.id] = not_live;
-    } else {
-      throw bad("unknown event '" + std::string{op} + "' (expected 'a' or 'f')");
-    }
-    std::string_view const extra = detail::next_trace_field(rest);
-    if (!extra.empty()) {
-      throw bad("unexpected '" + std::string{extra} + "' at the end of the line");
-    }
-    t.events.push_back(e);
+    reader.read(detail::trace_line{line, where});
   }
-  if (t.events.empty()) { throw trace_error{source + ": no events"}; }
-  t.ids     = ids.size();
-  t.streams = streams.size();
-  return t;
+  return std::move(reader).finish(source);
 }
 
 }  // namespace gpukit

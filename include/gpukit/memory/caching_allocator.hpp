@@ -101,6 +101,7 @@
 #include <gpukit/memory/detail/caching/segment.hpp>
 #include <gpukit/memory/detail/caching/oom_ladder.hpp>
 #include <gpukit/memory/detail/caching_block.hpp>
+#include <gpukit/memory/detail/cccl_entry_points.hpp>
 #include <gpukit/memory/detail/debug_options.hpp>
 #include <gpukit/memory/detail/shared_counts.hpp>
 #include <gpukit/memory/detail/tlsf_index.hpp>
@@ -159,7 +160,8 @@ struct allocator_invariants;
 ///
 /// All allocations are 256-byte aligned. Every member is thread-safe.
 template <class Runtime>
-class basic_caching_allocator final {
+class basic_caching_allocator final
+    : public detail::cccl_entry_points<basic_caching_allocator<Runtime>> {
  public:
   using runtime_type    = Runtime;
   using stream_type     = typename Runtime::stream_type;
@@ -306,66 +308,16 @@ class basic_caching_allocator final {
   // The CCCL memory-resource interface: a stream-ordered, device-accessible resource
   // (detail::is_device_async_resource_v; cuda::mr::async_resource_with<R, device_accessible> in
   // CCCL 3.0, cuda::mr::resource_with<R, device_accessible> from CCCL 3.1 on, which names the
-  // members below differently). `alignment` may be any power of two up to 256.
-
-  /// allocate(bytes) with an alignment check. @throws gpukit::logic_error for alignment > 256
-  [[nodiscard]] void* allocate(std::size_t bytes, std::size_t align)
-  {
-    check_alignment(align);
-    return allocate(bytes);
-  }
-  void deallocate(void* ptr, std::size_t bytes, std::size_t align)
-  {
-    check_alignment(align);
-    deallocate(ptr, bytes);
-  }
-  /// Stream-ordered forms taking a `cuda::stream_ref` (or anything whose get() is a stream_type).
-  template <
-    class StreamRef,
-    std::enable_if_t<std::is_same_v<decltype(std::declval<StreamRef const&>().get()), stream_type>,
-                     int> = 0>
-  [[nodiscard]] void* allocate_async(std::size_t bytes, std::size_t align, StreamRef stream)
-  {
-    check_alignment(align);
-    return allocate_async(bytes, stream.get());
-  }
-  template <
-    class StreamRef,
-    std::enable_if_t<std::is_same_v<decltype(std::declval<StreamRef const&>().get()), stream_type>,
-                     int> = 0>
-  void deallocate_async(void* ptr, std::size_t bytes, std::size_t align, StreamRef stream)
-  {
-    check_alignment(align);
-    deallocate_async(ptr, bytes, stream.get());
-  }
-  /// CCCL 3.1's names: allocate(bytes, align) (on the default stream, as above).
-  [[nodiscard]] void* allocate_sync(std::size_t bytes, std::size_t align)
-  {
-    return allocate(bytes, align);
-  }
-  /// CCCL 3.1's names: deallocate(ptr, bytes, align).
-  void deallocate_sync(void* ptr, std::size_t bytes, std::size_t align)
-  {
-    deallocate(ptr, bytes, align);
-  }
-  /// CCCL 3.1's names: allocate_async(bytes, align, stream), the stream first.
-  template <
-    class StreamRef,
-    std::enable_if_t<std::is_same_v<decltype(std::declval<StreamRef const&>().get()), stream_type>,
-                     int> = 0>
-  [[nodiscard]] void* allocate(StreamRef stream, std::size_t bytes, std::size_t align)
-  {
-    return allocate_async(bytes, align, stream);
-  }
-  /// CCCL 3.1's names: deallocate_async(ptr, bytes, align, stream), the stream first.
-  template <
-    class StreamRef,
-    std::enable_if_t<std::is_same_v<decltype(std::declval<StreamRef const&>().get()), stream_type>,
-                     int> = 0>
-  void deallocate(StreamRef stream, void* ptr, std::size_t bytes, std::size_t align)
-  {
-    deallocate_async(ptr, bytes, align, stream);
-  }
+  // members differently). detail::cccl_entry_points writes both sets from allocate_async and
+  // deallocate_async: allocate / deallocate(bytes, align), allocate_async /
+  // deallocate_async(bytes, align, stream_ref), allocate_sync / deallocate_sync(bytes, align) and
+  // allocate / deallocate(stream_ref, bytes, align). `align` may be any power of two up to 256
+  // (else gpukit::logic_error).
+  friend detail::cccl_entry_points<basic_caching_allocator>;  // check_alignment
+  using detail::cccl_entry_points<basic_caching_allocator>::allocate;
+  using detail::cccl_entry_points<basic_caching_allocator>::allocate_async;
+  using detail::cccl_entry_points<basic_caching_allocator>::deallocate;
+  using detail::cccl_entry_points<basic_caching_allocator>::deallocate_async;
   /// The memory is device accessible (for CCCL's property queries).
   friend void get_property(basic_caching_allocator const&, detail::cccl_device_accessible) noexcept
   {}

@@ -32,6 +32,7 @@
 #include <gpukit/error.hpp>
 #include <gpukit/error_macros.hpp>
 #include <gpukit/memory/adaptors/detail/resource_adaptor_base.hpp>  // detail::adaptor_oom_report
+#include <gpukit/memory/detail/cccl_entry_points.hpp>
 #include <gpukit/runtime/cuda_runtime.hpp>
 #include <gpukit/runtime/runtime.hpp>
 
@@ -49,18 +50,12 @@ namespace gpukit {
 ///
 /// @tparam Runtime cuda_runtime or sim_runtime (any runtime with malloc_async and free_async)
 template <class Runtime>
-class basic_malloc_async_resource final {
+class basic_malloc_async_resource final
+    : public detail::cccl_entry_points<basic_malloc_async_resource<Runtime>> {
  public:
   using runtime_type = Runtime;
   using stream_type  = typename Runtime::stream_type;
 
- private:
-  // Enables the CCCL forms for a stream_ref-like type whose get() is a stream_type.
-  template <class StreamRef>
-  using stream_of =
-    std::enable_if_t<std::is_same_v<decltype(std::declval<StreamRef const&>().get()), stream_type>>;
-
- public:
   /// Alignment of every allocation; the largest `align` the CCCL entry points accept.
   static constexpr std::size_t alignment = 256;
 
@@ -103,56 +98,13 @@ class basic_malloc_async_resource final {
   void deallocate(void* ptr, std::size_t bytes) { deallocate_async(ptr, bytes, stream_type{}); }
 
   // The CCCL memory-resource interface (CCCL 3.0's and 3.1's names, as basic_caching_allocator
-  // has them). `align` may be any power of two up to 256.
-
-  /// allocate(bytes) with an alignment check. @throws gpukit::logic_error for a bad alignment
-  [[nodiscard]] void* allocate(std::size_t bytes, std::size_t align)
-  {
-    check_alignment(align);
-    return allocate(bytes);
-  }
-  /// deallocate(ptr, bytes) with an alignment check.
-  void deallocate(void* ptr, std::size_t bytes, std::size_t align)
-  {
-    check_alignment(align);
-    deallocate(ptr, bytes);
-  }
-  /// CCCL 3.1's name of allocate(bytes, align).
-  [[nodiscard]] void* allocate_sync(std::size_t bytes, std::size_t align)
-  {
-    return allocate(bytes, align);
-  }
-  /// CCCL 3.1's name of deallocate(ptr, bytes, align).
-  void deallocate_sync(void* ptr, std::size_t bytes, std::size_t align)
-  {
-    deallocate(ptr, bytes, align);
-  }
-  /// Stream-ordered, taking a `cuda::stream_ref` (or anything whose get() is a stream_type).
-  template <class StreamRef, class = stream_of<StreamRef>>
-  [[nodiscard]] void* allocate_async(std::size_t bytes, std::size_t align, StreamRef stream)
-  {
-    check_alignment(align);
-    return allocate_async(bytes, stream.get());
-  }
-  /// Stream-ordered free, taking a `cuda::stream_ref` (or anything whose get() is a stream_type).
-  template <class StreamRef, class = stream_of<StreamRef>>
-  void deallocate_async(void* ptr, std::size_t bytes, std::size_t align, StreamRef stream)
-  {
-    check_alignment(align);
-    deallocate_async(ptr, bytes, stream.get());
-  }
-  /// CCCL 3.1's name of allocate_async(bytes, align, stream), the stream first.
-  template <class StreamRef, class = stream_of<StreamRef>>
-  [[nodiscard]] void* allocate(StreamRef stream, std::size_t bytes, std::size_t align)
-  {
-    return allocate_async(bytes, align, stream);
-  }
-  /// CCCL 3.1's name of deallocate_async(ptr, bytes, align, stream), the stream first.
-  template <class StreamRef, class = stream_of<StreamRef>>
-  void deallocate(StreamRef stream, void* ptr, std::size_t bytes, std::size_t align)
-  {
-    deallocate_async(ptr, bytes, align, stream);
-  }
+  // has them), which detail::cccl_entry_points writes from allocate_async and deallocate_async.
+  // `align` may be any power of two up to 256 (else gpukit::logic_error).
+  friend detail::cccl_entry_points<basic_malloc_async_resource>;  // check_alignment
+  using detail::cccl_entry_points<basic_malloc_async_resource>::allocate;
+  using detail::cccl_entry_points<basic_malloc_async_resource>::allocate_async;
+  using detail::cccl_entry_points<basic_malloc_async_resource>::deallocate;
+  using detail::cccl_entry_points<basic_malloc_async_resource>::deallocate_async;
 
   /// The runtime it allocates from.
   [[nodiscard]] Runtime& runtime() const noexcept { return *runtime_; }

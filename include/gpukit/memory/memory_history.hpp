@@ -139,6 +139,73 @@ class pickle_writer {
   std::string out_;
 };
 
+/// A segment as PyTorch's snapshot describes it, its blocks included.
+inline void pickle_segment(pickle_writer& w, int device, memory_snapshot::segment const& g)
+{
+  std::size_t allocated = 0, requested = 0;
+  for (auto const& b : g.blocks) {
+    if (b.allocated) {
+      allocated += b.size;
+      requested += b.requested;
+    }
+  }
+  w.begin_dict();
+  w.str("device"), w.integer(device);
+  w.str("address"), w.integer(static_cast<long long>(g.address));
+  w.str("total_size"), w.integer(static_cast<long long>(g.size));
+  w.str("allocated_size"), w.integer(static_cast<long long>(allocated));
+  w.str("active_size"), w.integer(static_cast<long long>(allocated));
+  w.str("requested_size"), w.integer(static_cast<long long>(requested));
+  w.str("stream"), w.integer(static_cast<long long>(g.stream));
+  w.str("segment_type"), w.str(g.small ? "small" : "large");
+  w.str("segment_pool_id");
+  w.begin_tuple();
+  w.integer(0);
+  w.integer(0);
+  w.end_tuple();
+  w.str("is_expandable"), w.boolean(false);
+  w.str("frames"), w.begin_list(), w.end_list();
+  w.str("blocks");
+  w.begin_list();
+  for (auto const& b : g.blocks) {
+    w.begin_dict();
+    w.str("address"), w.integer(static_cast<long long>(b.address));
+    w.str("size"), w.integer(static_cast<long long>(b.size));
+    w.str("requested_size"), w.integer(static_cast<long long>(b.allocated ? b.requested : 0));
+    w.str("state"), w.str(b.allocated ? "active_allocated" : "inactive");
+    w.str("frames"), w.begin_list(), w.end_list();
+    w.end_dict();
+  }
+  w.end_list();
+  w.end_dict();
+}
+
+/// PyTorch's name of an event's action in a device trace.
+inline char const* pytorch_trace_action(memory_event::action a) noexcept
+{
+  switch (a) {
+    case memory_event::action::alloc: return "alloc";
+    case memory_event::action::free: return "free_completed";
+    case memory_event::action::segment_alloc: return "segment_alloc";
+    case memory_event::action::segment_free: return "segment_free";
+    case memory_event::action::oom: return "oom";
+  }
+  return nullptr;
+}
+
+/// An event as an entry of PyTorch's device trace.
+inline void pickle_trace_entry(pickle_writer& w, memory_event const& e)
+{
+  w.begin_dict();
+  w.str("action"), w.str(pytorch_trace_action(e.what));
+  w.str("addr"), w.integer(static_cast<long long>(e.address));
+  w.str("size"), w.integer(static_cast<long long>(e.bytes));
+  w.str("stream"), w.integer(static_cast<long long>(e.stream));
+  w.str("time_us"), w.integer(static_cast<long long>(e.time_ns / 1000));
+  w.str("frames"), w.begin_list(), w.end_list();
+  w.end_dict();
+}
+
 }  // namespace detail
 
 /// The snapshot as JSON: {"device", "segments": [...], "events": [...], "dropped_events"}.
@@ -201,66 +268,12 @@ class pickle_writer {
   w.begin_dict();
   w.str("segments");
   w.begin_list();
-  for (auto const& g : s.segments) {
-    std::size_t allocated = 0, requested = 0;
-    for (auto const& b : g.blocks) {
-      if (b.allocated) {
-        allocated += b.size;
-        requested += b.requested;
-      }
-    }
-    w.begin_dict();
-    w.str("device"), w.integer(s.device);
-    w.str("address"), w.integer(static_cast<long long>(g.address));
-    w.str("total_size"), w.integer(static_cast<long long>(g.size));
-    w.str("allocated_size"), w.integer(static_cast<long long>(allocated));
-    w.str("active_size"), w.integer(static_cast<long long>(allocated));
-    w.str("requested_size"), w.integer(static_cast<long long>(requested));
-    w.str("stream"), w.integer(static_cast<long long>(g.stream));
-    w.str("segment_type"), w.str(g.small ? "small" : "large");
-    w.str("segment_pool_id");
-    w.begin_tuple();
-    w.integer(0);
-    w.integer(0);
-    w.end_tuple();
-    w.str("is_expandable"), w.boolean(false);
-    w.str("frames"), w.begin_list(), w.end_list();
-    w.str("blocks");
-    w.begin_list();
-    for (auto const& b : g.blocks) {
-      w.begin_dict();
-      w.str("address"), w.integer(static_cast<long long>(b.address));
-      w.str("size"), w.integer(static_cast<long long>(b.size));
-      w.str("requested_size"), w.integer(static_cast<long long>(b.allocated ? b.requested : 0));
-      w.str("state"), w.str(b.allocated ? "active_allocated" : "inactive");
-      w.str("frames"), w.begin_list(), w.end_list();
-      w.end_dict();
-    }
-    w.end_list();
-    w.end_dict();
-  }
+  for (auto const& g : s.segments) { detail::pickle_segment(w, s.device, g); }
   w.end_list();
   w.str("device_traces");
   w.begin_list();
   w.begin_list();  // device 0's trace (the snapshot's device)
-  for (auto const& e : s.events) {
-    char const* action = nullptr;
-    switch (e.what) {
-      case memory_event::action::alloc: action = "alloc"; break;
-      case memory_event::action::free: action = "free_completed"; break;
-      case memory_event::action::segment_alloc: action = "segment_alloc"; break;
-      case memory_event::action::segment_free: action = "segment_free"; break;
-      case memory_event::action::oom: action = "oom"; break;
-    }
-    w.begin_dict();
-    w.str("action"), w.str(action);
-    w.str("addr"), w.integer(static_cast<long long>(e.address));
-    w.str("size"), w.integer(static_cast<long long>(e.bytes));
-    w.str("stream"), w.integer(static_cast<long long>(e.stream));
-    w.str("time_us"), w.integer(static_cast<long long>(e.time_ns / 1000));
-    w.str("frames"), w.begin_list(), w.end_list();
-    w.end_dict();
-  }
+  for (auto const& e : s.events) { detail::pickle_trace_entry(w, e); }
   w.end_list();
   w.end_list();
   w.str("allocator_settings");

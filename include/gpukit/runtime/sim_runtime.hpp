@@ -481,6 +481,11 @@ class sim_runtime final : public detail::cuda_error_vocabulary {
   // Unmaps a forgotten allocation and gives its bytes back to its device; mem_mutex_ not held.
   void unmap_allocation(std::uintptr_t base, detail::sim_allocation const& a);
   placement place(void const* p, std::size_t bytes) const;  // mem_mutex_ held
+  // place()'s cases: [.., end) starting in the allocation at `base`, or in a reservation (it ends
+  // there too), from `a`; mem_mutex_ held.
+  static placement place_in_allocation(std::uintptr_t base, detail::sim_allocation const& al,
+                                       std::uintptr_t end, std::size_t bytes);
+  placement place_in_mappings(std::uintptr_t a, std::uintptr_t end) const;
   cudaError_t check_side(char const* call, std::string const& args, char const* side, void const* p,
                          std::size_t bytes, bool want_device, int want_device_id);
   // Finds the whole adjacent mappings making up [va, va+bytes); mem_mutex_ held.
@@ -508,7 +513,15 @@ class sim_runtime final : public detail::cuda_error_vocabulary {
   std::uint64_t next_capture_id_{1};  // guarded by capture_mutex_
   std::atomic<int> captures_underway_{0};
   std::atomic<std::size_t> captured_events_count_{0};
+  // The first capture a call breaks (id 0: none), for capture_violation's message.
+  struct capture_blame {
+    std::uint64_t id{0};
+    int mode{0};
+    bool own{false};  ///< begun by the calling thread
+  };
   cudaError_t capture_violation(sim_op op) noexcept;
+  // Invalidates each capture that `op`, called from this thread in capture mode `mode`, breaks.
+  capture_blame invalidate_captures(sim_op op, int mode) noexcept;
   cudaError_t on_capturing_stream(char const* call, std::uint64_t stream_id);
   cudaError_t on_captured_event(char const* call, std::uint64_t event_id);
   bool capturing(std::uint64_t stream_id) const;

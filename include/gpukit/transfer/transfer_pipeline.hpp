@@ -262,6 +262,11 @@ class basic_transfer_pipeline final {
   struct ring;
   struct job;
 
+  /// The two copy streams, on the pipeline's device (the constructor's).
+  void create_copy_streams();
+  /// Run when the pool is being destroyed: refuses later transfers, waits for those under way and
+  /// for the copies on both streams (pool_life_'s expiry callback).
+  void drain_for_pool();
   void check_copy(char const* call, char const* dst_name, void const* dst, char const* src_name,
                   void const* src, std::size_t bytes, bool may_overlap) const;
   void check_stream(char const* call, stream_type stream);

@@ -150,6 +150,21 @@ class ckpt_astar {
   static std::size_t unpack_nb(key k) noexcept { return static_cast<std::size_t>(k >> 58); }
   static std::uint64_t bit(std::size_t j) noexcept { return std::uint64_t{1} << (j - 1); }
 
+  // A state unpacked: next backward nb, resident activations X and tapes T (bit j-1: stage j).
+  struct state {
+    std::size_t nb;
+    std::uint64_t X, T;
+  };
+
+  static state unpack(key k) noexcept
+  {
+    return {unpack_nb(k), (k >> 29) & ((std::uint64_t{1} << 29) - 1),
+            k & ((std::uint64_t{1} << 29) - 1)};
+  }
+
+  // Whether x_j is resident in X (x_0 always is).
+  static bool has_x(std::uint64_t X, std::size_t j) noexcept { return j == 0 || (X & bit(j)); }
+
   // Sum of v[j] over the set bits j (1-based) of m.
   static std::int64_t sum_bits(std::vector<std::int64_t> const& v, std::uint64_t m) noexcept
   {
@@ -193,10 +208,8 @@ class ckpt_astar {
 
   void push(key to, std::uint32_t from, std::int64_t g, checkpoint_op op, bool real)
   {
-    std::size_t const nb   = unpack_nb(to);
-    std::uint64_t const X  = (to >> 29) & ((std::uint64_t{1} << 29) - 1);
-    std::uint64_t const T  = to & ((std::uint64_t{1} << 29) - 1);
-    std::int64_t const est = g + (nb == 0 ? 0 : bound(nb, X, T));
+    state const st         = unpack(to);
+    std::int64_t const est = g + (st.nb == 0 ? 0 : bound(st.nb, st.X, st.T));
     if (est >= upper_) return;
     if ((nodes_.size() + 1) * 2 > table_.size()) grow();
     std::size_t const s = slot_of(to);
@@ -218,39 +231,42 @@ class ckpt_astar {
   // its output x_i. Forwards that create only objects already resident are skipped.
   void expand(std::uint32_t id, std::int64_t g)
   {
-    key const k            = nodes_[id].k;
-    std::size_t const nb   = unpack_nb(k);
-    std::uint64_t const X  = (k >> 29) & ((std::uint64_t{1} << 29) - 1);
-    std::uint64_t const T  = k & ((std::uint64_t{1} << 29) - 1);
-    std::int64_t const mem = memory(nb, X, T);
-    auto has_x             = [X](std::size_t j) { return j == 0 || (X & bit(j)); };
-    for (std::size_t i = 1; i <= nb; ++i) {
-      if (!has_x(i - 1)) continue;
-      auto const u = static_cast<std::uint32_t>(i);
-      // Keeping x_{i-1} or dropping it (x_0 is always resident).
-      std::uint64_t const in_kept[2] = {X, i > 1 ? X & ~bit(i - 1) : X};
-      std::size_t const ways         = i > 1 ? 2 : 1;
-      bool const x_tracked           = i < nb;
-      bool const x_there             = x_tracked && (X & bit(i));
-      if (x_tracked && !x_there && mem + out_[i] <= budget_) {
-        for (std::size_t w = 0; w < ways; ++w)
-          push(pack(nb, in_kept[w] | bit(i), T), id, g + f_[i], fn_op(u), true);
-      }
-      if (!(T & bit(i)) && mem + out_[i] + tape_[i] <= budget_) {
-        for (std::size_t w = 0; w < ways; ++w) {
-          push(pack(nb, in_kept[w], T | bit(i)), id, g + f_[i], fe_op(u), true);
-          if (x_tracked && !x_there) {
-            push(pack(nb, in_kept[w] | bit(i), T | bit(i)), id, g + f_[i], fe_op(u), true);
-          }
+    state const s          = unpack(nodes_[id].k);
+    std::int64_t const mem = memory(s.nb, s.X, s.T);
+    for (std::size_t i = 1; i <= s.nb; ++i) {
+      if (has_x(s.X, i - 1)) expand_forwards(id, g, s, mem, i);
+    }
+    if ((s.T & bit(s.nb)) && has_x(s.X, s.nb - 1) && mem + grad_[s.nb - 1] <= budget_) {
+      std::size_t const nb2 = s.nb - 1;
+      // x_{nb-1} and tape_nb are no longer useful; what remains fits the smaller state.
+      std::uint64_t const X2 = nb2 == 0 ? 0 : s.X & ((std::uint64_t{1} << (nb2 - 1)) - 1);
+      std::uint64_t const T2 = s.T & ((std::uint64_t{1} << nb2) - 1);
+      push(pack(nb2, X2, T2), id, g + b_[s.nb], b_op(static_cast<std::uint32_t>(s.nb)), true);
+    }
+  }
+
+  // The edges of Fn<i> and Fe<i> out of state `id` (s, holding mem), whose input x_{i-1} is
+  // resident.
+  void expand_forwards(std::uint32_t id, std::int64_t g, state const& s, std::int64_t mem,
+                       std::size_t i)
+  {
+    auto const u = static_cast<std::uint32_t>(i);
+    // Keeping x_{i-1} or dropping it (x_0 is always resident).
+    std::uint64_t const in_kept[2] = {s.X, i > 1 ? s.X & ~bit(i - 1) : s.X};
+    std::size_t const ways         = i > 1 ? 2 : 1;
+    bool const x_tracked           = i < s.nb;
+    bool const x_there             = x_tracked && (s.X & bit(i));
+    if (x_tracked && !x_there && mem + out_[i] <= budget_) {
+      for (std::size_t w = 0; w < ways; ++w)
+        push(pack(s.nb, in_kept[w] | bit(i), s.T), id, g + f_[i], fn_op(u), true);
+    }
+    if (!(s.T & bit(i)) && mem + out_[i] + tape_[i] <= budget_) {
+      for (std::size_t w = 0; w < ways; ++w) {
+        push(pack(s.nb, in_kept[w], s.T | bit(i)), id, g + f_[i], fe_op(u), true);
+        if (x_tracked && !x_there) {
+          push(pack(s.nb, in_kept[w] | bit(i), s.T | bit(i)), id, g + f_[i], fe_op(u), true);
         }
       }
-    }
-    if ((T & bit(nb)) && has_x(nb - 1) && mem + grad_[nb - 1] <= budget_) {
-      std::size_t const nb2 = nb - 1;
-      // x_{nb-1} and tape_nb are no longer useful; what remains fits the smaller state.
-      std::uint64_t const X2 = nb2 == 0 ? 0 : X & ((std::uint64_t{1} << (nb2 - 1)) - 1);
-      std::uint64_t const T2 = T & ((std::uint64_t{1} << nb2) - 1);
-      push(pack(nb2, X2, T2), id, g + b_[nb], b_op(static_cast<std::uint32_t>(nb)), true);
     }
   }
 

@@ -106,39 +106,50 @@ void for_each_arch_entry(std::string_view archs, F&& f)
   }
 }
 
+/// Whether native code (SASS) built for `e` runs on compute capability major.minor.
+inline bool arch_sass_fits(arch_entry const& e, int major, int minor) noexcept
+{
+  int const a = e.number;
+  return e.specific ? a == major * 10 + minor : (a / 10 == major && a % 10 <= minor);
+}
+
+/// Whether PTX built for `e` can be JIT-compiled for compute capability major.minor.
+inline bool arch_ptx_fits(arch_entry const& e, int major, int minor) noexcept
+{
+  int const a = e.number, cc = major * 10 + minor;
+  if (e.specific) return a == cc;
+  return e.family ? (a / 10 == major && a % 10 <= minor) : a <= cc;
+}
+
+/// Whether a CMAKE_CUDA_ARCHITECTURES entry is one whose architectures only the build knows.
+inline bool arch_chosen_at_build(std::string_view entry) noexcept
+{
+  return entry == "all" || entry == "all-major" || entry == "native";
+}
+
 /// How a binary built for `archs` (CMAKE_CUDA_ARCHITECTURES) runs on compute capability
 /// major.minor: 2 native code (SASS), 1 only by JIT-compiling PTX, 0 not at all, -1 unknown.
 /// `how` names the entry that fits. Entries that are not architectures
 /// (gpukit::architectures_error names them) are passed over.
 inline int arch_fit(std::string const& archs, int major, int minor, std::string& how)
 {
-  int const cc = major * 10 + minor;
   int best     = 0;
   bool decided = false;  // "all", "all-major" or "native": known only at build time
   for_each_arch_entry(archs, [&](std::string_view entry) {
-    if (entry == "all" || entry == "all-major" || entry == "native") {
+    if (arch_chosen_at_build(entry)) {
       how     = std::string{entry};
       decided = true;
       return false;
     }
     arch_entry e;
     if (!parse_arch_entry(entry, e)) return true;
-    int const a = e.number;
-    if (e.real) {
-      bool const fits = e.specific ? a == cc : (a / 10 == major && a % 10 <= minor);
-      if (fits && best < 2) {
-        best = 2;
-        how  = "sm_" + std::to_string(a) + (e.specific ? "a" : e.family ? "f" : "");
-      }
+    if (e.real && best < 2 && arch_sass_fits(e, major, minor)) {
+      best = 2;
+      how  = "sm_" + std::to_string(e.number) + (e.specific ? "a" : e.family ? "f" : "");
     }
-    if (e.virt && best < 1) {
-      bool const fits = e.specific ? a == cc
-                        : e.family ? (a / 10 == major && a % 10 <= minor)
-                                   : a <= cc;
-      if (fits) {
-        best = 1;
-        how  = "compute_" + std::to_string(a);
-      }
+    if (e.virt && best < 1 && arch_ptx_fits(e, major, minor)) {
+      best = 1;
+      how  = "compute_" + std::to_string(e.number);
     }
     return true;
   });

@@ -172,6 +172,108 @@ inline doctor_check check_nvtx_tool(doctor_options const& o)
   return make_check(id, title, check_status::ok, "tool attached: NVTX_INJECTION64_PATH=" + *tool);
 }
 
+/// One variable's check, [env.<name>]: a warning with its fix when `bad`, else ok with what it
+/// does.
+inline doctor_check env_check(char const* name, bool bad, std::string effect, char const* fix)
+{
+  return make_check(std::string{"env."} + name, name, bad ? check_status::warn : check_status::ok,
+                    std::move(effect), bad ? fix : "");
+}
+
+/// CUDA_VISIBLE_DEVICES (`visible`), when set.
+inline std::optional<doctor_check> env_visible_devices(std::optional<std::string> const& visible)
+{
+  if (!visible) { return std::nullopt; }
+  return env_check("CUDA_VISIBLE_DEVICES", visible->empty(),
+                   visible->empty()
+                     ? "set but empty: hides every GPU"
+                     : "\"" + *visible + "\": only these devices are visible, renumbered from 0",
+                   "unset it, or list the devices to use");
+}
+
+/// CUDA_LAUNCH_BLOCKING, when set.
+inline std::optional<doctor_check> env_launch_blocking(doctor_options const& o)
+{
+  auto const v = env_value(o, "CUDA_LAUNCH_BLOCKING");
+  if (!v) { return std::nullopt; }
+  bool const on = *v == "1";
+  return env_check("CUDA_LAUNCH_BLOCKING", on,
+                   on ? "1: every kernel launch waits for the kernel to finish (for debugging; "
+                        "much slower, and stream overlap is lost)"
+                      : "\"" + *v + "\": launches stay asynchronous",
+                   "unset CUDA_LAUNCH_BLOCKING outside debugging sessions");
+}
+
+/// PYTORCH_CUDA_ALLOC_CONF, when set.
+inline std::optional<doctor_check> env_pytorch_alloc_conf(doctor_options const& o)
+{
+  auto const v = env_value(o, "PYTORCH_CUDA_ALLOC_CONF");
+  if (!v) { return std::nullopt; }
+  return env_check("PYTORCH_CUDA_ALLOC_CONF", false,
+                   "\"" + *v +
+                     "\": configures PyTorch's allocator only; gpukit's takes "
+                     "gpukit::caching_allocator_options",
+                   "");
+}
+
+/// CUDA_DEVICE_ORDER, when set, or unset on a machine with several GPUs (`several`).
+inline std::optional<doctor_check> env_device_order(doctor_options const& o, bool several)
+{
+  if (auto const v = env_value(o, "CUDA_DEVICE_ORDER")) {
+    return env_check("CUDA_DEVICE_ORDER", false,
+                     "\"" + *v + "\"" + (*v == "PCI_BUS_ID" ? ": ordinals match nvidia-smi" : ""),
+                     "");
+  }
+  if (!several) { return std::nullopt; }
+  return env_check(
+    "CUDA_DEVICE_ORDER", true,
+    "unset: CUDA numbers devices fastest first, which may differ from nvidia-smi's order",
+    "export CUDA_DEVICE_ORDER=PCI_BUS_ID so that ordinals match nvidia-smi");
+}
+
+/// CUDA_MODULE_LOADING, when set.
+inline std::optional<doctor_check> env_module_loading(doctor_options const& o)
+{
+  auto const v = env_value(o, "CUDA_MODULE_LOADING");
+  if (!v) { return std::nullopt; }
+  bool const eager = *v == "EAGER";
+  return env_check(
+    "CUDA_MODULE_LOADING", eager,
+    "\"" + *v + "\"" +
+      (eager ? ": every kernel is loaded at start (slower start, more device memory)" : ""),
+    "unset it (LAZY is the default)");
+}
+
+/// CUDA_CACHE_DISABLE, when it is 1.
+inline std::optional<doctor_check> env_cache_disable(doctor_options const& o)
+{
+  auto const v = env_value(o, "CUDA_CACHE_DISABLE");
+  if (!v || *v != "1") { return std::nullopt; }
+  return env_check("CUDA_CACHE_DISABLE", true, "1: PTX is JIT-compiled again on every run",
+                   "unset CUDA_CACHE_DISABLE");
+}
+
+/// LD_LIBRARY_PATH, when it holds a stubs directory.
+inline std::optional<doctor_check> env_ld_library_path(doctor_options const& o)
+{
+  auto const v = env_value(o, "LD_LIBRARY_PATH");
+  if (!v || v->find("stubs") == std::string::npos) { return std::nullopt; }
+  return env_check("LD_LIBRARY_PATH", true,
+                   "contains a stubs directory: a libcuda.so stub there hides the driver "
+                   "(cudaErrorStubLibrary)",
+                   "remove the CUDA toolkit's lib64/stubs from LD_LIBRARY_PATH");
+}
+
+/// [env.GPUKIT_SIM]: the simulated GPU's configuration, when either variable is set.
+inline std::optional<doctor_check> env_simulated_gpu(doctor_options const& o)
+{
+  auto const devs = env_value(o, "GPUKIT_SIM_DEVICES"), cap = env_value(o, "GPUKIT_SIM_CAPACITY");
+  if (!devs && !cap) { return std::nullopt; }
+  return make_check("env.GPUKIT_SIM", "simulated GPU configuration", check_status::ok,
+                    "GPUKIT_SIM_DEVICES=" + devs.value_or("(unset)") +
+                      ", GPUKIT_SIM_CAPACITY=" + cap.value_or("(unset)"));
+}
+
 /// [env.<NAME>]: the environment variables that change CUDA's behavior, each when it is set (and
 /// CUDA_DEVICE_ORDER also when it is unset on a machine with several GPUs). `visible` is
 /// CUDA_VISIBLE_DEVICES, `count` the devices the runtime sees.
@@ -179,68 +281,15 @@ template <class Runtime>
 std::vector<doctor_check> check_environment(doctor_options const& o,
                                             std::optional<std::string> const& visible, int count)
 {
-  std::vector<doctor_check> out;
-  auto env = [&o](char const* name) { return env_value(o, name); };
-  // One variable's check: a warning with its fix when `bad`, else ok with what it does.
-  auto report = [&out](char const* name, bool bad, std::string effect, char const* fix) {
-    out.push_back(make_check(std::string{"env."} + name, name,
-                             bad ? check_status::warn : check_status::ok, std::move(effect),
-                             bad ? fix : ""));
+  std::optional<doctor_check> checks[] = {
+    env_visible_devices(visible), env_launch_blocking(o),
+    env_pytorch_alloc_conf(o),    env_device_order(o, count > 1 && !Runtime::is_simulated),
+    env_module_loading(o),        env_cache_disable(o),
+    env_ld_library_path(o),       Runtime::is_simulated ? env_simulated_gpu(o) : std::nullopt,
   };
-  if (visible) {
-    report("CUDA_VISIBLE_DEVICES", visible->empty(),
-           visible->empty()
-             ? "set but empty: hides every GPU"
-             : "\"" + *visible + "\": only these devices are visible, renumbered from 0",
-           "unset it, or list the devices to use");
-  }
-  if (auto const v = env("CUDA_LAUNCH_BLOCKING")) {
-    bool const on = *v == "1";
-    report("CUDA_LAUNCH_BLOCKING", on,
-           on ? "1: every kernel launch waits for the kernel to finish (for debugging; much "
-                "slower, and stream overlap is lost)"
-              : "\"" + *v + "\": launches stay asynchronous",
-           "unset CUDA_LAUNCH_BLOCKING outside debugging sessions");
-  }
-  if (auto const v = env("PYTORCH_CUDA_ALLOC_CONF")) {
-    report("PYTORCH_CUDA_ALLOC_CONF", false,
-           "\"" + *v +
-             "\": configures PyTorch's allocator only; gpukit's takes "
-             "gpukit::caching_allocator_options",
-           "");
-  }
-  if (auto const v = env("CUDA_DEVICE_ORDER")) {
-    report("CUDA_DEVICE_ORDER", false,
-           "\"" + *v + "\"" + (*v == "PCI_BUS_ID" ? ": ordinals match nvidia-smi" : ""), "");
-  } else if (count > 1 && !Runtime::is_simulated) {
-    report("CUDA_DEVICE_ORDER", true,
-           "unset: CUDA numbers devices fastest first, which may differ from nvidia-smi's order",
-           "export CUDA_DEVICE_ORDER=PCI_BUS_ID so that ordinals match nvidia-smi");
-  }
-  if (auto const v = env("CUDA_MODULE_LOADING")) {
-    bool const eager = *v == "EAGER";
-    report("CUDA_MODULE_LOADING", eager,
-           "\"" + *v + "\"" +
-             (eager ? ": every kernel is loaded at start (slower start, more device memory)" : ""),
-           "unset it (LAZY is the default)");
-  }
-  if (auto const v = env("CUDA_CACHE_DISABLE"); v && *v == "1") {
-    report("CUDA_CACHE_DISABLE", true, "1: PTX is JIT-compiled again on every run",
-           "unset CUDA_CACHE_DISABLE");
-  }
-  if (auto const v = env("LD_LIBRARY_PATH"); v && v->find("stubs") != std::string::npos) {
-    report("LD_LIBRARY_PATH", true,
-           "contains a stubs directory: a libcuda.so stub there hides the driver "
-           "(cudaErrorStubLibrary)",
-           "remove the CUDA toolkit's lib64/stubs from LD_LIBRARY_PATH");
-  }
-  if (Runtime::is_simulated) {
-    auto const devs = env("GPUKIT_SIM_DEVICES"), cap = env("GPUKIT_SIM_CAPACITY");
-    if (devs || cap) {
-      out.push_back(make_check("env.GPUKIT_SIM", "simulated GPU configuration", check_status::ok,
-                               "GPUKIT_SIM_DEVICES=" + devs.value_or("(unset)") +
-                                 ", GPUKIT_SIM_CAPACITY=" + cap.value_or("(unset)")));
-    }
+  std::vector<doctor_check> out;
+  for (auto& c : checks) {
+    if (c) { out.push_back(std::move(*c)); }
   }
   return out;
 }

@@ -85,17 +85,12 @@ class logging_resource_adaptor final
   template <class Allocate>
   void* do_allocate(std::size_t bytes, stream_type stream, Allocate&& allocate)
   {
-    void* p = allocate();
-    if (p == nullptr) { return p; }
-    try {
+    // A log with exceptions enabled that fails undoes the allocation.
+    return allocate.then_record([&](void* p) {
       std::lock_guard<std::mutex> lock{mutex_};
       log_ << "a " << reinterpret_cast<std::uintptr_t>(p) << ' ' << bytes << ' '
            << detail::stream_number(stream) << '\n';
-    } catch (...) {  // a log with exceptions enabled failed: as if nothing was allocated
-      allocate.undo(p);
-      throw;
-    }
-    return p;
+    });
   }
 
   template <class Deallocate>

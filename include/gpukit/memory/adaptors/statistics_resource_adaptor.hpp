@@ -113,12 +113,10 @@ class statistics_resource_adaptor final
   template <class Allocate>
   void* do_allocate(std::size_t bytes, stream_type, Allocate&& allocate)
   {
-    void* p = allocate();
-    if (p != nullptr) {
+    return allocate.then_record([&](void*) {
       bytes_.add(static_cast<std::int64_t>(bytes));
       allocations_.add(1);
-    }
-    return p;
+    });
   }
 
   template <class Deallocate>

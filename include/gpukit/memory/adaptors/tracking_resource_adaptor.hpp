@@ -131,16 +131,12 @@ class tracking_resource_adaptor final
   template <class Allocate>
   void* do_allocate(std::size_t bytes, stream_type stream, Allocate&& allocate)
   {
-    void* p = allocate();
-    if (p == nullptr) { return p; }
-    try {
+    // A map that cannot grow gives the memory back, as if it never came.
+    void* p = allocate.then_record([&](void* q) {
       std::lock_guard<std::mutex> lock{mutex_};
-      live_[p] = tracked_allocation{p, bytes, detail::stream_number(stream), ++sequence_};
-    } catch (...) {  // the map could not grow: give the memory back, as if it never came
-      allocate.undo(p);
-      throw;
-    }
-    bytes_.fetch_add(bytes, std::memory_order_relaxed);
+      live_[q] = tracked_allocation{q, bytes, detail::stream_number(stream), ++sequence_};
+    });
+    if (p != nullptr) { bytes_.fetch_add(bytes, std::memory_order_relaxed); }
     return p;
   }
 

@@ -70,6 +70,27 @@ inline bool conf_bool(std::string_view key, std::string_view value)
   conf_fail(key, value, "expected true or false");
 }
 
+/// A unit of a size and the power of two it multiplies by.
+struct conf_unit {
+  char const* name;  ///< lower case
+  unsigned shift;
+};
+
+/// The units a size may end with (no unit: bytes), all powers of 1024.
+inline constexpr conf_unit conf_units[] = {
+  {"", 0},     {"b", 0},  {"k", 10},  {"kb", 10},  {"kib", 10}, {"m", 20},  {"mb", 20},
+  {"mib", 20}, {"g", 30}, {"gb", 30}, {"gib", 30}, {"t", 40},   {"tb", 40}, {"tib", 40},
+};
+
+/// The unit `unit` (lower case) names, or null.
+inline conf_unit const* find_conf_unit(std::string const& unit) noexcept
+{
+  for (conf_unit const& u : conf_units) {
+    if (unit == u.name) { return &u; }
+  }
+  return nullptr;
+}
+
 /// `text` as a size in `bytes`; else why not.
 inline char const* conf_size(std::string_view text, std::size_t& bytes)
 {
@@ -79,23 +100,12 @@ inline char const* conf_size(std::string_view text, std::size_t& bytes)
   if (digits == 0) { return "expected digits, then an optional unit (B, KiB, MiB, GiB, TiB)"; }
   if (digits > 19) { return "too large"; }
   unsigned long long const n = std::strtoull(std::string{t.substr(0, digits)}.c_str(), nullptr, 10);
-  std::string const unit     = conf_lower(conf_trim(t.substr(digits)));
-  unsigned shift             = 0;
-  if (unit.empty() || unit == "b") {
-    shift = 0;
-  } else if (unit == "k" || unit == "kb" || unit == "kib") {
-    shift = 10;
-  } else if (unit == "m" || unit == "mb" || unit == "mib") {
-    shift = 20;
-  } else if (unit == "g" || unit == "gb" || unit == "gib") {
-    shift = 30;
-  } else if (unit == "t" || unit == "tb" || unit == "tib") {
-    shift = 40;
-  } else {
+  conf_unit const* unit      = find_conf_unit(conf_lower(conf_trim(t.substr(digits))));
+  if (unit == nullptr) {
     return "unknown unit (B, K, KB, KiB, M, MB, MiB, G, GB, GiB, T, TB, TiB)";
   }
-  if (shift != 0 && n > (~0ULL >> shift)) { return "too large"; }
-  bytes = static_cast<std::size_t>(n << shift);
+  if (unit->shift != 0 && n > (~0ULL >> unit->shift)) { return "too large"; }
+  bytes = static_cast<std::size_t>(n << unit->shift);
   return nullptr;
 }
 
@@ -108,6 +118,43 @@ inline bool conf_in_range(alloc_conf_key const& k, double v) noexcept
 inline bool conf_bytes_in_range(alloc_conf_key const& k, std::size_t v) noexcept
 {
   return conf_in_range(k, static_cast<double>(v)) && v % k.multiple == 0;
+}
+
+/// `v` as a whole number within `k`'s range, else false.
+inline bool conf_count(alloc_conf_key const& k, std::string const& v, int& out)
+{
+  char* end   = nullptr;
+  errno       = 0;
+  long long n = v.empty() ? -1 : std::strtoll(v.c_str(), &end, 10);
+  if (v.empty() || errno != 0 || *end != '\0' || !conf_in_range(k, static_cast<double>(n))) {
+    return false;
+  }
+  out = static_cast<int>(n);
+  return true;
+}
+
+/// `v` as a fraction within `k`'s range, else false.
+inline bool conf_fraction(alloc_conf_key const& k, std::string const& v, double& out)
+{
+  char* end = nullptr;
+  errno     = 0;
+  double f  = v.empty() ? -1.0 : std::strtod(v.c_str(), &end);
+  if (v.empty() || errno != 0 || *end != '\0' || !conf_in_range(k, f)) { return false; }
+  out = f;
+  return true;
+}
+
+/// `v` as a segment source within `k`'s range (by its name, in any case), else false.
+inline bool conf_source(alloc_conf_key const& k, std::string const& v, segment_source& out)
+{
+  std::string const name = conf_lower(v);
+  for (auto s = static_cast<int>(k.min); s <= static_cast<int>(k.max); ++s) {
+    if (name == to_string(static_cast<segment_source>(s))) {
+      out = static_cast<segment_source>(s);
+      return true;
+    }
+  }
+  return false;
 }
 
 /// Whether the member `k` (not a shortcut) sets holds a value within `k`'s range.
@@ -294,45 +341,23 @@ inline void apply_alloc_conf_key(caching_allocator_options& o, alloc_conf_key co
   auto refuse                   = [&](std::string const& why = {}) {
     detail::conf_fail(key, value, "expected " + alloc_conf_range(k) + why);
   };
+  bool parsed = true;
   switch (k.kind) {
     case alloc_conf_kind::bytes: {
       std::size_t bytes = 0;
       if (char const* why = detail::conf_size(v, bytes)) { refuse(std::string{": "} + why); }
-      if (!detail::conf_bytes_in_range(k, bytes)) { refuse(); }
-      o.*(field.bytes) = bytes;
-      return;
+      parsed = detail::conf_bytes_in_range(k, bytes);
+      if (parsed) { o.*(field.bytes) = bytes; }
+      break;
     }
-    case alloc_conf_kind::count: {
-      char* end   = nullptr;
-      errno       = 0;
-      long long n = v.empty() ? -1 : std::strtoll(v.c_str(), &end, 10);
-      if (v.empty() || errno != 0 || *end != '\0' ||
-          !detail::conf_in_range(k, static_cast<double>(n))) {
-        refuse();
-      }
-      o.*(field.count) = static_cast<int>(n);
-      return;
-    }
-    case alloc_conf_kind::fraction: {
-      char* end = nullptr;
-      errno     = 0;
-      double f  = v.empty() ? -1.0 : std::strtod(v.c_str(), &end);
-      if (v.empty() || errno != 0 || *end != '\0' || !detail::conf_in_range(k, f)) { refuse(); }
-      o.*(field.fraction) = f;
-      return;
-    }
-    case alloc_conf_kind::flag: o.*(field.flag) = detail::conf_bool(key, v); return;
-    case alloc_conf_kind::source: {
-      std::string const name = detail::conf_lower(v);
-      for (auto s = static_cast<int>(k.min); s <= static_cast<int>(k.max); ++s) {
-        if (name == to_string(static_cast<segment_source>(s))) {
-          o.*(field.source) = static_cast<segment_source>(s);
-          return;
-        }
-      }
-      refuse();
-    }
+    case alloc_conf_kind::count: parsed = detail::conf_count(k, v, o.*(field.count)); break;
+    case alloc_conf_kind::fraction:
+      parsed = detail::conf_fraction(k, v, o.*(field.fraction));
+      break;
+    case alloc_conf_kind::flag: o.*(field.flag) = detail::conf_bool(key, v); break;
+    case alloc_conf_kind::source: parsed = detail::conf_source(k, v, o.*(field.source)); break;
   }
+  if (!parsed) { refuse(); }
 }
 
 inline caching_allocator_options parse_alloc_conf(std::string_view conf,

@@ -96,40 +96,51 @@ inline driver_entry_points const& driver_api() noexcept
   return entry_points;
 }
 
+/// A driver error and the runtime error that names it.
+struct driver_error_name {
+  CUresult driver;
+  cudaError_t runtime;
+};
+
+/// The driver errors gpukit's calls can return, each with its runtime error.
+inline constexpr driver_error_name driver_error_names[] = {
+  {CUDA_SUCCESS, cudaSuccess},
+  {CUDA_ERROR_INVALID_VALUE, cudaErrorInvalidValue},
+  {CUDA_ERROR_OUT_OF_MEMORY, cudaErrorMemoryAllocation},
+  {CUDA_ERROR_NOT_INITIALIZED, cudaErrorInitializationError},
+  {CUDA_ERROR_DEINITIALIZED, cudaErrorCudartUnloading},
+  {CUDA_ERROR_STUB_LIBRARY, cudaErrorStubLibrary},
+  {CUDA_ERROR_CALL_REQUIRES_NEWER_DRIVER, cudaErrorCallRequiresNewerDriver},
+  {CUDA_ERROR_DEVICE_UNAVAILABLE, cudaErrorDevicesUnavailable},
+  {CUDA_ERROR_NO_DEVICE, cudaErrorNoDevice},
+  {CUDA_ERROR_INVALID_DEVICE, cudaErrorInvalidDevice},
+  {CUDA_ERROR_INVALID_CONTEXT, cudaErrorDeviceUninitialized},
+  {CUDA_ERROR_CONTEXT_IS_DESTROYED, cudaErrorContextIsDestroyed},
+  {CUDA_ERROR_ALREADY_MAPPED, cudaErrorAlreadyMapped},
+  {CUDA_ERROR_NOT_MAPPED, cudaErrorNotMapped},
+  {CUDA_ERROR_INVALID_HANDLE, cudaErrorInvalidResourceHandle},
+  {CUDA_ERROR_ILLEGAL_STATE, cudaErrorIllegalState},
+  {CUDA_ERROR_NOT_FOUND, cudaErrorSymbolNotFound},
+  {CUDA_ERROR_NOT_READY, cudaErrorNotReady},
+  {CUDA_ERROR_ILLEGAL_ADDRESS, cudaErrorIllegalAddress},
+  {CUDA_ERROR_LAUNCH_FAILED, cudaErrorLaunchFailure},
+  {CUDA_ERROR_ECC_UNCORRECTABLE, cudaErrorECCUncorrectable},
+  {CUDA_ERROR_NOT_PERMITTED, cudaErrorNotPermitted},
+  {CUDA_ERROR_NOT_SUPPORTED, cudaErrorNotSupported},
+  {CUDA_ERROR_SYSTEM_NOT_READY, cudaErrorSystemNotReady},
+  {CUDA_ERROR_SYSTEM_DRIVER_MISMATCH, cudaErrorSystemDriverMismatch},
+  {CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE, cudaErrorCompatNotSupportedOnDevice},
+  {CUDA_ERROR_OPERATING_SYSTEM, cudaErrorOperatingSystem},
+  {CUDA_ERROR_TIMEOUT, cudaErrorTimeout},
+};
+
 /// The runtime error that best names a driver error (unknown ones become cudaErrorUnknown).
 [[nodiscard]] constexpr cudaError_t to_cuda_error(CUresult r) noexcept
 {
-  switch (r) {
-    case CUDA_SUCCESS: return cudaSuccess;
-    case CUDA_ERROR_INVALID_VALUE: return cudaErrorInvalidValue;
-    case CUDA_ERROR_OUT_OF_MEMORY: return cudaErrorMemoryAllocation;
-    case CUDA_ERROR_NOT_INITIALIZED: return cudaErrorInitializationError;
-    case CUDA_ERROR_DEINITIALIZED: return cudaErrorCudartUnloading;
-    case CUDA_ERROR_STUB_LIBRARY: return cudaErrorStubLibrary;
-    case CUDA_ERROR_CALL_REQUIRES_NEWER_DRIVER: return cudaErrorCallRequiresNewerDriver;
-    case CUDA_ERROR_DEVICE_UNAVAILABLE: return cudaErrorDevicesUnavailable;
-    case CUDA_ERROR_NO_DEVICE: return cudaErrorNoDevice;
-    case CUDA_ERROR_INVALID_DEVICE: return cudaErrorInvalidDevice;
-    case CUDA_ERROR_INVALID_CONTEXT: return cudaErrorDeviceUninitialized;
-    case CUDA_ERROR_CONTEXT_IS_DESTROYED: return cudaErrorContextIsDestroyed;
-    case CUDA_ERROR_ALREADY_MAPPED: return cudaErrorAlreadyMapped;
-    case CUDA_ERROR_NOT_MAPPED: return cudaErrorNotMapped;
-    case CUDA_ERROR_INVALID_HANDLE: return cudaErrorInvalidResourceHandle;
-    case CUDA_ERROR_ILLEGAL_STATE: return cudaErrorIllegalState;
-    case CUDA_ERROR_NOT_FOUND: return cudaErrorSymbolNotFound;
-    case CUDA_ERROR_NOT_READY: return cudaErrorNotReady;
-    case CUDA_ERROR_ILLEGAL_ADDRESS: return cudaErrorIllegalAddress;
-    case CUDA_ERROR_LAUNCH_FAILED: return cudaErrorLaunchFailure;
-    case CUDA_ERROR_ECC_UNCORRECTABLE: return cudaErrorECCUncorrectable;
-    case CUDA_ERROR_NOT_PERMITTED: return cudaErrorNotPermitted;
-    case CUDA_ERROR_NOT_SUPPORTED: return cudaErrorNotSupported;
-    case CUDA_ERROR_SYSTEM_NOT_READY: return cudaErrorSystemNotReady;
-    case CUDA_ERROR_SYSTEM_DRIVER_MISMATCH: return cudaErrorSystemDriverMismatch;
-    case CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE: return cudaErrorCompatNotSupportedOnDevice;
-    case CUDA_ERROR_OPERATING_SYSTEM: return cudaErrorOperatingSystem;
-    case CUDA_ERROR_TIMEOUT: return cudaErrorTimeout;
-    default: return cudaErrorUnknown;
+  for (driver_error_name const& e : driver_error_names) {
+    if (e.driver == r) { return e.runtime; }
   }
+  return cudaErrorUnknown;
 }
 
 }  // namespace gpukit::detail

@@ -125,6 +125,18 @@ namespace detail {
 GPUKIT_DETAIL_COMPILED_INLINE sim_config sim_config_from_values(char const* devices_text,
                                                                 char const* capacity_text);
 
+// The power of two a size suffix names: K (10), M (20), G (30), T (40) in either case; -1 for any
+// other character.
+inline int sim_suffix_shift(char c) noexcept
+{
+  static constexpr char suffixes[] = "kmgt";
+  char const lower                 = c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c;
+  for (int i = 0; i < 4; ++i) {
+    if (lower == suffixes[i]) { return 10 * (i + 1); }
+  }
+  return -1;
+}
+
 // Parses "<digits>[K|M|G|T]" (binary multiples); false when it does not parse or overflows.
 GPUKIT_DETAIL_COMPILED_INLINE bool sim_parse_bytes(char const* text, std::size_t& out)
 {
@@ -133,32 +145,11 @@ GPUKIT_DETAIL_COMPILED_INLINE bool sim_parse_bytes(char const* text, std::size_t
   char* end    = nullptr;
   auto const v = std::strtoull(text, &end, 10);
   if (errno != 0) { return false; }
-  unsigned shift = 0;
-  switch (*end) {
-    case '\0': break;
-    case 'k':
-    case 'K':
-      shift = 10;
-      ++end;
-      break;
-    case 'm':
-    case 'M':
-      shift = 20;
-      ++end;
-      break;
-    case 'g':
-    case 'G':
-      shift = 30;
-      ++end;
-      break;
-    case 't':
-    case 'T':
-      shift = 40;
-      ++end;
-      break;
-    default: return false;
+  int shift = 0;
+  if (*end != '\0') {
+    shift = sim_suffix_shift(*end++);
+    if (shift < 0 || *end != '\0') { return false; }
   }
-  if (*end != '\0') { return false; }
   if (shift != 0 && v > (std::numeric_limits<std::size_t>::max() >> shift)) { return false; }
   out = static_cast<std::size_t>(v) << shift;
   return true;
@@ -272,6 +263,27 @@ GPUKIT_DETAIL_COMPILED_INLINE int& sim_capture_mode() noexcept
   return mode;
 }
 
+// The calls CUDA refuses while a capture concerns the calling thread (see capture_violation).
+inline constexpr sim_op sim_capture_refused_ops[] = {
+  sim_op::malloc,
+  sim_op::free,
+  sim_op::host_alloc,
+  sim_op::host_free,
+  sim_op::event_query,
+  sim_op::event_synchronize,
+  sim_op::stream_query,
+  sim_op::stream_synchronize,
+  sim_op::device_synchronize,
+};
+
+inline bool sim_refused_in_capture(sim_op op) noexcept
+{
+  for (sim_op refused : sim_capture_refused_ops) {
+    if (op == refused) { return true; }
+  }
+  return false;
+}
+
 inline char const* sim_capture_mode_name(int mode) noexcept
 {
   switch (mode) {
@@ -285,48 +297,16 @@ inline char const* sim_capture_mode_name(int mode) noexcept
 
 GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::capture_violation(sim_op op) noexcept
 {
-  switch (op) {
-    case sim_op::malloc:
-    case sim_op::free:
-    case sim_op::host_alloc:
-    case sim_op::host_free:
-    case sim_op::event_query:
-    case sim_op::event_synchronize:
-    case sim_op::stream_query:
-    case sim_op::stream_synchronize:
-    case sim_op::device_synchronize: break;
-    default: return cudaSuccess;
-  }
+  if (!detail::sim_refused_in_capture(op)) { return cudaSuccess; }
   int const mode = detail::sim_capture_mode();
   if (mode == cudaStreamCaptureModeRelaxed) { return cudaSuccess; }
-  // CUDA's rule: refused when this thread began a capture that is not relaxed, or when this
-  // thread is in global mode and another thread's capture is global. Each such capture is
-  // invalidated.
-  auto const self      = std::this_thread::get_id();
-  std::uint64_t blamed = 0;
-  int blamed_mode      = 0;
-  bool blamed_own      = false;
-  {
-    std::lock_guard<std::mutex> lock{capture_mutex_};
-    for (auto& c : captures_) {
-      bool const own   = c.thread == self && c.mode != cudaStreamCaptureModeRelaxed;
-      bool const other = mode == cudaStreamCaptureModeGlobal && c.thread != self &&
-                         c.mode == cudaStreamCaptureModeGlobal;
-      if (!own && !other) { continue; }
-      c.invalidate(to_string(op));
-      if (blamed == 0) {
-        blamed      = c.id;
-        blamed_mode = c.mode;
-        blamed_own  = own;
-      }
-    }
-  }
-  if (blamed == 0) { return cudaSuccess; }
+  capture_blame const blamed = invalidate_captures(op, mode);
+  if (blamed.id == 0) { return cudaSuccess; }
   try {
     return misuse(cudaErrorStreamCaptureUnsupported,
                   std::string{to_string(op)} + ": not allowed while capture " +
-                    std::to_string(blamed) + " (" + detail::sim_capture_mode_name(blamed_mode) +
-                    " mode, begun by " + (blamed_own ? "this" : "another") +
+                    std::to_string(blamed.id) + " (" + detail::sim_capture_mode_name(blamed.mode) +
+                    " mode, begun by " + (blamed.own ? "this" : "another") +
                     " thread) is under way and this thread is in " +
                     detail::sim_capture_mode_name(mode) +
                     " capture mode; the capture is invalidated (call it before the capture, or "
@@ -334,6 +314,25 @@ GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::capture_violation(sim_op 
   } catch (...) {
     return cudaErrorStreamCaptureUnsupported;
   }
+}
+
+// CUDA's rule: refused when this thread began a capture that is not relaxed, or when this thread
+// is in global mode and another thread's capture is global. Each such capture is invalidated.
+GPUKIT_DETAIL_COMPILED_INLINE sim_runtime::capture_blame sim_runtime::invalidate_captures(
+  sim_op op, int mode) noexcept
+{
+  auto const self = std::this_thread::get_id();
+  capture_blame blamed;
+  std::lock_guard<std::mutex> lock{capture_mutex_};
+  for (auto& c : captures_) {
+    bool const own   = c.thread == self && c.mode != cudaStreamCaptureModeRelaxed;
+    bool const other = mode == cudaStreamCaptureModeGlobal && c.thread != self &&
+                       c.mode == cudaStreamCaptureModeGlobal;
+    if (!own && !other) { continue; }
+    c.invalidate(to_string(op));
+    if (blamed.id == 0) { blamed = capture_blame{c.id, c.mode, own}; }
+  }
+  return blamed;
 }
 
 // A call CUDA refuses on a capturing stream in every capture mode (cudaStreamGetDevice,

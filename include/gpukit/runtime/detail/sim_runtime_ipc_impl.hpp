@@ -17,6 +17,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <map>
+#include <string>
 #include <system_error>
 
 namespace gpukit {
@@ -41,6 +43,125 @@ GPUKIT_DETAIL_COMPILED_INLINE int sim_memfd_device(int fd, char const* prefix)
   char const* digits = target + want.size();
   if (*digits < '0' || *digits > '9') { return -1; }
   return std::atoi(digits);
+}
+
+using sim_allocation_map = std::map<std::uintptr_t, sim_allocation>;
+
+/// The allocation of `allocations` whose mapping holds the address `a`, or end().
+GPUKIT_DETAIL_COMPILED_INLINE sim_allocation_map::iterator sim_allocation_holding(
+  sim_allocation_map& allocations, std::uintptr_t a)
+{
+  auto it = allocations.upper_bound(a);
+  if (it == allocations.begin()) { return allocations.end(); }
+  --it;
+  return a < it->first + it->second.mapped_bytes ? it : allocations.end();
+}
+
+/// Why ipc_get_mem_handle cannot export `al` (the end of its message), or null when it can.
+GPUKIT_DETAIL_COMPILED_INLINE char const* sim_ipc_unexportable(sim_allocation const& al) noexcept
+{
+  if (al.pending_free) { return ": the allocation was freed with free_async"; }
+  if (al.async) {
+    return ": memory from malloc_async (the default stream-ordered pool) cannot be exported with "
+           "ipc_get_mem_handle; use malloc, or shareable virtual memory (vm_create(..., shareable "
+           "= true))";
+  }
+  if (al.imported) { return ": memory opened with ipc_open_mem_handle cannot be exported again"; }
+  return nullptr;
+}
+
+/// The handle naming `al`, exported (its ipc_fd is set) by this process.
+GPUKIT_DETAIL_COMPILED_INLINE sim_runtime::ipc_mem_handle sim_ipc_handle(sim_allocation const& al)
+{
+  sim_ipc_payload pl{};
+  std::memcpy(pl.magic, sim_ipc_magic, sizeof pl.magic);
+  pl.pid          = static_cast<std::int64_t>(::getpid());
+  pl.fd           = al.ipc_fd;
+  pl.bytes        = al.bytes;
+  pl.mapped_bytes = al.mapped_bytes;
+  pl.device       = al.device;
+  sim_runtime::ipc_mem_handle h{};
+  std::memcpy(&h, &pl, sizeof pl);
+  return h;
+}
+
+/// Writes the pages of [base, base + bytes) that hold anything but zeros to `fd` at their offsets
+/// (pages never written stay holes); false when a write fails.
+GPUKIT_DETAIL_COMPILED_INLINE bool sim_write_pages(int fd, char const* base, std::size_t bytes)
+{
+  constexpr std::size_t piece    = std::size_t{64} << 10;
+  static char const zeros[piece] = {};
+  for (std::size_t off = 0; off < bytes; off += piece) {
+    std::size_t const n = std::min(piece, bytes - off);
+    if (std::memcmp(base + off, zeros, n) == 0) { continue; }
+    if (::pwrite(fd, base + off, n, static_cast<off_t>(off)) != static_cast<ssize_t>(n)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+/// Moves the bytes of the mapping [base, base + bytes) of `device` into a new memfd and maps it
+/// over the same addresses (MAP_FIXED replaces the private mapping at once): pointers stay valid,
+/// and another process can map the memfd. Returns the memfd, or -1 with nothing changed.
+GPUKIT_DETAIL_COMPILED_INLINE int sim_move_to_memfd(std::uintptr_t base, std::size_t bytes,
+                                                    int device)
+{
+  std::string const name = sim_ipc_name + std::to_string(device);
+  int const fd           = ::memfd_create(name.c_str(), MFD_CLOEXEC);
+  if (fd < 0) { return -1; }
+  bool const moved = ::ftruncate(fd, static_cast<off_t>(bytes)) == 0 &&
+                     sim_write_pages(fd, reinterpret_cast<char const*>(base), bytes) &&
+                     ::mmap(reinterpret_cast<void*>(base), bytes, PROT_READ | PROT_WRITE,
+                            MAP_SHARED | MAP_FIXED, fd, 0) != MAP_FAILED;
+  if (!moved) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+/// The base of the allocation already imported from the exporter's memfd `key` ("<pid>:<fd>"),
+/// opened once more; null when none is.
+GPUKIT_DETAIL_COMPILED_INLINE void* sim_reopen_imported(sim_allocation_map& allocations,
+                                                        std::string const& key)
+{
+  for (auto& [base, al] : allocations) {
+    if (al.imported && al.ipc_key == key) {
+      ++al.ipc_refs;
+      return reinterpret_cast<void*>(base);
+    }
+  }
+  return nullptr;
+}
+
+/// The exporter's memfd that `pl` names, opened through `path` (/proc/<pid>/fd/<fd>); -1 when it
+/// cannot be opened or is not the memory `pl` describes.
+GPUKIT_DETAIL_COMPILED_INLINE int sim_open_exported(sim_ipc_payload const& pl,
+                                                    std::string const& path)
+{
+  int const fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  struct stat st {};
+  if (fd < 0 || ::fstat(fd, &st) != 0 || static_cast<std::uint64_t>(st.st_size) < pl.mapped_bytes ||
+      sim_memfd_device(fd, sim_ipc_name) != pl.device) {
+    if (fd >= 0) { ::close(fd); }
+    return -1;
+  }
+  return fd;
+}
+
+/// The allocation that maps, in this process, the memory `pl` names (the exporter's memfd `key`).
+GPUKIT_DETAIL_COMPILED_INLINE sim_allocation sim_imported_allocation(sim_ipc_payload const& pl,
+                                                                     std::string const& key)
+{
+  sim_allocation al;
+  al.bytes        = pl.bytes;
+  al.mapped_bytes = pl.mapped_bytes;
+  al.device       = static_cast<int>(pl.device);
+  al.imported     = true;
+  al.ipc_refs     = 1;
+  al.ipc_key      = key;
+  return al;
 }
 
 }  // namespace detail
@@ -101,87 +222,37 @@ GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::ipc_get_mem_handle(ipc_me
   if (auto e = enter(sim_op::ipc_get_mem_handle); e != cudaSuccess) { return e; }
   auto const args = "ipc_get_mem_handle(" + detail::sim_hex(p) + ")";
   auto const a    = reinterpret_cast<std::uintptr_t>(p);
-  auto find       = [&]() -> std::map<std::uintptr_t, detail::sim_allocation>::iterator {
-    auto it = allocations_.upper_bound(a);
-    if (it == allocations_.begin()) { return allocations_.end(); }
-    --it;
-    return a < it->first + it->second.mapped_bytes ? it : allocations_.end();
-  };
-  auto handle = [&](detail::sim_allocation const& al) {
-    detail::sim_ipc_payload pl{};
-    std::memcpy(pl.magic, detail::sim_ipc_magic, sizeof pl.magic);
-    pl.pid          = static_cast<std::int64_t>(::getpid());
-    pl.fd           = al.ipc_fd;
-    pl.bytes        = al.bytes;
-    pl.mapped_bytes = al.mapped_bytes;
-    pl.device       = al.device;
-    h               = ipc_mem_handle{};
-    std::memcpy(&h, &pl, sizeof pl);
-    return cudaSuccess;
-  };
-  int device = 0;
+  int device      = 0;
   {
     std::lock_guard<std::mutex> lock{mem_mutex_};
-    auto it = find();
+    auto it = detail::sim_allocation_holding(allocations_, a);
     if (it == allocations_.end()) {
       return misuse(cudaErrorInvalidValue, args + ": not memory of a malloc allocation");
     }
-    auto const& al = it->second;
-    if (al.pending_free) {
-      return misuse(cudaErrorInvalidValue, args + ": the allocation was freed with free_async");
+    if (char const* why = detail::sim_ipc_unexportable(it->second)) {
+      return misuse(cudaErrorInvalidValue, args + why);
     }
-    if (al.async) {
-      return misuse(cudaErrorInvalidValue,
-                    args +
-                      ": memory from malloc_async (the default stream-ordered pool) cannot "
-                      "be exported with ipc_get_mem_handle; use malloc, or shareable "
-                      "virtual memory (vm_create(..., shareable = true))");
+    if (it->second.ipc_fd >= 0) {  // exported before
+      h = detail::sim_ipc_handle(it->second);
+      return cudaSuccess;
     }
-    if (al.imported) {
-      return misuse(cudaErrorInvalidValue,
-                    args + ": memory opened with ipc_open_mem_handle cannot be exported again");
-    }
-    if (al.ipc_fd >= 0) { return handle(al); }  // exported before
-    device = al.device;
+    device = it->second.device;
   }
   // First export: the work queued on the memory must not run while its pages move.
   wait_all_devices();
   std::lock_guard<std::mutex> lock{mem_mutex_};
-  auto it = find();
+  auto it = detail::sim_allocation_holding(allocations_, a);
   if (it == allocations_.end() || it->second.pending_free) {
     return misuse(cudaErrorInvalidValue, args + ": the allocation was freed during the export");
   }
   auto& al = it->second;
   if (al.ipc_fd < 0) {
-    // Move the bytes into a memfd and map it over the same addresses (MAP_FIXED replaces the
-    // private mapping at once): pointers stay valid, and another process can map the memfd.
-    std::string const name = detail::sim_ipc_name + std::to_string(device);
-    int const fd           = ::memfd_create(name.c_str(), MFD_CLOEXEC);
+    int const fd = detail::sim_move_to_memfd(it->first, al.mapped_bytes, device);
     if (fd < 0) { return cudaErrorMemoryAllocation; }
-    if (::ftruncate(fd, static_cast<off_t>(al.mapped_bytes)) != 0) {
-      ::close(fd);
-      return cudaErrorMemoryAllocation;
-    }
-    auto const* base               = reinterpret_cast<char const*>(it->first);
-    constexpr std::size_t piece    = std::size_t{64} << 10;
-    static char const zeros[piece] = {};
-    for (std::size_t off = 0; off < al.mapped_bytes; off += piece) {  // pages never written: holes
-      std::size_t const n = std::min(piece, al.mapped_bytes - off);
-      if (std::memcmp(base + off, zeros, n) == 0) { continue; }
-      if (::pwrite(fd, base + off, n, static_cast<off_t>(off)) != static_cast<ssize_t>(n)) {
-        ::close(fd);
-        return cudaErrorMemoryAllocation;
-      }
-    }
-    void* got = ::mmap(reinterpret_cast<void*>(it->first), al.mapped_bytes, PROT_READ | PROT_WRITE,
-                       MAP_SHARED | MAP_FIXED, fd, 0);
-    if (got == MAP_FAILED) {
-      ::close(fd);
-      return cudaErrorMemoryAllocation;
-    }
     al.ipc_fd = fd;
   }
-  return handle(al);
+  h = detail::sim_ipc_handle(al);
+  return cudaSuccess;
 }
 
 GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::ipc_open_mem_handle(void** p,
@@ -211,20 +282,14 @@ GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::ipc_open_mem_handle(void*
   }
   {
     std::lock_guard<std::mutex> lock{mem_mutex_};
-    for (auto& [base, al] : allocations_) {
-      if (al.imported && al.ipc_key == key) {
-        ++al.ipc_refs;
-        *p = reinterpret_cast<void*>(base);
-        return cudaSuccess;
-      }
+    if (void* again = detail::sim_reopen_imported(allocations_, key)) {
+      *p = again;
+      return cudaSuccess;
     }
   }
   std::string const path = "/proc/" + std::to_string(pl.pid) + "/fd/" + std::to_string(pl.fd);
-  int const fd           = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
-  struct stat st {};
-  if (fd < 0 || ::fstat(fd, &st) != 0 || static_cast<std::uint64_t>(st.st_size) < pl.mapped_bytes ||
-      detail::sim_memfd_device(fd, detail::sim_ipc_name) != pl.device) {
-    if (fd >= 0) { ::close(fd); }
+  int const fd           = detail::sim_open_exported(pl, path);
+  if (fd < 0) {
     return misuse(cudaErrorInvalidValue,
                   args + ": the exported memory cannot be opened through " + path +
                     " (the exporting process exited, or freed the allocation)");
@@ -232,16 +297,9 @@ GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::ipc_open_mem_handle(void*
   void* m = ::mmap(nullptr, pl.mapped_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   ::close(fd);
   if (m == MAP_FAILED) { return cudaErrorMemoryAllocation; }
-  detail::sim_allocation al;
-  al.bytes        = pl.bytes;
-  al.mapped_bytes = pl.mapped_bytes;
-  al.device       = static_cast<int>(pl.device);
-  al.imported     = true;
-  al.ipc_refs     = 1;
-  al.ipc_key      = key;
   {
     std::lock_guard<std::mutex> lock{mem_mutex_};
-    allocations_[reinterpret_cast<std::uintptr_t>(m)] = std::move(al);
+    allocations_[reinterpret_cast<std::uintptr_t>(m)] = detail::sim_imported_allocation(pl, key);
   }
   *p = m;
   return cudaSuccess;

@@ -306,68 +306,74 @@ GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::event_elapsed_time(float&
 GPUKIT_DETAIL_COMPILED_INLINE sim_runtime::placement sim_runtime::place(void const* p,
                                                                         std::size_t bytes) const
 {
-  placement out;
   auto const a = reinterpret_cast<std::uintptr_t>(p);
   if (bytes > std::numeric_limits<std::uintptr_t>::max() - a) {
-    out.kind = placement::where::invalid;
-    out.why  = "the range wraps around the address space";
-    return out;
+    return placement{placement::where::invalid, -1, "the range wraps around the address space"};
   }
   auto const end = a + bytes;
   if (auto it = allocations_.upper_bound(a); it != allocations_.begin()) {
     --it;
-    auto const& al = it->second;
-    if (a < it->first + al.mapped_bytes) {
-      out.device = al.device;
-      if (al.pending_free) {
-        out.kind = placement::where::invalid;
-        out.why  = "the allocation at " + detail::sim_hex(it->first) + " was freed with free_async";
-      } else if (end > it->first + al.bytes) {
-        out.kind = placement::where::invalid;
-        out.why  = std::to_string(bytes) + " bytes from here run " +
-                  std::to_string(end - (it->first + al.bytes)) +
-                  " bytes past the end of the allocation at " + detail::sim_hex(it->first) +
-                  " of " + std::to_string(al.bytes) + " bytes";
-      } else {
-        out.kind = placement::where::device;
-      }
-      return out;
+    if (a < it->first + it->second.mapped_bytes) {
+      return place_in_allocation(it->first, it->second, end, bytes);
     }
   }
   if (auto r = reservations_.upper_bound(a); r != reservations_.begin()) {
     --r;
     if (a < r->first + r->second.bytes) {
-      out.kind = placement::where::invalid;
       if (end > r->first + r->second.bytes) {
-        out.why = "the range runs past the end of the reservation at " + detail::sim_hex(r->first);
-        return out;
+        return placement{
+          placement::where::invalid, -1,
+          "the range runs past the end of the reservation at " + detail::sim_hex(r->first)};
       }
-      auto m = mappings_.upper_bound(a);
-      if (m == mappings_.begin()) {
-        out.why = "virtual memory not mapped at " + detail::sim_hex(a);
-        return out;
-      }
-      --m;
-      out.device            = m->second.device;
-      std::uintptr_t cursor = a;
-      while (cursor < end) {
-        if (m == mappings_.end() || m->first > cursor || m->first + m->second.bytes <= cursor) {
-          out.why = "virtual memory not mapped at " + detail::sim_hex(cursor);
-          return out;
-        }
-        if (m->second.access_mask == 0) {
-          out.why = "virtual memory at " + detail::sim_hex(cursor) +
-                    " is mapped but not accessible (vm_set_access was not called)";
-          return out;
-        }
-        cursor = m->first + m->second.bytes;
-        ++m;
-      }
-      out.kind = placement::where::device;
-      return out;
+      return place_in_mappings(a, end);
     }
   }
-  out.kind = placement::where::host;
+  return placement{};  // host memory
+}
+
+GPUKIT_DETAIL_COMPILED_INLINE sim_runtime::placement sim_runtime::place_in_allocation(
+  std::uintptr_t base, detail::sim_allocation const& al, std::uintptr_t end, std::size_t bytes)
+{
+  if (al.pending_free) {
+    return placement{placement::where::invalid, al.device,
+                     "the allocation at " + detail::sim_hex(base) + " was freed with free_async"};
+  }
+  if (end > base + al.bytes) {
+    return placement{placement::where::invalid, al.device,
+                     std::to_string(bytes) + " bytes from here run " +
+                       std::to_string(end - (base + al.bytes)) +
+                       " bytes past the end of the allocation at " + detail::sim_hex(base) +
+                       " of " + std::to_string(al.bytes) + " bytes"};
+  }
+  return placement{placement::where::device, al.device, {}};
+}
+
+GPUKIT_DETAIL_COMPILED_INLINE sim_runtime::placement sim_runtime::place_in_mappings(
+  std::uintptr_t a, std::uintptr_t end) const
+{
+  placement out{placement::where::invalid, -1, {}};
+  auto m = mappings_.upper_bound(a);
+  if (m == mappings_.begin()) {
+    out.why = "virtual memory not mapped at " + detail::sim_hex(a);
+    return out;
+  }
+  --m;
+  out.device            = m->second.device;
+  std::uintptr_t cursor = a;
+  while (cursor < end) {
+    if (m == mappings_.end() || m->first > cursor || m->first + m->second.bytes <= cursor) {
+      out.why = "virtual memory not mapped at " + detail::sim_hex(cursor);
+      return out;
+    }
+    if (m->second.access_mask == 0) {
+      out.why = "virtual memory at " + detail::sim_hex(cursor) +
+                " is mapped but not accessible (vm_set_access was not called)";
+      return out;
+    }
+    cursor = m->first + m->second.bytes;
+    ++m;
+  }
+  out.kind = placement::where::device;
   return out;
 }
 

@@ -64,45 +64,48 @@ struct basic_transfer_pipeline<Runtime>::job {
   completion done;
 };
 
+namespace detail {
+
+/// `o` checked, with its zeros (staging_threads, ring_chunks, min_piece_bytes) replaced by their
+/// defaults and its sizes rounded up (chunks to 4 KiB, pieces to 64 KiB).
+/// @throws gpukit::logic_error for a chunk_bytes of 0, negative staging_threads or an unknown copy
+inline transfer_options resolve_transfer_options(transfer_options o)
+{
+  GPUKIT_EXPECTS(o.chunk_bytes != 0, "transfer_pipeline: chunk_bytes is 0");
+  GPUKIT_EXPECTS(o.staging_threads >= 0,
+                 "transfer_pipeline: staging_threads is " + std::to_string(o.staging_threads));
+  if (o.staging_threads == 0) {
+    int const hw      = static_cast<int>(std::thread::hardware_concurrency());
+    o.staging_threads = std::max(1, std::min(12, hw));
+  }
+  GPUKIT_EXPECTS(
+    o.copy == staging_copy::memcpy || o.copy == staging_copy::nontemporal,
+    "transfer_pipeline: unknown staging_copy " + std::to_string(static_cast<int>(o.copy)));
+  o.chunk_bytes = (o.chunk_bytes + 4095) & ~std::size_t{4095};
+  o.min_piece_bytes =
+    o.min_piece_bytes == 0
+      ? o.chunk_bytes
+      : std::min((o.min_piece_bytes + 65535) & ~std::size_t{65535}, o.chunk_bytes);
+  if (o.ring_chunks == 0) { o.ring_chunks = static_cast<std::size_t>(o.staging_threads) + 2; }
+  return o;
+}
+
+}  // namespace detail
+
 template <class Runtime>
 basic_transfer_pipeline<Runtime>::basic_transfer_pipeline(Runtime& runtime,
                                                           basic_pinned_pool<Runtime>& pool,
                                                           transfer_options options)
     : runtime_{runtime}, pool_{pool}, pool_life_{pool.lifetime()}, options_{options}
 {
-  GPUKIT_EXPECTS(options_.chunk_bytes != 0, "transfer_pipeline: chunk_bytes is 0");
-  GPUKIT_EXPECTS(options_.staging_threads >= 0, "transfer_pipeline: staging_threads is " +
-                                                  std::to_string(options_.staging_threads));
-  if (options_.staging_threads == 0) {
-    int const hw             = static_cast<int>(std::thread::hardware_concurrency());
-    options_.staging_threads = std::max(1, std::min(12, hw));
-  }
-  GPUKIT_EXPECTS(
-    options_.copy == staging_copy::memcpy || options_.copy == staging_copy::nontemporal,
-    "transfer_pipeline: unknown staging_copy " + std::to_string(static_cast<int>(options_.copy)));
-  options_.chunk_bytes = (options_.chunk_bytes + 4095) & ~std::size_t{4095};
-  options_.min_piece_bytes =
-    options_.min_piece_bytes == 0
-      ? options_.chunk_bytes
-      : std::min((options_.min_piece_bytes + 65535) & ~std::size_t{65535}, options_.chunk_bytes);
-  if (options_.ring_chunks == 0) {
-    options_.ring_chunks = static_cast<std::size_t>(options_.staging_threads) + 2;
-  }
+  options_ = detail::resolve_transfer_options(options_);
   for (auto& r : rings_) {
     r           = std::make_unique<ring>();
     r->capacity = options_.ring_chunks;
   }
   GPUKIT_CUDA_TRY(runtime_.device_count(device_count_));
   peer_asked_.assign(static_cast<std::size_t>(device_count_), 0);
-  {
-    device_guard<Runtime> guard{runtime_, options_.device};
-    GPUKIT_CUDA_TRY(runtime_.stream_create(streams_[0]));
-    typename Runtime::error_type const e = runtime_.stream_create(streams_[1]);
-    if (e != Runtime::success) {
-      (void)runtime_.stream_destroy(streams_[0]);
-      GPUKIT_CUDA_TRY(e, "stream_create(device-to-host copy stream)");
-    }
-  }
+  create_copy_streams();
   try {
     for (int i = 1; i < options_.staging_threads; ++i) {
       workers_.emplace_back([this] { worker_loop(); });
@@ -111,22 +114,7 @@ basic_transfer_pipeline<Runtime>::basic_transfer_pipeline(Runtime& runtime,
     // be over, before it frees them; later transfers are refused. The callback runs under the
     // pool's lifetime lock, while the copy streams still exist (the destructor takes it back
     // before destroying them).
-    (void)pool_life_.on_expire(this, [this] {
-      {
-        std::unique_lock<std::mutex> lock{jobs_mutex_};
-        pool_gone_ = true;
-        done_cv_.wait(lock, [this] { return in_flight_ == 0 && submitted_ == 0; });
-      }
-      for (stream_type s : streams_) {
-        typename Runtime::error_type const e = runtime_.stream_synchronize(s);
-        if (e != Runtime::success) {
-          std::fprintf(stderr,
-                       "gpukit: transfer_pipeline: waiting for the copies of a pool being "
-                       "destroyed: %s\n",
-                       Runtime::error_string(e));
-        }
-      }
-    });
+    (void)pool_life_.on_expire(this, [this] { drain_for_pool(); });
   } catch (...) {
     {
       std::lock_guard<std::mutex> lock{jobs_mutex_};
@@ -137,6 +125,37 @@ basic_transfer_pipeline<Runtime>::basic_transfer_pipeline(Runtime& runtime,
     (void)runtime_.stream_destroy(streams_[0]);
     (void)runtime_.stream_destroy(streams_[1]);
     throw;
+  }
+}
+
+template <class Runtime>
+void basic_transfer_pipeline<Runtime>::create_copy_streams()
+{
+  device_guard<Runtime> guard{runtime_, options_.device};
+  GPUKIT_CUDA_TRY(runtime_.stream_create(streams_[0]));
+  typename Runtime::error_type const e = runtime_.stream_create(streams_[1]);
+  if (e != Runtime::success) {
+    (void)runtime_.stream_destroy(streams_[0]);
+    GPUKIT_CUDA_TRY(e, "stream_create(device-to-host copy stream)");
+  }
+}
+
+template <class Runtime>
+void basic_transfer_pipeline<Runtime>::drain_for_pool()
+{
+  {
+    std::unique_lock<std::mutex> lock{jobs_mutex_};
+    pool_gone_ = true;
+    done_cv_.wait(lock, [this] { return in_flight_ == 0 && submitted_ == 0; });
+  }
+  for (stream_type s : streams_) {
+    typename Runtime::error_type const e = runtime_.stream_synchronize(s);
+    if (e != Runtime::success) {
+      std::fprintf(stderr,
+                   "gpukit: transfer_pipeline: waiting for the copies of a pool being "
+                   "destroyed: %s\n",
+                   Runtime::error_string(e));
+    }
   }
 }
 

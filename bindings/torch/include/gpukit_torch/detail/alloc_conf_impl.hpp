@@ -221,31 +221,41 @@ inline std::vector<std::string_view> entries(std::string_view conf)
   return out;
 }
 
-inline void apply_pytorch_key(backend_conf& c, pytorch_key const& k, std::string const& key,
-                              std::string_view value, std::string_view entry)
+// Refuses a value other than PyTorch's default (k.accepted) for a key gpukit accepts only so.
+inline void check_default_only(pytorch_key const& k, std::string const& key, std::string_view value,
+                               std::string_view entry)
 {
-  switch (k.use) {
-    case pytorch_key_use::refused:
-      throw gpukit::logic_error{"gpukit: alloc conf: '" + std::string{entry} +
-                                "': gpukit does not use '" + key + "': " + k.reason +
-                                " (remove it from the configuration)"};
-    case pytorch_key_use::default_only: {
-      bool const is_bool = std::string_view{k.accepted} == "False";
-      bool const same =
-        is_bool ? !torch_bool(key, value) : lower(value) == lower(std::string_view{k.accepted});
-      if (!same) {
-        throw gpukit::logic_error{"gpukit: alloc conf: '" + std::string{entry} +
-                                  "': gpukit accepts '" + key + "' only as " + k.accepted +
-                                  " (PyTorch's default): " + k.reason};
-      }
-      return;
-    }
-    case pytorch_key_use::host_allocator:
-      if (!c.host_settings.empty()) { c.host_settings += ','; }
-      c.host_settings += std::string{entry};
-      return;
-    case pytorch_key_use::applied: break;
+  bool const is_bool = std::string_view{k.accepted} == "False";
+  bool const same =
+    is_bool ? !torch_bool(key, value) : lower(value) == lower(std::string_view{k.accepted});
+  if (!same) {
+    throw gpukit::logic_error{"gpukit: alloc conf: '" + std::string{entry} + "': gpukit accepts '" +
+                              key + "' only as " + k.accepted +
+                              " (PyTorch's default): " + k.reason};
   }
+}
+
+// large_segment_size_mb: the segments that medium requests share (and the growable pages), in MiB;
+// each must hold the largest such request.
+inline void set_large_segment_size(gpukit::caching_allocator_options& o, std::string const& key,
+                                   std::string_view value)
+{
+  std::size_t const bytes = mebibytes(key, value);
+  if (bytes < o.medium_request_bytes) {
+    bad_value(key, value,
+              "the segment must hold the largest request that shares one (" +
+                std::to_string(o.medium_request_bytes >> 20) + " MiB)");
+  }
+  std::string const size = gpukit::format_alloc_conf_size(bytes);
+  for (pytorch_option const& p : pytorch_options) {
+    if (key == p.pytorch) { set_option(o, p.field, key, size); }
+  }
+}
+
+// A key whose setting gpukit applies (pytorch_key_use::applied).
+inline void apply_pytorch_option(backend_conf& c, pytorch_key const& k, std::string const& key,
+                                 std::string_view value)
+{
   auto& o = c.options;
   if (key == "expandable_segments") {
     // PyTorch's two segment kinds: virtual memory, or cudaMalloc segments.
@@ -260,17 +270,26 @@ inline void apply_pytorch_key(backend_conf& c, pytorch_key const& k, std::string
     if (next.limit_fraction == 0.0) { bad_value(key, value, k.reason); }
     o = next;
   } else if (key == "large_segment_size_mb") {
-    std::size_t const bytes = mebibytes(key, value);
-    if (bytes < o.medium_request_bytes) {
-      bad_value(key, value,
-                "the segment must hold the largest request that shares one (" +
-                  std::to_string(o.medium_request_bytes >> 20) + " MiB)");
-    }
-    std::string const size = gpukit::format_alloc_conf_size(bytes);
-    for (pytorch_option const& p : pytorch_options) {
-      if (key == p.pytorch) { set_option(o, p.field, key, size); }
-    }
+    set_large_segment_size(o, key, value);
   }
+}
+
+inline void apply_pytorch_key(backend_conf& c, pytorch_key const& k, std::string const& key,
+                              std::string_view value, std::string_view entry)
+{
+  switch (k.use) {
+    case pytorch_key_use::refused:
+      throw gpukit::logic_error{"gpukit: alloc conf: '" + std::string{entry} +
+                                "': gpukit does not use '" + key + "': " + k.reason +
+                                " (remove it from the configuration)"};
+    case pytorch_key_use::default_only: check_default_only(k, key, value, entry); return;
+    case pytorch_key_use::host_allocator:
+      if (!c.host_settings.empty()) { c.host_settings += ','; }
+      c.host_settings += std::string{entry};
+      return;
+    case pytorch_key_use::applied: break;
+  }
+  apply_pytorch_option(c, k, key, value);
 }
 
 }  // namespace detail

@@ -950,58 +950,74 @@ std::pair<std::string, std::size_t> backend<Runtime>::share_ipc_handle(void* ptr
   return {s, shared.offset};
 }
 
-template <class Runtime>
-std::shared_ptr<void> backend<Runtime>::open_ipc_handle(std::string const& handle)
+namespace detail {
+
+/// Takes the sender's descriptor of each page (the ints after `header` in `handle`) into `h.fds`.
+inline void take_page_descriptors(gpukit::ipc_block_handle& h, std::string const& handle,
+                                  expandable_share_header const& header)
+{
+  int const pidfd = open_process(header.pid);
+  try {
+    for (std::size_t i = 0; i < header.pages; ++i) {
+      std::int32_t fd = 0;
+      std::memcpy(&fd, handle.data() + 2 + sizeof header + i * sizeof fd, sizeof fd);
+      h.fds.push_back(take_descriptor(header.pid, pidfd, fd));  // h closes them
+    }
+  } catch (...) {
+    ::close(pidfd);
+    throw;
+  }
+  ::close(pidfd);
+}
+
+/// The block an expandable-segment handle ("\x02e", a header, a descriptor per page) shares.
+/// @throws gpukit::logic_error for a handle too short, of fabric handles, or without one
+///         descriptor per page
+inline gpukit::ipc_block_handle read_expandable_handle(std::string const& handle)
+{
+  expandable_share_header header{};
+  GPUKIT_EXPECTS(handle.size() >= 2 + sizeof header,
+                 "getIpcDevPtr: an expandable-segment handle of " + std::to_string(handle.size()) +
+                   " bytes is shorter than its header");
+  std::memcpy(&header, handle.data() + 2, sizeof header);
+  std::size_t const rest = handle.size() - 2 - sizeof header;
+  GPUKIT_EXPECTS(header.pages == 0 || header.pages > rest / fabric_handle_bytes ||
+                   rest != header.pages * fabric_handle_bytes,
+                 "getIpcDevPtr: the sender (process " + std::to_string(header.pid) + ") shared " +
+                   std::to_string(header.pages) +
+                   " pages as fabric handles (CUmemFabricHandle, IMEX), which gpukit does not "
+                   "import; set TORCH_CUDA_EXPANDABLE_SEGMENTS_IPC=0 or expandable_segments:False "
+                   "in the sender");
+  GPUKIT_EXPECTS(header.pages != 0 && header.pages <= rest / sizeof(int) &&
+                   rest == header.pages * sizeof(int) && header.pid > 0,
+                 "getIpcDevPtr: an expandable-segment handle of " + std::to_string(handle.size()) +
+                   " bytes (process " + std::to_string(header.pid) + ", " +
+                   std::to_string(header.pages) + " pages of " + std::to_string(header.page_bytes) +
+                   " bytes) does not hold one descriptor per page");
+  gpukit::ipc_block_handle h;
+  h.type       = gpukit::ipc_block_handle::kind::shareable_pages;
+  h.page_bytes = header.page_bytes;
+  h.bytes      = header.pages * header.page_bytes;
+  h.offset     = 0;
+  take_page_descriptors(h, handle, header);
+  return h;
+}
+
+/// The block a handle of PyTorch's formats shares: versioned (cudaMalloc or expandable segment,
+/// the latter refused by check_expandable_layout for `torch_version`) or PyTorch's unversioned.
+/// @throws gpukit::logic_error for a handle of none of these formats
+inline gpukit::ipc_block_handle read_ipc_handle(std::string const& handle, int torch_version)
 {
   gpukit::ipc_block_handle h;
   std::size_t const n = sizeof h.memory;
   bool const versioned =
-    handle.size() >= 2 && handle[0] == detail::handle_version &&
-    (handle[1] == detail::handle_cuda_malloc || handle[1] == detail::handle_expandable_segment);
-  std::lock_guard<std::mutex> lock{ipc_mutex_};
-  if (auto it = opened_.find(handle); it != opened_.end()) {
-    if (auto block = it->second.lock()) { return {block, block->data()}; }
+    handle.size() >= 2 && handle[0] == handle_version &&
+    (handle[1] == handle_cuda_malloc || handle[1] == handle_expandable_segment);
+  if (versioned && handle[1] == handle_expandable_segment) {
+    check_expandable_layout(torch_version, "getIpcDevPtr");
+    return read_expandable_handle(handle);
   }
-  if (versioned && handle[1] == detail::handle_expandable_segment) {
-    detail::check_expandable_layout(torch_version_.load(std::memory_order_relaxed), "getIpcDevPtr");
-    detail::expandable_share_header header{};
-    GPUKIT_EXPECTS(handle.size() >= 2 + sizeof header,
-                   "getIpcDevPtr: an expandable-segment handle of " +
-                     std::to_string(handle.size()) + " bytes is shorter than its header");
-    std::memcpy(&header, handle.data() + 2, sizeof header);
-    std::size_t const rest = handle.size() - 2 - sizeof header;
-    GPUKIT_EXPECTS(
-      header.pages == 0 || header.pages > rest / detail::fabric_handle_bytes ||
-        rest != header.pages * detail::fabric_handle_bytes,
-      "getIpcDevPtr: the sender (process " + std::to_string(header.pid) + ") shared " +
-        std::to_string(header.pages) +
-        " pages as fabric handles (CUmemFabricHandle, IMEX), which gpukit does not "
-        "import; set TORCH_CUDA_EXPANDABLE_SEGMENTS_IPC=0 or expandable_segments:False "
-        "in the sender");
-    GPUKIT_EXPECTS(header.pages != 0 && header.pages <= rest / sizeof(int) &&
-                     rest == header.pages * sizeof(int) && header.pid > 0,
-                   "getIpcDevPtr: an expandable-segment handle of " +
-                     std::to_string(handle.size()) + " bytes (process " +
-                     std::to_string(header.pid) + ", " + std::to_string(header.pages) +
-                     " pages of " + std::to_string(header.page_bytes) +
-                     " bytes) does not hold one descriptor per page");
-    h.type          = gpukit::ipc_block_handle::kind::shareable_pages;
-    h.page_bytes    = header.page_bytes;
-    h.bytes         = header.pages * header.page_bytes;
-    h.offset        = 0;
-    int const pidfd = detail::open_process(header.pid);
-    try {
-      for (std::size_t i = 0; i < header.pages; ++i) {
-        std::int32_t fd = 0;
-        std::memcpy(&fd, handle.data() + 2 + sizeof header + i * sizeof fd, sizeof fd);
-        h.fds.push_back(detail::take_descriptor(header.pid, pidfd, fd));  // h closes them
-      }
-    } catch (...) {
-      ::close(pidfd);
-      throw;
-    }
-    ::close(pidfd);
-  } else if (versioned && handle.size() == n + 2) {
+  if (versioned && handle.size() == n + 2) {
     std::memcpy(&h.memory, handle.data() + 2, n);
     h.bytes = 1;                    // unknown: the segment's start is what PyTorch asks for
   } else if (handle.size() == n) {  // PyTorch's unversioned handle
@@ -1012,6 +1028,20 @@ std::shared_ptr<void> backend<Runtime>::open_ipc_handle(std::string const& handl
                             std::to_string(handle.size()) + " bytes, starting with byte " +
                             std::to_string(handle.empty() ? -1 : int{handle[0]}) + ")");
   }
+  return h;
+}
+
+}  // namespace detail
+
+template <class Runtime>
+std::shared_ptr<void> backend<Runtime>::open_ipc_handle(std::string const& handle)
+{
+  std::lock_guard<std::mutex> lock{ipc_mutex_};
+  if (auto it = opened_.find(handle); it != opened_.end()) {
+    if (auto block = it->second.lock()) { return {block, block->data()}; }
+  }
+  gpukit::ipc_block_handle const h =
+    detail::read_ipc_handle(handle, torch_version_.load(std::memory_order_relaxed));
   // Unmapped when the last tensor over it goes: after the device's work that may still use it
   // (CUDA does not wait for it in cuMemUnmap).
   std::shared_ptr<gpukit::imported_block<Runtime>> block{

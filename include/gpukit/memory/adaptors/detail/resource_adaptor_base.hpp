@@ -23,6 +23,9 @@
 //   template <class Deallocate> // Deallocate: void() calls the upstream
 //   void do_deallocate(void* p, std::size_t bytes, stream_type stream, Deallocate&& deallocate);
 //
+// A hook that only notes each allocation calls allocate.then_record(f): the upstream, then f(p),
+// with p given back should f throw.
+//
 // Synchronous entry points pass the default stream (a value-initialized stream_type). A null
 // pointer's deallocation goes to the upstream without the hook (resources ignore it).
 #pragma once
@@ -166,7 +169,8 @@ oom_report adaptor_oom_report(U const& upstream, std::size_t bytes)
 
 /// The upstream call an adaptor's allocation hook makes: `allocate()` calls the upstream;
 /// `undo(p)` gives `p` back through the matching free (same stream, size and alignment), for a hook
-/// that fails after the upstream succeeded (its own error is what the caller gets).
+/// that fails after the upstream succeeded (its own error is what the caller gets);
+/// `then_record(record)` does both, for a hook that notes each allocation.
 template <class Allocate, class GiveBack>
 struct upstream_allocation {
   Allocate allocate;
@@ -179,6 +183,21 @@ struct upstream_allocation {
       give_back(p);
     } catch (...) {  // the hook's error is the one reported
     }
+  }
+  /// Calls the upstream, then `record(p)` unless it returned null. Should `record` throw, `p` goes
+  /// back to the upstream (undo) and the error propagates: as if nothing was allocated.
+  template <class Record>
+  void* then_record(Record&& record)
+  {
+    void* p = allocate();
+    if (p == nullptr) { return p; }
+    try {
+      record(p);
+    } catch (...) {
+      undo(p);
+      throw;
+    }
+    return p;
   }
 };
 template <class Allocate, class GiveBack>
