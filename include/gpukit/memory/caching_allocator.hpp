@@ -96,10 +96,10 @@
 #include <gpukit/memory/detail/caching/block_index.hpp>
 #include <gpukit/memory/detail/caching/capture_pools.hpp>
 #include <gpukit/memory/detail/caching/event_ring.hpp>
-#include <gpukit/memory/detail/caching/upstream_source.hpp>
 #include <gpukit/memory/detail/caching/growable_source.hpp>
-#include <gpukit/memory/detail/caching/segment.hpp>
 #include <gpukit/memory/detail/caching/oom_ladder.hpp>
+#include <gpukit/memory/detail/caching/segment.hpp>
+#include <gpukit/memory/detail/caching/upstream_source.hpp>
 #include <gpukit/memory/detail/caching_block.hpp>
 #include <gpukit/memory/detail/cccl_entry_points.hpp>
 #include <gpukit/memory/detail/debug_options.hpp>

@@ -45,11 +45,8 @@ namespace gpukit {
 template <class Runtime>
 basic_caching_allocator<Runtime>::basic_caching_allocator(Runtime& runtime, int device,
                                                           caching_allocator_options options)
-    : runtime_{runtime},
-      device_{device},
-      options_{options},
-      pages_{runtime, device},
-      oom_{runtime, device}
+    : runtime_{runtime}, device_{device}, options_{options}, pages_{runtime, device}, oom_{runtime,
+                                                                                           device}
 {
   validate_options();
   int count = 0;
