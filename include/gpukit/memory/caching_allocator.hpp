@@ -17,6 +17,11 @@
 //     (void)s.reserved_bytes;                         // reserved, active, inactive split, ...
 //   }
 //
+//   // Over any memory resource: segments from `upstream`, here capped at 8 GiB and counted.
+//   //   gpukit::malloc_async_resource device{gpukit::cuda_runtime::instance(), 0};
+//   //   gpukit::limiting_resource_adaptor capped{device, std::size_t{8} << 30};
+//   //   gpukit::caching_allocator over{gpukit::cuda_runtime::instance(), 0, capped};
+//
 //   void in_ci()  // the same allocator on a simulated GPU (CI without a GPU)
 //   {
 //     gpukit::sim_runtime sim{gpukit::sim_config{}.with_devices(1, std::size_t{16} << 30)};
