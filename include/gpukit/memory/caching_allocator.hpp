@@ -96,6 +96,8 @@
 #include <gpukit/memory/detail/caching/block_index.hpp>
 #include <gpukit/memory/detail/caching/capture_pools.hpp>
 #include <gpukit/memory/detail/caching/event_ring.hpp>
+#include <gpukit/memory/detail/caching/guard_page_source.hpp>
+#include <gpukit/memory/detail/caching/quarantine.hpp>
 #include <gpukit/memory/detail/caching_block.hpp>
 #include <gpukit/memory/detail/debug_options.hpp>
 #include <gpukit/memory/detail/shared_counts.hpp>
@@ -406,7 +408,10 @@ class basic_caching_allocator final {
     return stream_ordered_ ? segment_source::stream_ordered : segment_source::synchronous;
   }
   /// Debug mode: freed blocks waiting in the quarantine (0 when debug mode is off).
-  [[nodiscard]] std::size_t debug_quarantined_blocks() const;
+  [[nodiscard]] std::size_t debug_quarantined_blocks() const
+  {
+    return debug_ == nullptr ? 0 : debug_->blocks();
+  }
 
   /// Where a block handed out by this allocator lives: what gpukit/memory/ipc.hpp needs to export
   /// it to another process.
@@ -531,22 +536,12 @@ class basic_caching_allocator final {
   void teardown_events(teardown_calls& call) noexcept GPUKIT_REQUIRES(mutex_);
   void teardown_segment(segment* seg, teardown_calls& call) noexcept GPUKIT_REQUIRES(mutex_);
 
-  // Debug mode (detail/debug_mode.inl).
-  struct debug_state;
-  void debug_init();
-  static void const*& debug_releasing() noexcept;
+  // Debug mode (detail/caching/quarantine.hpp, detail/caching/guard_page_source.hpp): the
+  // lock protocol of a free in debug mode, which joins the two layers to the pool.
+  using debug_quarantine = detail::caching::quarantine<Runtime, block>;
+  using guard_source     = detail::caching::guard_page_source<Runtime, block>;
   bool debug_free(void* ptr, std::size_t bytes, bool check_size, stream_type stream)
     GPUKIT_EXCLUDES(mutex_);
-  std::size_t debug_check_free(void* ptr, std::size_t bytes, bool check_size, bool& guarded)
-    GPUKIT_EXCLUDES(mutex_);
-  void debug_flush(stream_type stream, bool all);
-  template <class Entries>
-  void debug_release(Entries const& evicted);
-  void* guard_allocate(std::size_t bytes, std::size_t size, int kind, stream_type stream,
-                       thread_cache& tc) GPUKIT_REQUIRES(mutex_);
-  block* guard_place(std::size_t size, int kind, stream_type stream, bool& oom)
-    GPUKIT_REQUIRES(mutex_);
-  block* guard_range(std::size_t pages, int kind, std::uintptr_t& at) GPUKIT_REQUIRES(mutex_);
   void guard_free(void* ptr, std::size_t bytes, bool check_size, stream_type stream)
     GPUKIT_EXCLUDES(mutex_);
   // Thread caches (detail/thread_cache.inl).
@@ -764,7 +759,9 @@ class basic_caching_allocator final {
   detail::caching::capture_pools<Runtime, block> capture_ GPUKIT_GUARDED_BY(mutex_);
   // Captures and windows under way: read on the fast path without the lock, written under it.
   std::atomic<int> captures_underway_{0};
-  std::unique_ptr<debug_state> debug_;     // debug mode's quarantine (null when off)
+  // Debug mode: the quarantine (null when off; its own lock, taken before mutex_), guard pages.
+  std::unique_ptr<debug_quarantine> debug_;
+  guard_source guards_ GPUKIT_GUARDED_BY(mutex_){device_, blocks_};
   std::atomic<bool> recording_on_{false};  // read on the fast path, written under the lock
   // Events per ring: read by record() on the fast path (a thread's own ring), written under the
   // lock.
@@ -849,7 +846,6 @@ basic_caching_allocator<Runtime>& default_caching_allocator(int device = -1)
 
 // The bodies, one seam a file (see the top of detail/caching_allocator.inl).
 #include <gpukit/memory/detail/caching_allocator.inl>
-#include <gpukit/memory/detail/debug_mode.inl>
 #include <gpukit/memory/detail/graph_capture.inl>
 #include <gpukit/memory/detail/growable_segments.inl>
 #include <gpukit/memory/detail/oom_recovery.inl>
