@@ -540,8 +540,9 @@ class basic_caching_allocator final {
   // lock protocol of a free in debug mode, which joins the two layers to the pool.
   using debug_quarantine = detail::caching::quarantine<Runtime, block>;
   using guard_source     = detail::caching::guard_page_source<Runtime, block>;
-  bool debug_free(void* ptr, std::size_t bytes, bool check_size, stream_type stream)
-    GPUKIT_EXCLUDES(mutex_);
+  // Out of line, so that deallocate_impl, which calls it when debug mode is on, keeps its shape.
+  __attribute__((noinline)) bool debug_free(void* ptr, std::size_t bytes, bool check_size,
+                                            stream_type stream) GPUKIT_EXCLUDES(mutex_);
   void guard_free(void* ptr, std::size_t bytes, bool check_size, stream_type stream)
     GPUKIT_EXCLUDES(mutex_);
   // Thread caches (detail/thread_cache.inl).
@@ -751,6 +752,7 @@ class basic_caching_allocator final {
   mutable detail::annotated_mutex mutex_;  // the pool lock: guards everything below
   // Every block by address, the free blocks usable on any stream, the descriptors.
   detail::caching::block_index<block> blocks_ GPUKIT_GUARDED_BY(mutex_);
+  guard_source guards_ GPUKIT_GUARDED_BY(mutex_){device_, blocks_};  // debug mode's guard pages
   pool_state pool_ GPUKIT_GUARDED_BY(mutex_);
   page_state pages_ GPUKIT_GUARDED_BY(mutex_);
   stream_state streams_ GPUKIT_GUARDED_BY(mutex_);
@@ -759,9 +761,8 @@ class basic_caching_allocator final {
   detail::caching::capture_pools<Runtime, block> capture_ GPUKIT_GUARDED_BY(mutex_);
   // Captures and windows under way: read on the fast path without the lock, written under it.
   std::atomic<int> captures_underway_{0};
-  // Debug mode: the quarantine (null when off; its own lock, taken before mutex_), guard pages.
+  // Debug mode's quarantine (null when off; its own lock, taken before mutex_).
   std::unique_ptr<debug_quarantine> debug_;
-  guard_source guards_ GPUKIT_GUARDED_BY(mutex_){device_, blocks_};
   std::atomic<bool> recording_on_{false};  // read on the fast path, written under the lock
   // Events per ring: read by record() on the fast path (a thread's own ring), written under the
   // lock.
