@@ -17,8 +17,9 @@
 // pool lock while it holds the quarantine's. What it needs of the allocator comes as callables at
 // the call: `admit` (the pool's side of a free) and `give_back` (the ordinary free of an entry
 // that leaves the quarantine), which the quarantine calls without its lock. Invariants: `held_`
-// holds exactly the pointers of `queue_`, and `held_bytes_` the sum of their sizes; outside
-// free(), the quarantine is within its bounds (quarantine_bytes, quarantine_blocks).
+// holds exactly the pointers of `queue_`, and `held_bytes_` the sum of their sizes; the
+// quarantine is within its bounds (quarantine_bytes, quarantine_blocks) but for entries whose
+// give-back failed, which wait at its front for the next free or flush.
 #pragma once
 
 #include <gpukit/detail/hex.hpp>
