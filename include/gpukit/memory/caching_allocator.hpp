@@ -102,7 +102,9 @@
 #include <gpukit/memory/detail/caching/capture_pools.hpp>
 #include <gpukit/memory/detail/caching/event_ring.hpp>
 #include <gpukit/memory/detail/caching/growable_source.hpp>
+#include <gpukit/memory/detail/caching/guard_page_source.hpp>
 #include <gpukit/memory/detail/caching/oom_ladder.hpp>
+#include <gpukit/memory/detail/caching/quarantine.hpp>
 #include <gpukit/memory/detail/caching/segment.hpp>
 #include <gpukit/memory/detail/caching/upstream_source.hpp>
 #include <gpukit/memory/detail/caching_block.hpp>
@@ -387,7 +389,10 @@ class basic_caching_allocator final
     return stream_ordered_ ? segment_source::stream_ordered : segment_source::synchronous;
   }
   /// Debug mode: freed blocks waiting in the quarantine (0 when debug mode is off).
-  [[nodiscard]] std::size_t debug_quarantined_blocks() const;
+  [[nodiscard]] std::size_t debug_quarantined_blocks() const
+  {
+    return debug_ == nullptr ? 0 : debug_->blocks();
+  }
 
   /// Where a block handed out by this allocator lives: what gpukit/memory/ipc.hpp needs to export
   /// it to another process.
@@ -523,22 +528,13 @@ class basic_caching_allocator final
   void teardown_events(teardown_calls& call) noexcept GPUKIT_REQUIRES(mutex_);
   void teardown_segment(segment* seg, teardown_calls& call) noexcept GPUKIT_REQUIRES(mutex_);
 
-  // Debug mode (detail/debug_mode.inl).
-  struct debug_state;
-  void debug_init();
-  static void const*& debug_releasing() noexcept;
-  bool debug_free(void* ptr, std::size_t bytes, bool check_size, stream_type stream)
-    GPUKIT_EXCLUDES(mutex_);
-  std::size_t debug_check_free(void* ptr, std::size_t bytes, bool check_size, bool& guarded)
-    GPUKIT_EXCLUDES(mutex_);
-  void debug_flush(stream_type stream, bool all);
-  template <class Entries>
-  void debug_release(Entries const& evicted);
-  void* guard_allocate(std::size_t bytes, std::size_t size, int kind, stream_type stream,
-                       thread_cache& tc) GPUKIT_REQUIRES(mutex_);
-  block* guard_place(std::size_t size, int kind, stream_type stream, bool& oom)
-    GPUKIT_REQUIRES(mutex_);
-  block* guard_range(std::size_t pages, int kind, std::uintptr_t& at) GPUKIT_REQUIRES(mutex_);
+  // Debug mode (detail/caching/quarantine.hpp, detail/caching/guard_page_source.hpp): the
+  // lock protocol of a free in debug mode, which joins the two layers to the pool.
+  using debug_quarantine = detail::caching::quarantine<Runtime, block>;
+  using guard_source     = detail::caching::guard_page_source<Runtime, block>;
+  // Out of line, so that deallocate_impl, which calls it when debug mode is on, keeps its shape.
+  __attribute__((noinline)) bool debug_free(void* ptr, std::size_t bytes, bool check_size,
+                                            stream_type stream) GPUKIT_EXCLUDES(mutex_);
   void guard_free(void* ptr, std::size_t bytes, bool check_size, stream_type stream)
     GPUKIT_EXCLUDES(mutex_);
   // Thread caches (detail/thread_cache.inl).
@@ -665,6 +661,7 @@ class basic_caching_allocator final
   mutable detail::annotated_mutex mutex_;  // the pool lock: guards everything below
   // Every block by address, the free blocks usable on any stream, the descriptors.
   detail::caching::block_index<block> blocks_ GPUKIT_GUARDED_BY(mutex_);
+  guard_source guards_ GPUKIT_GUARDED_BY(mutex_){device_, blocks_};  // debug mode's guard pages
   pool_state pool_ GPUKIT_GUARDED_BY(mutex_);
   // Growable segments: their pages, spare pages and peers (detail/caching/growable_source.hpp).
   detail::caching::growable_source<Runtime, block> pages_ GPUKIT_GUARDED_BY(mutex_);
@@ -674,7 +671,8 @@ class basic_caching_allocator final
   detail::caching::capture_pools<Runtime, block> capture_ GPUKIT_GUARDED_BY(mutex_);
   // Captures and windows under way: read on the fast path without the lock, written under it.
   std::atomic<int> captures_underway_{0};
-  std::unique_ptr<debug_state> debug_;     // debug mode's quarantine (null when off)
+  // Debug mode's quarantine (null when off; its own lock, taken before mutex_).
+  std::unique_ptr<debug_quarantine> debug_;
   std::atomic<bool> recording_on_{false};  // read on the fast path, written under the lock
   // Events per ring: read by record() on the fast path (a thread's own ring), written under the
   // lock.
@@ -759,7 +757,6 @@ basic_caching_allocator<Runtime>& default_caching_allocator(int device = -1)
 
 // The bodies, one seam a file (see the top of detail/caching_allocator.inl).
 #include <gpukit/memory/detail/caching_allocator.inl>
-#include <gpukit/memory/detail/debug_mode.inl>
 #include <gpukit/memory/detail/graph_capture.inl>
 #include <gpukit/memory/detail/pool_segments.inl>
 #include <gpukit/memory/detail/recording.inl>

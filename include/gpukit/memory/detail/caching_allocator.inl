@@ -25,6 +25,8 @@
 //   segment.hpp        the descriptor of a segment
 //   growable_source.hpp  growable (virtual memory) segments: pages mapped on demand, spare pages
 //   oom_ladder.hpp     the out-of-memory ladder, its callbacks and the out_of_memory report
+//   quarantine.hpp     debug mode: checks of a free, poisoning, the quarantine (its own lock)
+//   guard_page_source.hpp  debug mode's guard pages: a block on its own pages, placed and retired
 // The lock discipline is declared (GPUKIT_GUARDED_BY, GPUKIT_REQUIRES, GPUKIT_EXCLUDES:
 // gpukit/detail/thread_annotations.hpp) and checked by clang's -Wthread-safety.
 #pragma once
@@ -36,6 +38,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <limits>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -60,7 +63,13 @@ basic_caching_allocator<Runtime>::basic_caching_allocator(Runtime& runtime, int 
   stream_ordered_ = options_.source == segment_source::stream_ordered ||
                     (options_.source == segment_source::automatic && props.memory_pools);
   growable_ = options_.source == segment_source::growable;
-  debug_init();  // annotation and debug mode settle the segment source (detail/debug_mode.inl)
+  // Annotation and debug mode settle the segment source (detail/caching/quarantine.hpp).
+  bool const guard = detail::caching::settle_debug_mode(options_, stream_ordered_, growable_);
+  if (options_.debug.enabled) {
+    debug_ =
+      std::make_unique<debug_quarantine>(runtime_, device_, options_, captures_underway_, mutex_);
+  }
+  if (guard) { guards_.enable(); }
   if (growable_) {
     GPUKIT_EXPECTS(props.virtual_memory_management,
                    "caching_allocator: segment_source::growable needs virtual memory management, "
@@ -257,8 +266,28 @@ void* basic_caching_allocator<Runtime>::allocate_slow(std::size_t bytes, std::si
       return allocate_captured(bytes, size, kind, *cp, stream, tc);
     }
   }
-  if (debug_ != nullptr && debug_->guard && !capture) {  // guard pages (detail/debug_mode.inl)
-    return guard_allocate(bytes, size, kind, stream, tc);
+  if (guards_.on() && !capture) {  // guard pages (detail/caching/guard_page_source.hpp)
+    auto reserve = [&](std::size_t n, bool& oom) {
+      mutex_.assert_held();  // these lambdas run under the lock
+      return pages_.reserve_range(n, kind, stream, oom, growable_pool{*this});
+    };
+    auto map_run = [&](block* u, std::uintptr_t at, std::size_t pages, bool& oom) {
+      mutex_.assert_held();
+      return pages_.map_run(u, at, pages, oom, growable_pool{*this});
+    };
+    auto free_run = [&](block* run) {
+      mutex_.assert_held();
+      insert_free(run);
+    };
+    auto reclaim = [&] {
+      mutex_.assert_held();
+      ++stats_.num_alloc_retries;
+      pages_.release(0, nullptr, growable_pool{*this});
+    };
+    block* b = guards_.allocate(bytes, size, stream, pages_.page_bytes(kind), pages_.unmapped(kind),
+                                reserve, map_run, free_run, reclaim);
+    if (b == nullptr) { oom_.throw_oom(bytes, size, oom_operations{*this, tc}); }
+    return hand_out(tc, b, bytes, stream);
   }
   block* b = find_reusable(size, kind, stream, tc, capture);
   if (b == nullptr) { b = new_memory(bytes, size, kind, stream, tc, capture); }
@@ -702,6 +731,80 @@ void basic_caching_allocator<Runtime>::park_pending(thread_cache& tc, block* b, 
   b->recorded.clear();
   b->state.store(detail::block_state::pending, std::memory_order_relaxed);
   streams_.pending.push_back(std::move(pf));
+}
+
+// Debug mode's part of every free (detail/caching/quarantine.hpp): true when it took the free (the
+// caller returns). Under the quarantine's lock, the free is checked against the pool's books under
+// the pool lock; a block with guard pages is then freed at once (guard_free), any other poisoned
+// and quarantined. The frees the quarantine pushes out go back through the ordinary free path.
+// @throws gpukit::logic_error for a pointer this allocator did not hand out, a double free (also
+// of a block still in quarantine) or a size that differs from the allocation's
+template <class Runtime>
+bool basic_caching_allocator<Runtime>::debug_free(void* ptr, std::size_t bytes, bool check_size,
+                                                  stream_type stream)
+{
+  auto const admit = [&]() -> std::optional<std::size_t> {
+    std::size_t size = 0;
+    bool guarded     = false;
+    {
+      detail::pool_lock lock{mutex_};
+      guards_.check_free(ptr);
+      size    = debug_->check_free(blocks_.find(ptr), ptr, bytes, check_size);
+      guarded = guards_.holds(ptr);
+    }
+    if (guarded && captures_underway_.load(std::memory_order_relaxed) == 0) {
+      guard_free(ptr, bytes, check_size, stream);
+      return std::nullopt;
+    }
+    if (guarded) {  // freed while a graph is being captured (no waiting): an ordinary free
+      detail::pool_lock lock{mutex_};
+      guards_.forget(ptr);
+    }
+    return size;
+  };
+  return debug_->free(ptr, bytes, check_size, stream, admit, [this](auto const& e) {
+    deallocate_impl(e.ptr, e.bytes, e.check_size, e.stream);
+  });
+}
+
+// Guard pages: the free of a guarded block, checked by debug_free (the quarantine's lock held).
+// Waits for the block's streams, then unmaps its run (the pages become spare pages). A stream found
+// destroyed costs a device synchronization.
+// @throws gpukit::cuda_error when a wait fails (the block stays allocated) or an unmap fails (the
+//         block is free; its pages stay mapped until release)
+template <class Runtime>
+void basic_caching_allocator<Runtime>::guard_free(void* ptr, std::size_t bytes, bool check_size,
+                                                  stream_type stream)
+{
+  thread_cache& tc = local_cache();
+  void* owner      = nullptr;
+  block* b         = claim_foreign(ptr, bytes, check_size, owner);
+  std::vector<stream_type> streams{stream};
+  {
+    detail::pool_lock lock{mutex_};
+    streams.insert(streams.end(), b->recorded.begin(), b->recorded.end());
+  }
+  try {
+    guard_source::wait_for_streams(runtime_, device_, streams);
+  } catch (...) {
+    b->owner.store(owner, std::memory_order_release);  // as if this free had not been made
+    throw;
+  }
+  count_free(tc, b, ptr, stream);
+  detail::pool_lock lock{mutex_};
+  block* merged = insert_free(guards_.retire(b, options_.debug.quarantine_blocks));
+  oom_.wake_waiters();
+  // The free has happened: from here nothing throws (a caller told of an error would free the
+  // block again). Pages that cannot be unmapped now stay mapped until release() unmaps them.
+  try {
+    typename Runtime::error_type error = Runtime::success;
+    device_guard<Runtime> guard{runtime_, device_};
+    pages_.unmap_free_pages(merged, std::numeric_limits<std::size_t>::max(), error,
+                            growable_pool{*this});
+    if (error != Runtime::success) { ++stats_.num_guard_unmap_failures; }
+  } catch (...) {
+    ++stats_.num_guard_unmap_failures;
+  }
 }
 
 }  // namespace gpukit

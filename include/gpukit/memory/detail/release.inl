@@ -17,7 +17,10 @@ namespace gpukit {
 template <class Runtime>
 std::size_t basic_caching_allocator<Runtime>::release()
 {
-  debug_flush(stream_type{}, true);  // debug mode: the quarantine's blocks are free memory too
+  if (debug_ != nullptr) {  // debug mode: the quarantine's blocks are free memory too
+    debug_->flush_all(
+      [this](auto const& e) { deallocate_impl(e.ptr, e.bytes, e.check_size, e.stream); });
+  }
   return trim(0);
 }
 

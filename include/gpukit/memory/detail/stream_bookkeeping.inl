@@ -343,7 +343,10 @@ std::size_t basic_caching_allocator<Runtime>::make_global(stream_pool& sp, std::
 template <class Runtime>
 void basic_caching_allocator<Runtime>::forget_stream(stream_type stream)
 {
-  debug_flush(stream, false);  // debug mode: quarantined frees on it go back while it lives
+  if (debug_ != nullptr) {  // debug mode: quarantined frees on it go back while it lives
+    debug_->flush(
+      stream, [this](auto const& e) { deallocate_impl(e.ptr, e.bytes, e.check_size, e.stream); });
+  }
   thread_cache& tc = local_cache();
   detail::pool_lock lock{mutex_};
   drain_cache(tc);
