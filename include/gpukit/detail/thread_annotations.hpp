@@ -126,4 +126,17 @@ void wait_for(ConditionVariable& cv, annotated_mutex& m, Duration timeout) GPUKI
   lock.release();  // still held: the caller's
 }
 
+/// Waits on `cv` until notified (or woken spuriously), releasing `m` (held by the caller) meanwhile
+/// and holding it again on return, as std::condition_variable::wait does with a std::unique_lock.
+/// The caller loops on its condition, `while (!ready_) detail::wait(cv_, mutex_);` (what
+/// wait(lock, predicate) does), so that the condition is read where the analysis sees `m` held: a
+/// predicate lambda is checked as a function of its own.
+template <class ConditionVariable>
+void wait(ConditionVariable& cv, annotated_mutex& m) GPUKIT_REQUIRES(m)
+{
+  std::unique_lock<std::mutex> lock{m.native(), std::adopt_lock};
+  cv.wait(lock);
+  lock.release();  // still held: the caller's
+}
+
 }  // namespace gpukit::detail

@@ -63,6 +63,7 @@
 #include <gpukit/detail/alignment_check.hpp>
 #include <gpukit/detail/cccl_compat.hpp>  // <cuda/memory_resource>, whichever CCCL
 #include <gpukit/detail/lifetime.hpp>
+#include <gpukit/detail/thread_annotations.hpp>
 #include <gpukit/error.hpp>
 #include <gpukit/error_macros.hpp>
 #include <gpukit/profile/detail/slow_path_range.hpp>
@@ -78,7 +79,6 @@
 #include <initializer_list>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -368,10 +368,13 @@ class basic_pinned_pool final {
   {
     detail::check_alignment("pinned_pool", align, min_class_bytes);
   }
-  block* take_ready_locked(std::size_t cls);
-  block* carve_locked(std::size_t cls);
-  segment& add_segment_locked(void* base, std::size_t bytes, segment_kind kind,
-                              std::size_t map_bytes);
+  /// The newest free buffer of class `cls` that may be reused now, taken off the free list; or
+  /// nullptr.
+  block* take_ready(std::size_t cls) GPUKIT_REQUIRES(mutex_);
+  /// A new buffer of class `cls` cut from the free end of a range; nullptr when none has room.
+  block* carve(std::size_t cls) GPUKIT_REQUIRES(mutex_);
+  segment& add_segment(void* base, std::size_t bytes, segment_kind kind, std::size_t map_bytes)
+    GPUKIT_REQUIRES(mutex_);
   /// A member that grows the pool, as its errors name it. String literals: cuda_error keeps the
   /// failed call's text as a pointer, which must outlive the exception.
   struct growth_call {
@@ -379,41 +382,53 @@ class basic_pinned_pool final {
     char const* host_alloc;     ///< the failed call: "host_alloc (pinned_pool::allocate)"
     char const* host_register;  ///< the failed call: "host_register (pinned_pool::allocate)"
   };
-  segment& grow_locked(std::unique_lock<std::mutex>& lock, std::size_t bytes, std::size_t request,
-                       growth_call call);
+  /// Pins a new range of `bytes` for a request of `request` bytes; mutex_ is released while the
+  /// memory is mapped and pinned.
+  segment& grow(std::size_t bytes, std::size_t request, growth_call call) GPUKIT_REQUIRES(mutex_);
   typename Runtime::error_type free_segment(segment& s) noexcept;
   /// Takes out of the pool every range none of whose buffers is handed out or pending, with its
   /// free buffers, for release_cached to give back off the lock.
-  std::vector<std::unique_ptr<segment>> take_unused_segments_locked();
-  void poll_pending_locked(std::size_t cls, bool all);
-  block& find_live_locked(void* ptr, char const* call);
-  void check_limit_locked(std::size_t more, std::size_t request, char const* call);
+  std::vector<std::unique_ptr<segment>> take_unused_segments() GPUKIT_REQUIRES(mutex_);
+  /// Moves the returned buffers whose events have completed (of class `cls`, or `all`) to the free
+  /// lists.
+  void poll_pending(std::size_t cls, bool all) GPUKIT_REQUIRES(mutex_);
+  /// The handed-out buffer at `ptr`; throws, naming `call`, for any other pointer.
+  block& find_handed_out(void* ptr, char const* call) GPUKIT_REQUIRES(mutex_);
+  void check_limit(std::size_t more, std::size_t request, char const* call) GPUKIT_REQUIRES(mutex_);
   struct used_stream {  ///< a stream that used a buffer, and its device (asked off the lock)
     stream_type stream{};
     int device{0};
     bool operator==(used_stream const& o) const { return stream == o.stream; }
   };
-  used_stream used_by(stream_type stream);
-  void return_locked(block& b, used_stream const* stream);
+  used_stream used_by(stream_type stream) GPUKIT_EXCLUDES(mutex_);
+  /// Takes back a handed-out buffer: free at once, or pending on the events of the streams that
+  /// used it (`stream` added to them).
+  void take_back(block& b, used_stream const* stream) GPUKIT_REQUIRES(mutex_);
   struct device_event {  ///< an event and the device it belongs to (events record on its streams)
     int device{0};
     event_type event{};
   };
-  device_event take_event_locked(int device);
-  std::vector<device_event> record_events_locked(std::vector<used_stream>& streams);
-  void hand_out_locked(block& b, std::size_t bytes, bool hit);
+  device_event take_event(int device) GPUKIT_REQUIRES(mutex_);
+  std::vector<device_event> record_events(std::vector<used_stream>& streams)
+    GPUKIT_REQUIRES(mutex_);
+  void hand_out(block& b, std::size_t bytes, bool hit) GPUKIT_REQUIRES(mutex_);
   static void bump(stat_pair& s, std::int64_t delta) noexcept;
 
   Runtime& runtime_;
-  pinned_pool_options options_;
-  mutable std::mutex mutex_;
-  std::vector<std::unique_ptr<segment>> segments_;
-  std::unordered_map<void*, std::unique_ptr<block>> blocks_;  ///< every carved buffer
-  std::map<std::size_t, std::vector<block*>> ready_;  ///< class -> free, reusable now (LIFO)
-  std::vector<pending> pending_;                      ///< returned, waiting on events
-  std::vector<device_event> spare_events_;  ///< of every device the pool's buffers were used on
-  std::size_t reserved_{0};
-  mutable pinned_pool_stats stats_{};
+  pinned_pool_options options_;  // not guarded: only limit_bytes changes later, under mutex_
+  // The pool's tables, guarded by mutex_ (clang's -Wthread-safety checks it: GPUKIT_GUARDED_BY,
+  // and GPUKIT_REQUIRES on the members above that need it held).
+  mutable detail::annotated_mutex mutex_;
+  std::vector<std::unique_ptr<segment>> segments_ GPUKIT_GUARDED_BY(mutex_);
+  /// Every carved buffer.
+  std::unordered_map<void*, std::unique_ptr<block>> blocks_ GPUKIT_GUARDED_BY(mutex_);
+  /// Class -> free buffers, reusable now (LIFO).
+  std::map<std::size_t, std::vector<block*>> ready_ GPUKIT_GUARDED_BY(mutex_);
+  std::vector<pending> pending_ GPUKIT_GUARDED_BY(mutex_);  ///< returned, waiting on events
+  /// Events of every device the pool's buffers were used on.
+  std::vector<device_event> spare_events_ GPUKIT_GUARDED_BY(mutex_);
+  std::size_t reserved_ GPUKIT_GUARDED_BY(mutex_){0};
+  mutable pinned_pool_stats stats_ GPUKIT_GUARDED_BY(mutex_){};
   // Expired first thing in the destructor: pinned buffers destroyed later return nothing, and a
   // pipeline's on_expire callback waits for the copies from its chunks before they are freed.
   detail::lifetime_registration lifetime_;

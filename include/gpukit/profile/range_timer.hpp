@@ -49,6 +49,7 @@
 
 #include <gpukit/detail/json.hpp>
 #include <gpukit/detail/spare_events.hpp>
+#include <gpukit/detail/thread_annotations.hpp>
 #include <gpukit/error.hpp>
 #include <gpukit/error_macros.hpp>
 #include <gpukit/profile/nvtx.hpp>
@@ -62,7 +63,6 @@
 #include <cstring>
 #include <deque>
 #include <limits>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -143,7 +143,7 @@ class range_timer {
     try {
       flush();
     } catch (...) {}
-    std::lock_guard<std::mutex> lock{mutex_};
+    detail::pool_lock lock{mutex_};
     for (auto& p : pending_) {
       (void)rt_.event_destroy(p.start);
       (void)rt_.event_destroy(p.stop);
@@ -169,13 +169,13 @@ class range_timer {
   /// Ranges ended but not yet harvested.
   [[nodiscard]] std::size_t pending() const
   {
-    std::lock_guard<std::mutex> lock{mutex_};
+    detail::pool_lock lock{mutex_};
     return pending_.size();
   }
   /// Ranges not timed because `max_pending` were in flight (or an event failed).
   [[nodiscard]] std::uint64_t dropped() const
   {
-    std::lock_guard<std::mutex> lock{mutex_};
+    detail::pool_lock lock{mutex_};
     return dropped_;
   }
 
@@ -183,8 +183,8 @@ class range_timer {
   [[nodiscard]] std::vector<range_stats> stats()
   {
     poll();
-    std::lock_guard<std::mutex> lock{mutex_};
-    return stats_locked();
+    detail::pool_lock lock{mutex_};
+    return summarize();
   }
   /// Statistics of one name (polls first); empty when no range of that name was harvested.
   [[nodiscard]] std::optional<range_stats> stats(std::string_view name)
@@ -216,7 +216,7 @@ class range_timer {
                     s.p90_ms, s.min_ms, s.max_ms, s.share * 100.0);
       out += line;
     }
-    std::lock_guard<std::mutex> lock{mutex_};
+    detail::pool_lock lock{mutex_};
     std::snprintf(line, sizeof line, "pending %zu, dropped %llu\n", pending_.size(),
                   static_cast<unsigned long long>(dropped_));
     out += line;
@@ -243,7 +243,7 @@ class range_timer {
              ",\"share\":" + detail::json_number(s.share) +
              ",\"depth\":" + std::to_string(s.depth) + "}";
     }
-    std::lock_guard<std::mutex> lock{mutex_};
+    detail::pool_lock lock{mutex_};
     out += "],\"pending\":" + std::to_string(pending_.size()) +
            ",\"dropped\":" + std::to_string(dropped_) + "}";
     return out;
@@ -252,7 +252,7 @@ class range_timer {
   /// Forgets every harvested statistic (pending ranges are still harvested later).
   void reset()
   {
-    std::lock_guard<std::mutex> lock{mutex_};
+    detail::pool_lock lock{mutex_};
     for (auto& n : names_) n.clear_stats();
     dropped_ = 0;
   }
@@ -305,12 +305,12 @@ class range_timer {
 #endif
 
   // Records the start event and pushes the NVTX range; on failure leaves nothing behind.
-  void begin_range(scope& sc, char const* name, stream_type s)
+  void begin_range(scope& sc, char const* name, stream_type s) GPUKIT_EXCLUDES(mutex_)
   {
     sc.stream_          = s;
     std::uint32_t color = 0;
     {
-      std::lock_guard<std::mutex> lock{mutex_};
+      detail::pool_lock lock{mutex_};
       sc.name_ = intern(name);
       color    = names_[sc.name_].color;
       if (pending_.size() + in_flight_ < options_.max_pending) {
@@ -324,8 +324,8 @@ class range_timer {
     if (sc.timed_) {
       typename Runtime::error_type const e = rt_.event_record(sc.start_, s);
       if (e != Runtime::success) {
-        std::lock_guard<std::mutex> lock{mutex_};
-        give_back_locked(sc);
+        detail::pool_lock lock{mutex_};
+        drop_range(sc);
         GPUKIT_CUDA_TRY(e, "event_record(start of the range, stream)");
       }
     }
@@ -341,8 +341,8 @@ class range_timer {
 #endif
   }
 
-  // mutex_ held.
-  std::uint32_t intern(char const* name)
+  // The id of `name`: found by its pointer, else by its text, else added.
+  std::uint32_t intern(char const* name) GPUKIT_REQUIRES(mutex_)
   {
     auto const by_ptr = by_pointer_.find(name);
     if (by_ptr != by_pointer_.end() && names_[by_ptr->second].name == name) return by_ptr->second;
@@ -363,10 +363,12 @@ class range_timer {
     return id;
   }
 
-  // mutex_ held.
-  event_type take_event() { return detail::take_spare_event(rt_, free_events_, true); }
+  event_type take_event() GPUKIT_REQUIRES(mutex_)
+  {
+    return detail::take_spare_event(rt_, free_events_, true);
+  }
 
-  void end_range(scope& sc) noexcept
+  void end_range(scope& sc) noexcept GPUKIT_EXCLUDES(mutex_)
   {
 #ifndef GPUKIT_DISABLE_NVTX
     if (sc.nvtx_) nvtxDomainRangePop(nvtx3::v1::domain::get<nvtx_domain>());
@@ -376,22 +378,22 @@ class range_timer {
     event_type stop{};
     try {
       {
-        std::lock_guard<std::mutex> lock{mutex_};
+        detail::pool_lock lock{mutex_};
         stop = take_event();
       }
       if (rt_.event_record(stop, sc.stream_) != Runtime::success) {
-        std::lock_guard<std::mutex> lock{mutex_};
+        detail::pool_lock lock{mutex_};
         free_events_.push_back(stop);
-        give_back_locked(sc);
+        drop_range(sc);
         return;
       }
-      std::lock_guard<std::mutex> lock{mutex_};
+      detail::pool_lock lock{mutex_};
       pending_.push_back(pending_range{sc.name_, sc.depth_, sc.start_, stop});
       --in_flight_;
     } catch (...) {
       // A destructor never throws: the range is lost (counted as dropped).
-      std::lock_guard<std::mutex> lock{mutex_};
-      give_back_locked(sc);
+      detail::pool_lock lock{mutex_};
+      drop_range(sc);
       return;
     }
     try {
@@ -400,8 +402,8 @@ class range_timer {
     }
   }
 
-  // mutex_ held: the scope's start event goes back to the pool, the range is dropped.
-  void give_back_locked(scope& sc)
+  // The scope's start event goes back to the pool, the range is dropped.
+  void drop_range(scope& sc) GPUKIT_REQUIRES(mutex_)
   {
     free_events_.push_back(sc.start_);
     --in_flight_;
@@ -410,17 +412,17 @@ class range_timer {
   }
 
   // Harvests completed ranges; with `wait`, waits for every pending one first (outside the lock).
-  std::size_t harvest(bool wait)
+  std::size_t harvest(bool wait) GPUKIT_EXCLUDES(mutex_)
   {
     if (wait) {
       std::vector<event_type> stops;
       {
-        std::lock_guard<std::mutex> lock{mutex_};
+        detail::pool_lock lock{mutex_};
         for (auto const& p : pending_) stops.push_back(p.stop);
       }
       for (auto e : stops) GPUKIT_CUDA_TRY(rt_.event_synchronize(e));
     }
-    std::lock_guard<std::mutex> lock{mutex_};
+    detail::pool_lock lock{mutex_};
     std::size_t harvested  = 0;
     std::size_t const scan = wait ? pending_.size() : std::min<std::size_t>(pending_.size(), 32);
     std::size_t kept       = 0;
@@ -456,8 +458,7 @@ class range_timer {
     return harvested;
   }
 
-  // mutex_ held.
-  void record(pending_range const& p, float ms)
+  void record(pending_range const& p, float ms) GPUKIT_REQUIRES(mutex_)
   {
     name_entry& n = names_[p.name];
     ++n.count;
@@ -474,8 +475,8 @@ class range_timer {
     }
   }
 
-  // mutex_ held.
-  std::vector<range_stats> stats_locked() const
+  // The statistics of every name harvested, largest total first.
+  std::vector<range_stats> summarize() const GPUKIT_REQUIRES(mutex_)
   {
     std::vector<range_stats> out;
     double outer_total = 0.0;
@@ -514,14 +515,15 @@ class range_timer {
 
   Runtime& rt_;
   range_timer_options const options_;
-  mutable std::mutex mutex_;
-  std::vector<name_entry> names_;
-  std::unordered_map<char const*, std::uint32_t> by_pointer_;
-  std::unordered_map<std::string, std::uint32_t> by_content_;
-  std::vector<event_type> free_events_;
-  std::vector<pending_range> pending_;
-  std::size_t in_flight_{0};  // ranges begun, not yet ended
-  std::uint64_t dropped_{0};
+  // The timer's tables, guarded by mutex_ (clang's -Wthread-safety checks it).
+  mutable detail::annotated_mutex mutex_;
+  std::vector<name_entry> names_ GPUKIT_GUARDED_BY(mutex_);
+  std::unordered_map<char const*, std::uint32_t> by_pointer_ GPUKIT_GUARDED_BY(mutex_);
+  std::unordered_map<std::string, std::uint32_t> by_content_ GPUKIT_GUARDED_BY(mutex_);
+  std::vector<event_type> free_events_ GPUKIT_GUARDED_BY(mutex_);
+  std::vector<pending_range> pending_ GPUKIT_GUARDED_BY(mutex_);
+  std::size_t in_flight_ GPUKIT_GUARDED_BY(mutex_){0};  // ranges begun, not yet ended
+  std::uint64_t dropped_ GPUKIT_GUARDED_BY(mutex_){0};
 };
 
 /// GPU time per range on the real GPU: `range_timer<cuda_runtime>`.

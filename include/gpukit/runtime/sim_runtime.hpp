@@ -66,6 +66,7 @@
 // the configuration functions that document gpukit::logic_error.
 #pragma once
 
+#include <gpukit/detail/thread_annotations.hpp>
 #include <gpukit/error.hpp>
 #include <gpukit/error_macros.hpp>
 #include <gpukit/runtime/detail/cuda_errors.hpp>
@@ -502,15 +503,19 @@ class sim_runtime final : public detail::cuda_error_vocabulary {
   std::array<std::atomic<std::uint64_t>, 64> peer_enabled_{};  ///< per device: peers it may access
   std::atomic<std::uint64_t> staged_peer_copies_{0};
 
-  mutable std::mutex faults_mutex_;
-  std::vector<pending_fault> faults_;  // guarded by faults_mutex_, in injection order
+  // The mutexes that are detail::annotated_mutex guard what is GPUKIT_GUARDED_BY them, checked by
+  // clang's -Wthread-safety; the others (handles_mutex_, draining_mutex_, mem_mutex_) by the
+  // comments.
+  mutable detail::annotated_mutex faults_mutex_;
+  std::vector<pending_fault> faults_ GPUKIT_GUARDED_BY(faults_mutex_);  // in injection order
   std::atomic<std::size_t> faults_pending_{0};
   // Graph capture (simulated): the captures under way and the events recorded in captures, with
   // their counts for the fast checks. capture_mutex_ nests outside misuse_mutex_ only.
-  mutable std::mutex capture_mutex_;
-  std::vector<detail::sim_graph_capture> captures_;  // guarded by capture_mutex_
-  std::unordered_map<std::uint64_t, detail::sim_captured_event> captured_events_;  // by event id
-  std::uint64_t next_capture_id_{1};  // guarded by capture_mutex_
+  mutable detail::annotated_mutex capture_mutex_;
+  std::vector<detail::sim_graph_capture> captures_ GPUKIT_GUARDED_BY(capture_mutex_);
+  std::unordered_map<std::uint64_t, detail::sim_captured_event> captured_events_
+    GPUKIT_GUARDED_BY(capture_mutex_);  // by event id
+  std::uint64_t next_capture_id_ GPUKIT_GUARDED_BY(capture_mutex_){1};
   std::atomic<int> captures_underway_{0};
   std::atomic<std::size_t> captured_events_count_{0};
   // The first capture a call breaks (id 0: none), for capture_violation's message.
@@ -526,11 +531,13 @@ class sim_runtime final : public detail::cuda_error_vocabulary {
   cudaError_t on_captured_event(char const* call, std::uint64_t event_id);
   bool capturing(std::uint64_t stream_id) const;
   bool note_captured_work(std::uint64_t stream_id, cudaError_t& err);
-  detail::sim_graph_capture* capture_of_locked(std::uint64_t stream_id);  // capture_mutex_ held
-  detail::sim_graph_capture* capture_by_id_locked(std::uint64_t id);      // capture_mutex_ held
+  // The capture under way that `stream_id` is part of, or nullptr.
+  detail::sim_graph_capture* capture_of(std::uint64_t stream_id) GPUKIT_REQUIRES(capture_mutex_);
+  // The capture under way with id `id`, or nullptr.
+  detail::sim_graph_capture* capture_by_id(std::uint64_t id) GPUKIT_REQUIRES(capture_mutex_);
 
-  mutable std::mutex misuse_mutex_;
-  std::string last_misuse_;  // guarded by misuse_mutex_
+  mutable detail::annotated_mutex misuse_mutex_;
+  std::string last_misuse_ GPUKIT_GUARDED_BY(misuse_mutex_);
   std::atomic<std::uint64_t> misuse_count_{0};
 
   mutable std::shared_mutex handles_mutex_;

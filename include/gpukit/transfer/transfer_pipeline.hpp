@@ -61,6 +61,7 @@
 // Every member is thread-safe; transfers from several threads share the staging threads.
 #pragma once
 
+#include <gpukit/detail/thread_annotations.hpp>
 #include <gpukit/error.hpp>
 #include <gpukit/host/pinned_pool.hpp>
 #include <gpukit/profile/detail/slow_path_range.hpp>
@@ -283,17 +284,19 @@ class basic_transfer_pipeline final {
                        completion done);
   /// Makes `waiter`'s later work wait for `producer`'s work so far (a pooled event).
   void order_after(stream_type waiter, stream_type producer);
-  void run_job(job& j);
-  void worker_loop();
-  job* pick_job_locked();
-  bool claim(job& j, std::size_t& offset, std::size_t& bytes);
+  // A job's claim state (job::next, inflight, failed, error) is read and written holding
+  // jobs_mutex_ too: by claim, finish_chunk and run_job, which the analysis checks hold it.
+  void run_job(job& j) GPUKIT_EXCLUDES(jobs_mutex_);
+  void worker_loop() GPUKIT_EXCLUDES(jobs_mutex_);
+  /// The job whose chunk to claim next (jobs_ not empty).
+  job* pick_job() GPUKIT_REQUIRES(jobs_mutex_);
+  bool claim(job& j, std::size_t& offset, std::size_t& bytes) GPUKIT_REQUIRES(jobs_mutex_);
   /// True when it completed a submitted job: the caller then calls complete_submitted, unlocked.
-  bool finish_chunk(job& j, std::exception_ptr error);
-  /// Copies the claimed chunk [offset, offset + bytes) of `j` with jobs_mutex_ released (`lock`
-  /// holds it on entry and on return), then finish_chunk: true when the job is complete.
-  bool copy_claimed(job& j, std::size_t offset, std::size_t bytes,
-                    std::unique_lock<std::mutex>& lock);
-  void complete_submitted(job* j) noexcept;
+  bool finish_chunk(job& j, std::exception_ptr error) GPUKIT_REQUIRES(jobs_mutex_);
+  /// Copies the claimed chunk [offset, offset + bytes) of `j` with jobs_mutex_ released (held on
+  /// entry and on return), then finish_chunk: true when the job is complete.
+  bool copy_claimed(job& j, std::size_t offset, std::size_t bytes) GPUKIT_REQUIRES(jobs_mutex_);
+  void complete_submitted(job* j) noexcept GPUKIT_EXCLUDES(jobs_mutex_);
   /// Makes `stream` wait for the copy stream of `dir` (also after `error`: what was enqueued
   /// precedes the stream's later work) and counts the transfer if nothing failed. Returns
   /// `error`, or the hand-off's own.
@@ -303,9 +306,10 @@ class basic_transfer_pipeline final {
   void do_chunk(job& j, std::size_t offset, std::size_t bytes);
   void copy_host(void* dst, void const* src, std::size_t bytes) const noexcept;
   slot* acquire_slot(ring& r);
+  slot* create_slot(ring& r);
   void release_slot(ring& r, slot* s, bool usable);
-  event_type take_event();
-  void give_event(event_type e) noexcept;
+  event_type take_event() GPUKIT_EXCLUDES(events_mutex_);
+  void give_event(event_type e) noexcept GPUKIT_EXCLUDES(events_mutex_);
 
   /// @throws gpukit::logic_error naming `call` when the pool was destroyed
   void expect_pool(char const* call) const;
@@ -317,24 +321,30 @@ class basic_transfer_pipeline final {
   stream_type streams_[2]{};  ///< [0] host to device, [1] device to host
   std::unique_ptr<ring> rings_[2];
 
-  std::mutex jobs_mutex_;
+  // Guarded by their mutexes as declared (clang's -Wthread-safety checks it).
+  detail::annotated_mutex jobs_mutex_;
   std::condition_variable jobs_cv_;  ///< workers wait here for chunks to claim
   std::condition_variable done_cv_;  ///< callers wait here for their jobs, the destructor for
                                      ///< submitted ones
-  std::vector<job*> jobs_;           ///< jobs with chunks left to claim, oldest first
-  std::size_t next_job_{0};          ///< alternates the direction served first
-  std::size_t submitted_{0};         ///< submitted jobs whose completion has not returned
-  std::size_t in_flight_{0};         ///< transfer() calls that have not returned
-  bool pool_gone_{false};            ///< the pool is being destroyed: transfers are refused
-  bool stopping_{false};
-  std::vector<std::thread> workers_;
+  /// Jobs with chunks left to claim, oldest first.
+  std::vector<job*> jobs_ GPUKIT_GUARDED_BY(jobs_mutex_);
+  /// Alternates the direction served first.
+  std::size_t next_job_ GPUKIT_GUARDED_BY(jobs_mutex_){0};
+  /// Submitted jobs whose completion has not returned.
+  std::size_t submitted_ GPUKIT_GUARDED_BY(jobs_mutex_){0};
+  /// transfer() calls that have not returned.
+  std::size_t in_flight_ GPUKIT_GUARDED_BY(jobs_mutex_){0};
+  /// The pool is being destroyed: transfers are refused.
+  bool pool_gone_ GPUKIT_GUARDED_BY(jobs_mutex_){false};
+  bool stopping_ GPUKIT_GUARDED_BY(jobs_mutex_){false};
+  std::vector<std::thread> workers_;  ///< started by the constructor, joined by the destructor
 
-  std::mutex events_mutex_;
-  std::vector<event_type> spare_events_;
+  detail::annotated_mutex events_mutex_;
+  std::vector<event_type> spare_events_ GPUKIT_GUARDED_BY(events_mutex_);
   int device_count_{0};  ///< devices on the machine (read once, for copy_peer_async's checks)
   /// Per device: whether peer access from the pipeline's device was asked for (and enabled where
-  /// the devices can peer); guarded by events_mutex_.
-  std::vector<char> peer_asked_;
+  /// the devices can peer).
+  std::vector<char> peer_asked_ GPUKIT_GUARDED_BY(events_mutex_);
 
   std::atomic<std::uint64_t> transfers_{0}, h2d_bytes_{0}, d2h_bytes_{0}, staged_bytes_{0},
     direct_bytes_{0}, chunks_{0}, chunk_waits_{0}, peer_bytes_{0}, peer_copies_{0};

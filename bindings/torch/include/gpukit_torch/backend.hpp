@@ -59,6 +59,7 @@
 #include <gpukit/memory/caching_allocator.hpp>
 #include <gpukit/memory/ipc.hpp>
 #include <gpukit_torch/alloc_conf.hpp>
+#include <gpukit_torch/detail/thread_annotations.hpp>
 
 #include <array>
 #include <atomic>
@@ -369,14 +370,34 @@ class backend final {
     pool_id pool{0, 0};
     typename allocator_type::capture_id id{0};
   };
+  /// A device's private pools, the pools being allocated to (beginAllocateToPool) with their
+  /// filters, and the allocator's captures that route allocations on a stream to a pool.
+  struct device_pools {
+    std::map<pool_id, pool_state> pools;
+    std::vector<std::pair<pool_id, stream_filter>> underway;
+    std::vector<capture_on_stream> captures;
+  };
   struct device_state;
   class user_counts;
 
   device_state& state(int device) const;
   device_state* state_if_created(int device) const noexcept;
-  pool_id route_locked(device_state& d, stream_type stream);
-  void pause_locked(device_state& d, std::size_t index);
-  void update_routing_locked();
+  device_pools& pools_of(int device) GPUKIT_TORCH_REQUIRES(pools_mutex_)
+  {
+    return pools_[static_cast<std::size_t>(device)];
+  }
+  device_pools const& pools_of(int device) const GPUKIT_TORCH_REQUIRES(pools_mutex_)
+  {
+    return pools_[static_cast<std::size_t>(device)];
+  }
+  /// The pool an allocation on `stream` goes to (`p`: its device's pools, `d`: its device).
+  pool_id route(device_state& d, device_pools& p, stream_type stream)
+    GPUKIT_TORCH_REQUIRES(pools_mutex_);
+  /// Ends the allocator's capture p.captures[index], kept for its pool to resume.
+  void pause_capture(device_state& d, device_pools& p, std::size_t index)
+    GPUKIT_TORCH_REQUIRES(pools_mutex_);
+  /// Counts the pools being allocated to and the captures under way, into routing_.
+  void recount_routing() GPUKIT_TORCH_REQUIRES(pools_mutex_);
   std::shared_ptr<void> capture_context(record_when at_least) const;
   void trace(trace_entry e);
   void on_failed_allocation(int device, std::size_t bytes, gpukit::bad_alloc const& e);
@@ -412,8 +433,10 @@ class backend final {
   mutable std::thread::id owner_;            // under single_mutex_: the one thread so far
   mutable std::atomic<bool> shared_{false};  // set once, under single_mutex_
 
-  mutable std::mutex pools_mutex_;  // pools, filters and captures under way, of every device
-  std::atomic<int> routing_{0};     // pools being allocated to, or captures under way
+  // Pools, filters and captures under way, of every device (clang's -Wthread-safety checks it).
+  mutable detail::annotated_mutex pools_mutex_;
+  std::array<device_pools, max_devices> pools_ GPUKIT_TORCH_GUARDED_BY(pools_mutex_);
+  std::atomic<int> routing_{0};  // pools being allocated to, or captures under way
 
   mutable std::mutex history_mutex_;  // everything below
   std::atomic<bool> history_on_{false};

@@ -94,7 +94,7 @@ template <class Runtime>
 basic_pinned_pool<Runtime>::~basic_pinned_pool()
 {
   lifetime_.expire();  // first, before anything is freed (dependents' callbacks wait for copies)
-  std::lock_guard<std::mutex> lock{mutex_};
+  detail::pool_lock lock{mutex_};
   auto finish = [this](device_event const& e) {
     GPUKIT_ASSERT_CUDA_SUCCESS(runtime_.event_synchronize(e.event));
     GPUKIT_ASSERT_CUDA_SUCCESS(runtime_.event_destroy(e.event));
@@ -128,8 +128,8 @@ void basic_pinned_pool<Runtime>::bump(stat_pair& s, std::int64_t delta) noexcept
 }
 
 template <class Runtime>
-void basic_pinned_pool<Runtime>::check_limit_locked(std::size_t more, std::size_t request,
-                                                    char const* call)
+void basic_pinned_pool<Runtime>::check_limit(std::size_t more, std::size_t request,
+                                             char const* call)
 {
   std::size_t const lim = options_.limit_bytes;
   if (lim == 0 || (more <= lim && reserved_ <= lim - more)) { return; }
@@ -143,7 +143,7 @@ void basic_pinned_pool<Runtime>::check_limit_locked(std::size_t more, std::size_
 }
 
 template <class Runtime>
-typename basic_pinned_pool<Runtime>::segment& basic_pinned_pool<Runtime>::add_segment_locked(
+typename basic_pinned_pool<Runtime>::segment& basic_pinned_pool<Runtime>::add_segment(
   void* base, std::size_t bytes, segment_kind kind, std::size_t map_bytes)
 {
   auto s       = std::make_unique<segment>();
@@ -162,51 +162,57 @@ typename basic_pinned_pool<Runtime>::segment& basic_pinned_pool<Runtime>::add_se
 }
 
 template <class Runtime>
-typename basic_pinned_pool<Runtime>::segment& basic_pinned_pool<Runtime>::grow_locked(
-  std::unique_lock<std::mutex>& lock, std::size_t bytes, std::size_t request, growth_call call)
+typename basic_pinned_pool<Runtime>::segment& basic_pinned_pool<Runtime>::grow(std::size_t bytes,
+                                                                               std::size_t request,
+                                                                               growth_call call)
 {
   // Counted as reserved before the lock is dropped, so that concurrent growth cannot pass the
   // limit together.
-  check_limit_locked(bytes, request, call.name);
+  check_limit(bytes, request, call.name);
   reserved_ += bytes;
   bool const map = options_.growth == pinned_growth::map_and_register;
   GPUKIT_DETAIL_SLOW_PATH_RANGEF(categories::pinned_pool, "pinned pool: grow %.1f MiB (%s)",
                                  detail::mib(bytes), map ? "map and register" : "host alloc");
   ++(map ? stats_.num_host_registers : stats_.num_host_allocs);
-  lock.unlock();
   void* p                        = nullptr;
   std::size_t map_bytes          = 0;
   typename Runtime::error_type r = Runtime::success;
-  if (map) {
-    detail::host_mapping const m =
-      detail::map_host_pages(bytes, options_.huge_pages, options_.pin_threads);
-    if (m.base == nullptr) {
-      lock.lock();
-      reserved_ -= bytes;
-      throw bad_alloc{"gpukit: pinned_pool::" + std::string{call.name} + ": mapping " +
-                      std::to_string(bytes) +
-                      " bytes of host memory failed: " + std::strerror(m.error)};
+  bool map_failed                = false;
+  int map_error                  = 0;  // errno of the failed mapping
+  {
+    detail::pool_lock::unlocked_scope unlocked{mutex_};
+    if (map) {
+      detail::host_mapping const m =
+        detail::map_host_pages(bytes, options_.huge_pages, options_.pin_threads);
+      if (m.base == nullptr) {
+        map_failed = true;
+        map_error  = m.error;
+      } else {
+        r = runtime_.host_register(m.base, m.bytes, options_.register_flags);
+        if (r != Runtime::success) { (void)detail::unmap_host_pages(m.base, m.bytes); }
+        p         = m.base;
+        map_bytes = m.bytes;
+      }
+    } else {
+      r = runtime_.host_alloc(&p, bytes, options_.alloc_flags);
     }
-    r = runtime_.host_register(m.base, m.bytes, options_.register_flags);
-    if (r != Runtime::success) { (void)detail::unmap_host_pages(m.base, m.bytes); }
-    p         = m.base;
-    map_bytes = m.bytes;
-  } else {
-    r = runtime_.host_alloc(&p, bytes, options_.alloc_flags);
   }
-  lock.lock();
+  if (map_failed) {
+    reserved_ -= bytes;
+    throw bad_alloc{"gpukit: pinned_pool::" + std::string{call.name} + ": mapping " +
+                    std::to_string(bytes) +
+                    " bytes of host memory failed: " + std::strerror(map_error)};
+  }
   if (r != Runtime::success) {
     reserved_ -= bytes;
     detail::throw_cuda_error(r, map ? call.host_register : call.host_alloc, GPUKIT_DETAIL_SOURCE);
   }
   ++stats_.num_growths;
-  return add_segment_locked(p, bytes, map ? segment_kind::mapped : segment_kind::allocated,
-                            map_bytes);
+  return add_segment(p, bytes, map ? segment_kind::mapped : segment_kind::allocated, map_bytes);
 }
 
 template <class Runtime>
-typename basic_pinned_pool<Runtime>::block* basic_pinned_pool<Runtime>::take_ready_locked(
-  std::size_t cls)
+typename basic_pinned_pool<Runtime>::block* basic_pinned_pool<Runtime>::take_ready(std::size_t cls)
 {
   auto it = ready_.find(cls);
   if (it == ready_.end() || it->second.empty()) { return nullptr; }
@@ -216,8 +222,7 @@ typename basic_pinned_pool<Runtime>::block* basic_pinned_pool<Runtime>::take_rea
 }
 
 template <class Runtime>
-typename basic_pinned_pool<Runtime>::block* basic_pinned_pool<Runtime>::carve_locked(
-  std::size_t cls)
+typename basic_pinned_pool<Runtime>::block* basic_pinned_pool<Runtime>::carve(std::size_t cls)
 {
   // Newest segments first: older ones are usually full.
   for (auto it = segments_.rbegin(); it != segments_.rend(); ++it) {
@@ -238,7 +243,7 @@ typename basic_pinned_pool<Runtime>::block* basic_pinned_pool<Runtime>::carve_lo
 }
 
 template <class Runtime>
-void basic_pinned_pool<Runtime>::poll_pending_locked(std::size_t cls, bool all)
+void basic_pinned_pool<Runtime>::poll_pending(std::size_t cls, bool all)
 {
   auto done = [this](device_event const& e) {
     typename Runtime::error_type const r = runtime_.event_query(e.event);
@@ -273,7 +278,7 @@ void basic_pinned_pool<Runtime>::poll_pending_locked(std::size_t cls, bool all)
 }
 
 template <class Runtime>
-void basic_pinned_pool<Runtime>::hand_out_locked(block& b, std::size_t bytes, bool hit)
+void basic_pinned_pool<Runtime>::hand_out(block& b, std::size_t bytes, bool hit)
 {
   if (b.st == block::state::ready) { bump(stats_.cached_bytes, -static_cast<std::int64_t>(b.cls)); }
   b.st        = block::state::in_use;
@@ -298,23 +303,23 @@ void* basic_pinned_pool<Runtime>::allocate(std::size_t bytes)
                     std::to_string(max_request_bytes) + " bytes)"};
   }
   std::size_t const cls = class_size(bytes);
-  std::unique_lock<std::mutex> lock{mutex_};
-  block* b = take_ready_locked(cls);
+  detail::pool_lock lock{mutex_};
+  block* b = take_ready(cls);
   if (b == nullptr) {
-    poll_pending_locked(cls, false);
-    b = take_ready_locked(cls);
+    poll_pending(cls, false);
+    b = take_ready(cls);
   }
   if (b != nullptr) {
-    hand_out_locked(*b, bytes, true);
+    hand_out(*b, bytes, true);
     return b->ptr;
   }
-  if ((b = carve_locked(cls)) != nullptr) {
-    hand_out_locked(*b, bytes, false);
+  if ((b = carve(cls)) != nullptr) {
+    hand_out(*b, bytes, false);
     return b->ptr;
   }
   // Pin a range of its own.
-  segment& s = grow_locked(
-    lock, cls, bytes,
+  segment& s = grow(
+    cls, bytes,
     {"allocate", "host_alloc (pinned_pool::allocate)", "host_register (pinned_pool::allocate)"});
   void* p = s.base;
   s.next  = s.end;
@@ -325,12 +330,12 @@ void* basic_pinned_pool<Runtime>::allocate(std::size_t bytes)
   nb->st  = block::state::in_use;
   b       = nb.get();
   blocks_.emplace(p, std::move(nb));
-  hand_out_locked(*b, bytes, false);
+  hand_out(*b, bytes, false);
   return p;
 }
 
 template <class Runtime>
-typename basic_pinned_pool<Runtime>::block& basic_pinned_pool<Runtime>::find_live_locked(
+typename basic_pinned_pool<Runtime>::block& basic_pinned_pool<Runtime>::find_handed_out(
   void* ptr, char const* call)
 {
   auto it = blocks_.find(ptr);
@@ -344,8 +349,7 @@ typename basic_pinned_pool<Runtime>::block& basic_pinned_pool<Runtime>::find_liv
 }
 
 template <class Runtime>
-typename basic_pinned_pool<Runtime>::device_event basic_pinned_pool<Runtime>::take_event_locked(
-  int device)
+typename basic_pinned_pool<Runtime>::device_event basic_pinned_pool<Runtime>::take_event(int device)
 {
   for (auto it = spare_events_.rbegin(); it != spare_events_.rend(); ++it) {
     if (it->device == device) {
@@ -376,12 +380,12 @@ typename basic_pinned_pool<Runtime>::used_stream basic_pinned_pool<Runtime>::use
 // propagates.
 template <class Runtime>
 std::vector<typename basic_pinned_pool<Runtime>::device_event>
-basic_pinned_pool<Runtime>::record_events_locked(std::vector<used_stream>& streams)
+basic_pinned_pool<Runtime>::record_events(std::vector<used_stream>& streams)
 {
   std::vector<device_event> events;
   try {
     for (std::size_t i = 0; i < streams.size();) {
-      device_event const e                 = take_event_locked(streams[i].device);
+      device_event const e                 = take_event(streams[i].device);
       typename Runtime::error_type const r = runtime_.event_record(e.event, streams[i].stream);
       if (r != Runtime::success) { spare_events_.push_back(e); }
       if (r == Runtime::invalid_resource_handle) {
@@ -404,7 +408,7 @@ basic_pinned_pool<Runtime>::record_events_locked(std::vector<used_stream>& strea
 }
 
 template <class Runtime>
-void basic_pinned_pool<Runtime>::return_locked(block& b, used_stream const* stream)
+void basic_pinned_pool<Runtime>::take_back(block& b, used_stream const* stream)
 {
   std::vector<used_stream>& streams = b.streams;
   bool const added =
@@ -413,7 +417,7 @@ void basic_pinned_pool<Runtime>::return_locked(block& b, used_stream const* stre
   auto const cls = static_cast<std::int64_t>(b.cls);
   std::vector<device_event> events;
   try {
-    events = record_events_locked(streams);
+    events = record_events(streams);
   } catch (...) {  // the buffer stays handed out
     if (added) {
       auto const it = std::find(streams.begin(), streams.end(), *stream);
@@ -446,8 +450,8 @@ void basic_pinned_pool<Runtime>::return_locked(block& b, used_stream const* stre
 template <class Runtime>
 void basic_pinned_pool<Runtime>::deallocate(void* ptr)
 {
-  std::lock_guard<std::mutex> lock{mutex_};
-  return_locked(find_live_locked(ptr, "deallocate"), nullptr);
+  detail::pool_lock lock{mutex_};
+  take_back(find_handed_out(ptr, "deallocate"), nullptr);
 }
 
 template <class Runtime>
@@ -455,16 +459,16 @@ void basic_pinned_pool<Runtime>::deallocate_async(void* ptr, stream_type stream)
 {
   // The stream's device is asked before the lock: the runtime call stays off the pool's mutex.
   used_stream const used = used_by(stream);
-  std::lock_guard<std::mutex> lock{mutex_};
-  return_locked(find_live_locked(ptr, "deallocate_async"), &used);
+  detail::pool_lock lock{mutex_};
+  take_back(find_handed_out(ptr, "deallocate_async"), &used);
 }
 
 template <class Runtime>
 void basic_pinned_pool<Runtime>::record_stream(void* ptr, stream_type stream)
 {
   used_stream const used = used_by(stream);
-  std::lock_guard<std::mutex> lock{mutex_};
-  block& b = find_live_locked(ptr, "record_stream");
+  detail::pool_lock lock{mutex_};
+  block& b = find_handed_out(ptr, "record_stream");
   if (std::find(b.streams.begin(), b.streams.end(), used) == b.streams.end()) {
     b.streams.push_back(used);
   }
@@ -478,9 +482,9 @@ void basic_pinned_pool<Runtime>::reserve(std::size_t bytes)
     throw bad_alloc{"gpukit: pinned_pool::reserve: " + std::to_string(bytes) +
                     " bytes is more than any host can pin"};
   }
-  std::unique_lock<std::mutex> lock{mutex_};
-  (void)grow_locked(
-    lock, bytes, bytes,
+  detail::pool_lock lock{mutex_};
+  (void)grow(
+    bytes, bytes,
     {"reserve", "host_alloc (pinned_pool::reserve)", "host_register (pinned_pool::reserve)"});
 }
 
@@ -497,10 +501,10 @@ void basic_pinned_pool<Runtime>::prewarm(std::size_t bytes, std::size_t count)
   }
   std::size_t const stride = (cls + min_class_bytes - 1) & ~(min_class_bytes - 1);
   std::size_t const total  = stride * count;
-  std::unique_lock<std::mutex> lock{mutex_};
-  segment& s = grow_locked(
-    lock, total, total,
-    {"prewarm", "host_alloc (pinned_pool::prewarm)", "host_register (pinned_pool::prewarm)"});
+  detail::pool_lock lock{mutex_};
+  segment& s =
+    grow(total, total,
+         {"prewarm", "host_alloc (pinned_pool::prewarm)", "host_register (pinned_pool::prewarm)"});
   auto& list = ready_[cls];
   for (std::size_t i = 0; i < count; ++i) {
     auto b = std::make_unique<block>();
@@ -520,27 +524,28 @@ void basic_pinned_pool<Runtime>::add_host_memory(void* ptr, std::size_t bytes)
   GPUKIT_EXPECTS(ptr != nullptr && bytes != 0, "pinned_pool::add_host_memory: range " +
                                                  detail::pinned_hex(ptr) + " of " +
                                                  std::to_string(bytes) + " bytes");
-  std::unique_lock<std::mutex> lock{mutex_};
-  check_limit_locked(bytes, bytes, "add_host_memory");
+  detail::pool_lock lock{mutex_};
+  check_limit(bytes, bytes, "add_host_memory");
   reserved_ += bytes;
   ++stats_.num_host_registers;
-  lock.unlock();
-  typename Runtime::error_type const r =
-    runtime_.host_register(ptr, bytes, options_.register_flags);
-  lock.lock();
+  typename Runtime::error_type r = Runtime::success;
+  {
+    detail::pool_lock::unlocked_scope unlocked{mutex_};
+    r = runtime_.host_register(ptr, bytes, options_.register_flags);
+  }
   if (r != Runtime::success) {
     reserved_ -= bytes;
     detail::throw_cuda_error(r, "host_register (pinned_pool::add_host_memory)",
                              GPUKIT_DETAIL_SOURCE);
   }
-  add_segment_locked(ptr, bytes, segment_kind::user, 0);
+  add_segment(ptr, bytes, segment_kind::user, 0);
 }
 
 template <class Runtime>
 std::vector<std::unique_ptr<typename basic_pinned_pool<Runtime>::segment>>
-basic_pinned_pool<Runtime>::take_unused_segments_locked()
+basic_pinned_pool<Runtime>::take_unused_segments()
 {
-  poll_pending_locked(0, true);
+  poll_pending(0, true);
   std::vector<std::unique_ptr<segment>> dropped;
   for (auto it = segments_.begin(); it != segments_.end();) {
     if ((*it)->live != 0) {
@@ -576,8 +581,8 @@ std::size_t basic_pinned_pool<Runtime>::release_cached()
 {
   std::vector<std::unique_ptr<segment>> dropped;
   {
-    std::lock_guard<std::mutex> lock{mutex_};
-    dropped = take_unused_segments_locked();
+    detail::pool_lock lock{mutex_};
+    dropped = take_unused_segments();
   }
   std::size_t released = 0;
   // The first failure is thrown once every range has been tried.
@@ -585,7 +590,7 @@ std::size_t basic_pinned_pool<Runtime>::release_cached()
   char const* failed_call            = nullptr;
   for (auto& s : dropped) {
     typename Runtime::error_type const r = free_segment(*s);
-    std::lock_guard<std::mutex> lock{mutex_};
+    detail::pool_lock lock{mutex_};
     bool const freed = s->kind == segment_kind::allocated;
     ++(freed ? stats_.num_host_frees : stats_.num_host_unregisters);
     if (r != Runtime::success) {  // keep it out of the pool: the memory state is unknown
@@ -612,7 +617,7 @@ bool basic_pinned_pool<Runtime>::owns(void const* ptr, std::size_t bytes) const 
 {
   auto const a = reinterpret_cast<std::uintptr_t>(ptr);
   if (ptr == nullptr || a + bytes < a) { return false; }
-  std::lock_guard<std::mutex> lock{mutex_};
+  detail::pool_lock lock{mutex_};
   for (auto const& s : segments_) {
     auto const b = reinterpret_cast<std::uintptr_t>(s->base);
     if (a >= b && a + bytes <= b + s->bytes) { return true; }
@@ -623,14 +628,14 @@ bool basic_pinned_pool<Runtime>::owns(void const* ptr, std::size_t bytes) const 
 template <class Runtime>
 pinned_pool_stats basic_pinned_pool<Runtime>::stats() const
 {
-  std::lock_guard<std::mutex> lock{mutex_};
+  detail::pool_lock lock{mutex_};
   return stats_;
 }
 
 template <class Runtime>
 void basic_pinned_pool<Runtime>::reset_peak()
 {
-  std::lock_guard<std::mutex> lock{mutex_};
+  detail::pool_lock lock{mutex_};
   for (stat_pair* s : {&stats_.allocated_bytes, &stats_.requested_bytes, &stats_.reserved_bytes,
                        &stats_.cached_bytes, &stats_.allocation_count, &stats_.segment_count}) {
     s->peak = s->current;
@@ -640,14 +645,14 @@ void basic_pinned_pool<Runtime>::reset_peak()
 template <class Runtime>
 std::size_t basic_pinned_pool<Runtime>::limit() const noexcept
 {
-  std::lock_guard<std::mutex> lock{mutex_};
+  detail::pool_lock lock{mutex_};
   return options_.limit_bytes;
 }
 
 template <class Runtime>
 void basic_pinned_pool<Runtime>::set_limit(std::size_t bytes) noexcept
 {
-  std::lock_guard<std::mutex> lock{mutex_};
+  detail::pool_lock lock{mutex_};
   options_.limit_bytes = bytes;
 }
 

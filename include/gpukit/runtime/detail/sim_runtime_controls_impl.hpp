@@ -94,21 +94,21 @@ GPUKIT_DETAIL_COMPILED_INLINE void sim_runtime::inject_fault(sim_op op, std::uin
     nth >= 1, std::string{"inject_fault("} + to_string(op) + ", 0, ...): nth counts calls from 1");
   GPUKIT_EXPECTS(error != cudaSuccess,
                  std::string{"inject_fault("} + to_string(op) + ", ...): the error is cudaSuccess");
-  std::lock_guard<std::mutex> lock{faults_mutex_};
+  detail::pool_lock lock{faults_mutex_};
   faults_.push_back(pending_fault{op, nth, error});
   faults_pending_.store(faults_.size(), std::memory_order_release);
 }
 
 GPUKIT_DETAIL_COMPILED_INLINE void sim_runtime::clear_faults()
 {
-  std::lock_guard<std::mutex> lock{faults_mutex_};
+  detail::pool_lock lock{faults_mutex_};
   faults_.clear();
   faults_pending_.store(0, std::memory_order_release);
 }
 
 GPUKIT_DETAIL_COMPILED_INLINE std::size_t sim_runtime::pending_faults() const
 {
-  std::lock_guard<std::mutex> lock{faults_mutex_};
+  detail::pool_lock lock{faults_mutex_};
   return faults_.size();
 }
 
@@ -156,7 +156,7 @@ GPUKIT_DETAIL_COMPILED_INLINE void sim_runtime::reset_counters() noexcept
 
 GPUKIT_DETAIL_COMPILED_INLINE std::string sim_runtime::last_misuse() const
 {
-  std::lock_guard<std::mutex> lock{misuse_mutex_};
+  detail::pool_lock lock{misuse_mutex_};
   return last_misuse_;
 }
 
@@ -188,8 +188,8 @@ GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::stream_capture_id(stream_
   auto stream     = find_stream(s, "stream_capture_id", err);
   if (!stream) { return err; }
   if (captures_underway_.load(std::memory_order_acquire) == 0) { return cudaSuccess; }
-  std::lock_guard<std::mutex> lock{capture_mutex_};
-  if (detail::sim_graph_capture const* c = capture_of_locked(stream->id)) { id = c->id; }
+  detail::pool_lock lock{capture_mutex_};
+  if (detail::sim_graph_capture const* c = capture_of(stream->id)) { id = c->id; }
   return cudaSuccess;
 }
 
@@ -212,8 +212,8 @@ GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::begin_capture(stream_type
                                            "): not a capture mode (global 0, thread-local 1, "
                                            "relaxed 2)");
   }
-  std::lock_guard<std::mutex> lock{capture_mutex_};
-  if (detail::sim_graph_capture const* c = capture_of_locked(stream->id)) {
+  detail::pool_lock lock{capture_mutex_};
+  if (detail::sim_graph_capture const* c = capture_of(stream->id)) {
     return misuse(
       cudaErrorInvalidValue,
       "begin_capture: the stream is already capturing (capture " + std::to_string(c->id) + ")");
@@ -235,8 +235,8 @@ GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::end_capture(stream_type s
   if (!stream) { return err; }
   std::string why;
   {
-    std::lock_guard<std::mutex> lock{capture_mutex_};
-    detail::sim_graph_capture* c = capture_of_locked(stream->id);
+    detail::pool_lock lock{capture_mutex_};
+    detail::sim_graph_capture* c = capture_of(stream->id);
     if (c == nullptr) {
       err = cudaErrorInvalidValue;
       why = "end_capture: the stream is not capturing";

@@ -10,6 +10,8 @@
 //   outside it.
 // - each stream, event and capture has its own mutex; queries are atomic loads.
 // - capture_mutex_: the graph captures under way and the events recorded in them.
+// - capture_mutex_, misuse_mutex_ and faults_mutex_ are annotated (GPUKIT_GUARDED_BY,
+//   GPUKIT_REQUIRES), which clang's -Wthread-safety checks; the others keep to these comments.
 // Nesting, always in this order: handles_mutex_ -> draining_mutex_; mem_mutex_ -> misuse_mutex_
 // (a misuse found under the memory lock); capture_mutex_ -> misuse_mutex_. Blocking waits hold no
 // runtime lock; a stream's worker takes mem_mutex_ (finishing free_async) while holding nothing
@@ -323,7 +325,7 @@ GPUKIT_DETAIL_COMPILED_INLINE sim_runtime::capture_blame sim_runtime::invalidate
 {
   auto const self = std::this_thread::get_id();
   capture_blame blamed;
-  std::lock_guard<std::mutex> lock{capture_mutex_};
+  detail::pool_lock lock{capture_mutex_};
   for (auto& c : captures_) {
     bool const own   = c.thread == self && c.mode != cudaStreamCaptureModeRelaxed;
     bool const other = mode == cudaStreamCaptureModeGlobal && c.thread != self &&
@@ -343,8 +345,8 @@ GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::on_capturing_stream(char 
   if (captures_underway_.load(std::memory_order_acquire) == 0) { return cudaSuccess; }
   std::uint64_t id = 0;
   {
-    std::lock_guard<std::mutex> lock{capture_mutex_};
-    detail::sim_graph_capture* c = capture_of_locked(stream_id);
+    detail::pool_lock lock{capture_mutex_};
+    detail::sim_graph_capture* c = capture_of(stream_id);
     if (c == nullptr) { return cudaSuccess; }
     c->invalidate(call);
     id = c->id;
@@ -363,11 +365,11 @@ GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::on_captured_event(char co
 {
   std::uint64_t id = 0;
   {
-    std::lock_guard<std::mutex> lock{capture_mutex_};
+    detail::pool_lock lock{capture_mutex_};
     auto it = captured_events_.find(event_id);
     if (it == captured_events_.end()) { return cudaSuccess; }
     id = it->second.capture;
-    if (detail::sim_graph_capture* c = capture_by_id_locked(id)) { c->invalidate(call); }
+    if (detail::sim_graph_capture* c = capture_by_id(id)) { c->invalidate(call); }
   }
   return misuse(cudaErrorCapturedEvent,
                 std::string{call} + "(event " + detail::sim_hex(std::uintptr_t{event_id}) +
@@ -375,7 +377,7 @@ GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::on_captured_event(char co
                   ", where it marks a point of the graph, not work that completes");
 }
 
-GPUKIT_DETAIL_COMPILED_INLINE detail::sim_graph_capture* sim_runtime::capture_of_locked(
+GPUKIT_DETAIL_COMPILED_INLINE detail::sim_graph_capture* sim_runtime::capture_of(
   std::uint64_t stream_id)
 {
   for (auto& c : captures_) {
@@ -384,7 +386,7 @@ GPUKIT_DETAIL_COMPILED_INLINE detail::sim_graph_capture* sim_runtime::capture_of
   return nullptr;
 }
 
-GPUKIT_DETAIL_COMPILED_INLINE detail::sim_graph_capture* sim_runtime::capture_by_id_locked(
+GPUKIT_DETAIL_COMPILED_INLINE detail::sim_graph_capture* sim_runtime::capture_by_id(
   std::uint64_t id)
 {
   for (auto& c : captures_) {
@@ -396,7 +398,7 @@ GPUKIT_DETAIL_COMPILED_INLINE detail::sim_graph_capture* sim_runtime::capture_by
 GPUKIT_DETAIL_COMPILED_INLINE bool sim_runtime::capturing(std::uint64_t stream_id) const
 {
   if (captures_underway_.load(std::memory_order_acquire) == 0) { return false; }
-  std::lock_guard<std::mutex> lock{capture_mutex_};
+  detail::pool_lock lock{capture_mutex_};
   for (auto const& c : captures_) {
     for (auto const& m : c.members) {
       if (m.stream == stream_id) { return true; }
@@ -412,7 +414,7 @@ GPUKIT_DETAIL_COMPILED_INLINE bool sim_runtime::note_captured_work(std::uint64_t
                                                                    cudaError_t& err)
 {
   if (captures_underway_.load(std::memory_order_acquire) == 0) { return false; }
-  std::lock_guard<std::mutex> lock{capture_mutex_};
+  detail::pool_lock lock{capture_mutex_};
   for (auto& c : captures_) {
     if (auto* m = c.find(stream_id)) {
       if (c.invalidated) {
@@ -438,7 +440,7 @@ GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::enter(sim_op op) noexcept
 
 GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::take_fault(sim_op op) noexcept
 {
-  std::lock_guard<std::mutex> lock{faults_mutex_};
+  detail::pool_lock lock{faults_mutex_};
   cudaError_t result = cudaSuccess;
   for (auto it = faults_.begin(); it != faults_.end();) {
     if (it->op == op && --it->remaining == 0) {
@@ -458,7 +460,7 @@ GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::misuse(cudaError_t error,
   message = "gpukit sim: " + message;
   if (config_.log_misuse) { std::fprintf(stderr, "%s [%s]\n", message.c_str(), error_name(error)); }
   {
-    std::lock_guard<std::mutex> lock{misuse_mutex_};
+    detail::pool_lock lock{misuse_mutex_};
     last_misuse_ = std::move(message);
   }
   misuse_count_.fetch_add(1, std::memory_order_relaxed);

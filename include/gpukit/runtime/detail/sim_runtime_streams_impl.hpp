@@ -105,10 +105,10 @@ GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::stream_wait_event(stream_
   if (captured_events_count_.load(std::memory_order_acquire) != 0) {
     std::string why;
     {
-      std::lock_guard<std::mutex> lock{capture_mutex_};
+      detail::pool_lock lock{capture_mutex_};
       if (auto it = captured_events_.find(event->id); it != captured_events_.end()) {
-        detail::sim_graph_capture* c     = capture_by_id_locked(it->second.capture);
-        detail::sim_graph_capture* other = capture_of_locked(stream->id);
+        detail::sim_graph_capture* c     = capture_by_id(it->second.capture);
+        detail::sim_graph_capture* other = capture_of(stream->id);
         auto const args = "stream_wait_event(stream " + detail::sim_hex(s) + ", event " +
                           detail::sim_hex(e) + "): ";
         if (c == nullptr) {
@@ -177,7 +177,7 @@ GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::event_destroy(event_type 
     erased = events_.erase(id);
   }
   if (erased != 0 && captured_events_count_.load(std::memory_order_acquire) != 0) {
-    std::lock_guard<std::mutex> lock{capture_mutex_};
+    detail::pool_lock lock{capture_mutex_};
     captured_events_.erase(id);
     captured_events_count_.store(captured_events_.size(), std::memory_order_release);
   }
@@ -207,8 +207,8 @@ GPUKIT_DETAIL_COMPILED_INLINE cudaError_t sim_runtime::event_record(event_type e
   }
   if (captures_underway_.load(std::memory_order_acquire) != 0 ||
       captured_events_count_.load(std::memory_order_acquire) != 0) {
-    std::lock_guard<std::mutex> lock{capture_mutex_};
-    if (detail::sim_graph_capture* c = capture_of_locked(stream->id)) {
+    detail::pool_lock lock{capture_mutex_};
+    if (detail::sim_graph_capture* c = capture_of(stream->id)) {
       if (c->invalidated) { return cudaErrorStreamCaptureInvalidated; }
       // Recorded in a capture: a point of the graph that waits on it can join, never work that
       // completes.

@@ -38,12 +38,13 @@ struct basic_transfer_pipeline<Runtime>::slot {
 
 template <class Runtime>
 struct basic_transfer_pipeline<Runtime>::ring {
-  std::mutex mutex;
+  detail::annotated_mutex mutex;
   std::condition_variable cv;
-  std::vector<std::unique_ptr<slot>> slots;  ///< every slot held
-  std::deque<slot*> free;                    ///< oldest first: its copy is the likeliest done
-  std::size_t creating{0};                   ///< slots being pinned outside the lock
-  std::size_t capacity{0};
+  std::vector<std::unique_ptr<slot>> slots GPUKIT_GUARDED_BY(mutex);  ///< every slot held
+  /// Oldest first: its copy is the likeliest done.
+  std::deque<slot*> free GPUKIT_GUARDED_BY(mutex);
+  std::size_t creating GPUKIT_GUARDED_BY(mutex){0};  ///< slots being pinned outside the lock
+  std::size_t capacity{0};                           ///< set by the constructor, read-only after
 };
 
 template <class Runtime>
@@ -54,7 +55,8 @@ struct basic_transfer_pipeline<Runtime>::job {
   char* device{nullptr};
   char* host{nullptr};
   std::size_t bytes{0};
-  // guarded by jobs_mutex_
+  // read and written holding the pipeline's jobs_mutex_ (by members that require it: a nested
+  // struct cannot name it in GPUKIT_GUARDED_BY)
   std::size_t next{0};  ///< bytes claimed so far (the next chunk's offset)
   std::size_t inflight{0};
   bool failed{false};
@@ -117,7 +119,7 @@ basic_transfer_pipeline<Runtime>::basic_transfer_pipeline(Runtime& runtime,
     (void)pool_life_.on_expire(this, [this] { drain_for_pool(); });
   } catch (...) {
     {
-      std::lock_guard<std::mutex> lock{jobs_mutex_};
+      detail::pool_lock lock{jobs_mutex_};
       stopping_ = true;
     }
     jobs_cv_.notify_all();
@@ -144,9 +146,9 @@ template <class Runtime>
 void basic_transfer_pipeline<Runtime>::drain_for_pool()
 {
   {
-    std::unique_lock<std::mutex> lock{jobs_mutex_};
+    detail::pool_lock lock{jobs_mutex_};
     pool_gone_ = true;
-    done_cv_.wait(lock, [this] { return in_flight_ == 0 && submitted_ == 0; });
+    while (in_flight_ != 0 || submitted_ != 0) { detail::wait(done_cv_, jobs_mutex_); }
   }
   for (stream_type s : streams_) {
     typename Runtime::error_type const e = runtime_.stream_synchronize(s);
@@ -164,8 +166,8 @@ basic_transfer_pipeline<Runtime>::~basic_transfer_pipeline()
 {
   lifetime_.expire();  // first: a prefetcher using this pipeline stops submitting
   {
-    std::unique_lock<std::mutex> lock{jobs_mutex_};
-    done_cv_.wait(lock, [this] { return submitted_ == 0; });  // their completions have returned
+    detail::pool_lock lock{jobs_mutex_};
+    while (submitted_ != 0) { detail::wait(done_cv_, jobs_mutex_); }  // their completions returned
     stopping_ = true;
   }
   jobs_cv_.notify_all();
@@ -175,7 +177,9 @@ basic_transfer_pipeline<Runtime>::~basic_transfer_pipeline()
   try {
     (void)pool_life_.with_alive([this] {
       for (int dir = 0; dir < 2; ++dir) {
-        for (auto& s : rings_[dir]->slots) {
+        ring& r = *rings_[dir];
+        detail::pool_lock lock{r.mutex};  // uncontended: the staging threads have ended
+        for (auto& s : r.slots) {
           try {
             if (s->recorded) {
               pool_.deallocate_async(s->buf, streams_[dir]);  // reused after its last copy
@@ -206,7 +210,7 @@ template <class Runtime>
 typename basic_transfer_pipeline<Runtime>::event_type basic_transfer_pipeline<Runtime>::take_event()
 {
   {
-    std::lock_guard<std::mutex> lock{events_mutex_};
+    detail::pool_lock lock{events_mutex_};
     if (!spare_events_.empty()) {
       event_type e = spare_events_.back();
       spare_events_.pop_back();
@@ -221,7 +225,7 @@ typename basic_transfer_pipeline<Runtime>::event_type basic_transfer_pipeline<Ru
 template <class Runtime>
 void basic_transfer_pipeline<Runtime>::give_event(event_type e) noexcept
 {
-  std::lock_guard<std::mutex> lock{events_mutex_};
+  detail::pool_lock lock{events_mutex_};
   try {
     spare_events_.push_back(e);
   } catch (...) {
@@ -233,35 +237,52 @@ template <class Runtime>
 typename basic_transfer_pipeline<Runtime>::slot* basic_transfer_pipeline<Runtime>::acquire_slot(
   ring& r)
 {
-  std::unique_lock<std::mutex> lock{r.mutex};
-  for (;;) {
-    bool const can_grow = r.slots.size() + r.creating < r.capacity;
-    if (!r.free.empty()) {
-      slot* s = r.free.front();
-      // A new chunk rather than waiting for the oldest one's copy, while the ring may grow.
-      bool const done = !s->recorded || runtime_.event_query(s->ev) != Runtime::not_ready;
-      if (done || !can_grow) {
-        r.free.pop_front();
-        lock.unlock();
-        if (!done) { chunk_waits_.fetch_add(1, std::memory_order_relaxed); }
-        typename Runtime::error_type const w =
-          s->recorded ? runtime_.event_synchronize(s->ev)  // that chunk's copy: never the device
-                      : Runtime::success;
-        if (w != Runtime::success) {
-          lock.lock();
-          r.free.push_front(s);
-          lock.unlock();
-          r.cv.notify_one();
-          GPUKIT_CUDA_TRY(w, "event_synchronize(staging chunk)");
+  slot* s   = nullptr;  // a free slot, else one is to be created
+  bool done = false;    // s's last copy is over
+  {
+    detail::pool_lock lock{r.mutex};
+    for (;;) {
+      bool const can_grow = r.slots.size() + r.creating < r.capacity;
+      if (!r.free.empty()) {
+        slot* oldest = r.free.front();
+        // A new chunk rather than waiting for the oldest one's copy, while the ring may grow.
+        done = !oldest->recorded || runtime_.event_query(oldest->ev) != Runtime::not_ready;
+        if (done || !can_grow) {
+          r.free.pop_front();
+          s = oldest;
+          break;
         }
-        return s;
       }
+      if (can_grow) {
+        ++r.creating;
+        break;
+      }
+      detail::wait(r.cv, r.mutex);
     }
-    if (can_grow) { break; }
-    r.cv.wait(lock);
   }
-  ++r.creating;
-  lock.unlock();
+  if (s != nullptr) {
+    if (!done) { chunk_waits_.fetch_add(1, std::memory_order_relaxed); }
+    typename Runtime::error_type const w =
+      s->recorded ? runtime_.event_synchronize(s->ev)  // that chunk's copy: never the device
+                  : Runtime::success;
+    if (w != Runtime::success) {
+      {
+        detail::pool_lock lock{r.mutex};
+        r.free.push_front(s);
+      }
+      r.cv.notify_one();
+      GPUKIT_CUDA_TRY(w, "event_synchronize(staging chunk)");
+    }
+    return s;
+  }
+  return create_slot(r);
+}
+
+// A new slot for ring `r`, whose `creating` count the caller raised (lowered here either way).
+template <class Runtime>
+typename basic_transfer_pipeline<Runtime>::slot* basic_transfer_pipeline<Runtime>::create_slot(
+  ring& r)
+{
   auto fresh = std::make_unique<slot>();
   try {
     fresh->buf = pool_.allocate(options_.chunk_bytes);
@@ -269,13 +290,14 @@ typename basic_transfer_pipeline<Runtime>::slot* basic_transfer_pipeline<Runtime
     GPUKIT_CUDA_TRY(runtime_.event_create(fresh->ev, false));
   } catch (...) {
     if (fresh->buf != nullptr) { pool_.deallocate(fresh->buf); }
-    lock.lock();
-    --r.creating;
-    lock.unlock();
+    {
+      detail::pool_lock lock{r.mutex};
+      --r.creating;
+    }
     r.cv.notify_one();
     throw;
   }
-  lock.lock();
+  detail::pool_lock lock{r.mutex};
   --r.creating;
   slot* s = fresh.get();
   r.slots.push_back(std::move(fresh));
@@ -285,21 +307,25 @@ typename basic_transfer_pipeline<Runtime>::slot* basic_transfer_pipeline<Runtime
 template <class Runtime>
 void basic_transfer_pipeline<Runtime>::release_slot(ring& r, slot* s, bool usable)
 {
-  std::unique_lock<std::mutex> lock{r.mutex};
   if (usable) {
-    r.free.push_back(s);
-    lock.unlock();
+    {
+      detail::pool_lock lock{r.mutex};
+      r.free.push_back(s);
+    }
     r.cv.notify_one();
     return;
   }
   // A copy from or to it was enqueued but no event captures it: hand it back to the pool with the
   // copy stream, which records one, and forget the slot.
-  int const dir               = (&r == rings_[0].get()) ? 0 : 1;
-  auto it                     = std::find_if(r.slots.begin(), r.slots.end(),
-                                             [s](std::unique_ptr<slot> const& p) { return p.get() == s; });
-  std::unique_ptr<slot> owned = std::move(*it);
-  r.slots.erase(it);
-  lock.unlock();
+  int const dir = (&r == rings_[0].get()) ? 0 : 1;
+  std::unique_ptr<slot> owned;
+  {
+    detail::pool_lock lock{r.mutex};
+    auto it = std::find_if(r.slots.begin(), r.slots.end(),
+                           [s](std::unique_ptr<slot> const& p) { return p.get() == s; });
+    owned   = std::move(*it);
+    r.slots.erase(it);
+  }
   r.cv.notify_one();
   try {
     pool_.deallocate_async(owned->buf, streams_[dir]);
@@ -357,10 +383,10 @@ void basic_transfer_pipeline<Runtime>::do_chunk(job& j, std::size_t off, std::si
 }
 
 template <class Runtime>
-typename basic_transfer_pipeline<Runtime>::job* basic_transfer_pipeline<Runtime>::pick_job_locked()
+typename basic_transfer_pipeline<Runtime>::job* basic_transfer_pipeline<Runtime>::pick_job()
 {
-  // jobs_mutex_ held, jobs_ not empty. The oldest job of one direction, the directions taking
-  // turns: a transfer's chunks go before a later one's, and both directions progress.
+  // The oldest job of one direction, the directions taking turns: a transfer's chunks go before a
+  // later one's, and both directions progress.
   int const dir = static_cast<int>(next_job_++ & 1);
   for (job* j : jobs_) {
     if (j->dir == dir) { return j; }
@@ -371,7 +397,6 @@ typename basic_transfer_pipeline<Runtime>::job* basic_transfer_pipeline<Runtime>
 template <class Runtime>
 bool basic_transfer_pipeline<Runtime>::claim(job& j, std::size_t& offset, std::size_t& bytes)
 {
-  // jobs_mutex_ held
   if (j.failed || j.next >= j.bytes) { return false; }
   std::size_t const left  = j.bytes - j.next;
   std::size_t const chunk = options_.chunk_bytes;
@@ -395,7 +420,6 @@ bool basic_transfer_pipeline<Runtime>::claim(job& j, std::size_t& offset, std::s
 template <class Runtime>
 bool basic_transfer_pipeline<Runtime>::finish_chunk(job& j, std::exception_ptr error)
 {
-  // jobs_mutex_ held
   --j.inflight;
   if (error && !j.failed) {
     j.failed = true;
@@ -443,23 +467,23 @@ void basic_transfer_pipeline<Runtime>::complete_submitted(job* jp) noexcept
   } catch (...) {
     assert(false && "transfer_pipeline: a completion threw");
   }
-  std::lock_guard<std::mutex> lock{jobs_mutex_};
+  detail::pool_lock lock{jobs_mutex_};
   --submitted_;
   done_cv_.notify_all();  // under the lock, like every wake-up of the destructor
 }
 
 template <class Runtime>
-bool basic_transfer_pipeline<Runtime>::copy_claimed(job& j, std::size_t off, std::size_t n,
-                                                    std::unique_lock<std::mutex>& lock)
+bool basic_transfer_pipeline<Runtime>::copy_claimed(job& j, std::size_t off, std::size_t n)
 {
-  lock.unlock();
   std::exception_ptr error;
-  try {
-    do_chunk(j, off, n);
-  } catch (...) {
-    error = std::current_exception();
+  {
+    detail::pool_lock::unlocked_scope unlocked{jobs_mutex_};
+    try {
+      do_chunk(j, off, n);
+    } catch (...) {
+      error = std::current_exception();
+    }
   }
-  lock.lock();
   return finish_chunk(j, std::move(error));
 }
 
@@ -468,21 +492,20 @@ void basic_transfer_pipeline<Runtime>::worker_loop()
 {
   // A staging thread works for the pipeline's device only: make it current once, for good.
   typename Runtime::error_type const set = runtime_.set_device(options_.device);
-  std::unique_lock<std::mutex> lock{jobs_mutex_};
+  detail::pool_lock lock{jobs_mutex_};
   if (set != Runtime::success) {  // no chunk is claimed here: the calling threads copy them all
-    jobs_cv_.wait(lock, [this] { return stopping_; });
+    while (!stopping_) { detail::wait(jobs_cv_, jobs_mutex_); }
     return;
   }
   for (;;) {
-    jobs_cv_.wait(lock, [this] { return stopping_ || !jobs_.empty(); });
+    while (!stopping_ && jobs_.empty()) { detail::wait(jobs_cv_, jobs_mutex_); }
     if (stopping_) { return; }
-    job& j          = *pick_job_locked();
+    job& j          = *pick_job();
     std::size_t off = 0, n = 0;
     if (!claim(j, off, n)) { continue; }
-    if (copy_claimed(j, off, n, lock)) {
-      lock.unlock();
+    if (copy_claimed(j, off, n)) {
+      detail::pool_lock::unlocked_scope unlocked{jobs_mutex_};
       complete_submitted(&j);
-      lock.lock();
     }
   }
 }
@@ -490,16 +513,18 @@ void basic_transfer_pipeline<Runtime>::worker_loop()
 template <class Runtime>
 void basic_transfer_pipeline<Runtime>::run_job(job& j)
 {
-  std::unique_lock<std::mutex> lock{jobs_mutex_};
+  detail::pool_lock lock{jobs_mutex_};
   if (j.bytes > options_.chunk_bytes && !workers_.empty()) {
     jobs_.push_back(&j);
     jobs_cv_.notify_all();
   }
   std::size_t off = 0, n = 0;
   while (claim(j, off, n)) {
-    (void)copy_claimed(j, off, n, lock);  // j is the caller's: never a submitted job
+    (void)copy_claimed(j, off, n);  // j is the caller's: never a submitted job
   }
-  done_cv_.wait(lock, [&] { return j.inflight == 0 && (j.failed || j.next == j.bytes); });
+  while (j.inflight != 0 || !(j.failed || j.next == j.bytes)) {
+    detail::wait(done_cv_, jobs_mutex_);
+  }
   auto it = std::find(jobs_.begin(), jobs_.end(), &j);
   if (it != jobs_.end()) { jobs_.erase(it); }
 }
@@ -587,7 +612,7 @@ void basic_transfer_pipeline<Runtime>::queue_submitted(int dir, char* device, ch
   j->stream = stream;
   j->done   = std::move(done);
   {
-    std::lock_guard<std::mutex> lock{jobs_mutex_};
+    detail::pool_lock lock{jobs_mutex_};
     jobs_.push_back(j.get());
     ++submitted_;
   }
@@ -606,7 +631,7 @@ void basic_transfer_pipeline<Runtime>::transfer(int dir, char* device, char* hos
                                                  : "transfer_pipeline::submit_to_host: ");
   check_transfer(call, dir, device, host, bytes, done);
   {
-    std::lock_guard<std::mutex> lock{jobs_mutex_};
+    detail::pool_lock lock{jobs_mutex_};
     GPUKIT_EXPECTS(!pool_gone_, std::string{call} + "the pinned pool was destroyed");
     ++in_flight_;
   }
@@ -616,7 +641,7 @@ void basic_transfer_pipeline<Runtime>::transfer(int dir, char* device, char* hos
     basic_transfer_pipeline* self;
     ~in_flight_guard()
     {
-      std::lock_guard<std::mutex> lock{self->jobs_mutex_};
+      detail::pool_lock lock{self->jobs_mutex_};
       --self->in_flight_;
       self->done_cv_.notify_all();
     }
@@ -707,7 +732,7 @@ void basic_transfer_pipeline<Runtime>::copy_peer_async(void* dst, int dst_device
   device_guard<Runtime> guard{runtime_, self};
   check_stream(call, stream);
   if (other != self) {
-    std::lock_guard<std::mutex> lock{events_mutex_};
+    detail::pool_lock lock{events_mutex_};
     char& asked = peer_asked_[static_cast<std::size_t>(other)];
     if (asked == 0) {
       int can = 0;
@@ -741,7 +766,7 @@ void basic_transfer_pipeline<Runtime>::prewarm()
   expect_pool("transfer_pipeline::prewarm: ");
   std::size_t missing = 0;
   for (auto& r : rings_) {
-    std::lock_guard<std::mutex> lock{r->mutex};
+    detail::pool_lock lock{r->mutex};
     missing += r->capacity - std::min(r->capacity, r->slots.size() + r->creating);
   }
   if (missing == 0) { return; }
@@ -774,7 +799,7 @@ transfer_stats basic_transfer_pipeline<Runtime>::stats() const
   s.peer_bytes   = ld(peer_bytes_);
   s.peer_copies  = ld(peer_copies_);
   for (auto const& r : rings_) {
-    std::lock_guard<std::mutex> lock{r->mutex};
+    detail::pool_lock lock{r->mutex};
     s.staging_chunks += r->slots.size();
   }
   return s;

@@ -19,9 +19,6 @@ template <class Runtime>
 struct backend<Runtime>::device_state {
   std::unique_ptr<allocator_type> alloc;
   double fraction{1.0};
-  std::map<pool_id, pool_state> pools;                      // under pools_mutex_
-  std::vector<std::pair<pool_id, stream_filter>> underway;  // under pools_mutex_
-  std::vector<capture_on_stream> captures;                  // under pools_mutex_
   mutable std::mutex base_mutex;
   gpukit::caching_allocator_stats base{};  // counters at the last reset of accumulated statistics
   std::unique_ptr<user_counts> users;
@@ -391,8 +388,8 @@ void* backend<Runtime>::allocate(int device, std::size_t bytes, stream_type stre
   void* p = nullptr;
   try {
     if (routing_.load(std::memory_order_acquire) != 0) {
-      std::lock_guard<std::mutex> lock{pools_mutex_};
-      r.pool = route_locked(d, stream);
+      detail::scoped_lock lock{pools_mutex_};
+      r.pool = route(d, pools_of(device), stream);
       p      = d.alloc->allocate_async(r.size, stream);
     } else {
       p = d.alloc->allocate_async(r.size, stream);
@@ -523,9 +520,9 @@ template <class Runtime>
 void backend<Runtime>::create_or_incref_pool(int device, pool_id id)
 {
   GPUKIT_EXPECTS(id != pool_id(0, 0), "pool (0, 0) is the default pool");
-  device_state& d = state(device);
-  std::lock_guard<std::mutex> lock{pools_mutex_};
-  ++d.pools[id].use_count;
+  (void)state(device);
+  detail::scoped_lock lock{pools_mutex_};
+  ++pools_of(device).pools[id].use_count;
 }
 
 template <class Runtime>
@@ -534,62 +531,66 @@ void backend<Runtime>::begin_allocate_to_pool(int device, pool_id id, stream_fil
   GPUKIT_EXPECTS(static_cast<bool>(filter), "beginAllocateToPool without a filter");
   create_or_incref_pool(device, id);
   device_state& d = state(device);
-  std::lock_guard<std::mutex> lock{pools_mutex_};
-  for (auto const& u : d.underway) {
+  detail::scoped_lock lock{pools_mutex_};
+  device_pools& p = pools_of(device);
+  for (auto const& u : p.underway) {
     if (u.first == id) {
-      --d.pools[id].use_count;
+      --p.pools[id].use_count;
       GPUKIT_EXPECTS(false,
                      "beginAllocateToPool: already allocating to pool " + detail::pool_name(id));
     }
   }
-  d.underway.emplace_back(id, std::move(filter));
+  p.underway.emplace_back(id, std::move(filter));
   // The capture begins after this call, on streams met at their first allocation: until then no
   // allocation or free may make a call that a capture refuses (an event query, a wait).
   d.alloc->begin_capture_window();
-  update_routing_locked();
+  recount_routing();
 }
 
 template <class Runtime>
 void backend<Runtime>::end_allocate_to_pool(int device, pool_id id)
 {
   device_state& d = state(device);
-  std::lock_guard<std::mutex> lock{pools_mutex_};
-  auto it = std::find_if(d.underway.begin(), d.underway.end(),
-                         [&](auto const& u) { return u.first == id; });
-  GPUKIT_EXPECTS(it != d.underway.end(),
+  detail::scoped_lock lock{pools_mutex_};
+  device_pools& p = pools_of(device);
+  auto it         = std::find_if(p.underway.begin(), p.underway.end(),
+                                 [&](auto const& u) { return u.first == id; });
+  GPUKIT_EXPECTS(it != p.underway.end(),
                  "endAllocateToPool: not allocating to pool " + detail::pool_name(id));
-  d.underway.erase(it);
-  for (std::size_t i = d.captures.size(); i-- > 0;) {
-    if (d.captures[i].pool == id) { pause_locked(d, i); }
+  p.underway.erase(it);
+  for (std::size_t i = p.captures.size(); i-- > 0;) {
+    if (p.captures[i].pool == id) { pause_capture(d, p, i); }
   }
   d.alloc->end_capture_window();
-  update_routing_locked();
+  recount_routing();
 }
 
 template <class Runtime>
 void backend<Runtime>::release_pool(int device, pool_id id)
 {
   device_state& d = state(device);
-  std::lock_guard<std::mutex> lock{pools_mutex_};
-  auto it = d.pools.find(id);
-  GPUKIT_EXPECTS(it != d.pools.end() && it->second.use_count > 0,
+  detail::scoped_lock lock{pools_mutex_};
+  device_pools& p = pools_of(device);
+  auto it         = p.pools.find(id);
+  GPUKIT_EXPECTS(it != p.pools.end() && it->second.use_count > 0,
                  "releasePool: no pool " + detail::pool_name(id));
   if (--it->second.use_count > 0) { return; }
-  for (std::size_t i = d.captures.size(); i-- > 0;) {
-    if (d.captures[i].pool == id) { pause_locked(d, i); }
+  for (std::size_t i = p.captures.size(); i-- > 0;) {
+    if (p.captures[i].pool == id) { pause_capture(d, p, i); }
   }
   for (auto cid : it->second.ended) { d.alloc->release_capture_pool(cid); }
-  d.pools.erase(it);
-  update_routing_locked();
+  p.pools.erase(it);
+  recount_routing();
 }
 
 template <class Runtime>
 int backend<Runtime>::pool_use_count(int device, pool_id id) const
 {
-  device_state& d = state(device);
-  std::lock_guard<std::mutex> lock{pools_mutex_};
-  auto it = d.pools.find(id);
-  return it == d.pools.end() ? 0 : it->second.use_count;
+  (void)state(device);
+  detail::scoped_lock lock{pools_mutex_};
+  device_pools const& p = pools_of(device);
+  auto it               = p.pools.find(id);
+  return it == p.pools.end() ? 0 : it->second.use_count;
 }
 
 template <class Runtime>
@@ -646,55 +647,51 @@ std::vector<void*> backend<Runtime>::restore_pool(int device, pool_id id,
 // Which pool an allocation on `stream` goes to, with the allocator's capture on `stream` set to
 // match: the most recent pool whose filter accepts the stream, or the default pool.
 template <class Runtime>
-pool_id backend<Runtime>::route_locked(device_state& d, stream_type stream)
+pool_id backend<Runtime>::route(device_state& d, device_pools& p, stream_type stream)
 {
   pool_id target{0, 0};
-  for (auto it = d.underway.rbegin(); it != d.underway.rend(); ++it) {
+  for (auto it = p.underway.rbegin(); it != p.underway.rend(); ++it) {
     if (it->second(stream)) {
       target = it->first;
       break;
     }
   }
-  for (std::size_t i = 0; i < d.captures.size(); ++i) {
-    if (d.captures[i].stream == stream) {
-      if (d.captures[i].pool == target) { return target; }
-      pause_locked(d, i);
+  for (std::size_t i = 0; i < p.captures.size(); ++i) {
+    if (p.captures[i].stream == stream) {
+      if (p.captures[i].pool == target) { return target; }
+      pause_capture(d, p, i);
       break;
     }
   }
   if (target == pool_id(0, 0)) { return target; }
-  pool_state& p = d.pools[target];
+  pool_state& pool = p.pools[target];
   capture_on_stream c{stream, target, 0};
-  if (!p.ended.empty()) {
-    c.id = p.ended.back();
+  if (!pool.ended.empty()) {
+    c.id = pool.ended.back();
     d.alloc->resume_capture(stream, c.id);
-    p.ended.pop_back();
+    pool.ended.pop_back();
   } else {
     c.id = d.alloc->begin_capture(stream);
   }
-  d.captures.push_back(c);
-  update_routing_locked();
+  p.captures.push_back(c);
+  recount_routing();
   return target;
 }
 
 template <class Runtime>
-void backend<Runtime>::pause_locked(device_state& d, std::size_t index)
+void backend<Runtime>::pause_capture(device_state& d, device_pools& p, std::size_t index)
 {
-  capture_on_stream const c = d.captures[index];
+  capture_on_stream const c = p.captures[index];
   d.alloc->end_capture(c.stream);
-  d.pools[c.pool].ended.push_back(c.id);
-  d.captures.erase(d.captures.begin() + static_cast<std::ptrdiff_t>(index));
+  p.pools[c.pool].ended.push_back(c.id);
+  p.captures.erase(p.captures.begin() + static_cast<std::ptrdiff_t>(index));
 }
 
 template <class Runtime>
-void backend<Runtime>::update_routing_locked()
+void backend<Runtime>::recount_routing()
 {
   int n = 0;
-  for (auto const& slot : devices_) {
-    if (device_state const* d = slot.load(std::memory_order_acquire)) {
-      n += static_cast<int>(d->underway.size() + d->captures.size());
-    }
-  }
+  for (auto const& p : pools_) { n += static_cast<int>(p.underway.size() + p.captures.size()); }
   routing_.store(n, std::memory_order_release);
 }
 
