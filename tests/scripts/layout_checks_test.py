@@ -39,13 +39,13 @@ def expect(what, script, files, ok, needle=""):
 ALLOWED = {
     "include/gpukit/memory/caching_allocator.hpp": "".join(
         f"#include <gpukit/memory/detail/{n}.inl>\n"
-        for n in ("caching_allocator", "graph_capture", "oom_recovery", "pool_segments", "recording",
-                  "release", "statistics", "stream_bookkeeping", "thread_cache")
+        for n in ("caching_allocator", "graph_capture", "oom_recovery", "pool_segments", "release",
+                  "stream_bookkeeping", "thread_cache")
     ),
     **{
         f"include/gpukit/memory/detail/{n}.inl": "#include <gpukit/memory/caching_allocator.hpp>\n"
-        for n in ("caching_allocator", "graph_capture", "oom_recovery", "pool_segments", "recording",
-                  "release", "statistics", "stream_bookkeeping", "thread_cache")
+        for n in ("caching_allocator", "graph_capture", "oom_recovery", "pool_segments", "release",
+                  "stream_bookkeeping", "thread_cache")
     },
     "include/gpukit/detail/compiled.hpp": "#include <gpukit/runtime/detail/compiled_runtimes.hpp>\n",
     "include/gpukit/runtime/detail/compiled_runtimes.hpp": "",

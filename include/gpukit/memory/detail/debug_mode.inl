@@ -243,7 +243,7 @@ void* basic_caching_allocator<Runtime>::guard_allocate(std::size_t bytes, std::s
   bool oom = false;
   block* b = guard_place(size, kind, stream, oom);
   if (b == nullptr) {
-    ++stats_.num_alloc_retries;
+    stats_.count(&caching_allocator_stats::num_alloc_retries);
     release_growable(0, nullptr);
     oom = false;
     b   = guard_place(size, kind, stream, oom);
@@ -379,9 +379,11 @@ void basic_caching_allocator<Runtime>::guard_free(void* ptr, std::size_t bytes, 
     typename Runtime::error_type error = Runtime::success;
     device_guard<Runtime> guard{runtime_, device_};
     unmap_free_pages(merged, std::numeric_limits<std::size_t>::max(), error);
-    if (error != Runtime::success) { ++stats_.num_guard_unmap_failures; }
+    if (error != Runtime::success) {
+      stats_.count(&caching_allocator_stats::num_guard_unmap_failures);
+    }
   } catch (...) {
-    ++stats_.num_guard_unmap_failures;
+    stats_.count(&caching_allocator_stats::num_guard_unmap_failures);
   }
 }
 

@@ -80,12 +80,12 @@ typename Runtime::error_type basic_caching_allocator<Runtime>::unmap_page(segmen
   if (e != Runtime::success) { return e; }
   close_page_fd(seg, i);
   pages_.spare[spare_kind(seg.kind)].push_back(seg.handles[i]);
-  count_reserved(seg.kind, -static_cast<std::int64_t>(seg.page));
-  count_reserved(spare_kind(seg.kind), static_cast<std::int64_t>(seg.page));
+  stats_.count_reserved(seg.kind, -static_cast<std::int64_t>(seg.page));
+  stats_.count_reserved(spare_kind(seg.kind), static_cast<std::int64_t>(seg.page));
   seg.handles[i] = physical_handle{};
   seg.mapped[i]  = 0;
   --seg.mapped_pages;
-  ++stats_.num_device_frees;
+  stats_.count(&caching_allocator_stats::num_device_frees);
   return Runtime::success;
 }
 
@@ -117,8 +117,8 @@ std::size_t basic_caching_allocator<Runtime>::unmap_free_pages(block* b, std::si
   }
   if (done == 0) { return 0; }
   std::size_t const first = pe - done;
-  record_pool(memory_event::action::segment_free, va0 + first * page, done * page,
-              b->global ? stream_type{} : b->stream);
+  recorder_.record_pool(memory_event::action::segment_free, va0 + first * page, done * page,
+                        b->global ? stream_type{} : b->stream);
   unindex(b);
   block* mid = b;
   if (first * page > off) { mid = blocks_.split_off(b, first * page - off); }
@@ -242,14 +242,14 @@ bool basic_caching_allocator<Runtime>::map_pages(segment& seg, std::size_t first
     seg.handles[m.index] = m.handle;
     seg.mapped[m.index]  = 1;
     ++seg.mapped_pages;
-    stats_.num_pages_reused += m.fresh ? 0 : 1;
+    stats_.count(&caching_allocator_stats::num_pages_reused, m.fresh ? 0 : 1);
     count_mapped_page(seg, m.fresh);
   }
-  stats_.num_device_allocs += now.size();
-  raise_reserved_peak();
-  record_pool(memory_event::action::segment_alloc,
-              reinterpret_cast<std::uintptr_t>(page_address(seg, first)), count * page,
-              stream_type{});
+  stats_.count(&caching_allocator_stats::num_device_allocs, now.size());
+  stats_.raise_reserved_peak();
+  recorder_.record_pool(memory_event::action::segment_alloc,
+                        reinterpret_cast<std::uintptr_t>(page_address(seg, first)), count * page,
+                        stream_type{});
   return true;
 }
 
@@ -258,8 +258,8 @@ bool basic_caching_allocator<Runtime>::map_pages(segment& seg, std::size_t first
 template <class Runtime>
 void basic_caching_allocator<Runtime>::count_mapped_page(segment const& seg, bool fresh) noexcept
 {
-  if (!fresh) { count_reserved(spare_kind(seg.kind), -static_cast<std::int64_t>(seg.page)); }
-  count_reserved(seg.kind, static_cast<std::int64_t>(seg.page));
+  if (!fresh) { stats_.count_reserved(spare_kind(seg.kind), -static_cast<std::int64_t>(seg.page)); }
+  stats_.count_reserved(seg.kind, static_cast<std::int64_t>(seg.page));
 }
 
 template <class Runtime>
@@ -286,7 +286,7 @@ typename Runtime::error_type basic_caching_allocator<Runtime>::take_page(int kin
   if (e != Runtime::success) { return e; }
   m.fresh = true;
   pool_.reserved += page;
-  ++stats_.num_pages_created;
+  stats_.count(&caching_allocator_stats::num_pages_created);
   return Runtime::success;
 }
 
@@ -298,10 +298,10 @@ void basic_caching_allocator<Runtime>::give_back_page(int kind, std::size_t page
 {
   if (m.fresh && runtime_.vm_release(m.handle) == Runtime::success) {
     pool_.reserved -= page;
-    ++stats_.num_pages_released;
+    stats_.count(&caching_allocator_stats::num_pages_released);
   } else {
     pages_.spare[kind].push_back(m.handle);
-    if (m.fresh) { count_reserved(kind, static_cast<std::int64_t>(page)); }
+    if (m.fresh) { stats_.count_reserved(kind, static_cast<std::int64_t>(page)); }
   }
 }
 
@@ -375,7 +375,7 @@ basic_caching_allocator<Runtime>::reserve_growable(std::size_t size, int kind, s
   b->kind   = kind;
   b->stream = stream;
   pages_.segments.push_back(seg.release());
-  count_segment(kind, 1);
+  stats_.count_segment(kind, 1);
   insert_unmapped(b);
   return b;
 }
@@ -487,8 +487,8 @@ void basic_caching_allocator<Runtime>::release_spare_pages(std::size_t target)
       GPUKIT_CUDA_TRY(runtime_.vm_release(spares.back()));
       spares.pop_back();
       pool_.reserved -= pages_.page_bytes[k];
-      count_reserved(k, -static_cast<std::int64_t>(pages_.page_bytes[k]));
-      ++stats_.num_pages_released;
+      stats_.count_reserved(k, -static_cast<std::int64_t>(pages_.page_bytes[k]));
+      stats_.count(&caching_allocator_stats::num_pages_released);
     }
   }
 }
@@ -563,7 +563,7 @@ basic_caching_allocator<Runtime>::wait_for_growable_streams(stream_type const* o
     } else {
       GPUKIT_CUDA_TRY(e, "stream_synchronize (releasing growable segments)");
     }
-    ++stats_.num_release_waits;
+    stats_.count(&caching_allocator_stats::num_release_waits);
   }
   for (stream_type d : dead) { retire_dead_stream(d); }
   return capturing;
@@ -599,7 +599,7 @@ void basic_caching_allocator<Runtime>::free_empty_ranges()
     auto& list = pages_.unmapped[seg->kind];
     list.erase(std::find(list.begin(), list.end(), head));
     blocks_.remove(head);
-    count_segment(seg->kind, -1);
+    stats_.count_segment(seg->kind, -1);
     delete seg;
     pages_.segments[i] = pages_.segments.back();
     pages_.segments.pop_back();

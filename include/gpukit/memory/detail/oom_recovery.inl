@@ -79,8 +79,7 @@ void basic_caching_allocator<Runtime>::count_step(recovery_step step, std::size_
   auto const i                  = static_cast<std::size_t>(step);
   recovery_.ladder[i].attempted = true;
   recovery_.ladder[i].bytes_reclaimed += reclaimed;
-  ++stats_.num_recovery_steps[i];
-  stats_.recovery_bytes[i] += reclaimed;
+  stats_.count_recovery_step(i, reclaimed);
 }
 
 // Stream-ordered frees take effect when their stream reaches them: wait for those streams only
@@ -111,7 +110,7 @@ void basic_caching_allocator<Runtime>::settle_frees(recovery_request& r)
     } else {
       GPUKIT_CUDA_TRY(e, "stream_synchronize (out-of-memory recovery)");
     }
-    ++stats_.num_release_waits;
+    stats_.count(&caching_allocator_stats::num_release_waits);
     r.freed_on.pop_back();
   }
   recovery_.unsettled = std::move(capturing);  // settled by a later recovery
@@ -249,9 +248,9 @@ void basic_caching_allocator<Runtime>::add_oom_callback(oom_callback callback)
 template <class Runtime>
 void basic_caching_allocator<Runtime>::throw_oom(std::size_t bytes, std::size_t size)
 {
-  ++stats_.num_ooms;
-  record_pool(memory_event::action::oom, 0, size, stream_type{});
-  update_peaks();
+  stats_.count(&caching_allocator_stats::num_ooms);
+  recorder_.record_pool(memory_event::action::oom, 0, size, stream_type{});
+  caching_allocator_stats const& counted = stats_.update_peaks(threads_.caches);
   oom_report r;
   r.requested = bytes;
   r.device    = device_;
@@ -259,7 +258,7 @@ void basic_caching_allocator<Runtime>::throw_oom(std::size_t bytes, std::size_t 
     device_guard<Runtime> guard{runtime_, device_};
     (void)runtime_.mem_get_info(r.device_free, r.device_total);
   }
-  r.allocated = static_cast<std::size_t>(stats_.allocated_bytes.current);
+  r.allocated = static_cast<std::size_t>(counted.allocated_bytes.current);
   r.reserved  = pool_.reserved;
   r.limit     = limit_.load(std::memory_order_relaxed);
   for (auto const& sp : streams_.pools) {

@@ -76,10 +76,10 @@ void basic_caching_allocator<Runtime>::adopt_segment(block* b, std::unique_ptr<s
   b->capture_pool = pool;
   b->state.store(detail::block_state::free, std::memory_order_relaxed);
   pool_.reserved += seg_size;
-  count_reserved(kind, static_cast<std::int64_t>(seg_size));
-  count_segment(kind, 1);  // raises the reserved and segment peaks
-  ++stats_.num_device_allocs;
-  record_pool(memory_event::action::segment_alloc, b->address(), seg_size, stream);
+  stats_.count_reserved(kind, static_cast<std::int64_t>(seg_size));
+  stats_.count_segment(kind, 1);  // raises the reserved and segment peaks
+  stats_.count(&caching_allocator_stats::num_device_allocs);
+  recorder_.record_pool(memory_event::action::segment_alloc, b->address(), seg_size, stream);
 }
 
 template <class Runtime>
