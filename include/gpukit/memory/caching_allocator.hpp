@@ -98,8 +98,10 @@
 #include <gpukit/memory/caching_allocator_options.hpp>
 #include <gpukit/memory/caching_allocator_stats.hpp>
 #include <gpukit/memory/detail/address_map.hpp>
+#include <gpukit/memory/detail/caching/allocator_stats.hpp>
 #include <gpukit/memory/detail/caching/block_index.hpp>
 #include <gpukit/memory/detail/caching/capture_pools.hpp>
+#include <gpukit/memory/detail/caching/event_recorder.hpp>
 #include <gpukit/memory/detail/caching/event_ring.hpp>
 #include <gpukit/memory/detail/caching/growable_source.hpp>
 #include <gpukit/memory/detail/caching/guard_page_source.hpp>
@@ -464,10 +466,12 @@ class basic_caching_allocator final
   template <class R>
   friend struct detail::allocator_invariants;  // detail/allocator_invariants.hpp, for tests
 
-  using block        = detail::caching_block<Runtime>;
-  using thread_cache = detail::caching_thread_cache<Runtime>;
-  using capture_pool = typename detail::caching::capture_pools<Runtime, block>::pool;
-  using segment      = detail::caching::segment<Runtime>;
+  using block         = detail::caching_block<Runtime>;
+  using thread_cache  = detail::caching_thread_cache<Runtime>;
+  using capture_pool  = typename detail::caching::capture_pools<Runtime, block>::pool;
+  using segment       = detail::caching::segment<Runtime>;
+  using stats_type    = detail::caching::allocator_stats<block>;
+  using recorder_type = detail::caching::event_recorder<Runtime>;
   struct stream_pool;   // detail/stream_bookkeeping.inl
   struct pending_free;  // detail/stream_bookkeeping.inl
   enum pool_kind : int { small_pool = 0, large_pool = 1 };
@@ -603,24 +607,6 @@ class basic_caching_allocator final
   }
   void* allocate_captured(std::size_t bytes, std::size_t size, int kind, capture_pool& cp,
                           stream_type stream, thread_cache& tc) GPUKIT_REQUIRES(mutex_);
-  // Recording (detail/recording.inl).
-  void record(thread_cache& tc, memory_event::action what, block const* b, stream_type stream);
-  void record_pool(memory_event::action what, std::uintptr_t address, std::size_t bytes,
-                   stream_type stream) GPUKIT_REQUIRES(mutex_);
-  static std::uint64_t now_ns() noexcept;
-  static std::uintptr_t stream_id(stream_type stream) noexcept;
-  // Statistics (detail/statistics.inl).
-  caching_pool_stats& pool_stats(int kind) const noexcept GPUKIT_REQUIRES(mutex_);
-  void update_peaks() const GPUKIT_REQUIRES(mutex_);
-  void share_counts() GPUKIT_REQUIRES(mutex_);
-  __attribute__((noinline)) void join_shared_counts(thread_cache& tc) noexcept;
-  void store_shared_peaks(bool from_current) GPUKIT_REQUIRES(mutex_);
-  void update_scanned() const GPUKIT_REQUIRES(mutex_);
-  struct active_peaks;
-  active_peaks peak_active() const GPUKIT_REQUIRES(mutex_);
-  void count_reserved(int kind, std::int64_t delta) noexcept GPUKIT_REQUIRES(mutex_);
-  void count_segment(int kind, int delta) noexcept GPUKIT_REQUIRES(mutex_);
-  void raise_reserved_peak() noexcept GPUKIT_REQUIRES(mutex_);
   // What the growable segments' layer asks of the pool around it, built at each call under the
   // lock (detail/pool_segments.inl; the layer: detail/caching/growable_source.hpp).
   struct growable_pool;
@@ -629,10 +615,10 @@ class basic_caching_allocator final
   // clang's -Wthread-safety checks (GPUKIT_GUARDED_BY, and GPUKIT_REQUIRES on the functions that
   // need it held; tests/headers builds with it as an error).
 
-  /// What is held from the device (the blocks themselves are in blocks_).
+  /// What is held from the device (the blocks themselves are in blocks_; the segments are counted
+  /// in stats_).
   struct pool_state {
     std::size_t reserved{0};  // bytes held from the device (growable: mapped and spare pages)
-    std::size_t segments{0};
   };
   /// Streams and the events that order blocks between them.
   struct stream_state {
@@ -673,15 +659,14 @@ class basic_caching_allocator final
   std::atomic<int> captures_underway_{0};
   // Debug mode's quarantine (null when off; its own lock, taken before mutex_).
   std::unique_ptr<debug_quarantine> debug_;
-  std::atomic<bool> recording_on_{false};  // read on the fast path, written under the lock
-  // Events per ring: read by record() on the fast path (a thread's own ring), written under the
-  // lock.
-  std::atomic<std::size_t> recording_capacity_{0};
-  detail::caching::event_ring recording_ GPUKIT_GUARDED_BY(mutex_);  // segment and OOM events
-  mutable caching_allocator_stats stats_
-    GPUKIT_GUARDED_BY(mutex_){};    // pool-level counters and peaks
+  // Whether recording is on and the events per ring: read on the fast path (record() into a
+  // thread's own ring), written under the lock (stop_recording: anywhere).
+  detail::caching::recording_switch recording_;
+  recorder_type recorder_ GPUKIT_GUARDED_BY(mutex_){recording_};  // the pool's events
   detail::pending_counts pending_;  // frees waiting on other streams (still active)
   detail::shared_counts shared_;    // current values and peaks once two threads are in
+  // Pool-level counters and peaks (stats() updates them: mutable).
+  mutable stats_type stats_ GPUKIT_GUARDED_BY(mutex_){shared_, pending_};
   // Expired first thing in the destructor (before teardown): an owning stream that is destroyed
   // later then skips this allocator, and one being destroyed now is waited for.
   detail::lifetime_registration lifetime_;
@@ -759,9 +744,7 @@ basic_caching_allocator<Runtime>& default_caching_allocator(int device = -1)
 #include <gpukit/memory/detail/caching_allocator.inl>
 #include <gpukit/memory/detail/graph_capture.inl>
 #include <gpukit/memory/detail/pool_segments.inl>
-#include <gpukit/memory/detail/recording.inl>
 #include <gpukit/memory/detail/release.inl>
-#include <gpukit/memory/detail/statistics.inl>
 #include <gpukit/memory/detail/stream_bookkeeping.inl>
 #include <gpukit/memory/detail/thread_cache.inl>
 

@@ -177,7 +177,7 @@ struct allocator_invariants {
     for (int k = 0; k < 2; ++k) {
       t.segment_bytes += a.pages_.spare_pages(k) * a.pages_.page_bytes(k);
       t.kind_bytes[k] += a.pages_.spare_pages(k) * a.pages_.page_bytes(k);
-      caching_pool_stats const& p = a.pool_stats(k);
+      caching_pool_stats const& p = a.stats_.pool_stats(k);
       if (p.reserved_bytes.current != static_cast<std::int64_t>(t.kind_bytes[k])) {
         err += "pool " + std::to_string(k) + " reserved " +
                std::to_string(p.reserved_bytes.current) + " != its segments " +
@@ -191,7 +191,7 @@ struct allocator_invariants {
       err += "reserved " + std::to_string(a.pool_.reserved) + " != segments " +
              std::to_string(t.segment_bytes) + "; ";
     }
-    if (t.segments != a.pool_.segments) { err += "segment count mismatch; "; }
+    if (t.segments != a.stats_.segments()) { err += "segment count mismatch; "; }
   }
 };
 

@@ -13,8 +13,6 @@
 //                           cross-stream migration, forget_stream, destroyed streams, events
 //   release.inl             release, trim
 //   graph_capture.inl       private pools of CUDA graph captures
-//   recording.inl           recorded events and snapshot()
-//   statistics.inl          stats(), peaks, reset_peak
 //   allocator_invariants.hpp  the invariant checker tests use (included by tests only)
 //
 // Layers that own their state (detail/caching/*.hpp, single-threaded, each with its own test in
@@ -27,6 +25,9 @@
 //   oom_ladder.hpp     the out-of-memory ladder, its callbacks and the out_of_memory report
 //   quarantine.hpp     debug mode: checks of a free, poisoning, the quarantine (its own lock)
 //   guard_page_source.hpp  debug mode's guard pages: a block on its own pages, placed and retired
+//   allocator_stats.hpp  pool-level counters and peaks (stats(), reset_peak(): end of this file)
+//   event_recorder.hpp   the pool's events, start_recording, the events of snapshot() (end of
+//                        this file)
 // The lock discipline is declared (GPUKIT_GUARDED_BY, GPUKIT_REQUIRES, GPUKIT_EXCLUDES:
 // gpukit/detail/thread_annotations.hpp) and checked by clang's -Wthread-safety.
 #pragma once
@@ -167,7 +168,7 @@ void basic_caching_allocator<Runtime>::teardown() noexcept
   // The streams blocks were last used on may be gone by now (a stream destroyed after
   // forget_stream, or never forgotten): wait for the device once, then free everything in the
   // order of the device's null stream, which always exists.
-  if (pool_.segments != 0) {
+  if (stats_.segments() != 0) {
     call([&] { return runtime_.device_synchronize(); });
   }
   pages_.teardown_spares(call);
@@ -281,7 +282,7 @@ void* basic_caching_allocator<Runtime>::allocate_slow(std::size_t bytes, std::si
     };
     auto reclaim = [&] {
       mutex_.assert_held();
-      ++stats_.num_alloc_retries;
+      stats_.count(&caching_allocator_stats::num_alloc_retries);
       pages_.release(0, nullptr, growable_pool{*this});
     };
     block* b = guards_.allocate(bytes, size, stream, pages_.page_bytes(kind), pages_.unmapped(kind),
@@ -341,7 +342,7 @@ typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtim
   block* b = growable_ ? pages_.grow(size, kind, stream, oom, growable_pool{*this})
                        : new_segment(size, kind, stream, oom);
   if (b != nullptr) { return b; }
-  ++stats_.num_alloc_retries;
+  stats_.count(&caching_allocator_stats::num_alloc_retries);
   oom_operations ops{*this, tc};
   typename oom_ladder::request r{size,     kind,    stream,
                                  freed_on, capture, options_.oom_wait_for_frees_ms};
@@ -418,7 +419,8 @@ struct basic_caching_allocator<Runtime>::oom_operations {
   std::size_t allocated() const
   {
     a.mutex_.assert_held();
-    return static_cast<std::size_t>(a.stats_.allocated_bytes.current);
+    return static_cast<std::size_t>(
+      a.stats_.update_peaks(a.threads_.caches).allocated_bytes.current);
   }
   oom_context callback_context(std::size_t size) const
   {
@@ -435,20 +437,19 @@ struct basic_caching_allocator<Runtime>::oom_operations {
   void count_step(int step, std::size_t reclaimed)
   {
     a.mutex_.assert_held();
-    ++a.stats_.num_recovery_steps[static_cast<std::size_t>(step)];
-    a.stats_.recovery_bytes[static_cast<std::size_t>(step)] += reclaimed;
+    a.stats_.count_recovery_step(static_cast<std::size_t>(step), reclaimed);
   }
   void count_release_wait()
   {
     a.mutex_.assert_held();
-    ++a.stats_.num_release_waits;
+    a.stats_.count(&caching_allocator_stats::num_release_waits);
   }
   void count_oom(std::size_t size)
   {
     a.mutex_.assert_held();
-    ++a.stats_.num_ooms;
-    a.record_pool(memory_event::action::oom, 0, size, stream_type{});
-    a.update_peaks();
+    a.stats_.count(&caching_allocator_stats::num_ooms);
+    a.recorder_.record_pool(memory_event::action::oom, 0, size, stream_type{});
+    (void)a.stats_.update_peaks(a.threads_.caches);
   }
 };
 
@@ -470,14 +471,15 @@ __attribute__((always_inline)) inline void* basic_caching_allocator<Runtime>::ha
   tc.handed_out.insert(b->address(), b);
   if (tc.handed_out.size() > tc.purge_at) { purge_handed_out(tc); }
   if (shared_.on.load(std::memory_order_relaxed)) {  // before this thread's own count: see join
-    if (!tc.joined) { join_shared_counts(tc); }
+    if (!tc.joined) { stats_type::join_shared_counts(shared_, tc); }
     shared_.count_alloc(b->kind, static_cast<std::int64_t>(b->size),
                         static_cast<std::int64_t>(bytes), pending_);
   }
   tc.count_alloc(b->kind, static_cast<std::int64_t>(b->size), static_cast<std::int64_t>(bytes),
                  pending_);
-  if (recording_on_.load(std::memory_order_relaxed)) {
-    record(tc, memory_event::action::alloc, b, stream);
+  if (recording_.on.load(std::memory_order_relaxed)) {
+    recorder_type::record(tc, recording_.capacity.load(std::memory_order_relaxed),
+                          memory_event::action::alloc, b, stream);
   }
   annotate_alloc(b, bytes);
   return b->data();
@@ -634,14 +636,15 @@ __attribute__((always_inline)) inline void basic_caching_allocator<Runtime>::cou
   }  // debug: done
   tc.handed_out.erase(reinterpret_cast<std::uintptr_t>(ptr));
   if (shared_.on.load(std::memory_order_relaxed)) {
-    if (!tc.joined) { join_shared_counts(tc); }
+    if (!tc.joined) { stats_type::join_shared_counts(shared_, tc); }
     shared_.count_free(b->kind, static_cast<std::int64_t>(b->size),
                        static_cast<std::int64_t>(b->requested));
   }
   tc.count_free(b->kind, static_cast<std::int64_t>(b->size),
                 static_cast<std::int64_t>(b->requested));
-  if (recording_on_.load(std::memory_order_relaxed)) {
-    record(tc, memory_event::action::free, b, stream);
+  if (recording_.on.load(std::memory_order_relaxed)) {
+    recorder_type::record(tc, recording_.capacity.load(std::memory_order_relaxed),
+                          memory_event::action::free, b, stream);
   }
 }
 
@@ -801,10 +804,85 @@ void basic_caching_allocator<Runtime>::guard_free(void* ptr, std::size_t bytes, 
     device_guard<Runtime> guard{runtime_, device_};
     pages_.unmap_free_pages(merged, std::numeric_limits<std::size_t>::max(), error,
                             growable_pool{*this});
-    if (error != Runtime::success) { ++stats_.num_guard_unmap_failures; }
+    if (error != Runtime::success) {
+      stats_.count(&caching_allocator_stats::num_guard_unmap_failures);
+    }
   } catch (...) {
-    ++stats_.num_guard_unmap_failures;
+    stats_.count(&caching_allocator_stats::num_guard_unmap_failures);
   }
+}
+
+// ---- Observers: statistics (detail/caching/allocator_stats.hpp) and the recorded history
+// (detail/caching/event_recorder.hpp), with the pieces they read from the other layers.
+
+template <class Runtime>
+caching_allocator_stats basic_caching_allocator<Runtime>::stats() const
+{
+  detail::pool_lock lock{mutex_};
+  return stats_.read(threads_.caches,
+                     stats_type::scan(streams_.pending, streams_.pools, blocks_.globals()));
+}
+
+template <class Runtime>
+void basic_caching_allocator<Runtime>::reset_peak()
+{
+  detail::pool_lock lock{mutex_};
+  stats_.reset_peak(threads_.caches,
+                    stats_type::scan(streams_.pending, streams_.pools, blocks_.globals()));
+}
+
+template <class Runtime>
+void basic_caching_allocator<Runtime>::start_recording(std::size_t events_per_thread)
+{
+  GPUKIT_EXPECTS(events_per_thread > 0, "start_recording: the ring must hold at least one event");
+  detail::pool_lock lock{mutex_};
+  recorder_.start_recording(threads_.caches, events_per_thread);
+}
+
+template <class Runtime>
+void basic_caching_allocator<Runtime>::stop_recording()
+{
+  recording_.on.store(false, std::memory_order_relaxed);
+}
+
+template <class Runtime>
+memory_snapshot basic_caching_allocator<Runtime>::snapshot() const
+{
+  detail::pool_lock lock{mutex_};
+  memory_snapshot s;
+  s.device = device_;
+  blocks_.for_each([&](std::uintptr_t, block* head) {
+    if (head->prev != nullptr) { return; }
+    auto const* seg = static_cast<segment const*>(head->segment);
+    // A growable segment appears as one segment per run of mapped blocks (as PyTorch shows its
+    // expandable segments), so that the blocks of each segment tile it.
+    memory_snapshot::segment g;
+    auto flush = [&] {
+      if (!g.blocks.empty()) { s.segments.push_back(std::move(g)); }
+      g = memory_snapshot::segment{};
+    };
+    for (block const* b = head; b != nullptr; b = b->next) {
+      auto const st = b->state.load(std::memory_order_relaxed);
+      if (st == detail::block_state::unmapped) {
+        flush();
+        continue;
+      }
+      if (g.blocks.empty()) {
+        g.address = b->address();
+        g.size    = 0;
+        g.stream  = recorder_type::stream_id(head->stream);
+        g.small   = seg->kind == small_pool;
+      }
+      bool const allocated = st == detail::block_state::allocated;
+      g.blocks.push_back({b->address(), b->size, allocated ? b->requested : 0, allocated});
+      g.size += b->size;
+    }
+    flush();
+  });
+  std::sort(s.segments.begin(), s.segments.end(),
+            [](auto const& a, auto const& b) { return a.address < b.address; });
+  recorder_.fill_events(s, threads_.caches);
+  return s;
 }
 
 }  // namespace gpukit

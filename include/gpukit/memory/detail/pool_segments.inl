@@ -33,10 +33,10 @@ struct basic_caching_allocator<Runtime>::growable_pool {
     a.mutex_.assert_held();
     return a.pool_.reserved;
   }
-  caching_allocator_stats& stats() const
+  void count(std::uint64_t caching_allocator_stats::*counter, std::uint64_t n = 1) const noexcept
   {
     a.mutex_.assert_held();
-    return a.stats_;
+    a.stats_.count(counter, n);
   }
   std::size_t limit() const noexcept { return a.limit_.load(std::memory_order_relaxed); }
   bool capturing() const noexcept
@@ -51,23 +51,23 @@ struct basic_caching_allocator<Runtime>::growable_pool {
   void count_reserved(int kind, std::int64_t delta) const noexcept
   {
     a.mutex_.assert_held();
-    a.count_reserved(kind, delta);
+    a.stats_.count_reserved(kind, delta);
   }
   void count_segment(int kind, int delta) const noexcept
   {
     a.mutex_.assert_held();
-    a.count_segment(kind, delta);
+    a.stats_.count_segment(kind, delta);
   }
   void raise_reserved_peak() const noexcept
   {
     a.mutex_.assert_held();
-    a.raise_reserved_peak();
+    a.stats_.raise_reserved_peak();
   }
   void record(memory_event::action what, std::uintptr_t address, std::size_t bytes,
               stream_type stream) const
   {
     a.mutex_.assert_held();
-    a.record_pool(what, address, bytes, stream);
+    a.recorder_.record_pool(what, address, bytes, stream);
   }
   block* insert_free(block* b) const
   {
@@ -144,10 +144,10 @@ void basic_caching_allocator<Runtime>::adopt_segment(block* b, std::unique_ptr<s
   b->capture_pool = pool;
   b->state.store(detail::block_state::free, std::memory_order_relaxed);
   pool_.reserved += seg_size;
-  count_reserved(kind, static_cast<std::int64_t>(seg_size));
-  count_segment(kind, 1);  // raises the reserved and segment peaks
-  ++stats_.num_device_allocs;
-  record_pool(memory_event::action::segment_alloc, b->address(), seg_size, stream);
+  stats_.count_reserved(kind, static_cast<std::int64_t>(seg_size));
+  stats_.count_segment(kind, 1);  // raises the reserved and segment peaks
+  stats_.count(&caching_allocator_stats::num_device_allocs);
+  recorder_.record_pool(memory_event::action::segment_alloc, b->address(), seg_size, stream);
 }
 
 template <class Runtime>

@@ -141,15 +141,15 @@ std::size_t basic_caching_allocator<Runtime>::release_segment(block* b,
   if (seg->stream_ordered && std::find(issued.begin(), issued.end(), on) == issued.end()) {
     issued.push_back(on);
   }
-  if (!seg->stream_ordered) { ++stats_.synchronizing_frees; }
-  record_pool(memory_event::action::segment_free, b->address(), seg->size, on);
+  if (!seg->stream_ordered) { stats_.count(&caching_allocator_stats::synchronizing_frees); }
+  recorder_.record_pool(memory_event::action::segment_free, b->address(), seg->size, on);
   unindex(b);
   blocks_.remove(b);
   std::size_t const bytes = seg->size;
   pool_.reserved -= bytes;
-  count_reserved(seg->kind, -static_cast<std::int64_t>(bytes));
-  count_segment(seg->kind, -1);
-  ++stats_.num_device_frees;
+  stats_.count_reserved(seg->kind, -static_cast<std::int64_t>(bytes));
+  stats_.count_segment(seg->kind, -1);
+  stats_.count(&caching_allocator_stats::num_device_frees);
   delete seg;
   return bytes;
 }

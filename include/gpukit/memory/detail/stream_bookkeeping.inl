@@ -75,15 +75,15 @@ bool basic_caching_allocator<Runtime>::check_stream(stream_type stream, char con
   if (r == Runtime::invalid_resource_handle) {
     detail::throw_explained_cuda_error(
       r,
-      std::string{what} + ": stream " + detail::hex(stream_id(stream)) +
+      std::string{what} + ": stream " + detail::hex(recorder_type::stream_id(stream)) +
         " is not a live stream of device " + std::to_string(device_) +
         " (it was destroyed, or created in another context or on another device); pass a stream "
         "created on device " +
         std::to_string(device_) + " that outlives the work queued on it",
       "stream_is_capturing, stream_get_device", GPUKIT_DETAIL_SOURCE);
   }
-  GPUKIT_CUDA_TRY(
-    r, std::string{what} + ": asking stream " + detail::hex(stream_id(stream)) + " its device");
+  GPUKIT_CUDA_TRY(r, std::string{what} + ": asking stream " +
+                       detail::hex(recorder_type::stream_id(stream)) + " its device");
   GPUKIT_EXPECTS(d == device_, std::string{what} + ": the stream belongs to device " +
                                  std::to_string(d) + " but this allocator serves device " +
                                  std::to_string(device_) +
@@ -124,7 +124,7 @@ void basic_caching_allocator<Runtime>::retire_dead_stream(stream_type stream)
   if (captures_underway_.load(std::memory_order_relaxed) != 0) {
     detail::throw_explained_cuda_error(  // no synchronization during a capture
       Runtime::invalid_resource_handle,
-      "deallocate_async: stream " + detail::hex(stream_id(stream)) +
+      "deallocate_async: stream " + detail::hex(recorder_type::stream_id(stream)) +
         " was destroyed, and a block freed on it can be reused only after the device is "
         "synchronized, which a graph capture under way forbids; free it before destroying the "
         "stream, or after the capture ends",
@@ -134,7 +134,7 @@ void basic_caching_allocator<Runtime>::retire_dead_stream(stream_type stream)
     device_guard<Runtime> guard{runtime_, device_};
     GPUKIT_CUDA_TRY(runtime_.device_synchronize());
   }
-  ++stats_.num_dead_streams;
+  stats_.count(&caching_allocator_stats::num_dead_streams);
   drop_stream(stream, true);
 }
 
@@ -297,7 +297,7 @@ std::size_t basic_caching_allocator<Runtime>::migrate(stream_type requester, boo
       sp->migration_event = e;
       sp->migration_seq   = sp->free_seq;
       sp->migrating       = true;
-      ++stats_.num_cross_stream_events;
+      stats_.count(&caching_allocator_stats::num_cross_stream_events);
     }
     typename Runtime::error_type const q = wait ? runtime_.event_synchronize(sp->migration_event)
                                                 : runtime_.event_query(sp->migration_event);
@@ -388,7 +388,7 @@ void basic_caching_allocator<Runtime>::drop_stream(stream_type stream, bool sync
   if (!synchronized) {
     // Synchronizing a capturing stream would invalidate its capture.
     GPUKIT_EXPECTS(!is_capturing(stream),
-                   "forget_stream: stream " + detail::hex(stream_id(stream)) +
+                   "forget_stream: stream " + detail::hex(recorder_type::stream_id(stream)) +
                      " is being captured into a CUDA graph; forget it after the capture ends");
     device_guard<Runtime> guard{runtime_, device_};
     typename Runtime::error_type const r =

@@ -322,7 +322,8 @@ basic_caching_allocator<Runtime>::local_cache_slow(detail::tls_registry& r)
       tc = threads_.caches.back().get();
     }
     if (threads_.caches.size() > 1 && !shared_.on.load(std::memory_order_relaxed)) {
-      share_counts();
+      stats_.share_counts(threads_.caches,
+                          stats_type::scan(streams_.pending, streams_.pools, blocks_.globals()));
     }
   }
   detail::tls_entry e{uid_, this, tc, &on_thread_exit};
@@ -353,29 +354,8 @@ void basic_caching_allocator<Runtime>::on_thread_exit(void* allocator, void* cac
   // The counters stay: the sums over caches stay right when another thread reuses this one.
   tc->orphaned = true;
   if (self->shared_.on.load(std::memory_order_relaxed) && !tc->joined) {
-    self->join_shared_counts(*tc);  // its last counts, not the ones seen at the switch
+    stats_type::join_shared_counts(self->shared_, *tc);  // its last counts, not the switch's
   }
-}
-
-// This thread's first operation since the shared counts were switched on: its counts enter them
-// now, replacing the ones the switch saw (which an operation of this thread racing the switch may
-// have missed). Taken out of the unjoined sums first, so no instant counts them twice.
-template <class Runtime>
-void basic_caching_allocator<Runtime>::join_shared_counts(thread_cache& tc) noexcept
-{
-  // Reads the switch (set once, with release) again with acquire: the snapshot of this cache the
-  // switch wrote before it is visible now. (Not a fence: ThreadSanitizer does not model those.)
-  (void)shared_.on.load(std::memory_order_acquire);
-  for (std::size_t i = 0; i < 2; ++i) {
-    auto const& f = tc.pools[i];
-    shared_.unjoined_bytes[i].fetch_sub(tc.join_bytes[i], std::memory_order_relaxed);
-    shared_.unjoined_requested[i].fetch_sub(tc.join_requested[i], std::memory_order_relaxed);
-    shared_.unjoined_count[i].fetch_sub(tc.join_count[i], std::memory_order_relaxed);
-    shared_.bytes[i].fetch_add(f.bytes(), std::memory_order_relaxed);
-    shared_.requested[i].fetch_add(f.requested(), std::memory_order_relaxed);
-    shared_.count[i].fetch_add(f.count(), std::memory_order_relaxed);
-  }
-  tc.joined = true;
 }
 
 // Drops the entries of blocks other threads have freed since (their descriptor now describes

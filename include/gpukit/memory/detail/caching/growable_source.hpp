@@ -45,7 +45,7 @@
 // builds at the call (basic_caching_allocator::growable_pool), and which provides:
 //   blocks()                          the block index (block_index<Block>&)
 //   reserved()                        bytes held from the device (std::size_t&)
-//   stats()                           the counters this layer bumps (caching_allocator_stats&)
+//   count(&caching_allocator_stats::num_x, n)  adds n to an event counter
 //   limit()                           the allocator's limit in bytes (0: none)
 //   capturing()                       whether a graph capture or capture window is under way
 //   streams()                         the stream pools: a range of pointers to objects with
@@ -521,10 +521,10 @@ class growable_source {
       seg.handles[m.index] = m.handle;
       seg.mapped[m.index]  = 1;
       ++seg.mapped_pages;
-      pool.stats().num_pages_reused += m.fresh ? 0 : 1;
+      pool.count(&caching_allocator_stats::num_pages_reused, m.fresh ? 0 : 1);
       count_mapped_page(seg, m.fresh, pool);
     }
-    pool.stats().num_device_allocs += now.size();
+    pool.count(&caching_allocator_stats::num_device_allocs, now.size());
     pool.raise_reserved_peak();
     pool.record(memory_event::action::segment_alloc,
                 reinterpret_cast<std::uintptr_t>(page_address(seg, first)), count * page,
@@ -557,7 +557,7 @@ class growable_source {
     if (e != Runtime::success) { return e; }
     m.fresh = true;
     pool.reserved() += page;
-    ++pool.stats().num_pages_created;
+    pool.count(&caching_allocator_stats::num_pages_created);
     return Runtime::success;
   }
 
@@ -568,7 +568,7 @@ class growable_source {
   {
     if (m.fresh && runtime_.vm_release(m.handle) == Runtime::success) {
       pool.reserved() -= page;
-      ++pool.stats().num_pages_released;
+      pool.count(&caching_allocator_stats::num_pages_released);
     } else {
       spare_[kind].push_back(m.handle);
       if (m.fresh) { pool.count_reserved(kind, static_cast<std::int64_t>(page)); }
@@ -625,7 +625,7 @@ class growable_source {
     seg.handles[i] = physical_handle{};
     seg.mapped[i]  = 0;
     --seg.mapped_pages;
-    ++pool.stats().num_device_frees;
+    pool.count(&caching_allocator_stats::num_device_frees);
     return Runtime::success;
   }
 
@@ -706,7 +706,7 @@ class growable_source {
         spares.pop_back();
         pool.reserved() -= page_bytes_[k];
         pool.count_reserved(k, -static_cast<std::int64_t>(page_bytes_[k]));
-        ++pool.stats().num_pages_released;
+        pool.count(&caching_allocator_stats::num_pages_released);
       }
     }
   }
@@ -781,7 +781,7 @@ class growable_source {
       } else {
         GPUKIT_CUDA_TRY(e, "stream_synchronize (releasing growable segments)");
       }
-      ++pool.stats().num_release_waits;
+      pool.count(&caching_allocator_stats::num_release_waits);
     }
     for (stream_type d : dead) { pool.retire_dead_stream(d); }
     return capturing;
