@@ -144,7 +144,7 @@ void basic_caching_allocator<Runtime>::update_scanned() const
 {
   // Per pool kind: blocks waiting on other streams' work, and free blocks of split segments.
   std::array<std::int64_t, 2> pending_bytes{}, pending_count{}, split_bytes{}, split_count{};
-  for (auto const& p : streams_.pending) {
+  for (auto const& p : streams_.pending()) {
     pending_bytes[static_cast<std::size_t>(p.b->kind)] += static_cast<std::int64_t>(p.b->size);
     ++pending_count[static_cast<std::size_t>(p.b->kind)];
   }
@@ -154,7 +154,7 @@ void basic_caching_allocator<Runtime>::update_scanned() const
       ++split_count[static_cast<std::size_t>(b->kind)];
     }
   };
-  for (auto const& sp : streams_.pools) {
+  for (auto const& sp : streams_.pools()) {
     for (auto const& idx : sp->index) { idx.for_each(split); }
   }
   for (auto const& idx : blocks_.globals()) { idx.for_each(split); }
