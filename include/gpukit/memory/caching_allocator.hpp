@@ -108,6 +108,7 @@
 #include <gpukit/memory/detail/caching/oom_ladder.hpp>
 #include <gpukit/memory/detail/caching/quarantine.hpp>
 #include <gpukit/memory/detail/caching/segment.hpp>
+#include <gpukit/memory/detail/caching/stream_pools.hpp>
 #include <gpukit/memory/detail/caching/upstream_source.hpp>
 #include <gpukit/memory/detail/caching_block.hpp>
 #include <gpukit/memory/detail/cccl_entry_points.hpp>
@@ -472,8 +473,8 @@ class basic_caching_allocator final
   using segment       = detail::caching::segment<Runtime>;
   using stats_type    = detail::caching::allocator_stats<block>;
   using recorder_type = detail::caching::event_recorder<Runtime>;
-  struct stream_pool;   // detail/stream_bookkeeping.inl
-  struct pending_free;  // detail/stream_bookkeeping.inl
+  using stream_pool   = typename detail::caching::stream_pools<Runtime, block>::stream_pool;
+  using pending_free  = typename detail::caching::stream_pools<Runtime, block>::pending_free;
   enum pool_kind : int { small_pool = 0, large_pool = 1 };
 
   static caching_allocator_options upstream_checked(caching_allocator_options o)
@@ -522,14 +523,11 @@ class basic_caching_allocator final
   void count_free(thread_cache& tc, block* b, void* ptr, stream_type stream);
   void defer_free(thread_cache& tc, block* b, void* ptr, stream_type stream, void* owner)
     GPUKIT_EXCLUDES(mutex_);
-  bool defer_in_capture(block* b, stream_type stream, pending_free& pf) GPUKIT_REQUIRES(mutex_);
-  void record_use_events(block* b, stream_type stream, pending_free& pf) GPUKIT_REQUIRES(mutex_);
   void park_pending(thread_cache& tc, block* b, void* ptr, pending_free&& pf)
     GPUKIT_REQUIRES(mutex_);
   void validate_options() const;
   void teardown() noexcept GPUKIT_EXCLUDES(mutex_);
   struct teardown_calls;
-  void teardown_events(teardown_calls& call) noexcept GPUKIT_REQUIRES(mutex_);
   void teardown_segment(segment* seg, teardown_calls& call) noexcept GPUKIT_REQUIRES(mutex_);
 
   // Debug mode (detail/caching/quarantine.hpp, detail/caching/guard_page_source.hpp): the
@@ -569,21 +567,14 @@ class basic_caching_allocator final
   void unindex(block* b) GPUKIT_REQUIRES(mutex_) { index_for(b).remove(b); }
   void free_to_pool(block* b, stream_type stream) GPUKIT_REQUIRES(mutex_);
   static memory_heap segment_heap(block const* b) noexcept;
-  // Streams, pending frees, migration, events (detail/stream_bookkeeping.inl).
-  stream_pool& pool_of(stream_type stream) GPUKIT_REQUIRES(mutex_);
-  void check_stream(stream_type stream, char const* what) GPUKIT_REQUIRES(mutex_);
-  bool check_stream(stream_type stream, char const* what, bool dead_ok) GPUKIT_REQUIRES(mutex_);
+  // Streams (the layer: detail/caching/stream_pools.hpp): frees on a stream this thread has not
+  // used yet, and on a destroyed one (detail/caching_allocator.inl).
   bool check_free_stream(thread_cache& tc, stream_type stream) GPUKIT_EXCLUDES(mutex_);
-  void retire_dead_stream(stream_type stream) GPUKIT_REQUIRES(mutex_);
   void free_on_dead_stream(thread_cache& tc, block* b, void* ptr, stream_type stream)
     GPUKIT_EXCLUDES(mutex_);
-  void drop_stream(stream_type stream, bool synchronized) GPUKIT_REQUIRES(mutex_);
-  bool is_capturing(stream_type stream) GPUKIT_REQUIRES(mutex_);
-  std::size_t poll_pending(bool wait = false) GPUKIT_REQUIRES(mutex_);
-  bool arm_pending(pending_free& pf) GPUKIT_REQUIRES(mutex_);
-  std::size_t migrate(stream_type requester, bool wait) GPUKIT_REQUIRES(mutex_);
-  std::size_t make_global(stream_pool& sp, std::uint64_t up_to_seq) GPUKIT_REQUIRES(mutex_);
-  event_type take_event() GPUKIT_REQUIRES(mutex_);
+  // What the stream pools' layer asks of the pool around it, built at each call under the lock
+  // (detail/caching_allocator.inl).
+  struct stream_operations;
   // The out-of-memory ladder (detail/caching/oom_ladder.hpp) and what it asks of the pool.
   using oom_ladder = detail::caching::oom_ladder<Runtime, block, oom_callback>;
   struct oom_operations;  // detail/caching_allocator.inl
@@ -620,14 +611,6 @@ class basic_caching_allocator final
   struct pool_state {
     std::size_t reserved{0};  // bytes held from the device (growable: mapped and spare pages)
   };
-  /// Streams and the events that order blocks between them.
-  struct stream_state {
-    std::vector<std::unique_ptr<stream_pool>> pools;  // free blocks each stream owns
-    std::vector<pending_free> pending;                // frees waiting on recorded streams
-    std::vector<stream_type> checked;                 // streams known to belong to device_
-    std::vector<stream_type> forgotten;               // forget_stream'ed (most recent 256)
-    std::vector<event_type> spare_events;
-  };
   /// The thread caches of this allocator.
   struct thread_state {
     std::vector<std::unique_ptr<thread_cache>> caches;
@@ -651,7 +634,9 @@ class basic_caching_allocator final
   pool_state pool_ GPUKIT_GUARDED_BY(mutex_);
   // Growable segments: their pages, spare pages and peers (detail/caching/growable_source.hpp).
   detail::caching::growable_source<Runtime, block> pages_ GPUKIT_GUARDED_BY(mutex_);
-  stream_state streams_ GPUKIT_GUARDED_BY(mutex_);
+  // Streams: their free blocks, pending frees, events, checked and forgotten streams
+  // (detail/caching/stream_pools.hpp).
+  detail::caching::stream_pools<Runtime, block> streams_ GPUKIT_GUARDED_BY(mutex_);
   thread_state threads_ GPUKIT_GUARDED_BY(mutex_);
   oom_ladder oom_ GPUKIT_GUARDED_BY(mutex_);  // callbacks, the last recovery, its waiters
   detail::caching::capture_pools<Runtime, block> capture_ GPUKIT_GUARDED_BY(mutex_);
@@ -745,7 +730,6 @@ basic_caching_allocator<Runtime>& default_caching_allocator(int device = -1)
 #include <gpukit/memory/detail/graph_capture.inl>
 #include <gpukit/memory/detail/pool_segments.inl>
 #include <gpukit/memory/detail/release.inl>
-#include <gpukit/memory/detail/stream_bookkeeping.inl>
 #include <gpukit/memory/detail/thread_cache.inl>
 
 GPUKIT_DETAIL_EXTERN_TEMPLATE(class gpukit::basic_caching_allocator<gpukit::cuda_runtime>);

@@ -151,7 +151,7 @@ struct allocator_invariants {
         }
       });
     };
-    for (auto const& sp : a.streams_.pools) {
+    for (auto const& sp : a.streams_.pools()) {
       for (auto const& idx : sp->index) { count_index(idx, false, sp->stream); }
     }
     for (auto const& idx : a.blocks_.globals()) { count_index(idx, true, stream_type{}); }

@@ -9,8 +9,6 @@
 //   caching_block.hpp       the block descriptor and its states
 //   thread_cache.inl        per-thread caches and the thread-local registry
 //   pool_segments.inl       segments, block descriptors, splitting, coalescing, free indices
-//   stream_bookkeeping.inl  stream pools, stream checks, record_stream, pending frees,
-//                           cross-stream migration, forget_stream, destroyed streams, events
 //   release.inl             release, trim
 //   graph_capture.inl       private pools of CUDA graph captures
 //   allocator_invariants.hpp  the invariant checker tests use (included by tests only)
@@ -21,6 +19,8 @@
 //   capture_pools.hpp  the private pools of graph captures
 //   event_ring.hpp     the rings of recorded events (the pool's and each thread's)
 //   segment.hpp        the descriptor of a segment
+//   stream_pools.hpp   stream pools, stream checks, pending frees, cross-stream migration,
+//                      forgotten and destroyed streams, events
 //   growable_source.hpp  growable (virtual memory) segments: pages mapped on demand, spare pages
 //   oom_ladder.hpp     the out-of-memory ladder, its callbacks and the out_of_memory report
 //   quarantine.hpp     debug mode: checks of a free, poisoning, the quarantine (its own lock)
@@ -49,8 +49,8 @@ namespace gpukit {
 template <class Runtime>
 basic_caching_allocator<Runtime>::basic_caching_allocator(Runtime& runtime, int device,
                                                           caching_allocator_options options)
-    : runtime_{runtime}, device_{device}, options_{options}, pages_{runtime, device}, oom_{runtime,
-                                                                                           device}
+    : runtime_{runtime}, device_{device}, options_{options}, pages_{runtime, device},
+      streams_{runtime, device}, oom_{runtime, device}
 {
   validate_options();
   int count = 0;
@@ -164,7 +164,7 @@ void basic_caching_allocator<Runtime>::teardown() noexcept
     }
   }
   if (!guard) { ++call.failed; }
-  teardown_events(call);
+  streams_.teardown_events(call);  // the events of pending frees, migrations and spares
   // The streams blocks were last used on may be gone by now (a stream destroyed after
   // forget_stream, or never forgotten): wait for the device once, then free everything in the
   // order of the device's null stream, which always exists.
@@ -177,25 +177,6 @@ void basic_caching_allocator<Runtime>::teardown() noexcept
     if (b->prev == nullptr) { teardown_segment(static_cast<segment*>(b->segment), call); }
   });
   detail::note_teardown_failures(call.failed, device_);
-}
-
-// Teardown: the events of pending frees, migrations and the spare list.
-template <class Runtime>
-void basic_caching_allocator<Runtime>::teardown_events(teardown_calls& call) noexcept
-{
-  for (auto& p : streams_.pending) {
-    for (event_type e : p.events) {
-      call([&] { return runtime_.event_destroy(e); });
-    }
-  }
-  for (auto& sp : streams_.pools) {
-    if (sp->migrating) {
-      call([&] { return runtime_.event_destroy(sp->migration_event); });
-    }
-  }
-  for (event_type e : streams_.spare_events) {
-    call([&] { return runtime_.event_destroy(e); });
-  }
 }
 
 // Teardown: one segment back to the runtime (after its NVTX heap: tools reject a heap whose memory
@@ -259,7 +240,7 @@ void* basic_caching_allocator<Runtime>::allocate_slow(std::size_t bytes, std::si
                                                       stream_type stream, thread_cache& tc)
 {
   detail::pool_lock lock{mutex_};
-  check_stream(stream, "allocate_async");
+  streams_.check_stream(stream, "allocate_async");
   int const kind     = kind_for(size);
   bool const capture = captures_underway_.load(std::memory_order_relaxed) != 0;
   if (capture) {
@@ -304,7 +285,9 @@ template <class Runtime>
 typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtime>::find_reusable(
   std::size_t size, int kind, stream_type stream, thread_cache& tc, bool capture)
 {
-  if (!capture && !streams_.pending.empty()) { poll_pending(); }  // the oldest memory first
+  if (!capture && streams_.has_pending()) {  // the oldest memory first
+    streams_.poll_pending(false, stream_operations{*this});
+  }
   block* b = find_free_or_migrate(size, kind, stream, capture);
   if (b == nullptr && tc.cached_bytes.get() > 0) {
     drain_cache(tc);
@@ -321,7 +304,9 @@ basic_caching_allocator<Runtime>::find_free_or_migrate(std::size_t size, int kin
                                                        stream_type stream, bool capture)
 {
   block* b = find_free(size, kind, stream);
-  if (b == nullptr && !capture && migrate(stream, false)) { b = find_free(size, kind, stream); }
+  if (b == nullptr && !capture && streams_.migrate(stream, false, stream_operations{*this})) {
+    b = find_free(size, kind, stream);
+  }
   return b;
 }
 
@@ -375,12 +360,12 @@ struct basic_caching_allocator<Runtime>::oom_operations {
   std::size_t poll_pending(bool wait)
   {
     a.mutex_.assert_held();
-    return a.poll_pending(wait);
+    return a.streams_.poll_pending(wait, stream_operations{a});
   }
   std::size_t migrate(stream_type requester, bool wait)
   {
     a.mutex_.assert_held();
-    return a.migrate(requester, wait);
+    return a.streams_.migrate(requester, wait, stream_operations{a});
   }
   void drain_cache()
   {
@@ -403,12 +388,12 @@ struct basic_caching_allocator<Runtime>::oom_operations {
   bool is_capturing(stream_type stream)
   {
     a.mutex_.assert_held();
-    return a.is_capturing(stream);
+    return a.streams_.is_capturing(stream);
   }
   void retire_dead_stream(stream_type stream)
   {
     a.mutex_.assert_held();
-    a.retire_dead_stream(stream);
+    a.streams_.retire_dead_stream(stream, stream_operations{a});
   }
   std::size_t reserved() const
   {
@@ -430,7 +415,7 @@ struct basic_caching_allocator<Runtime>::oom_operations {
   void for_each_free_pool(F&& f) const
   {
     a.mutex_.assert_held();
-    for (auto const& sp : a.streams_.pools) { f(&sp->stream, sp->index[0], sp->index[1]); }
+    for (auto const& sp : a.streams_.pools()) { f(&sp->stream, sp->index[0], sp->index[1]); }
     f(static_cast<stream_type const*>(nullptr), a.blocks_.global(small_pool),
       a.blocks_.global(large_pool));
   }
@@ -450,6 +435,49 @@ struct basic_caching_allocator<Runtime>::oom_operations {
     a.stats_.count(&caching_allocator_stats::num_ooms);
     a.recorder_.record_pool(memory_event::action::oom, 0, size, stream_type{});
     (void)a.stats_.update_peaks(a.threads_.caches);
+  }
+};
+
+// What the stream pools' layer (detail/caching/stream_pools.hpp, which lists these operations) asks
+// of the pool around it. Built at each call, under the pool lock (each member asserts it for
+// clang's analysis).
+template <class Runtime>
+struct basic_caching_allocator<Runtime>::stream_operations {
+  basic_caching_allocator& a;
+
+  bool capturing() const noexcept
+  {
+    return a.captures_underway_.load(std::memory_order_relaxed) != 0;
+  }
+  block* insert_free(block* b) const
+  {
+    a.mutex_.assert_held();
+    return a.insert_free(b);
+  }
+  void free_to_pool(block* b, stream_type stream) const
+  {
+    a.mutex_.assert_held();
+    a.free_to_pool(b, stream);
+  }
+  std::size_t global_bytes() const
+  {
+    a.mutex_.assert_held();
+    return a.blocks_.global_bytes();
+  }
+  void count(std::uint64_t caching_allocator_stats::*counter) const noexcept
+  {
+    a.mutex_.assert_held();
+    a.stats_.count(counter);
+  }
+  void count_pending(int kind, std::int64_t bytes, std::int64_t blocks) const noexcept
+  {
+    a.pending_.add(kind, bytes, blocks);
+  }
+  capture_id capture_of(stream_type stream) const
+  {
+    a.mutex_.assert_held();
+    capture_pool const* cp = a.capture_for(stream);
+    return cp != nullptr ? cp->id : 0;
   }
 };
 
@@ -542,6 +570,38 @@ __attribute__((always_inline)) inline bool basic_caching_allocator<Runtime>::fre
          tc.find(stream) == nullptr && !check_free_stream(tc, stream);
 }
 
+// A free on a stream this thread has not used yet: true when it is a live stream of this device
+// (remembered by the thread), false when it was destroyed (then retired: see
+// stream_pools::retire_dead_stream).
+// @throws gpukit::logic_error for another device's stream; gpukit::cuda_error when the runtime
+//         fails otherwise (nothing changes in both cases)
+template <class Runtime>
+bool basic_caching_allocator<Runtime>::check_free_stream(thread_cache& tc, stream_type stream)
+{
+  detail::pool_lock lock{mutex_};
+  bool const live =
+    streams_.check_live_stream(stream, "deallocate_async", stream_operations{*this});
+  if (live && streams_.checked(stream)) {
+    tc.checked_stream = stream;  // not a stream taken on trust while it is capturing
+  }
+  return live;
+}
+
+// A block freed on a destroyed stream (already retired: the device has been synchronized): usable
+// by every stream at once.
+template <class Runtime>
+void basic_caching_allocator<Runtime>::free_on_dead_stream(thread_cache& tc, block* b, void* ptr,
+                                                           stream_type stream)
+{
+  detail::pool_lock lock{mutex_};
+  count_free(tc, b, ptr, stream);
+  b->recorded.clear();
+  b->stream = stream_type{};
+  b->global = true;
+  insert_free(b);
+  oom_.wake_waiters();
+}
+
 // The fast path's end: freed block b goes to this thread's cache for `stream` when it is small,
 // of no capture, no capture is under way and the cache has room. False when it did not.
 template <class Runtime>
@@ -558,11 +618,7 @@ template <class Runtime>
 void basic_caching_allocator<Runtime>::return_to_pool(block* b, stream_type stream)
 {
   detail::pool_lock lock{mutex_};
-  if (!streams_.forgotten.empty()) {  // a user's free on it: a live stream (a reused handle)
-    streams_.forgotten.erase(
-      std::remove(streams_.forgotten.begin(), streams_.forgotten.end(), stream),
-      streams_.forgotten.end());
-  }
+  streams_.unforget(stream);  // a user's free on it: a live stream (a reused handle)
   free_to_pool(b, stream);
 }
 
@@ -652,7 +708,7 @@ __attribute__((always_inline)) inline void basic_caching_allocator<Runtime>::cou
 // now has completed, so it waits as a pending free on an event per such stream. During a graph
 // capture (of this allocator, or on any of those streams) an event would be part of the graph and
 // could not be queried: the block waits, its events unrecorded, until the capture has ended
-// (arm_pending), kept for the capture's pool as free_to_pool would keep it.
+// (stream_pools::poll_pending arms it), kept for the capture's pool as free_to_pool would keep it.
 template <class Runtime>
 void basic_caching_allocator<Runtime>::defer_free(thread_cache& tc, block* b, void* ptr,
                                                   stream_type stream, void* owner)
@@ -663,14 +719,14 @@ void basic_caching_allocator<Runtime>::defer_free(thread_cache& tc, block* b, vo
   pf.stream = stream;
   std::optional<device_guard<Runtime>> guard;  // its query and switch can fail too: inside the try
   try {
-    if (defer_in_capture(b, stream, pf)) {
+    if (streams_.defer_in_capture(b, stream, pf, stream_operations{*this})) {
       park_pending(tc, b, ptr, std::move(pf));
       return;
     }
     guard.emplace(runtime_, device_);
-    record_use_events(b, stream, pf);
+    streams_.record_uses(b, stream, pf, stream_operations{*this});
   } catch (...) {  // the block stays allocated, as if this call had not been made
-    streams_.spare_events.insert(streams_.spare_events.end(), pf.events.begin(), pf.events.end());
+    streams_.give_events(pf.events);
     b->owner.store(owner, std::memory_order_release);
     throw;
   }
@@ -683,47 +739,6 @@ void basic_caching_allocator<Runtime>::defer_free(thread_cache& tc, block* b, vo
   park_pending(tc, b, ptr, std::move(pf));
 }
 
-// defer_free during a graph capture that involves b's streams: true when b waits for its other
-// streams' uses (in pf.uses) until the capture has ended, kept for the capture's pool of `stream`.
-template <class Runtime>
-bool basic_caching_allocator<Runtime>::defer_in_capture(block* b, stream_type stream,
-                                                        pending_free& pf)
-{
-  bool in_capture = captures_underway_.load(std::memory_order_relaxed) != 0 || is_capturing(stream);
-  for (std::size_t i = 0; i < b->recorded.size() && !in_capture; ++i) {
-    in_capture = !(b->recorded[i] == stream) && is_capturing(b->recorded[i]);
-  }
-  if (!in_capture) { return false; }
-  capture_pool* cp = b->capture_pool == 0 ? capture_for(stream) : nullptr;
-  for (stream_type s : b->recorded) {
-    if (!(s == stream)) { pf.uses.push_back(s); }
-  }
-  if (pf.uses.empty()) { return false; }
-  if (cp != nullptr) { b->capture_pool = cp->id; }
-  return true;
-}
-
-// defer_free: an event on each other stream b was used on, into pf.events; a stream found
-// destroyed is retired (the device waited for) instead.
-// @throws gpukit::cuda_error when a record fails otherwise (the events so far are in pf.events)
-template <class Runtime>
-void basic_caching_allocator<Runtime>::record_use_events(block* b, stream_type stream,
-                                                         pending_free& pf)
-{
-  for (stream_type s : b->recorded) {
-    if (s == stream) { continue; }
-    event_type e                         = take_event();
-    typename Runtime::error_type const r = runtime_.event_record(e, s);
-    if (r != Runtime::success) { streams_.spare_events.push_back(e); }
-    if (r == Runtime::invalid_resource_handle) {  // s was destroyed: the device is waited for
-      retire_dead_stream(s);
-      continue;
-    }
-    GPUKIT_CUDA_TRY(r, "event_record");
-    pf.events.push_back(e);
-  }
-}
-
 // b, freed, waits as a pending free (still active in the statistics until its events complete).
 template <class Runtime>
 void basic_caching_allocator<Runtime>::park_pending(thread_cache& tc, block* b, void* ptr,
@@ -731,9 +746,38 @@ void basic_caching_allocator<Runtime>::park_pending(thread_cache& tc, block* b, 
 {
   pending_.add(b->kind, static_cast<std::int64_t>(b->size), 1);  // still active: first
   count_free(tc, b, ptr, pf.stream);
-  b->recorded.clear();
-  b->state.store(detail::block_state::pending, std::memory_order_relaxed);
-  streams_.pending.push_back(std::move(pf));
+  streams_.park(std::move(pf));
+}
+
+template <class Runtime>
+void basic_caching_allocator<Runtime>::record_stream(void* ptr, stream_type stream)
+{
+  auto const key = reinterpret_cast<std::uintptr_t>(ptr);
+  detail::pool_lock lock{mutex_};
+  streams_.check_stream(stream, "record_stream");
+  block* b = blocks_.find(key);
+  GPUKIT_EXPECTS(
+    b != nullptr && b->state.load(std::memory_order_relaxed) == detail::block_state::allocated,
+    "record_stream: pointer " + detail::hex(ptr) +
+      " is not currently allocated by this allocator (device " + std::to_string(device_) + ")");
+  if (stream == b->stream) { return; }
+  if (std::find(b->recorded.begin(), b->recorded.end(), stream) == b->recorded.end()) {
+    b->recorded.push_back(stream);
+  }
+}
+
+template <class Runtime>
+void basic_caching_allocator<Runtime>::forget_stream(stream_type stream)
+{
+  if (debug_ != nullptr) {  // debug mode: quarantined frees on it go back while it lives
+    debug_->flush(
+      stream, [this](auto const& e) { deallocate_impl(e.ptr, e.bytes, e.check_size, e.stream); });
+  }
+  thread_cache& tc = local_cache();
+  detail::pool_lock lock{mutex_};
+  drain_cache(tc);
+  if (tc.checked_stream == stream) { tc.checked_stream = stream_type{}; }
+  streams_.forget(stream, false, stream_operations{*this});
 }
 
 // Debug mode's part of every free (detail/caching/quarantine.hpp): true when it took the free (the
@@ -820,7 +864,7 @@ caching_allocator_stats basic_caching_allocator<Runtime>::stats() const
 {
   detail::pool_lock lock{mutex_};
   return stats_.read(threads_.caches,
-                     stats_type::scan(streams_.pending, streams_.pools, blocks_.globals()));
+                     stats_type::scan(streams_.pending(), streams_.pools(), blocks_.globals()));
 }
 
 template <class Runtime>
@@ -828,7 +872,7 @@ void basic_caching_allocator<Runtime>::reset_peak()
 {
   detail::pool_lock lock{mutex_};
   stats_.reset_peak(threads_.caches,
-                    stats_type::scan(streams_.pending, streams_.pools, blocks_.globals()));
+                    stats_type::scan(streams_.pending(), streams_.pools(), blocks_.globals()));
 }
 
 template <class Runtime>

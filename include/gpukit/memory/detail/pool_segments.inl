@@ -46,7 +46,7 @@ struct basic_caching_allocator<Runtime>::growable_pool {
   std::vector<std::unique_ptr<stream_pool>>& streams() const
   {
     a.mutex_.assert_held();
-    return a.streams_.pools;
+    return a.streams_.pools();
   }
   void count_reserved(int kind, std::int64_t delta) const noexcept
   {
@@ -87,17 +87,17 @@ struct basic_caching_allocator<Runtime>::growable_pool {
   std::uint64_t next_free_seq(stream_type stream) const
   {
     a.mutex_.assert_held();
-    return ++a.pool_of(stream).free_seq;
+    return a.streams_.next_free_seq(stream);
   }
   bool is_capturing(stream_type stream) const
   {
     a.mutex_.assert_held();
-    return a.is_capturing(stream);
+    return a.streams_.is_capturing(stream);
   }
   void retire_dead_stream(stream_type stream) const
   {
     a.mutex_.assert_held();
-    a.retire_dead_stream(stream);
+    a.streams_.retire_dead_stream(stream, stream_operations{a});
   }
 };
 
@@ -105,12 +105,7 @@ template <class Runtime>
 typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtime>::find_free(
   std::size_t size, int kind, stream_type stream)
 {
-  for (auto& sp : streams_.pools) {
-    if (sp->stream == stream) {
-      if (block* b = sp->index[kind].find(size)) { return b; }
-      break;
-    }
-  }
+  if (block* b = streams_.find(size, kind, stream)) { return b; }
   return blocks_.global(kind).find(size);
 }
 
@@ -204,7 +199,7 @@ typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtim
   }
   adopt_segment(b, std::move(seg), p, seg_size, kind, stream, stream_ordered_, 0);
   // Indexed as a free block of `stream`, so take finds it where it expects it.
-  auto& sp    = pool_of(stream);
+  auto& sp    = streams_.pool_of(stream);
   b->free_seq = ++sp.free_seq;
   sp.index[kind].insert(b);
   return b;
@@ -252,7 +247,7 @@ basic_caching_allocator<Runtime>::index_for(block const* b)
 {
   if (b->capture_pool != 0) { return capture_.at(b->capture_pool).index[b->kind]; }
   if (b->global) { return blocks_.global(b->kind); }
-  return pool_of(b->stream).index[b->kind];
+  return streams_.pool_of(b->stream).index[b->kind];
 }
 
 // Inserts free block b (state free, owner set) into its index, merging free neighbours first.
@@ -281,8 +276,7 @@ void basic_caching_allocator<Runtime>::free_to_pool(block* b, stream_type stream
     insert_free(b);
     return;
   }
-  if (!streams_.forgotten.empty() && std::find(streams_.forgotten.begin(), streams_.forgotten.end(),
-                                               stream) != streams_.forgotten.end()) {
+  if (streams_.forgotten(stream)) {
     // Freed on a stream forget_stream has synchronized (a pending free completing, another
     // thread's cache flushing): its work is done, and the stream may be gone: any stream's now.
     b->stream = stream_type{};
@@ -293,7 +287,7 @@ void basic_caching_allocator<Runtime>::free_to_pool(block* b, stream_type stream
   }
   b->stream   = stream;
   b->global   = false;
-  b->free_seq = ++pool_of(stream).free_seq;
+  b->free_seq = streams_.next_free_seq(stream);
   insert_free(b);
   oom_.wake_waiters();
 }

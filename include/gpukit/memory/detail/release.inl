@@ -33,7 +33,9 @@ std::size_t basic_caching_allocator<Runtime>::trim(std::size_t target_reserved_b
   for (auto& c : threads_.caches) {
     if (c.get() != &tc) { c->flush_requested.store(true, std::memory_order_relaxed); }
   }
-  if (captures_underway_.load(std::memory_order_relaxed) == 0) { poll_pending(); }
+  if (captures_underway_.load(std::memory_order_relaxed) == 0) {
+    streams_.poll_pending(false, stream_operations{*this});
+  }
   return release_segments(target_reserved_bytes);
 }
 
@@ -121,7 +123,7 @@ template <class Runtime>
 template <class F>
 void basic_caching_allocator<Runtime>::for_each_free_index(stream_type const* only_stream, F&& f)
 {
-  for (auto& sp : streams_.pools) {
+  for (auto& sp : streams_.pools()) {
     if (only_stream != nullptr && !(sp->stream == *only_stream)) { continue; }
     for (auto& idx : sp->index) { f(idx); }
   }
@@ -172,7 +174,7 @@ typename Runtime::stream_type basic_caching_allocator<Runtime>::free_segment_mem
   typename Runtime::error_type e = runtime_.free_async(seg.ptr, on);
   if (e == Runtime::invalid_resource_handle &&
       captures_underway_.load(std::memory_order_relaxed) == 0) {
-    retire_dead_stream(on);
+    streams_.retire_dead_stream(on, stream_operations{*this});
     on = stream_type{};
     e  = runtime_.free_async(seg.ptr, on);
   }

@@ -322,8 +322,8 @@ basic_caching_allocator<Runtime>::local_cache_slow(detail::tls_registry& r)
       tc = threads_.caches.back().get();
     }
     if (threads_.caches.size() > 1 && !shared_.on.load(std::memory_order_relaxed)) {
-      stats_.share_counts(threads_.caches,
-                          stats_type::scan(streams_.pending, streams_.pools, blocks_.globals()));
+      stats_.share_counts(
+        threads_.caches, stats_type::scan(streams_.pending(), streams_.pools(), blocks_.globals()));
     }
   }
   detail::tls_entry e{uid_, this, tc, &on_thread_exit};

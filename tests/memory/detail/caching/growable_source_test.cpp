@@ -65,7 +65,10 @@ struct fake_pool {
   // ---- the interface growable_source asks for ----
   gpukit::detail::caching::block_index<block>& blocks() { return index; }
   std::size_t& reserved() { return held; }
-  gpukit::caching_allocator_stats& stats() { return counters; }
+  void count(std::uint64_t gpukit::caching_allocator_stats::*counter, std::uint64_t n = 1)
+  {
+    counters.*counter += n;
+  }
   std::size_t limit() const { return limit_bytes; }
   static bool capturing() { return false; }
   std::vector<std::unique_ptr<stream_pool>>& streams() { return pools; }
