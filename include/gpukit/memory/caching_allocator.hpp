@@ -108,8 +108,8 @@
 #include <gpukit/memory/detail/caching/oom_ladder.hpp>
 #include <gpukit/memory/detail/caching/quarantine.hpp>
 #include <gpukit/memory/detail/caching/segment.hpp>
+#include <gpukit/memory/detail/caching/segment_source.hpp>
 #include <gpukit/memory/detail/caching/stream_pools.hpp>
-#include <gpukit/memory/detail/caching/upstream_source.hpp>
 #include <gpukit/memory/detail/caching_block.hpp>
 #include <gpukit/memory/detail/cccl_entry_points.hpp>
 #include <gpukit/memory/detail/debug_options.hpp>
@@ -201,8 +201,7 @@ class basic_caching_allocator final
                           caching_allocator_options options = {})
       : basic_caching_allocator(runtime, device, upstream_checked(options))
   {
-    upstream_       = detail::caching::upstream_source<stream_type>{upstream};
-    stream_ordered_ = upstream_.stream_ordered();
+    segments_.use_upstream(upstream);
   }
   /// Returns every segment to the runtime (blocks still allocated are freed with them).
   ~basic_caching_allocator();
@@ -384,12 +383,14 @@ class basic_caching_allocator final
   /// be destroyed after it (see "Destruction order" below). Not public API. Never throws.
   [[nodiscard]] detail::lifetime_token lifetime() const noexcept { return lifetime_.token(); }
   /// Where segments come from in fact: `options().source` with `automatic` resolved (and debug
-  /// mode's sanitizer segments, which are synchronous).
+  /// mode's sanitizer segments, which are synchronous). Takes no lock: the constructors choose
+  /// the source, which is only read afterwards.
   [[nodiscard]] segment_source segment_source_in_use() const noexcept
+    GPUKIT_NO_THREAD_SAFETY_ANALYSIS
   {
-    if (upstream_.engaged()) { return segment_source::upstream; }
-    if (growable_) { return segment_source::growable; }
-    return stream_ordered_ ? segment_source::stream_ordered : segment_source::synchronous;
+    segment_source const fixed = segments_.source();
+    if (fixed == segment_source::upstream) { return fixed; }
+    return growable_ ? segment_source::growable : fixed;
   }
   /// Debug mode: freed blocks waiting in the quarantine (0 when debug mode is off).
   [[nodiscard]] std::size_t debug_quarantined_blocks() const
@@ -472,6 +473,7 @@ class basic_caching_allocator final
   using capture_pool  = typename detail::caching::capture_pools<Runtime, block>::pool;
   using segment       = detail::caching::segment<Runtime>;
   using stats_type    = detail::caching::allocator_stats<block>;
+  using segments_type = detail::caching::segment_source<Runtime, block>;
   using recorder_type = detail::caching::event_recorder<Runtime>;
   using stream_pool   = typename detail::caching::stream_pools<Runtime, block>::stream_pool;
   using pending_free  = typename detail::caching::stream_pools<Runtime, block>::pending_free;
@@ -499,7 +501,9 @@ class basic_caching_allocator final
   }
   void annotate_alloc(block const* b, std::size_t bytes) const noexcept
   {
-    if (options_.nvtx_annotate) { register_memory_region(segment_heap(b), b->data(), bytes); }
+    if (options_.nvtx_annotate) {
+      register_memory_region(segments_type::heap_of(b), b->data(), bytes);
+    }
   }
 
   // Allocation and deallocation (detail/caching_allocator.inl).
@@ -528,7 +532,6 @@ class basic_caching_allocator final
   void validate_options() const;
   void teardown() noexcept GPUKIT_EXCLUDES(mutex_);
   struct teardown_calls;
-  void teardown_segment(segment* seg, teardown_calls& call) noexcept GPUKIT_REQUIRES(mutex_);
 
   // Debug mode (detail/caching/quarantine.hpp, detail/caching/guard_page_source.hpp): the
   // lock protocol of a free in debug mode, which joins the two layers to the pool.
@@ -549,16 +552,9 @@ class basic_caching_allocator final
   void purge_handed_out(thread_cache& tc);
   void drain_cache(thread_cache& tc) GPUKIT_REQUIRES(mutex_);
   void flush_cache(thread_cache& tc) GPUKIT_EXCLUDES(mutex_);
-  // The pool: segments, descriptors, indices (detail/pool_segments.inl).
+  // The pool: free indices, splitting and coalescing (detail/caching_allocator.inl; segments:
+  // detail/caching/segment_source.hpp and growable_source.hpp).
   block* find_free(std::size_t size, int kind, stream_type stream) GPUKIT_REQUIRES(mutex_);
-  std::size_t segment_size_for(std::size_t size) const noexcept;
-  block* new_segment(std::size_t size, int kind, stream_type stream, bool& oom)
-    GPUKIT_REQUIRES(mutex_);
-  typename Runtime::error_type segment_memory(void*& p, std::size_t bytes, stream_type stream)
-    GPUKIT_REQUIRES(mutex_);
-  void adopt_segment(block* b, std::unique_ptr<segment> seg, void* p, std::size_t seg_size,
-                     int kind, stream_type stream, bool stream_ordered, capture_id pool)
-    GPUKIT_REQUIRES(mutex_);
   block* take(block* b, std::size_t size, std::size_t bytes, stream_type stream)
     GPUKIT_REQUIRES(mutex_);
   // The index free block b belongs in: its capture's pool, the global pool, or its stream's pool.
@@ -566,7 +562,6 @@ class basic_caching_allocator final
   block* insert_free(block* b) GPUKIT_REQUIRES(mutex_);
   void unindex(block* b) GPUKIT_REQUIRES(mutex_) { index_for(b).remove(b); }
   void free_to_pool(block* b, stream_type stream) GPUKIT_REQUIRES(mutex_);
-  static memory_heap segment_heap(block const* b) noexcept;
   // Streams (the layer: detail/caching/stream_pools.hpp): frees on a stream this thread has not
   // used yet, and on a destroyed one (detail/caching_allocator.inl).
   bool check_free_stream(thread_cache& tc, stream_type stream) GPUKIT_EXCLUDES(mutex_);
@@ -578,17 +573,6 @@ class basic_caching_allocator final
   // The out-of-memory ladder (detail/caching/oom_ladder.hpp) and what it asks of the pool.
   using oom_ladder = detail::caching::oom_ladder<Runtime, block, oom_callback>;
   struct oom_operations;  // detail/caching_allocator.inl
-  // Release (detail/release.inl).
-  struct capture_probe;
-  std::size_t release_segments(std::size_t target, std::vector<stream_type>* freed_on = nullptr,
-                               int only_kind = -1, stream_type const* only_stream = nullptr)
-    GPUKIT_REQUIRES(mutex_);
-  std::vector<block*> whole_free_segments(int only_kind, stream_type const* only_stream)
-    GPUKIT_REQUIRES(mutex_);
-  template <class F>
-  void for_each_free_index(stream_type const* only_stream, F&& f) GPUKIT_REQUIRES(mutex_);
-  std::size_t release_segment(block* b, std::vector<stream_type>& issued) GPUKIT_REQUIRES(mutex_);
-  stream_type free_segment_memory(segment& seg, stream_type on) GPUKIT_REQUIRES(mutex_);
   // Graph capture (detail/graph_capture.inl).
   // The capture pool `stream` allocates from (detail/caching/capture_pools.hpp), or nullptr.
   capture_pool* capture_for(stream_type stream, bool guess_on_error = false) GPUKIT_REQUIRES(mutex_)
@@ -598,19 +582,14 @@ class basic_caching_allocator final
   }
   void* allocate_captured(std::size_t bytes, std::size_t size, int kind, capture_pool& cp,
                           stream_type stream, thread_cache& tc) GPUKIT_REQUIRES(mutex_);
-  // What the growable segments' layer asks of the pool around it, built at each call under the
-  // lock (detail/pool_segments.inl; the layer: detail/caching/growable_source.hpp).
-  struct growable_pool;
+  // What the segments' layers (detail/caching/segment_source.hpp, growable_source.hpp) ask of
+  // the pool around them, built at each call under the lock (detail/caching_allocator.inl).
+  struct segment_pool;
 
   // The state, grouped by what it serves. Everything but the atomics is guarded by mutex_, which
   // clang's -Wthread-safety checks (GPUKIT_GUARDED_BY, and GPUKIT_REQUIRES on the functions that
   // need it held; tests/headers builds with it as an error).
 
-  /// What is held from the device (the blocks themselves are in blocks_; the segments are counted
-  /// in stats_).
-  struct pool_state {
-    std::size_t reserved{0};  // bytes held from the device (growable: mapped and spare pages)
-  };
   /// The thread caches of this allocator.
   struct thread_state {
     std::vector<std::unique_ptr<thread_cache>> caches;
@@ -621,17 +600,16 @@ class basic_caching_allocator final
   caching_allocator_options options_;
   std::uint64_t uid_;
   std::size_t device_total_{0};
-  bool stream_ordered_{true};
   bool growable_{false};
   std::atomic<std::size_t> limit_{0};
-  // Segments from a user's resource (set by the constructor, then only read).
-  detail::caching::upstream_source<stream_type> upstream_;
 
   mutable detail::annotated_mutex mutex_;  // the pool lock: guards everything below
   // Every block by address, the free blocks usable on any stream, the descriptors.
   detail::caching::block_index<block> blocks_ GPUKIT_GUARDED_BY(mutex_);
   guard_source guards_ GPUKIT_GUARDED_BY(mutex_){device_, blocks_};  // debug mode's guard pages
-  pool_state pool_ GPUKIT_GUARDED_BY(mutex_);
+  // Fixed segments: their source (chosen by the constructors), the bytes reserved (growable pages
+  // included), taking and giving back (detail/caching/segment_source.hpp).
+  segments_type segments_ GPUKIT_GUARDED_BY(mutex_){runtime_, device_, options_};
   // Growable segments: their pages, spare pages and peers (detail/caching/growable_source.hpp).
   detail::caching::growable_source<Runtime, block> pages_ GPUKIT_GUARDED_BY(mutex_);
   // Streams: their free blocks, pending frees, events, checked and forgotten streams
@@ -728,8 +706,6 @@ basic_caching_allocator<Runtime>& default_caching_allocator(int device = -1)
 // The bodies, one seam a file (see the top of detail/caching_allocator.inl).
 #include <gpukit/memory/detail/caching_allocator.inl>
 #include <gpukit/memory/detail/graph_capture.inl>
-#include <gpukit/memory/detail/pool_segments.inl>
-#include <gpukit/memory/detail/release.inl>
 #include <gpukit/memory/detail/thread_cache.inl>
 
 GPUKIT_DETAIL_EXTERN_TEMPLATE(class gpukit::basic_caching_allocator<gpukit::cuda_runtime>);

@@ -187,8 +187,8 @@ struct allocator_invariants {
         err += "pool " + std::to_string(k) + " segment count mismatch; ";
       }
     }
-    if (t.segment_bytes != a.pool_.reserved) {
-      err += "reserved " + std::to_string(a.pool_.reserved) + " != segments " +
+    if (t.segment_bytes != a.segments_.reserved()) {
+      err += "reserved " + std::to_string(a.segments_.reserved()) + " != segments " +
              std::to_string(t.segment_bytes) + "; ";
     }
     if (t.segments != a.stats_.segments()) { err += "segment count mismatch; "; }

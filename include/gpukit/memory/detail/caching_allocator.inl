@@ -2,14 +2,13 @@
 // gpukit/memory/detail/caching_allocator.inl: the front door of basic_caching_allocator: its
 // construction (options validated) and destruction (never throws), allocate_async (the
 // thread-cache fast path, then the pool under the lock) and deallocate_async (the claim of the
-// block, then the thread-cache fast path, pending frees or the pool).
+// block, then the thread-cache fast path, pending frees or the pool), the pool's free indices,
+// release and trim.
 // Not public API; included by caching_allocator.hpp.
 //
 // The other bodies live beside it, one seam a file:
 //   caching_block.hpp       the block descriptor and its states
 //   thread_cache.inl        per-thread caches and the thread-local registry
-//   pool_segments.inl       segments, block descriptors, splitting, coalescing, free indices
-//   release.inl             release, trim
 //   graph_capture.inl       private pools of CUDA graph captures
 //   allocator_invariants.hpp  the invariant checker tests use (included by tests only)
 //
@@ -21,6 +20,8 @@
 //   segment.hpp        the descriptor of a segment
 //   stream_pools.hpp   stream pools, stream checks, pending frees, cross-stream migration,
 //                      forgotten and destroyed streams, events
+//   segment_source.hpp fixed segments: their source (malloc_async, malloc or an upstream
+//                      resource), the bytes reserved, taking them and giving them back
 //   growable_source.hpp  growable (virtual memory) segments: pages mapped on demand, spare pages
 //   oom_ladder.hpp     the out-of-memory ladder, its callbacks and the out_of_memory report
 //   quarantine.hpp     debug mode: checks of a free, poisoning, the quarantine (its own lock)
@@ -60,12 +61,13 @@ basic_caching_allocator<Runtime>::basic_caching_allocator(Runtime& runtime, int 
                                                   std::to_string(count) + " devices)");
   device_properties props;
   GPUKIT_CUDA_TRY(runtime_.get_device_properties(props, device));
-  device_total_   = props.total_memory;
-  stream_ordered_ = options_.source == segment_source::stream_ordered ||
-                    (options_.source == segment_source::automatic && props.memory_pools);
+  device_total_       = props.total_memory;
+  bool stream_ordered = options_.source == segment_source::stream_ordered ||
+                        (options_.source == segment_source::automatic && props.memory_pools);
   growable_ = options_.source == segment_source::growable;
   // Annotation and debug mode settle the segment source (detail/caching/quarantine.hpp).
-  bool const guard = detail::caching::settle_debug_mode(options_, stream_ordered_, growable_);
+  bool const guard = detail::caching::settle_debug_mode(options_, stream_ordered, growable_);
+  segments_.use_runtime(stream_ordered);
   if (options_.debug.enabled) {
     debug_ =
       std::make_unique<debug_quarantine>(runtime_, device_, options_, captures_underway_, mutex_);
@@ -174,35 +176,18 @@ void basic_caching_allocator<Runtime>::teardown() noexcept
   pages_.teardown_spares(call);
   blocks_.for_each([&](std::uintptr_t, block* b) {
     mutex_.assert_held();  // a lambda run under the lock
-    if (b->prev == nullptr) { teardown_segment(static_cast<segment*>(b->segment), call); }
+    if (b->prev != nullptr) { return; }
+    // One segment back to the runtime, after its NVTX heap (tools reject a heap whose memory is
+    // gone); a growable segment's descriptor is its layer's.
+    auto* seg = static_cast<segment*>(b->segment);
+    if (options_.nvtx_annotate) { unregister_memory_heap(seg->nvtx_heap); }
+    if (seg->growable) {
+      pages_.teardown_segment(*seg, call);
+    } else {
+      segments_.teardown(seg, call);
+    }
   });
   detail::note_teardown_failures(call.failed, device_);
-}
-
-// Teardown: one segment back to the runtime (after its NVTX heap: tools reject a heap whose memory
-// is gone), and its descriptor deleted (a growable segment's is its layer's).
-template <class Runtime>
-void basic_caching_allocator<Runtime>::teardown_segment(segment* seg, teardown_calls& call) noexcept
-{
-  if (options_.nvtx_annotate) { unregister_memory_heap(seg->nvtx_heap); }
-  if (seg->growable) {
-    pages_.teardown_segment(*seg, call);
-    return;
-  }
-  if (upstream_.engaged()) {
-    try {
-      upstream_.deallocate(seg->ptr, seg->size, stream_type{});
-    } catch (...) {  // counted, as a runtime call that failed
-      ++call.failed;
-    }
-  } else if (seg->stream_ordered) {
-    if (runtime_.free_async(seg->ptr, stream_type{}) != Runtime::success) {
-      call([&] { return runtime_.free(seg->ptr); });
-    }
-  } else {
-    call([&] { return runtime_.free(seg->ptr); });
-  }
-  delete seg;
 }
 
 template <class Runtime>
@@ -251,11 +236,11 @@ void* basic_caching_allocator<Runtime>::allocate_slow(std::size_t bytes, std::si
   if (guards_.on() && !capture) {  // guard pages (detail/caching/guard_page_source.hpp)
     auto reserve = [&](std::size_t n, bool& oom) {
       mutex_.assert_held();  // these lambdas run under the lock
-      return pages_.reserve_range(n, kind, stream, oom, growable_pool{*this});
+      return pages_.reserve_range(n, kind, stream, oom, segment_pool{*this});
     };
     auto map_run = [&](block* u, std::uintptr_t at, std::size_t pages, bool& oom) {
       mutex_.assert_held();
-      return pages_.map_run(u, at, pages, oom, growable_pool{*this});
+      return pages_.map_run(u, at, pages, oom, segment_pool{*this});
     };
     auto free_run = [&](block* run) {
       mutex_.assert_held();
@@ -264,7 +249,7 @@ void* basic_caching_allocator<Runtime>::allocate_slow(std::size_t bytes, std::si
     auto reclaim = [&] {
       mutex_.assert_held();
       stats_.count(&caching_allocator_stats::num_alloc_retries);
-      pages_.release(0, nullptr, growable_pool{*this});
+      pages_.release(0, nullptr, segment_pool{*this});
     };
     block* b = guards_.allocate(bytes, size, stream, pages_.page_bytes(kind), pages_.unmapped(kind),
                                 reserve, map_run, free_run, reclaim);
@@ -321,11 +306,12 @@ typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtim
     // Fully free segments of this kind are too small for the request. Give them back before
     // taking a new segment, so they do not add to the peak (stream-ordered frees in the order of
     // the stream that used them: no wait).
-    release_segments(0, &freed_on, kind);
+    segments_.release(0, freed_on, kind, nullptr, segment_pool{*this});
   }
   bool oom = false;
-  block* b = growable_ ? pages_.grow(size, kind, stream, oom, growable_pool{*this})
-                       : new_segment(size, kind, stream, oom);
+  segment_pool pool{*this};
+  block* b = growable_ ? pages_.grow(size, kind, stream, oom, pool)
+                       : segments_.take(size, kind, stream, oom, pool);
   if (b != nullptr) { return b; }
   stats_.count(&caching_allocator_stats::num_alloc_retries);
   oom_operations ops{*this, tc};
@@ -354,8 +340,9 @@ struct basic_caching_allocator<Runtime>::oom_operations {
   {
     a.mutex_.assert_held();
     bool oom = false;
-    return a.growable_ ? a.pages_.grow(size, kind, stream, oom, growable_pool{a})
-                       : a.new_segment(size, kind, stream, oom);
+    segment_pool pool{a};
+    return a.growable_ ? a.pages_.grow(size, kind, stream, oom, pool)
+                       : a.segments_.take(size, kind, stream, oom, pool);
   }
   std::size_t poll_pending(bool wait)
   {
@@ -383,7 +370,7 @@ struct basic_caching_allocator<Runtime>::oom_operations {
   std::size_t release_segments(std::vector<stream_type>& freed_on, stream_type const* only_stream)
   {
     a.mutex_.assert_held();
-    return a.release_segments(0, &freed_on, -1, only_stream);
+    return a.segments_.release(0, freed_on, -1, only_stream, segment_pool{a});
   }
   bool is_capturing(stream_type stream)
   {
@@ -398,7 +385,7 @@ struct basic_caching_allocator<Runtime>::oom_operations {
   std::size_t reserved() const
   {
     a.mutex_.assert_held();
-    return a.pool_.reserved;
+    return a.segments_.reserved();
   }
   std::size_t limit() const noexcept { return a.limit_.load(std::memory_order_relaxed); }
   std::size_t allocated() const
@@ -847,7 +834,7 @@ void basic_caching_allocator<Runtime>::guard_free(void* ptr, std::size_t bytes, 
     typename Runtime::error_type error = Runtime::success;
     device_guard<Runtime> guard{runtime_, device_};
     pages_.unmap_free_pages(merged, std::numeric_limits<std::size_t>::max(), error,
-                            growable_pool{*this});
+                            segment_pool{*this});
     if (error != Runtime::success) {
       stats_.count(&caching_allocator_stats::num_guard_unmap_failures);
     }
@@ -927,6 +914,293 @@ memory_snapshot basic_caching_allocator<Runtime>::snapshot() const
             [](auto const& a, auto const& b) { return a.address < b.address; });
   recorder_.fill_events(s, threads_.caches);
   return s;
+}
+
+// ---- the pool: what the segments' layers ask of it, the free indices, splitting and coalescing,
+// the extent of a block, the export of growable pages (gpukit/memory/ipc.hpp) and the peers
+// granted access to them ----
+
+// What the segments' layers (detail/caching/segment_source.hpp, growable_source.hpp) ask of the
+// pool around them: the allocator's state they work on, and the steps that stay the allocator's.
+// Built at each call, under the pool lock (each member asserts it for clang's analysis).
+template <class Runtime>
+struct basic_caching_allocator<Runtime>::segment_pool {
+  basic_caching_allocator& a;
+
+  detail::caching::block_index<block>& blocks() const
+  {
+    a.mutex_.assert_held();
+    return a.blocks_;
+  }
+  std::size_t& reserved() const
+  {
+    a.mutex_.assert_held();
+    return a.segments_.reserved_counter();
+  }
+  void count(std::uint64_t caching_allocator_stats::*counter, std::uint64_t n = 1) const noexcept
+  {
+    a.mutex_.assert_held();
+    a.stats_.count(counter, n);
+  }
+  std::size_t limit() const noexcept { return a.limit_.load(std::memory_order_relaxed); }
+  bool capturing() const noexcept
+  {
+    return a.captures_underway_.load(std::memory_order_relaxed) != 0;
+  }
+  std::vector<std::unique_ptr<stream_pool>>& streams() const
+  {
+    a.mutex_.assert_held();
+    return a.streams_.pools();
+  }
+  stream_pool& pool_of(stream_type stream) const
+  {
+    a.mutex_.assert_held();
+    return a.streams_.pool_of(stream);
+  }
+  bool capture_active_on(stream_type stream) const
+  {
+    a.mutex_.assert_held();
+    return a.capture_.active_on(stream) != nullptr;
+  }
+  void count_reserved(int kind, std::int64_t delta) const noexcept
+  {
+    a.mutex_.assert_held();
+    a.stats_.count_reserved(kind, delta);
+  }
+  void count_segment(int kind, int delta) const noexcept
+  {
+    a.mutex_.assert_held();
+    a.stats_.count_segment(kind, delta);
+  }
+  void raise_reserved_peak() const noexcept
+  {
+    a.mutex_.assert_held();
+    a.stats_.raise_reserved_peak();
+  }
+  void record(memory_event::action what, std::uintptr_t address, std::size_t bytes,
+              stream_type stream) const
+  {
+    a.mutex_.assert_held();
+    a.recorder_.record_pool(what, address, bytes, stream);
+  }
+  block* insert_free(block* b) const
+  {
+    a.mutex_.assert_held();
+    return a.insert_free(b);
+  }
+  void unindex(block* b) const
+  {
+    a.mutex_.assert_held();
+    a.unindex(b);
+  }
+  block* find_free(std::size_t size, int kind, stream_type stream) const
+  {
+    a.mutex_.assert_held();
+    return a.find_free(size, kind, stream);
+  }
+  std::uint64_t next_free_seq(stream_type stream) const
+  {
+    a.mutex_.assert_held();
+    return a.streams_.next_free_seq(stream);
+  }
+  bool is_capturing(stream_type stream) const
+  {
+    a.mutex_.assert_held();
+    return a.streams_.is_capturing(stream);
+  }
+  void retire_dead_stream(stream_type stream) const
+  {
+    a.mutex_.assert_held();
+    a.streams_.retire_dead_stream(stream, stream_operations{a});
+  }
+  // Growable segments unmap their free pages (none of the other modes).
+  std::size_t release_growable(std::size_t target, stream_type const* only_stream) const
+  {
+    a.mutex_.assert_held();
+    return a.growable_ ? a.pages_.release(target, only_stream, segment_pool{a}) : 0;
+  }
+};
+
+template <class Runtime>
+typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtime>::find_free(
+  std::size_t size, int kind, stream_type stream)
+{
+  if (block* b = streams_.find(size, kind, stream)) { return b; }
+  return blocks_.global(kind).find(size);
+}
+
+// Takes free block b for an allocation of `size` bytes (`bytes` asked) on `stream`; the tail goes
+// back free to b's pool (detail/caching/block_index.hpp).
+template <class Runtime>
+typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtime>::take(
+  block* b, std::size_t size, std::size_t bytes, stream_type stream)
+{
+  blocks_.carve(b, size, [this](block const* x) -> detail::tlsf_index<block>& {
+    mutex_.assert_held();  // a lambda run under the lock
+    return index_for(x);
+  });
+  b->state.store(detail::block_state::allocated, std::memory_order_relaxed);
+  b->requested = bytes;
+  b->stream    = stream;
+  b->global    = false;
+  return b;
+}
+
+template <class Runtime>
+detail::tlsf_index<typename basic_caching_allocator<Runtime>::block>&
+basic_caching_allocator<Runtime>::index_for(block const* b)
+{
+  if (b->capture_pool != 0) { return capture_.at(b->capture_pool).index[b->kind]; }
+  if (b->global) { return blocks_.global(b->kind); }
+  return streams_.pool_of(b->stream).index[b->kind];
+}
+
+// Inserts free block b (state free, owner set) into its index, merging free neighbours first.
+// Returns the block that holds b's bytes now (b, or the free block before it that absorbed it).
+template <class Runtime>
+typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtime>::insert_free(
+  block* b)
+{
+  return blocks_.insert_free(b, [this](block const* x) -> detail::tlsf_index<block>& {
+    mutex_.assert_held();  // a lambda run under the lock
+    return index_for(x);
+  });
+}
+
+template <class Runtime>
+void basic_caching_allocator<Runtime>::free_to_pool(block* b, stream_type stream)
+{
+  if (b->capture_pool == 0 && captures_underway_.load(std::memory_order_relaxed) != 0) {
+    // Freed on a stream being captured: the graph may use the block when it replays, so it is
+    // kept for that capture's pool (reusable within it) until release_capture_pool.
+    if (capture_pool* cp = capture_for(stream, true)) { b->capture_pool = cp->id; }
+  }
+  if (b->capture_pool != 0) {
+    b->stream = stream;
+    b->global = false;
+    insert_free(b);
+    return;
+  }
+  if (streams_.forgotten(stream)) {
+    // Freed on a stream forget_stream has synchronized (a pending free completing, another
+    // thread's cache flushing): its work is done, and the stream may be gone: any stream's now.
+    b->stream = stream_type{};
+    b->global = true;
+    insert_free(b);
+    oom_.wake_waiters();
+    return;
+  }
+  b->stream   = stream;
+  b->global   = false;
+  b->free_seq = streams_.next_free_seq(stream);
+  insert_free(b);
+  oom_.wake_waiters();
+}
+
+template <class Runtime>
+typename basic_caching_allocator<Runtime>::block_extent basic_caching_allocator<Runtime>::extent(
+  void const* ptr) const
+{
+  detail::pool_lock lock{mutex_};
+  block const* b = blocks_.find(ptr);
+  GPUKIT_EXPECTS(
+    b != nullptr && b->state.load(std::memory_order_relaxed) == detail::block_state::allocated,
+    "caching_allocator::extent: " + detail::hex(ptr) +
+      " is not a block this allocator has handed out (device " + std::to_string(device_) + ")");
+  auto const* seg = static_cast<segment const*>(b->segment);
+  block_extent x;
+  x.segment_base   = seg->ptr;
+  x.segment_bytes  = seg->size;
+  x.offset         = b->address() - reinterpret_cast<std::uintptr_t>(seg->ptr);
+  x.bytes          = b->size;
+  x.stream_ordered = seg->stream_ordered && !seg->growable;
+  x.growable       = seg->growable;
+  if (seg->growable) {
+    x.page_bytes           = seg->page;
+    x.first_page           = x.offset / seg->page;
+    std::size_t const last = (x.offset + b->size - 1) / seg->page;
+    x.pages.assign(seg->handles.begin() + static_cast<std::ptrdiff_t>(x.first_page),
+                   seg->handles.begin() + static_cast<std::ptrdiff_t>(last + 1));
+  }
+  return x;
+}
+
+template <class Runtime>
+typename basic_caching_allocator<Runtime>::shared_pages
+basic_caching_allocator<Runtime>::share_pages(void const* ptr)
+{
+  detail::pool_lock lock{mutex_};
+  block const* b = blocks_.find(ptr);
+  GPUKIT_EXPECTS(
+    b != nullptr && b->state.load(std::memory_order_relaxed) == detail::block_state::allocated,
+    "caching_allocator::share_pages: " + detail::hex(ptr) +
+      " is not a block this allocator has handed out (device " + std::to_string(device_) + ")");
+  auto* seg = static_cast<segment*>(b->segment);
+  GPUKIT_EXPECTS(seg->growable, "caching_allocator::share_pages: " + detail::hex(ptr) +
+                                  " lies in a " +
+                                  (seg->stream_ordered ? "cudaMallocAsync" : "cudaMalloc") +
+                                  " segment, not a growable one (export_block shares it)");
+  GPUKIT_EXPECTS(!seg->fds.empty(),
+                 "caching_allocator::share_pages: " + detail::hex(ptr) +
+                   " lies in a growable segment whose pages are not shareable: set "
+                   "caching_allocator_options::growable_shareable");
+  std::size_t const off   = b->address() - reinterpret_cast<std::uintptr_t>(seg->ptr);
+  std::size_t const first = off / seg->page;
+  std::size_t const last  = (off + b->size - 1) / seg->page;
+  shared_pages out;
+  out.offset = off - first * seg->page;
+  out.bytes  = b->size;
+  out.pages.reserve(last + 1 - first);
+  for (int fd : pages_.export_pages(*seg, first, last)) {
+    out.pages.push_back(shared_page{fd, seg->page});
+  }
+  return out;
+}
+
+template <class Runtime>
+void basic_caching_allocator<Runtime>::grant_access(int peer_device)
+{
+  GPUKIT_EXPECTS(
+    peer_device >= 0 && peer_device < 64,
+    "caching_allocator::grant_access: device " + std::to_string(peer_device) + " is out of range");
+  detail::pool_lock lock{mutex_};
+  pages_.grant(peer_device);
+}
+
+template <class Runtime>
+std::vector<int> basic_caching_allocator<Runtime>::peers() const
+{
+  detail::pool_lock lock{mutex_};
+  return pages_.peers();
+}
+
+// ---- giving memory back: release and trim (segments: detail/caching/segment_source.hpp and
+// growable_source.hpp; the out-of-memory ladder and release_before_grow release them too) ----
+
+template <class Runtime>
+std::size_t basic_caching_allocator<Runtime>::release()
+{
+  if (debug_ != nullptr) {  // debug mode: the quarantine's blocks are free memory too
+    debug_->flush_all(
+      [this](auto const& e) { deallocate_impl(e.ptr, e.bytes, e.check_size, e.stream); });
+  }
+  return trim(0);
+}
+
+template <class Runtime>
+std::size_t basic_caching_allocator<Runtime>::trim(std::size_t target_reserved_bytes)
+{
+  thread_cache& tc = local_cache();
+  detail::pool_lock lock{mutex_};
+  drain_cache(tc);
+  for (auto& c : threads_.caches) {
+    if (c.get() != &tc) { c->flush_requested.store(true, std::memory_order_relaxed); }
+  }
+  if (captures_underway_.load(std::memory_order_relaxed) == 0) {
+    streams_.poll_pending(false, stream_operations{*this});
+  }
+  return segments_.release(target_reserved_bytes, oom_.unsettled(), -1, nullptr,
+                           segment_pool{*this});
 }
 
 }  // namespace gpukit

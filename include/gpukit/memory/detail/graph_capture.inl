@@ -87,28 +87,10 @@ void* basic_caching_allocator<Runtime>::allocate_captured(std::size_t bytes, std
 {
   block* b = cp.index[kind].find(size);
   if (b == nullptr) {
-    std::size_t const seg_size = segment_size_for(size);
-    std::size_t const limit    = limit_.load(std::memory_order_relaxed);
-    if (limit != 0 && pool_.reserved + seg_size > limit) {
-      oom_.throw_oom(bytes, size, oom_operations{*this, tc});
-    }
-    auto seg                       = std::make_unique<segment>();
-    block* nb                      = blocks_.new_block();
-    void* p                        = nullptr;
-    typename Runtime::error_type e = Runtime::success;
-    {
-      device_guard<Runtime> guard{runtime_, device_};
-      int mode = cudaStreamCaptureModeRelaxed;
-      GPUKIT_CUDA_TRY(runtime_.exchange_capture_mode(mode));
-      e = runtime_.malloc(&p, seg_size);
-      (void)runtime_.exchange_capture_mode(mode);
-    }
-    if (e != Runtime::success) {
-      blocks_.recycle(nb);
-      if (e == Runtime::out_of_memory) { oom_.throw_oom(bytes, size, oom_operations{*this, tc}); }
-      GPUKIT_CUDA_TRY(e, "malloc (a segment for a graph capture)");
-    }
-    adopt_segment(nb, std::move(seg), p, seg_size, kind, cp.stream, false, cp.id);
+    bool oom = false;
+    segment_pool pool{*this};
+    block* nb = segments_.take_for_capture(size, kind, cp.stream, cp.id, oom, pool);
+    if (nb == nullptr) { oom_.throw_oom(bytes, size, oom_operations{*this, tc}); }
     cp.index[kind].insert(nb);
     b = nb;
   }

@@ -46,7 +46,7 @@ struct stream_pool {
   std::uint64_t free_seq{0};
 };
 
-/// The pool around the layer, in place of the allocator's (its growable_pool): a block index,
+/// The pool around the layer, in place of the allocator's (its segment_pool): a block index,
 /// stream pools, counters, and what the layer tells it, kept for the checks. No captures.
 struct fake_pool {
   explicit fake_pool(sim_runtime& s) : sim{s} {}

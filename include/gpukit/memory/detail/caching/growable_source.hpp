@@ -42,7 +42,7 @@
 //
 // Single-threaded: the allocator calls it under its pool lock. It keeps the runtime and the
 // device; what else a call needs of the allocator around it comes as `pool`, which the allocator
-// builds at the call (basic_caching_allocator::growable_pool), and which provides:
+// builds at the call (basic_caching_allocator::segment_pool), and which provides:
 //   blocks()                          the block index (block_index<Block>&)
 //   reserved()                        bytes held from the device (std::size_t&)
 //   count(&caching_allocator_stats::num_x, n)  adds n to an event counter
