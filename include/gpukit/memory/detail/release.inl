@@ -27,12 +27,10 @@ std::size_t basic_caching_allocator<Runtime>::release()
 template <class Runtime>
 std::size_t basic_caching_allocator<Runtime>::trim(std::size_t target_reserved_bytes)
 {
-  thread_cache& tc = local_cache();
+  thread_cache& tc = threads_.local(front_operations{*this});
   detail::pool_lock lock{mutex_};
-  drain_cache(tc);
-  for (auto& c : threads_.caches) {
-    if (c.get() != &tc) { c->flush_requested.store(true, std::memory_order_relaxed); }
-  }
+  front_type::drain(tc, front_operations{*this});
+  threads_.request_flush_except(tc);
   if (captures_underway_.load(std::memory_order_relaxed) == 0) {
     streams_.poll_pending(false, stream_operations{*this});
   }
