@@ -93,7 +93,7 @@ struct blocks {
 
 TEST_SUITE("thread_cache_front")
 {
-  TEST_CASE("a thread finds its cache again, one per front")
+  TEST_CASE("a thread finds its cache again and has one per front")
   {
     pool_state ps, qs;
     front f, g;
@@ -109,7 +109,8 @@ TEST_SUITE("thread_cache_front")
     CHECK(f.caches().size() == 1);
   }
 
-  TEST_CASE("freed blocks stay in the cache of their stream within its limits; drain returns them")
+  TEST_CASE(
+    "freed blocks stay in the cache of their stream within its limits and drain returns them")
   {
     pool_state ps;
     front f;
@@ -155,7 +156,7 @@ TEST_SUITE("thread_cache_front")
     CHECK(tc.pop(s1, 4096) == nullptr);
   }
 
-  TEST_CASE("flush takes the pool lock; request_flush_except flags the other threads' caches")
+  TEST_CASE("flush takes the pool lock and request_flush_except flags the other threads' caches")
   {
     pool_state ps;
     front f;
