@@ -110,6 +110,7 @@
 #include <gpukit/memory/detail/caching/segment.hpp>
 #include <gpukit/memory/detail/caching/segment_source.hpp>
 #include <gpukit/memory/detail/caching/stream_pools.hpp>
+#include <gpukit/memory/detail/caching/thread_cache_front.hpp>
 #include <gpukit/memory/detail/caching_block.hpp>
 #include <gpukit/memory/detail/cccl_entry_points.hpp>
 #include <gpukit/memory/detail/debug_options.hpp>
@@ -159,9 +160,6 @@ using oom_callback = std::function<bool(oom_context const&)>;
 [[nodiscard]] std::uint64_t caching_allocator_teardown_failures() noexcept;
 
 namespace detail {
-struct tls_registry;
-template <class Runtime>
-struct caching_thread_cache;
 template <class Runtime>
 struct allocator_invariants;
 }  // namespace detail
@@ -470,6 +468,7 @@ class basic_caching_allocator final
 
   using block         = detail::caching_block<Runtime>;
   using thread_cache  = detail::caching_thread_cache<Runtime>;
+  using front_type    = detail::caching::thread_cache_front<Runtime>;
   using capture_pool  = typename detail::caching::capture_pools<Runtime, block>::pool;
   using segment       = detail::caching::segment<Runtime>;
   using stats_type    = detail::caching::allocator_stats<block>;
@@ -519,7 +518,6 @@ class basic_caching_allocator final
   void deallocate_impl(void* ptr, std::size_t bytes, bool check_size, stream_type stream)
     GPUKIT_EXCLUDES(mutex_);
   bool free_stream_dead(thread_cache& tc, stream_type stream) GPUKIT_EXCLUDES(mutex_);
-  bool cache_push(thread_cache& tc, block* b, stream_type stream) noexcept;
   void return_to_pool(block* b, stream_type stream) GPUKIT_EXCLUDES(mutex_);
   block* claim_own(thread_cache& tc, std::uintptr_t key, std::size_t bytes, bool check_size);
   block* claim_foreign(void* ptr, std::size_t bytes, bool check_size, void*& owner)
@@ -542,16 +540,9 @@ class basic_caching_allocator final
                                             stream_type stream) GPUKIT_EXCLUDES(mutex_);
   void guard_free(void* ptr, std::size_t bytes, bool check_size, stream_type stream)
     GPUKIT_EXCLUDES(mutex_);
-  // Thread caches (detail/thread_cache.inl).
-  thread_cache& local_cache();
-  // Its first call on a thread (or after another allocator was used there): out of line, so that
-  // local_cache() inlines into the hot path.
-  __attribute__((noinline)) thread_cache& local_cache_slow(detail::tls_registry& r)
-    GPUKIT_EXCLUDES(mutex_);
-  static void on_thread_exit(void* allocator, void* cache);
-  void purge_handed_out(thread_cache& tc);
-  void drain_cache(thread_cache& tc) GPUKIT_REQUIRES(mutex_);
-  void flush_cache(thread_cache& tc) GPUKIT_EXCLUDES(mutex_);
+  // What the thread caches' front (detail/caching/thread_cache_front.hpp) asks of the pool, built
+  // at each call (detail/caching_allocator.inl).
+  struct front_operations;
   // The pool: free indices, splitting and coalescing (detail/caching_allocator.inl; segments:
   // detail/caching/segment_source.hpp and growable_source.hpp).
   block* find_free(std::size_t size, int kind, stream_type stream) GPUKIT_REQUIRES(mutex_);
@@ -590,15 +581,9 @@ class basic_caching_allocator final
   // clang's -Wthread-safety checks (GPUKIT_GUARDED_BY, and GPUKIT_REQUIRES on the functions that
   // need it held; tests/headers builds with it as an error).
 
-  /// The thread caches of this allocator.
-  struct thread_state {
-    std::vector<std::unique_ptr<thread_cache>> caches;
-  };
-
   Runtime& runtime_;
   int device_;
   caching_allocator_options options_;
-  std::uint64_t uid_;
   std::size_t device_total_{0};
   bool growable_{false};
   std::atomic<std::size_t> limit_{0};
@@ -615,7 +600,12 @@ class basic_caching_allocator final
   // Streams: their free blocks, pending frees, events, checked and forgotten streams
   // (detail/caching/stream_pools.hpp).
   detail::caching::stream_pools<Runtime, block> streams_ GPUKIT_GUARDED_BY(mutex_);
-  thread_state threads_ GPUKIT_GUARDED_BY(mutex_);
+  // The thread caches and the allocator's registration (detail/caching/thread_cache_front.hpp),
+  // in front of the pool: not guarded as a whole, since a thread's hit in its own cache (local(),
+  // push(), the cache's pop) takes no lock by design. Its list of caches is touched only under
+  // mutex_: by local_slow and a thread's exit through front_operations::locked, else by
+  // functions that hold it (caches(), request_flush_except, drain).
+  front_type threads_;
   oom_ladder oom_ GPUKIT_GUARDED_BY(mutex_);  // callbacks, the last recovery, its waiters
   detail::caching::capture_pools<Runtime, block> capture_ GPUKIT_GUARDED_BY(mutex_);
   // Captures and windows under way: read on the fast path without the lock, written under it.
@@ -706,7 +696,6 @@ basic_caching_allocator<Runtime>& default_caching_allocator(int device = -1)
 // The bodies, one seam a file (see the top of detail/caching_allocator.inl).
 #include <gpukit/memory/detail/caching_allocator.inl>
 #include <gpukit/memory/detail/graph_capture.inl>
-#include <gpukit/memory/detail/thread_cache.inl>
 
 GPUKIT_DETAIL_EXTERN_TEMPLATE(class gpukit::basic_caching_allocator<gpukit::cuda_runtime>);
 GPUKIT_DETAIL_EXTERN_TEMPLATE(gpukit::basic_caching_allocator<gpukit::cuda_runtime>&

@@ -8,13 +8,13 @@
 //
 // The other bodies live beside it, one seam a file:
 //   caching_block.hpp       the block descriptor and its states
-//   thread_cache.inl        per-thread caches and the thread-local registry
 //   graph_capture.inl       private pools of CUDA graph captures
 //   allocator_invariants.hpp  the invariant checker tests use (included by tests only)
 //
 // Layers that own their state (detail/caching/*.hpp, single-threaded, each with its own test in
 // tests/memory/detail/caching/; the allocator holds them under its pool lock):
 //   block_index.hpp    blocks by address, global free indices, split/coalesce/carve/recycle
+//   thread_cache_front.hpp  per-thread caches and the thread-local registry
 //   capture_pools.hpp  the private pools of graph captures
 //   event_ring.hpp     the rings of recorded events (the pool's and each thread's)
 //   segment.hpp        the descriptor of a segment
@@ -35,7 +35,6 @@
 
 #include <gpukit/detail/hex.hpp>
 #include <gpukit/memory/caching_allocator.hpp>
-#include <gpukit/memory/detail/thread_cache.inl>
 
 #include <algorithm>
 #include <atomic>
@@ -87,10 +86,6 @@ basic_caching_allocator<Runtime>::basic_caching_allocator(Runtime& runtime, int 
     limit = limit == 0 ? frac : std::min(limit, frac);
   }
   limit_.store(limit, std::memory_order_relaxed);
-  auto& live = detail::live_allocators::get();
-  uid_       = live.next_uid.fetch_add(1);
-  std::lock_guard<std::mutex> lock{live.mutex};
-  live.uids.insert(uid_);
 }
 
 // Every option, checked once against the ranges of alloc_conf_keys (gpukit/memory/alloc_conf.hpp),
@@ -131,11 +126,7 @@ template <class Runtime>
 basic_caching_allocator<Runtime>::~basic_caching_allocator()
 {
   lifetime_.expire();  // first: RAII types destroyed later must find this allocator gone
-  {
-    auto& live = detail::live_allocators::get();
-    std::lock_guard<std::mutex> lock{live.mutex};
-    live.uids.erase(uid_);
-  }
+  threads_.leave();    // threads that exit from now on leave its caches alone
   teardown();
 }
 
@@ -205,8 +196,10 @@ void* basic_caching_allocator<Runtime>::allocate_async(std::size_t bytes, stream
     throw bad_alloc{"gpukit: allocate_async: " + std::to_string(bytes) +
                     " bytes cannot be rounded up to 256 (device " + std::to_string(device_) + ")"};
   }
-  thread_cache& tc = local_cache();
-  if (tc.flush_requested.load(std::memory_order_relaxed)) { flush_cache(tc); }
+  thread_cache& tc = threads_.local(front_operations{*this});
+  if (tc.flush_requested.load(std::memory_order_relaxed)) {
+    front_type::flush(tc, front_operations{*this});
+  }
   if (size <= options_.thread_cache_max_block_bytes &&
       captures_underway_.load(std::memory_order_relaxed) == 0) {
     if (block* b = tc.pop(stream, size)) {
@@ -275,7 +268,7 @@ typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtim
   }
   block* b = find_free_or_migrate(size, kind, stream, capture);
   if (b == nullptr && tc.cached_bytes.get() > 0) {
-    drain_cache(tc);
+    front_type::drain(tc, front_operations{*this});
     b = find_free_or_migrate(size, kind, stream, capture);
   }
   return b;
@@ -357,14 +350,12 @@ struct basic_caching_allocator<Runtime>::oom_operations {
   void drain_cache()
   {
     a.mutex_.assert_held();
-    a.drain_cache(tc);
+    front_type::drain(tc, front_operations{a});
   }
   void flush_other_caches()
   {
     a.mutex_.assert_held();
-    for (auto& c : a.threads_.caches) {
-      if (c.get() != &tc) { c->flush_requested.store(true, std::memory_order_relaxed); }
-    }
+    a.threads_.request_flush_except(tc);
   }
   // Growable segments: the free pages of the streams released are unmapped first.
   std::size_t release_segments(std::vector<stream_type>& freed_on, stream_type const* only_stream)
@@ -392,7 +383,7 @@ struct basic_caching_allocator<Runtime>::oom_operations {
   {
     a.mutex_.assert_held();
     return static_cast<std::size_t>(
-      a.stats_.update_peaks(a.threads_.caches).allocated_bytes.current);
+      a.stats_.update_peaks(a.threads_.caches()).allocated_bytes.current);
   }
   oom_context callback_context(std::size_t size) const
   {
@@ -421,7 +412,7 @@ struct basic_caching_allocator<Runtime>::oom_operations {
     a.mutex_.assert_held();
     a.stats_.count(&caching_allocator_stats::num_ooms);
     a.recorder_.record_pool(memory_event::action::oom, 0, size, stream_type{});
-    (void)a.stats_.update_peaks(a.threads_.caches);
+    (void)a.stats_.update_peaks(a.threads_.caches());
   }
 };
 
@@ -468,6 +459,50 @@ struct basic_caching_allocator<Runtime>::stream_operations {
   }
 };
 
+// What the thread caches' front (detail/caching/thread_cache_front.hpp, which lists these
+// operations) asks of the pool around it. Built at each call; locked() takes the pool lock, and
+// the other members run under it (each asserts it for clang's analysis).
+template <class Runtime>
+struct basic_caching_allocator<Runtime>::front_operations {
+  basic_caching_allocator& a;
+
+  static front_operations of(void* context)
+  {
+    return front_operations{*static_cast<basic_caching_allocator*>(context)};
+  }
+  void* context() const noexcept { return &a; }
+  template <class F>
+  void locked(F&& f) const
+  {
+    detail::pool_lock lock{a.mutex_};
+    f();
+  }
+  void free_to_pool(block* b, stream_type stream) const
+  {
+    a.mutex_.assert_held();
+    a.free_to_pool(b, stream);
+  }
+  void wake_waiters() const
+  {
+    a.mutex_.assert_held();
+    a.oom_.wake_waiters();
+  }
+  void share_counts(typename front_type::cache_list const& caches) const
+  {
+    a.mutex_.assert_held();
+    if (a.shared_.on.load(std::memory_order_relaxed)) { return; }
+    a.stats_.share_counts(
+      caches, stats_type::scan(a.streams_.pending(), a.streams_.pools(), a.blocks_.globals()));
+  }
+  void join_counts(thread_cache& tc) const
+  {
+    a.mutex_.assert_held();
+    if (a.shared_.on.load(std::memory_order_relaxed) && !tc.joined) {
+      stats_type::join_shared_counts(a.shared_, tc);
+    }
+  }
+};
+
 template <class Runtime>
 void basic_caching_allocator<Runtime>::add_oom_callback(oom_callback callback)
 {
@@ -484,7 +519,7 @@ __attribute__((always_inline)) inline void* basic_caching_allocator<Runtime>::ha
 {
   b->owner.store(&tc, std::memory_order_release);
   tc.handed_out.insert(b->address(), b);
-  if (tc.handed_out.size() > tc.purge_at) { purge_handed_out(tc); }
+  if (tc.handed_out.size() > tc.purge_at) { front_type::purge_handed_out(tc); }
   if (shared_.on.load(std::memory_order_relaxed)) {  // before this thread's own count: see join
     if (!tc.joined) { stats_type::join_shared_counts(shared_, tc); }
     shared_.count_alloc(b->kind, static_cast<std::int64_t>(b->size),
@@ -524,7 +559,7 @@ void basic_caching_allocator<Runtime>::deallocate_impl(void* ptr, std::size_t by
   if (ptr == nullptr) { return; }
   if (debug_ != nullptr && debug_free(ptr, bytes, check_size, stream)) { return; }  // debug mode
   auto const key     = reinterpret_cast<std::uintptr_t>(ptr);
-  thread_cache& tc   = local_cache();
+  thread_cache& tc   = threads_.local(front_operations{*this});
   bool const dead    = free_stream_dead(tc, stream);
   block* b           = claim_own(tc, key, bytes, check_size);
   bool const foreign = b == nullptr;  // allocated by another thread (or an earlier life)
@@ -542,7 +577,7 @@ void basic_caching_allocator<Runtime>::deallocate_impl(void* ptr, std::size_t by
   b->state.store(detail::block_state::cached, std::memory_order_relaxed);
   // A block another thread allocated goes back to the pool, not to this thread's cache: a thread
   // that frees what others allocate (PyTorch's autograd threads) would otherwise strand it.
-  if (!foreign && cache_push(tc, b, stream)) { return; }
+  if (!foreign && front_type::push(tc, b, stream, options_, captures_underway_)) { return; }
   return_to_pool(b, stream);
 }
 
@@ -587,17 +622,6 @@ void basic_caching_allocator<Runtime>::free_on_dead_stream(thread_cache& tc, blo
   b->global = true;
   insert_free(b);
   oom_.wake_waiters();
-}
-
-// The fast path's end: freed block b goes to this thread's cache for `stream` when it is small,
-// of no capture, no capture is under way and the cache has room. False when it did not.
-template <class Runtime>
-__attribute__((always_inline)) inline bool basic_caching_allocator<Runtime>::cache_push(
-  thread_cache& tc, block* b, stream_type stream) noexcept
-{
-  return b->size <= options_.thread_cache_max_block_bytes && b->capture_pool == 0 &&
-         captures_underway_.load(std::memory_order_relaxed) == 0 &&
-         tc.push(stream, b, options_.thread_cache_blocks_per_class, options_.thread_cache_bytes);
 }
 
 // Freed block b goes back to the shared pool, on `stream`.
@@ -760,9 +784,9 @@ void basic_caching_allocator<Runtime>::forget_stream(stream_type stream)
     debug_->flush(
       stream, [this](auto const& e) { deallocate_impl(e.ptr, e.bytes, e.check_size, e.stream); });
   }
-  thread_cache& tc = local_cache();
+  thread_cache& tc = threads_.local(front_operations{*this});
   detail::pool_lock lock{mutex_};
-  drain_cache(tc);
+  front_type::drain(tc, front_operations{*this});
   if (tc.checked_stream == stream) { tc.checked_stream = stream_type{}; }
   streams_.forget(stream, false, stream_operations{*this});
 }
@@ -810,7 +834,7 @@ template <class Runtime>
 void basic_caching_allocator<Runtime>::guard_free(void* ptr, std::size_t bytes, bool check_size,
                                                   stream_type stream)
 {
-  thread_cache& tc = local_cache();
+  thread_cache& tc = threads_.local(front_operations{*this});
   void* owner      = nullptr;
   block* b         = claim_foreign(ptr, bytes, check_size, owner);
   std::vector<stream_type> streams{stream};
@@ -850,7 +874,7 @@ template <class Runtime>
 caching_allocator_stats basic_caching_allocator<Runtime>::stats() const
 {
   detail::pool_lock lock{mutex_};
-  return stats_.read(threads_.caches,
+  return stats_.read(threads_.caches(),
                      stats_type::scan(streams_.pending(), streams_.pools(), blocks_.globals()));
 }
 
@@ -858,7 +882,7 @@ template <class Runtime>
 void basic_caching_allocator<Runtime>::reset_peak()
 {
   detail::pool_lock lock{mutex_};
-  stats_.reset_peak(threads_.caches,
+  stats_.reset_peak(threads_.caches(),
                     stats_type::scan(streams_.pending(), streams_.pools(), blocks_.globals()));
 }
 
@@ -867,7 +891,7 @@ void basic_caching_allocator<Runtime>::start_recording(std::size_t events_per_th
 {
   GPUKIT_EXPECTS(events_per_thread > 0, "start_recording: the ring must hold at least one event");
   detail::pool_lock lock{mutex_};
-  recorder_.start_recording(threads_.caches, events_per_thread);
+  recorder_.start_recording(threads_.caches(), events_per_thread);
 }
 
 template <class Runtime>
@@ -912,7 +936,7 @@ memory_snapshot basic_caching_allocator<Runtime>::snapshot() const
   });
   std::sort(s.segments.begin(), s.segments.end(),
             [](auto const& a, auto const& b) { return a.address < b.address; });
-  recorder_.fill_events(s, threads_.caches);
+  recorder_.fill_events(s, threads_.caches());
   return s;
 }
 
@@ -1190,12 +1214,10 @@ std::size_t basic_caching_allocator<Runtime>::release()
 template <class Runtime>
 std::size_t basic_caching_allocator<Runtime>::trim(std::size_t target_reserved_bytes)
 {
-  thread_cache& tc = local_cache();
+  thread_cache& tc = threads_.local(front_operations{*this});
   detail::pool_lock lock{mutex_};
-  drain_cache(tc);
-  for (auto& c : threads_.caches) {
-    if (c.get() != &tc) { c->flush_requested.store(true, std::memory_order_relaxed); }
-  }
+  front_type::drain(tc, front_operations{*this});
+  threads_.request_flush_except(tc);
   if (captures_underway_.load(std::memory_order_relaxed) == 0) {
     streams_.poll_pending(false, stream_operations{*this});
   }

@@ -1,24 +1,56 @@
 // SPDX-License-Identifier: Apache-2.0
-// gpukit/memory/detail/thread_cache.inl: the per-thread caches of basic_caching_allocator. Not
-// public API; included by caching_allocator.hpp.
+// gpukit/memory/detail/caching/thread_cache_front.hpp: the per-thread caches in front of the
+// caching allocator's pool, and the thread-local registry that finds a thread's cache. Not public
+// API.
 //
 // Each thread keeps, per allocator, one caching_thread_cache: short LIFO lists of freed blocks by
 // size class for a few streams, the map of the blocks it handed out, its own statistics counters
-// (one writer, no read-modify-write) and its ring of recorded events. A thread-local registry finds
-// a thread's cache for an allocator (the last one used first); a thread that exits returns its
-// cached blocks to the pool and leaves its cache, counters intact, for the next thread.
+// (one writer, no read-modify-write) and its ring of recorded events. A thread-local registry
+// (tls_registry) finds a thread's cache for an allocator, the last one used first; a thread that
+// exits returns its cached blocks to the pool and leaves its cache, counters intact, for the next
+// thread.
 //
-// Holds: the registry (tls_entry, live_allocators, tls_registry), caching_thread_cache, and the
-// allocator's local_cache, on_thread_exit, purge_handed_out and flush_cache and drain_cache.
+// Owns: every cache of one allocator (thread_cache_front::caches()) and the allocator's
+// registration: its uid, alive in live_allocators from construction to leave(). Invariants:
+// - A cache belongs to one thread at a time: the thread whose registry holds it, or none
+//   (orphaned, after its thread exited), until a new thread adopts it. Only its thread touches its
+//   lists, so a hit (local, then the cache's pop or push) takes no lock and no atomic
+//   read-modify-write.
+// - A registry calls a cache's exit only while its allocator is alive (its uid in
+//   live_allocators); uids are never reused.
+// - A drained cache holds no block and no cached bytes; its blocks went to the pool.
+//
+// Single-threaded but for local() and push(), which a thread calls without the lock on its own
+// cache. The allocator holds the front under its pool lock; what the front needs of the pool
+// comes as `pool`, which the allocator builds at the call (basic_caching_allocator::
+// front_operations), and which provides:
+//   locked(f)                     runs f() under the pool lock (local_slow, flush, a thread exit)
+//   free_to_pool(b, stream)       a drained block back to the pool, freed on `stream`
+//   wake_waiters()                tells allocations waiting for frees that blocks came back
+//   share_counts(caches)          a second thread came in: the shared counts, if not on yet
+//   join_counts(cache)            a thread exits: its counts into the shared ones, when they are
+//                                 on and it has not joined them yet
+//   context() -> void*            what the registry keeps to rebuild the pool at a thread's exit
+//   Pool::of(context) -> Pool     rebuilds it
 #pragma once
 
-#include <gpukit/memory/caching_allocator.hpp>
+#include <gpukit/memory/caching_allocator_options.hpp>
+#include <gpukit/memory/detail/address_map.hpp>
 #include <gpukit/memory/detail/caching/event_ring.hpp>
+#include <gpukit/memory/detail/caching_block.hpp>
+#include <gpukit/memory/detail/shared_counts.hpp>
+#include <gpukit/memory/detail/tlsf_index.hpp>
+#include <gpukit/memory/memory_history.hpp>
 
 #include <algorithm>
 #include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
 #include <mutex>
 #include <unordered_set>
+#include <vector>
 
 namespace gpukit::detail {
 
@@ -27,9 +59,9 @@ namespace gpukit::detail {
 
 struct tls_entry {
   std::uint64_t uid{0};
-  void* allocator{nullptr};
+  void* context{nullptr};  // what the allocator's front rebuilds its pool from at a thread's exit
   void* cache{nullptr};
-  void (*on_exit)(void* allocator, void* cache){nullptr};
+  void (*on_exit)(void* context, void* cache){nullptr};
 };
 
 /// Allocators alive in this process (by uid), so that a thread exiting after an allocator died
@@ -58,7 +90,7 @@ struct tls_registry {
     auto& live = live_allocators::get();
     std::lock_guard<std::mutex> lock{live.mutex};
     for (auto const& e : entries) {
-      if (live.uids.count(e.uid) != 0) { e.on_exit(e.allocator, e.cache); }
+      if (live.uids.count(e.uid) != 0) { e.on_exit(e.context, e.cache); }
     }
   }
   static tls_registry& get()
@@ -114,8 +146,10 @@ struct caching_thread_cache {
     return b;
   }
 
-  /// Keeps `b` for reuse on `stream`; false when there is no room.
-  bool push(stream_type stream, block* b, int per_class, std::size_t max_bytes) noexcept
+  /// Keeps `b` for reuse on `stream`; false when there is no room. Out of line, as it always was
+  /// in the free's fast path (which calls it through thread_cache_front::push).
+  __attribute__((noinline)) bool push(stream_type stream, block* b, int per_class,
+                                      std::size_t max_bytes) noexcept
   {
     slot* s = find(stream);
     if (s == nullptr) { s = claim(stream); }
@@ -286,106 +320,170 @@ struct caching_thread_cache {
 
 }  // namespace gpukit::detail
 
-namespace gpukit {
+namespace gpukit::detail::caching {
 
+/// The thread caches of one allocator and its registration; see the top of this file.
 template <class Runtime>
-__attribute__((always_inline)) inline typename basic_caching_allocator<Runtime>::thread_cache&
-basic_caching_allocator<Runtime>::local_cache()
-{
-  auto& r = detail::tls_registry::get();
-  if (r.last.uid == uid_) { return *static_cast<thread_cache*>(r.last.cache); }
-  return local_cache_slow(r);
-}
+class thread_cache_front {
+ public:
+  using stream_type = typename Runtime::stream_type;
+  using block       = caching_block<Runtime>;
+  using cache       = caching_thread_cache<Runtime>;
+  using cache_list  = std::vector<std::unique_ptr<cache>>;
 
-template <class Runtime>
-typename basic_caching_allocator<Runtime>::thread_cache&
-basic_caching_allocator<Runtime>::local_cache_slow(detail::tls_registry& r)
-{
-  for (auto const& e : r.entries) {
-    if (e.uid == uid_) {
-      r.last = e;
-      return *static_cast<thread_cache*>(e.cache);
-    }
-  }
-  thread_cache* tc = nullptr;
+  /// Registers a new uid among the live allocators.
+  thread_cache_front() : uid_{live_allocators::get().next_uid.fetch_add(1)}
   {
-    detail::pool_lock lock{mutex_};
-    for (auto& c : threads_.caches) {
-      if (c->orphaned) {
-        c->orphaned = false;
-        tc          = c.get();
-        break;
+    auto& live = live_allocators::get();
+    std::lock_guard<std::mutex> lock{live.mutex};
+    live.uids.insert(uid_);
+  }
+  ~thread_cache_front() { leave(); }
+  thread_cache_front(thread_cache_front const&)            = delete;
+  thread_cache_front& operator=(thread_cache_front const&) = delete;
+  thread_cache_front(thread_cache_front&&)                 = delete;
+  thread_cache_front& operator=(thread_cache_front&&)      = delete;
+
+  /// Ends the registration: threads that exit from now on leave this front's caches alone (the
+  /// allocator's destructor calls it first). Idempotent.
+  void leave() noexcept
+  {
+    if (left_) { return; }
+    left_      = true;
+    auto& live = live_allocators::get();
+    std::lock_guard<std::mutex> lock{live.mutex};
+    live.uids.erase(uid_);
+  }
+
+  [[nodiscard]] std::uint64_t uid() const noexcept { return uid_; }
+  /// Every cache, of live threads and orphaned ones (read under the pool lock).
+  [[nodiscard]] cache_list const& caches() const noexcept { return caches_; }
+
+  /// The calling thread's cache: one thread-local load and a comparison when this front is the
+  /// last one the thread used. No lock.
+  template <class Pool>
+  __attribute__((always_inline)) cache& local(Pool pool)
+  {
+    auto& r = tls_registry::get();
+    if (r.last.uid == uid_) { return *static_cast<cache*>(r.last.cache); }
+    return local_slow(r, pool);
+  }
+
+  /// local()'s first call on a thread (or after another allocator was used there): out of line,
+  /// so that local() inlines into the hot path. Takes the pool lock to adopt an orphaned cache or
+  /// make one, and the live allocators' lock to register it.
+  template <class Pool>
+  __attribute__((noinline)) cache& local_slow(tls_registry& r, Pool pool)
+  {
+    for (auto const& e : r.entries) {
+      if (e.uid == uid_) {
+        r.last = e;
+        return *static_cast<cache*>(e.cache);
       }
     }
-    if (tc == nullptr) {
-      threads_.caches.push_back(std::make_unique<thread_cache>());
-      tc = threads_.caches.back().get();
+    cache* tc = nullptr;
+    pool.locked([&] {
+      tc = adopt();
+      if (caches_.size() > 1) { pool.share_counts(caches_); }
+    });
+    tls_entry e{uid_, pool.context(), tc, &on_thread_exit<Pool>};
+    // Forget entries of allocators that no longer exist, so a thread that outlives many allocators
+    // keeps a short list.
+    {
+      auto& live = live_allocators::get();
+      std::lock_guard<std::mutex> lock{live.mutex};
+      r.entries.erase(
+        std::remove_if(r.entries.begin(), r.entries.end(),
+                       [&](tls_entry const& x) { return live.uids.count(x.uid) == 0; }),
+        r.entries.end());
     }
-    if (threads_.caches.size() > 1 && !shared_.on.load(std::memory_order_relaxed)) {
-      stats_.share_counts(
-        threads_.caches, stats_type::scan(streams_.pending(), streams_.pools(), blocks_.globals()));
-    }
+    r.entries.push_back(e);
+    r.last = e;
+    return *tc;
   }
-  detail::tls_entry e{uid_, this, tc, &on_thread_exit};
-  // Forget entries of allocators that no longer exist, so a thread that outlives many allocators
-  // keeps a short list.
+
+  /// The fast path's end: freed block b goes to `tc` for `stream` when it is small, of no capture,
+  /// no capture is under way and the cache has room. False when it did not. No lock.
+  __attribute__((always_inline)) static bool push(cache& tc, block* b, stream_type stream,
+                                                  caching_allocator_options const& options,
+                                                  std::atomic<int> const& captures) noexcept
   {
-    auto& live = detail::live_allocators::get();
-    std::lock_guard<std::mutex> lock{live.mutex};
-    r.entries.erase(
-      std::remove_if(r.entries.begin(), r.entries.end(),
-                     [&](detail::tls_entry const& x) { return live.uids.count(x.uid) == 0; }),
-      r.entries.end());
+    return b->size <= options.thread_cache_max_block_bytes && b->capture_pool == 0 &&
+           captures.load(std::memory_order_relaxed) == 0 &&
+           tc.push(stream, b, options.thread_cache_blocks_per_class, options.thread_cache_bytes);
   }
-  r.entries.push_back(e);
-  r.last = e;
-  return *tc;
-}
 
-template <class Runtime>
-void basic_caching_allocator<Runtime>::on_thread_exit(void* allocator, void* cache)
-{
-  auto* self = static_cast<basic_caching_allocator*>(allocator);
-  auto* tc   = static_cast<thread_cache*>(cache);
-  detail::pool_lock lock{self->mutex_};
-  self->drain_cache(*tc);
-  tc->handed_out.erase_if([](std::uintptr_t, block*) { return true; });
-  tc->checked_stream = stream_type{};
-  // The counters stay: the sums over caches stay right when another thread reuses this one.
-  tc->orphaned = true;
-  if (self->shared_.on.load(std::memory_order_relaxed) && !tc->joined) {
-    stats_type::join_shared_counts(self->shared_, *tc);  // its last counts, not the switch's
+  /// Every block cached in `tc` back to the pool (the pool lock held). Out of line: the hot path
+  /// calls it only when asked to flush.
+  template <class Pool>
+  __attribute__((noinline)) static void drain(cache& tc, Pool pool)
+  {
+    tc.flush_requested.store(false, std::memory_order_relaxed);
+    tc.drain([&](stream_type s, block* b) { pool.free_to_pool(b, s); });
+    pool.wake_waiters();
   }
-}
 
-// Drops the entries of blocks other threads have freed since (their descriptor now describes
-// another block, or none). Descriptors are never deallocated while the allocator lives, so reading
-// one that another thread reuses is safe; its state and address are atomics.
-template <class Runtime>
-void basic_caching_allocator<Runtime>::purge_handed_out(thread_cache& tc)
-{
-  tc.handed_out.erase_if([&tc](std::uintptr_t key, block* b) {
-    return b->address() != key || b->owner.load(std::memory_order_relaxed) != &tc;
-  });
-  tc.purge_at = std::max<std::size_t>(4096, 2 * tc.handed_out.size());
-}
+  /// drain() under the pool lock, taken here.
+  template <class Pool>
+  static void flush(cache& tc, Pool pool)
+  {
+    pool.locked([&] { drain(tc, pool); });
+  }
 
-template <class Runtime>
-void basic_caching_allocator<Runtime>::drain_cache(thread_cache& tc)
-{
-  tc.flush_requested.store(false, std::memory_order_relaxed);
-  tc.drain([&](stream_type s, block* b) {
-    mutex_.assert_held();  // a lambda run under the lock
-    free_to_pool(b, s);
-  });
-  oom_.wake_waiters();
-}
+  /// Asks every thread but the owner of `tc` to drain its cache at its next call (the pool lock
+  /// held).
+  void request_flush_except(cache const& tc) noexcept
+  {
+    for (auto& c : caches_) {
+      if (c.get() != &tc) { c->flush_requested.store(true, std::memory_order_relaxed); }
+    }
+  }
 
-template <class Runtime>
-void basic_caching_allocator<Runtime>::flush_cache(thread_cache& tc)
-{
-  detail::pool_lock lock{mutex_};
-  drain_cache(tc);
-}
+  /// Drops the entries of blocks other threads have freed since (their descriptor now describes
+  /// another block, or none). Descriptors are never deallocated while the allocator lives, so
+  /// reading one that another thread reuses is safe; its state and address are atomics.
+  static void purge_handed_out(cache& tc)
+  {
+    tc.handed_out.erase_if([&tc](std::uintptr_t key, block* b) {
+      return b->address() != key || b->owner.load(std::memory_order_relaxed) != &tc;
+    });
+    tc.purge_at = std::max<std::size_t>(4096, 2 * tc.handed_out.size());
+  }
 
-}  // namespace gpukit
+ private:
+  /// An orphaned cache, adopted, or a new one (the pool lock held).
+  cache* adopt()
+  {
+    for (auto& c : caches_) {
+      if (c->orphaned) {
+        c->orphaned = false;
+        return c.get();
+      }
+    }
+    caches_.push_back(std::make_unique<cache>());
+    return caches_.back().get();
+  }
+
+  /// A thread exits (its registry's destructor, the allocator alive): its cached blocks go back
+  /// to the pool and its cache waits, counters intact, for the next thread.
+  template <class Pool>
+  static void on_thread_exit(void* context, void* c)
+  {
+    Pool pool = Pool::of(context);
+    auto* tc  = static_cast<cache*>(c);
+    pool.locked([&] {
+      drain(*tc, pool);
+      tc->handed_out.erase_if([](std::uintptr_t, block*) { return true; });
+      tc->checked_stream = stream_type{};
+      // The counters stay: the sums over caches stay right when another thread reuses this one.
+      tc->orphaned = true;
+      pool.join_counts(*tc);  // its last counts, not the switch's
+    });
+  }
+
+  cache_list caches_;
+  std::uint64_t uid_;
+  bool left_{false};
+};
+
+}  // namespace gpukit::detail::caching
