@@ -90,7 +90,6 @@
 
 #include <gpukit/detail/alignment_check.hpp>
 #include <gpukit/detail/cccl_compat.hpp>  // <cuda/memory_resource>, whichever CCCL
-#include <gpukit/detail/compiled.hpp>
 #include <gpukit/detail/lifetime.hpp>
 #include <gpukit/detail/thread_annotations.hpp>
 #include <gpukit/error.hpp>
@@ -120,6 +119,7 @@
 #include <gpukit/profile/detail/slow_path_range.hpp>
 #include <gpukit/profile/memory_annotation.hpp>
 #include <gpukit/runtime/cuda_runtime.hpp>
+#include <gpukit/runtime/detail/compiled_runtimes.hpp>
 #include <gpukit/runtime/runtime.hpp>
 #include <gpukit/stats.hpp>
 #include <gpukit/version.hpp>
@@ -505,7 +505,7 @@ class basic_caching_allocator final
     }
   }
 
-  // Allocation and deallocation (detail/caching_allocator.inl).
+  // Allocation and deallocation (detail/caching_allocator_impl.hpp).
   void* allocate_slow(std::size_t bytes, std::size_t size, stream_type stream, thread_cache& tc)
     GPUKIT_EXCLUDES(mutex_);
   block* find_reusable(std::size_t size, int kind, stream_type stream, thread_cache& tc,
@@ -541,9 +541,9 @@ class basic_caching_allocator final
   void guard_free(void* ptr, std::size_t bytes, bool check_size, stream_type stream)
     GPUKIT_EXCLUDES(mutex_);
   // What the thread caches' front (detail/caching/thread_cache_front.hpp) asks of the pool, built
-  // at each call (detail/caching_allocator.inl).
+  // at each call (detail/caching_allocator_impl.hpp).
   struct front_operations;
-  // The pool: free indices, splitting and coalescing (detail/caching_allocator.inl; segments:
+  // The pool: free indices, splitting and coalescing (detail/caching_allocator_impl.hpp; segments:
   // detail/caching/segment_source.hpp and growable_source.hpp).
   block* find_free(std::size_t size, int kind, stream_type stream) GPUKIT_REQUIRES(mutex_);
   block* take(block* b, std::size_t size, std::size_t bytes, stream_type stream)
@@ -554,17 +554,17 @@ class basic_caching_allocator final
   void unindex(block* b) GPUKIT_REQUIRES(mutex_) { index_for(b).remove(b); }
   void free_to_pool(block* b, stream_type stream) GPUKIT_REQUIRES(mutex_);
   // Streams (the layer: detail/caching/stream_pools.hpp): frees on a stream this thread has not
-  // used yet, and on a destroyed one (detail/caching_allocator.inl).
+  // used yet, and on a destroyed one (detail/caching_allocator_impl.hpp).
   bool check_free_stream(thread_cache& tc, stream_type stream) GPUKIT_EXCLUDES(mutex_);
   void free_on_dead_stream(thread_cache& tc, block* b, void* ptr, stream_type stream)
     GPUKIT_EXCLUDES(mutex_);
   // What the stream pools' layer asks of the pool around it, built at each call under the lock
-  // (detail/caching_allocator.inl).
+  // (detail/caching_allocator_impl.hpp).
   struct stream_operations;
   // The out-of-memory ladder (detail/caching/oom_ladder.hpp) and what it asks of the pool.
   using oom_ladder = detail::caching::oom_ladder<Runtime, block, oom_callback>;
-  struct oom_operations;  // detail/caching_allocator.inl
-  // Graph capture (detail/graph_capture.inl).
+  struct oom_operations;  // detail/caching_allocator_operations_impl.hpp
+  // Graph capture (detail/caching_allocator_impl.hpp).
   // The capture pool `stream` allocates from (detail/caching/capture_pools.hpp), or nullptr.
   capture_pool* capture_for(stream_type stream, bool guess_on_error = false) GPUKIT_REQUIRES(mutex_)
   {
@@ -574,7 +574,7 @@ class basic_caching_allocator final
   void* allocate_captured(std::size_t bytes, std::size_t size, int kind, capture_pool& cp,
                           stream_type stream, thread_cache& tc) GPUKIT_REQUIRES(mutex_);
   // What the segments' layers (detail/caching/segment_source.hpp, growable_source.hpp) ask of
-  // the pool around them, built at each call under the lock (detail/caching_allocator.inl).
+  // the pool around them, built at each call under the lock (detail/caching_allocator_impl.hpp).
   struct segment_pool;
 
   // The state, grouped by what it serves. Everything but the atomics is guarded by mutex_, which
@@ -693,9 +693,9 @@ basic_caching_allocator<Runtime>& default_caching_allocator(int device = -1)
 
 }  // namespace gpukit
 
-// The bodies, one seam a file (see the top of detail/caching_allocator.inl).
-#include <gpukit/memory/detail/caching_allocator.inl>
-#include <gpukit/memory/detail/graph_capture.inl>
+// The bodies (they do not include this header).
+#include <gpukit/memory/detail/caching_allocator_impl.hpp>
+#include <gpukit/memory/detail/caching_allocator_operations_impl.hpp>
 
 GPUKIT_DETAIL_EXTERN_TEMPLATE(class gpukit::basic_caching_allocator<gpukit::cuda_runtime>);
 GPUKIT_DETAIL_EXTERN_TEMPLATE(gpukit::basic_caching_allocator<gpukit::cuda_runtime>&
