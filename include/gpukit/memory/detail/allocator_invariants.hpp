@@ -45,6 +45,7 @@ struct allocator_invariants {
     std::string err;
     totals t;
     a.blocks_.for_each([&](std::uintptr_t key, block* b) {
+      a.mutex_.assert_held();  // for_each runs this under check()'s lock
       if (b->address() != key) { err += "block key mismatch; "; }
       if (b->prev == nullptr) { check_segment(a, b, t, err); }
     });
@@ -60,6 +61,7 @@ struct allocator_invariants {
 
   /// The blocks of the segment whose first block is `head` tile it.
   static void check_segment(allocator const& a, block* head, totals& t, std::string& err)
+    GPUKIT_REQUIRES(a.mutex_)
   {
     auto* seg = static_cast<segment*>(head->segment);
     if (seg == nullptr || reinterpret_cast<std::uintptr_t>(seg->ptr) != head->address()) {
@@ -97,7 +99,7 @@ struct allocator_invariants {
 
   /// One block of a segment: linked to its neighbours, in the map, merged where it could be.
   static void check_block(allocator const& a, segment const&, block const* head, block* x,
-                          std::string& err)
+                          std::string& err) GPUKIT_REQUIRES(a.mutex_)
   {
     if (x->next != nullptr && x->address() + x->size != x->next->address()) {
       err += "blocks do not tile; ";
@@ -115,7 +117,7 @@ struct allocator_invariants {
   /// Blocks in use or free lie on mapped pages; unmapped ones are page-aligned, unindexed ranges,
   /// each listed once, never next to another.
   static void check_growable_block(allocator const& a, segment const& seg, block const* x,
-                                   std::string& err)
+                                   std::string& err) GPUKIT_REQUIRES(a.mutex_)
   {
     auto const off          = x->address() - reinterpret_cast<std::uintptr_t>(seg.ptr);
     std::size_t const first = off / seg.page, last = (off + x->size - 1) / seg.page;
@@ -141,6 +143,7 @@ struct allocator_invariants {
   /// Every indexed block is free and in the index its owner names; the free blocks are exactly
   /// the indexed ones.
   static void check_indices(allocator const& a, totals& t, std::string& err)
+    GPUKIT_REQUIRES(a.mutex_)
   {
     auto count_index = [&](detail::tlsf_index<block> const& idx, bool global, stream_type s) {
       idx.for_each([&](block* b) {
@@ -173,6 +176,7 @@ struct allocator_invariants {
 
   /// Reserved bytes and the segment count agree with the segments (and spare pages) found.
   static void check_counters(allocator const& a, totals& t, std::string& err)
+    GPUKIT_REQUIRES(a.mutex_)
   {
     for (int k = 0; k < 2; ++k) {
       t.segment_bytes += a.pages_.spare_pages(k) * a.pages_.page_bytes(k);
