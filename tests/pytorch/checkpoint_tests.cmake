@@ -6,17 +6,19 @@
 # 77 and CTest reports it skipped, with the reason; it never passes without running. The planner is
 # compiled from bindings/torch/csrc/planner.cpp into the build folder on first use (ninja).
 # The GPU cases of the same file run on a GPU machine (benchmarks/checkpoint/run_torch_h200.sh).
+# The label is torch_binding, not gpukit_torch: `ctest -LE gpu` (the README's test command) takes a
+# regular expression, which would leave out every label containing "gpu".
 find_package(Python3 COMPONENTS Interpreter QUIET)
 set(GPUKIT_TORCH_PYTHON "${Python3_EXECUTABLE}" CACHE FILEPATH
   "Python with torch and pytest for gpukit_torch.checkpoint's CPU tests")
 if(NOT GPUKIT_TORCH_PYTHON)
   gpukit_add_skipped_test(gpukit_torch.checkpoint
     "no python3 was found when this build was configured (set GPUKIT_TORCH_PYTHON to a Python with torch and pytest, and configure again)"
-    LABELS gpukit_torch)
+    LABELS torch_binding)
   return()
 endif()
 add_test(NAME gpukit_torch.checkpoint
          COMMAND ${GPUKIT_TORCH_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/pytorch/checkpoint_pytest.py)
 set_tests_properties(gpukit_torch.checkpoint PROPERTIES
-  LABELS gpukit_torch SKIP_RETURN_CODE 77 TIMEOUT 900 COST 300
+  LABELS torch_binding SKIP_RETURN_CODE 77 TIMEOUT 900 COST 300
   ENVIRONMENT "GPUKIT_INCLUDE_DIR=${PROJECT_SOURCE_DIR}/include;TORCH_EXTENSIONS_DIR=${CMAKE_CURRENT_BINARY_DIR}/torch_extensions;CUDA_VISIBLE_DEVICES=")

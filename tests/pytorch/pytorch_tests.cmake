@@ -35,16 +35,16 @@ find_package(Python3 COMPONENTS Interpreter QUIET)
 if(GPUKIT_SANITIZE)
   gpukit_add_skipped_test(gpukit_torch.python
     "a sanitizer build (GPUKIT_SANITIZE=${GPUKIT_SANITIZE}): Python loads libgpukit_torch_sim.so into an interpreter that the sanitizer runtime does not come first in (it must be the first library loaded), so the library cannot run instrumented there; the build without GPUKIT_SANITIZE runs this test"
-    LABELS gpukit_torch)
+    LABELS torch_binding)
 elseif(NOT Python3_Interpreter_FOUND)
   gpukit_add_skipped_test(gpukit_torch.python
     "python3 was not found when this build was configured (install it, or set Python3_EXECUTABLE, and configure again)"
-    LABELS gpukit_torch)
+    LABELS torch_binding)
 else()
   add_test(NAME gpukit_torch.python
            COMMAND Python3::Interpreter ${CMAKE_CURRENT_SOURCE_DIR}/pytorch/gpukit_torch_ctypes_test.py
                    $<TARGET_FILE:gpukit_torch_sim>)
-  set_tests_properties(gpukit_torch.python PROPERTIES LABELS gpukit_torch SKIP_RETURN_CODE 77
+  set_tests_properties(gpukit_torch.python PROPERTIES LABELS torch_binding SKIP_RETURN_CODE 77
     ENVIRONMENT "GPUKIT_SIM_DEVICES=2;GPUKIT_SIM_CAPACITY=1G")
 endif()
 # gpukit_torch._sharing (what torch.multiprocessing's tensor reducer does when sharing fails in a
@@ -52,9 +52,9 @@ endif()
 if(Python3_Interpreter_FOUND)
   add_test(NAME gpukit_torch.sharing
            COMMAND Python3::Interpreter ${CMAKE_CURRENT_SOURCE_DIR}/pytorch/sharing_test.py)
-  set_tests_properties(gpukit_torch.sharing PROPERTIES LABELS gpukit_torch TIMEOUT 300)
+  set_tests_properties(gpukit_torch.sharing PROPERTIES LABELS torch_binding TIMEOUT 300)
 else()
   gpukit_add_skipped_test(gpukit_torch.sharing
     "python3 was not found when this build was configured (install it, or set Python3_EXECUTABLE, and configure again)"
-    LABELS gpukit_torch)
+    LABELS torch_binding)
 endif()
