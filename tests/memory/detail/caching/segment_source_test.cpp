@@ -20,6 +20,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <new>
 #include <vector>
@@ -252,6 +253,16 @@ TEST_SUITE("segment_source")
     CHECK(src.release(0, issued, -1, nullptr, pool) == 2 * mib);  // the one in use stays
     CHECK(src.reserved() == 100 * mib);
     CHECK(sim.calls(sim_op::free_async) == 3);
+    // The one in use goes as the allocator's destructor takes it (teardown), so nothing leaks.
+    struct teardown_calls {
+      std::uint64_t failed{0};
+      void operator()(std::function<cudaError_t()> const& f) noexcept
+      {
+        if (f() != cudaSuccess) { ++failed; }
+      }
+    } calls;
+    src.teardown(static_cast<source::segment_type*>(in_use->segment), calls);
+    CHECK(calls.failed == 0);
   }
 
   TEST_CASE_FIXTURE(fixture, "a segment of a destroyed stream goes back on the null stream")
