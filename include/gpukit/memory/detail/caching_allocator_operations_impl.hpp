@@ -79,6 +79,7 @@ struct basic_caching_allocator<Runtime>::oom_operations {
     return a.segments_.reserved();
   }
   std::size_t limit() const noexcept { return a.limit_.load(std::memory_order_relaxed); }
+  // What users hold now: the threads' counts summed in (the one update_peaks of an OOM report).
   std::size_t allocated() const
   {
     a.mutex_.assert_held();
@@ -112,7 +113,6 @@ struct basic_caching_allocator<Runtime>::oom_operations {
     a.mutex_.assert_held();
     a.stats_.count(&caching_allocator_stats::num_ooms);
     a.recorder_.record_pool(memory_event::action::oom, 0, size, stream_type{});
-    (void)a.stats_.update_peaks(a.threads_.caches());
   }
 };
 
