@@ -10,6 +10,7 @@
 #include <gpukit/memory/caching_allocator_stats.hpp>
 #include <gpukit/memory/current_resource.hpp>
 #include <gpukit/memory/detail/allocator_invariants.hpp>
+#include <gpukit/memory/detail/shared_counts.hpp>
 #include <gpukit/memory/memory_summary.hpp>
 #include <gpukit/runtime/sim_runtime.hpp>
 
@@ -252,7 +253,9 @@ TEST_SUITE("caching_allocator")
     alloc.forget_stream(other);
   }
 
-  TEST_CASE("stats: every peak is the reference model's after every operation, on any thread")
+  TEST_CASE(
+    "stats: every current value is the reference model's after every operation, on any "
+    "thread; every peak within the batch bound below the model's, never above")
   {
     // A thread that runs what it is given, one task at a time, and waits for the next.
     class worker {
@@ -335,22 +338,37 @@ TEST_SUITE("caching_allocator")
           return rng;
         };
         auto kind_of = [](std::size_t bytes) { return (bytes + 255) / 256 * 256 <= mib ? 0 : 1; };
-        auto check   = [&](int op) {
+        // From the second thread on, the peaks are batched (detail::shared_counts): each of the
+        // three threads may hold up to a batch per pool kind unfolded.
+        using shared = gpukit::detail::shared_counts;
+        auto within  = [](std::int64_t peak, std::int64_t model, std::int64_t slack) {
+          return peak <= model && peak >= model - slack;
+        };
+        auto check = [&](int op) {
           auto const st = alloc.stats();
           CAPTURE(op);
           gpukit::caching_pool_stats const* pools[] = {&st.small_pool, &st.large_pool};
           for (int i = 0; i < 2; ++i) {
+            CAPTURE(i);
             CHECK(pools[i]->requested_bytes.current == m.requested[i]);
-            CHECK(pools[i]->requested_bytes.peak == m.peak_requested[i]);
-            CHECK(pools[i]->allocation_count.peak == m.peak_count[i]);
-            if (!cache) { CHECK(pools[i]->allocated_bytes.peak == m.peak_bytes[i]); }
+            CHECK(pools[i]->allocation_count.current == m.count[i]);
+            CHECK(
+              within(pools[i]->requested_bytes.peak, m.peak_requested[i], 3 * shared::batch_bytes));
+            CHECK(
+              within(pools[i]->allocation_count.peak, m.peak_count[i], 3 * shared::batch_count));
+            if (!cache) {
+              CHECK(pools[i]->allocated_bytes.current == m.bytes[i]);
+              CHECK(
+                within(pools[i]->allocated_bytes.peak, m.peak_bytes[i], 3 * shared::batch_bytes));
+            }
           }
-          CHECK(st.requested_bytes.peak == m.peak_requested[2]);
-          CHECK(st.allocation_count.peak == m.peak_count[2]);
-          CHECK(st.active_count.peak == m.peak_count[2]);  // no free waits on another stream
+          CHECK(within(st.requested_bytes.peak, m.peak_requested[2], 6 * shared::batch_bytes));
+          CHECK(within(st.allocation_count.peak, m.peak_count[2], 6 * shared::batch_count));
+          // No free waits on another stream: active is allocated.
+          CHECK(st.active_count.peak == st.allocation_count.peak);
           if (!cache) {
-            CHECK(st.allocated_bytes.peak == m.peak_bytes[2]);
-            CHECK(st.active_bytes.peak == m.peak_bytes[2]);
+            CHECK(within(st.allocated_bytes.peak, m.peak_bytes[2], 6 * shared::batch_bytes));
+            CHECK(st.active_bytes.peak == st.allocated_bytes.peak);
           }
         };
         for (int op = 0; op < 400; ++op) {
@@ -494,5 +512,309 @@ TEST_SUITE("caching_allocator")
     auto& fixed = gpukit::default_caching_allocator<sim_runtime>(2);  // defaults once it is fixed
     CHECK(fixed.options().source == gpukit::caching_allocator_options{}.source);
     CHECK(fixed.limit() == 0);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Batched peaks under concurrency (detail::shared_counts): from the second thread on, each thread
+// folds its delta into the shared values only past a batch, so a peak may be below the true one
+// by at most threads x batch (per pool kind; both kinds: twice that), never above it; current
+// values read with no operation in flight are exact.
+
+namespace {
+
+/// Threads wait here for each other (C++17 has no std::barrier): the n-th arrival releases all.
+class phase_barrier {
+ public:
+  explicit phase_barrier(int n) : n_{n} {}
+  void arrive_and_wait()
+  {
+    std::unique_lock<std::mutex> lock{m_};
+    int const phase = phase_;
+    if (++arrived_ == n_) {
+      arrived_ = 0;
+      ++phase_;
+      cv_.notify_all();
+      return;
+    }
+    cv_.wait(lock, [&] { return phase_ != phase; });
+  }
+
+ private:
+  std::mutex m_;
+  std::condition_variable cv_;
+  int n_;
+  int arrived_{0};
+  int phase_{0};
+};
+
+/// Per pool kind, then [2]: both.
+struct kind_sums {
+  std::int64_t requested[3]{}, count[3]{};
+  void add(std::size_t bytes, int sign)
+  {
+    int const k = (bytes + 255) / 256 * 256 <= mib ? 0 : 1;
+    for (int i : {k, 2}) {
+      requested[i] += sign * static_cast<std::int64_t>(bytes);
+      count[i] += sign;
+    }
+  }
+};
+
+std::uint64_t xorshift(std::uint64_t& s)
+{
+  s ^= s << 13;
+  s ^= s >> 7;
+  s ^= s << 17;
+  return s;
+}
+
+/// A size of either pool kind: half up to 1 MiB, half up to 6 MiB.
+std::size_t random_size(std::uint64_t& rng)
+{
+  return xorshift(rng) % 2 == 0 ? 1 + xorshift(rng) % mib : mib + 1 + xorshift(rng) % (5 * mib);
+}
+
+using shared = gpukit::detail::shared_counts;
+
+/// The slack a batched peak may have below the true one, with `threads` threads holding deltas:
+/// per pool kind (i < 2), then both (i == 2).
+std::int64_t slack_bytes(int threads, int i)
+{
+  return (i == 2 ? 2 : 1) * threads * shared::batch_bytes;
+}
+std::int64_t slack_count(int threads, int i)
+{
+  return (i == 2 ? 2 : 1) * threads * shared::batch_count;
+}
+
+/// The statistics `which` of pool kind i (< 2) or of both (2).
+gpukit::stat_pair pair_of(gpukit::caching_allocator_stats const& s, int i,
+                          gpukit::stat_pair gpukit::caching_allocator_stats::*all,
+                          gpukit::stat_totals gpukit::caching_pool_stats::*pool)
+{
+  if (i == 2) { return s.*all; }
+  gpukit::stat_totals const& t = (i == 0 ? s.small_pool : s.large_pool).*pool;
+  return {t.current, t.peak};
+}
+gpukit::stat_pair requested_of(gpukit::caching_allocator_stats const& s, int i)
+{
+  return pair_of(s, i, &gpukit::caching_allocator_stats::requested_bytes,
+                 &gpukit::caching_pool_stats::requested_bytes);
+}
+gpukit::stat_pair count_of(gpukit::caching_allocator_stats const& s, int i)
+{
+  return pair_of(s, i, &gpukit::caching_allocator_stats::allocation_count,
+                 &gpukit::caching_pool_stats::allocation_count);
+}
+
+}  // namespace
+
+TEST_SUITE("sim_concurrency")
+{
+  TEST_CASE(
+    "batched stats: threads x random operations, then exact current values, alive or "
+    "exited, and peaks between the current values and the threads' own maxima summed")
+  {
+    constexpr int threads = 8, ops = 1500, max_live = 24;
+    sim_runtime sim{one_device(64 * gib)};
+    sim_allocator alloc{sim, 0};
+    std::vector<std::unique_ptr<stream_holder<sim_runtime>>> streams;
+    for (int t = 0; t < threads; ++t) {
+      streams.push_back(std::make_unique<stream_holder<sim_runtime>>(sim));
+    }
+    struct held {
+      void* p;
+      std::size_t bytes;
+    };
+    std::vector<std::vector<held>> blocks(threads);
+    std::vector<kind_sums> net(threads), top(threads);  // each thread's own, and their highest
+    phase_barrier done{threads + 1}, leave{threads + 1};
+    std::vector<std::thread> pool;
+    for (int t = 0; t < threads; ++t) {
+      pool.emplace_back([&, t] {
+        std::uint64_t rng  = 0x9e3779b97f4a7c15ull * static_cast<std::uint64_t>(t + 1);
+        sim_stream const s = *streams[static_cast<std::size_t>(t)];
+        auto& mine         = blocks[static_cast<std::size_t>(t)];
+        kind_sums& n       = net[static_cast<std::size_t>(t)];
+        kind_sums& m       = top[static_cast<std::size_t>(t)];
+        for (int op = 0; op < ops; ++op) {
+          bool const grow = mine.empty() || (mine.size() < max_live && xorshift(rng) % 5 < 3);
+          if (grow) {
+            std::size_t const bytes = random_size(rng);
+            mine.push_back({alloc.allocate_async(bytes, s), bytes});
+            n.add(bytes, 1);
+          } else {
+            std::size_t const i = xorshift(rng) % mine.size();
+            alloc.deallocate_async(mine[i].p, mine[i].bytes, s);
+            n.add(mine[i].bytes, -1);
+            mine.erase(mine.begin() + static_cast<std::ptrdiff_t>(i));
+          }
+          for (int i = 0; i < 3; ++i) {
+            m.requested[i] = std::max(m.requested[i], n.requested[i]);
+            m.count[i]     = std::max(m.count[i], n.count[i]);
+          }
+        }
+        done.arrive_and_wait();
+        leave.arrive_and_wait();  // alive, deltas unfolded, while the main thread reads
+      });
+    }
+    auto check = [&](char const* when) {
+      CAPTURE(when);
+      auto const st = alloc.stats();
+      for (int i = 0; i < 3; ++i) {
+        CAPTURE(i);
+        std::int64_t requested = 0, count = 0, top_requested = 0, top_count = 0;
+        for (int t = 0; t < threads; ++t) {
+          requested += net[static_cast<std::size_t>(t)].requested[i];
+          count += net[static_cast<std::size_t>(t)].count[i];
+          top_requested += top[static_cast<std::size_t>(t)].requested[i];
+          top_count += top[static_cast<std::size_t>(t)].count[i];
+        }
+        CHECK(requested_of(st, i).current == requested);
+        CHECK(count_of(st, i).current == count);
+        // The true peak is at most the threads' own highest values together (each frees only its
+        // own blocks); batching keeps the reported one at or below the true one.
+        CHECK(requested_of(st, i).peak >= requested);
+        CHECK(requested_of(st, i).peak <= top_requested);
+        CHECK(count_of(st, i).peak >= count);
+        CHECK(count_of(st, i).peak <= top_count);
+      }
+      check_consistent(alloc);
+    };
+    done.arrive_and_wait();
+    check("threads alive");
+    leave.arrive_and_wait();
+    for (auto& th : pool) { th.join(); }
+    check("threads exited");
+    for (int t = 0; t < threads; ++t) {
+      for (held const& b : blocks[static_cast<std::size_t>(t)]) {
+        alloc.deallocate_async(b.p, b.bytes, *streams[static_cast<std::size_t>(t)]);
+        net[static_cast<std::size_t>(t)].add(b.bytes, -1);
+      }
+    }
+    check("every block freed");
+    CHECK(alloc.stats().allocation_count.current == 0);
+    for (auto& s : streams) { alloc.forget_stream(*s); }
+  }
+
+  TEST_CASE(
+    "batched stats: a peak made between barriers is at most threads x batch below the "
+    "true one and never above it; reset_peak starts the next phase from the current "
+    "values")
+  {
+    constexpr int threads = 8;
+    sim_runtime sim{one_device(64 * gib)};
+    sim_allocator alloc{sim, 0};
+    std::vector<std::unique_ptr<stream_holder<sim_runtime>>> streams;
+    for (int t = 0; t < threads; ++t) {
+      streams.push_back(std::make_unique<stream_holder<sim_runtime>>(sim));
+    }
+    struct held {
+      void* p;
+      std::size_t bytes;
+    };
+    // Round r: every thread allocates `blocks_per_thread[r]` blocks, the threads meet, and each
+    // frees the blocks of the next thread (so that every thread's own net values go negative
+    // too). The true peak is the sum at the barrier: only allocations come before it.
+    for (int const round : {0, 1}) {
+      CAPTURE(round);
+      int const per_thread = round == 0 ? 40 : 12;
+      std::vector<std::vector<held>> blocks(threads);
+      kind_sums truth;  // at the barrier
+      std::mutex truth_mutex;
+      phase_barrier met{threads};
+      std::vector<std::thread> pool;
+      for (int t = 0; t < threads; ++t) {
+        pool.emplace_back([&, t] {
+          std::uint64_t rng  = 0x2545f4914f6cdd1dull * static_cast<std::uint64_t>(t + 3 + round);
+          sim_stream const s = *streams[static_cast<std::size_t>(t)];
+          auto& mine         = blocks[static_cast<std::size_t>(t)];
+          kind_sums added;
+          for (int b = 0; b < per_thread; ++b) {
+            std::size_t const bytes = random_size(rng);
+            mine.push_back({alloc.allocate_async(bytes, s), bytes});
+            added.add(bytes, 1);
+          }
+          {
+            std::lock_guard<std::mutex> lock{truth_mutex};
+            for (int i = 0; i < 3; ++i) {
+              truth.requested[i] += added.requested[i];
+              truth.count[i] += added.count[i];
+            }
+          }
+          met.arrive_and_wait();
+          for (held const& b : blocks[static_cast<std::size_t>((t + 1) % threads)]) {
+            alloc.deallocate_async(b.p, b.bytes, s);
+          }
+        });
+      }
+      for (auto& th : pool) { th.join(); }
+      auto const st = alloc.stats();
+      for (int i = 0; i < 3; ++i) {
+        CAPTURE(i);
+        CHECK(requested_of(st, i).current == 0);
+        CHECK(count_of(st, i).current == 0);
+        std::int64_t const peak_requested = requested_of(st, i).peak;
+        std::int64_t const peak_count     = count_of(st, i).peak;
+        CHECK(peak_requested <= truth.requested[i]);
+        CHECK(peak_requested >= truth.requested[i] - slack_bytes(threads, i));
+        CHECK(peak_count <= truth.count[i]);
+        CHECK(peak_count >= truth.count[i] - slack_count(threads, i));
+      }
+      CHECK(st.active_count.peak == st.allocation_count.peak);  // no free waited on a stream
+      check_consistent(alloc);
+      alloc.reset_peak();
+      auto const reset = alloc.stats();
+      CHECK(reset.requested_bytes.peak == 0);
+      CHECK(reset.allocation_count.peak == 0);
+      CHECK(reset.large_pool.requested_bytes.peak == 0);
+    }
+    for (auto& s : streams) { alloc.forget_stream(*s); }
+  }
+
+  TEST_CASE(
+    "batched stats: a thread that exits folds its delta, so the peak it is part of stays "
+    "within the live threads' bound")
+  {
+    constexpr int exiting = 4;
+    sim_runtime sim{one_device(64 * gib)};
+    sim_allocator alloc{sim, 0};
+    stream_holder<sim_runtime> s{sim};
+    // Two threads have used the allocator: the shared counts are on before the others come.
+    alloc.deallocate_async(alloc.allocate_async(mib, s), mib, s);
+    std::thread{[&] { alloc.deallocate_async(alloc.allocate_async(mib, s), mib, s); }}.join();
+    // Each exiting thread holds less than a batch (its delta, never folded while it runs). They
+    // are alive together, so each has a cache of its own (a cache outlives its thread, and the
+    // next thread to come adopts it with its counters).
+    std::int64_t const held_bytes = shared::batch_bytes - 2 * mib;
+    std::vector<void*> left(exiting);
+    phase_barrier all_in{exiting};
+    std::vector<std::thread> pool;
+    for (int t = 0; t < exiting; ++t) {
+      pool.emplace_back([&, t] {
+        left[static_cast<std::size_t>(t)] =
+          alloc.allocate_async(static_cast<std::size_t>(held_bytes), s);
+        all_in.arrive_and_wait();
+      });
+    }
+    for (auto& th : pool) { th.join(); }
+    // One live thread allocates a block larger than a batch and frees it: it folds both times.
+    std::int64_t const big = 8 * shared::batch_bytes;
+    std::thread{[&] {
+      alloc.deallocate_async(alloc.allocate_async(static_cast<std::size_t>(big), s),
+                             static_cast<std::size_t>(big), s);
+    }}.join();
+    auto const st            = alloc.stats();
+    std::int64_t const truth = exiting * held_bytes + big;
+    CHECK(st.requested_bytes.current == exiting * held_bytes);
+    CHECK(st.requested_bytes.peak <= truth);
+    // Only the big block's thread held a delta at the peak (the exited ones folded theirs): had
+    // their deltas stayed unfolded, the peak would miss the bytes of the three caches the big
+    // block's thread did not adopt.
+    CHECK(st.requested_bytes.peak >= truth - shared::batch_bytes);
+    CHECK(st.large_pool.requested_bytes.peak >= truth - shared::batch_bytes);
+    for (void* p : left) { alloc.deallocate_async(p, static_cast<std::size_t>(held_bytes), s); }
+    alloc.forget_stream(s);
   }
 }

@@ -36,7 +36,8 @@
 //   short LIFO lists of recently freed blocks by size class, and a private map of the blocks it
 //   handed out. Reusing a block on the stream it was freed on (the common case in a training loop)
 //   takes no lock, makes no runtime call and writes no cache line another thread writes; the
-//   statistics are counted per thread and summed when read.
+//   statistics are counted per thread and summed when read (peaks from the second thread on:
+//   batched into shared counters, within a documented bound; see stats()).
 // - The shared pool (one mutex) indexes free blocks with two-level segregated fit (TLSF: O(1),
 //   16 classes per power of two, exact fits preferred), splits blocks at 256-byte granularity and
 //   coalesces neighbours within a segment. Small requests (<= 1 MiB) are carved from 2 MiB
@@ -340,11 +341,18 @@ class basic_caching_allocator final
   /// Takes the pool lock; does not synchronize.
   [[nodiscard]] memory_snapshot snapshot() const;
 
-  /// Statistics, summed over threads when read. Every peak is raised by the operation that makes
-  /// it, whatever thread runs it: while one thread uses the allocator its own counters give them
-  /// at no cost; from the second thread on, every allocation and free also updates shared atomic
-  /// counters (several threads allocating at once then contend on them: about 60 ns per
-  /// allocate+free pair with 4 to 16 threads on an H200 host, against 26 ns; benchmarks/results/).
+  /// Statistics, summed over threads when read. Current values are exact whenever no operation
+  /// is in flight. Peaks: while one thread uses the allocator, every peak is exact (its own
+  /// counters, at no cost). From the second thread on, peaks are batched, as Linux's percpu
+  /// counters: each thread folds what it allocated and freed into shared counters only when its
+  /// unfolded part leaves [0, batch] (8 MiB of bytes and of requested bytes, 128 blocks, per pool
+  /// kind; detail::shared_counts), so threads allocating at once rarely touch a shared cache
+  /// line. A peak is then never above the true one, and at most threads x batch below it per pool
+  /// kind (both kinds: twice that), where threads are those holding an unfolded part (a thread
+  /// that exits folds its own); a read raises each peak to the current value it reads, so a read
+  /// at the high-water mark (nothing in flight) pins it exactly. reset_peak sets every peak to
+  /// its current value, as before. Active peaks (frees waiting on other streams still count) keep
+  /// the same bound: such a free is folded at once.
   /// Takes the pool lock; does not synchronize.
   [[nodiscard]] caching_allocator_stats stats() const;
   /// Blocks (and their bytes) of one pool kind that their users freed and that wait for other
@@ -522,7 +530,7 @@ class basic_caching_allocator final
   block* claim_own(thread_cache& tc, std::uintptr_t key, std::size_t bytes, bool check_size);
   block* claim_foreign(void* ptr, std::size_t bytes, bool check_size, void*& owner)
     GPUKIT_EXCLUDES(mutex_);
-  void count_free(thread_cache& tc, block* b, void* ptr, stream_type stream);
+  void count_free(thread_cache& tc, block* b, void* ptr, stream_type stream, bool pending = false);
   void defer_free(thread_cache& tc, block* b, void* ptr, stream_type stream, void* owner)
     GPUKIT_EXCLUDES(mutex_);
   void park_pending(thread_cache& tc, block* b, void* ptr, pending_free&& pf)
@@ -617,7 +625,7 @@ class basic_caching_allocator final
   detail::caching::recording_switch recording_;
   recorder_type recorder_ GPUKIT_GUARDED_BY(mutex_){recording_};  // the pool's events
   detail::pending_counts pending_;  // frees waiting on other streams (still active)
-  detail::shared_counts shared_;    // current values and peaks once two threads are in
+  detail::shared_counts shared_;    // peaks once two threads are in, batched per thread
   // Pool-level counters and peaks (stats() updates them: mutable).
   mutable stats_type stats_ GPUKIT_GUARDED_BY(mutex_){shared_, pending_};
   // Expired first thing in the destructor (before teardown): an owning stream that is destroyed

@@ -66,6 +66,14 @@ struct caching_pool_stats {
 };
 
 /// Statistics of a caching allocator (PyTorch's `torch.cuda.memory_stats` vocabulary).
+///
+/// Exactness (basic_caching_allocator::stats() says how): current values and the totals
+/// (`allocated`, `freed`) are exact when read with no operation in flight. Peaks are exact while
+/// one thread uses the allocator; once several have, the peaks of allocated, requested and
+/// active bytes and of allocation and active counts are batched per thread: never above the true
+/// peak, at most threads x 8 MiB (bytes) or threads x 128 blocks below it per pool kind (twice
+/// that for both kinds together). Reserved and segment peaks stay exact (counted under the pool
+/// lock).
 struct caching_allocator_stats {
   stat_pair allocated_bytes;       ///< bytes of blocks held by users (block sizes)
   stat_pair requested_bytes;       ///< bytes users asked for

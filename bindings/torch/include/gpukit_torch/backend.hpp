@@ -49,10 +49,13 @@
 //   detail/pidfd.hpp). Where receivers would be refused, sharing fails in the sharing thread.
 //
 // Thread-safe, and allocations and frees on different threads do not wait for each other: the
-// records are sharded by address and the statistics are atomic counters (written with plain
-// stores under one lock while a single thread allocates and frees). A statistics reader
-// racing with them sees each counter as it was at some instant (as PyTorch's own snapshot does),
-// never a peak below the current value it reports.
+// records are sharded by address and the statistics are batched per shard (each shard's delta is
+// folded into shared atomic counters only past a bound; while a single thread allocates and
+// frees, every operation folds, with plain stores under one lock, and all is exact). Read with no
+// operation in flight, current values are exact; once several threads have allocated, a peak is
+// never above the true one and at most 64 shards x (4 MiB, 16 blocks) below it per pool kind
+// (stats_batch_bytes). A statistics reader racing with them sees each counter as it was at some
+// instant (as PyTorch's own snapshot does), never a peak below the current value it reports.
 #pragma once
 
 #include <gpukit/error.hpp>
@@ -195,6 +198,15 @@ class backend final {
   using trace_observer             = std::function<void(trace_entry const&)>;
   using warning_handler            = std::function<void(std::string const&)>;
   static constexpr int max_devices = 64;
+  /// The statistics of blocks held by users (allocation, allocated, requested, active bytes and
+  /// counts) are batched once a second thread allocates or frees: each of `stats_slots` records
+  /// shards folds its delta into shared counters only when it leaves [0, batch], per pool kind
+  /// `stats_batch_bytes` (rounded and requested bytes) and `stats_batch_count` blocks. A peak is
+  /// then at most stats_slots x batch below the true one per pool kind (twice that for both),
+  /// never above it; current values read with no operation in flight are exact.
+  static constexpr std::int64_t stats_batch_bytes = std::int64_t{4} << 20;
+  static constexpr std::int64_t stats_batch_count = 16;
+  static constexpr std::int64_t stats_slots       = 64;  // = record_shards
 
   /// A backend over `runtime`; each device's allocator gets `options` when first used, and
   /// requests are rounded to 512 bytes.
@@ -353,11 +365,16 @@ class backend final {
   // The records of blocks handed out, by address, in shards (shard_index: a hash of the address).
   // While one thread alone has allocated and freed, single_mutex_ guards every shard and the user
   // counts are written with plain loads and stores; from the first allocation or free on a second
-  // thread on, a thread locks only the shard of the block it allocates or frees and counts with
-  // atomic read-modify-writes (records_lock), so threads rarely wait for each other. Readers of
-  // every record (snapshots, pool checks) lock the shards one at a time.
+  // thread on, a thread locks only the shard of the block it allocates or frees and counts into
+  // that shard's delta (user_counts, batched per shard), so threads rarely wait for each other or
+  // share a cache line. Readers of every record (snapshots, pool checks) lock the shards one at
+  // a time.
   static constexpr int record_shard_bits = 6;
+  // Buckets for a few hundred blocks per shard from the start, so that the first allocations do
+  // not rehash under the shard's lock. (Each record is still a node of its own: a node pool would
+  // spare that malloc, left for now.)
   struct alignas(64) record_shard {
+    record_shard() { records.reserve(256); }
     mutable std::mutex mutex;
     std::unordered_map<void const*, record> records;  // under records_lock
   };
@@ -379,6 +396,13 @@ class backend final {
   };
   struct device_state;
   class user_counts;
+  /// What readers of the user counts sum over the records shards, by statistic (blocks, rounded
+  /// bytes, requested bytes) and pool kind: what allocations added, and the deltas not folded
+  /// into the shared current values yet (see user_counts).
+  struct shard_sums {
+    std::array<std::array<std::int64_t, 2>, 3> added{};
+    std::array<std::array<std::int64_t, 2>, 3> unfolded{};
+  };
 
   device_state& state(int device) const;
   device_state* state_if_created(int device) const noexcept;
@@ -408,7 +432,7 @@ class backend final {
   gpukit::caching_allocator_options options_for(int device, std::string& fallback) const;
   class records_lock;
   static std::size_t shard_index(void const* ptr) noexcept;
-  std::array<std::array<std::int64_t, 2>, 3> added_totals(device_state const& d) const;
+  shard_sums shard_totals(device_state const& d) const;
   void warn(std::string const& message) const;
   static std::int64_t now_us() noexcept;
 
@@ -428,6 +452,7 @@ class backend final {
   mutable std::array<std::atomic<device_state*>, max_devices> devices_{};
 
   static constexpr std::size_t record_shards = std::size_t{1} << record_shard_bits;
+  static_assert(record_shards == stats_slots, "the statistics are batched per records shard");
   mutable std::array<record_shard, record_shards> records_;
   mutable std::mutex single_mutex_;          // every shard, until shared_
   mutable std::thread::id owner_;            // under single_mutex_: the one thread so far

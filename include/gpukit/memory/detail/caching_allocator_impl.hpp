@@ -331,13 +331,16 @@ __attribute__((always_inline)) inline void* basic_caching_allocator<Runtime>::ha
   b->owner.store(&tc, std::memory_order_release);
   tc.handed_out.insert(b->address(), b);
   if (tc.handed_out.size() > tc.purge_at) { front_type::purge_handed_out(tc); }
-  if (shared_.on.load(std::memory_order_relaxed)) {  // before this thread's own count: see join
-    if (!tc.joined) { stats_type::join_shared_counts(shared_, tc); }
-    shared_.count_alloc(b->kind, static_cast<std::int64_t>(b->size),
-                        static_cast<std::int64_t>(bytes), pending_);
+  bool const shared = shared_.on.load(std::memory_order_relaxed);
+  if (shared && !tc.joined) {  // before this thread's own count: see join
+    stats_type::join_shared_counts(shared_, tc, pending_);
   }
   tc.count_alloc(b->kind, static_cast<std::int64_t>(b->size), static_cast<std::int64_t>(bytes),
                  pending_);
+  if (shared) {  // batched: folds only when the thread's delta leaves its bound
+    auto const k = static_cast<std::size_t>(b->kind);
+    shared_.count_op(b->kind, tc.pools[k].net(), tc.folded[k], pending_);
+  }
   if (recording_.on.load(std::memory_order_relaxed)) {
     recorder_type::record(tc, recording_.capacity.load(std::memory_order_relaxed),
                           memory_event::action::alloc, b, stream);
@@ -505,21 +508,28 @@ typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtim
 }
 
 // Every free counts here: the annotation, the thread's map and counters, the optional recording.
+// `pending`: the block joins the pending frees (still active) right after, under the pool lock.
 template <class Runtime>
 __attribute__((always_inline)) inline void basic_caching_allocator<Runtime>::count_free(
-  thread_cache& tc, block* b, void* ptr, stream_type stream)
+  thread_cache& tc, block* b, void* ptr, stream_type stream, bool pending)
 {
   if (options_.nvtx_annotate && debug_ == nullptr) {
     unregister_memory_region(ptr);
   }  // debug: done
   tc.handed_out.erase(reinterpret_cast<std::uintptr_t>(ptr));
-  if (shared_.on.load(std::memory_order_relaxed)) {
-    if (!tc.joined) { stats_type::join_shared_counts(shared_, tc); }
-    shared_.count_free(b->kind, static_cast<std::int64_t>(b->size),
-                       static_cast<std::int64_t>(b->requested));
-  }
+  bool const shared = shared_.on.load(std::memory_order_relaxed);
+  if (shared && !tc.joined) { stats_type::join_shared_counts(shared_, tc, pending_); }
+  auto const k = static_cast<std::size_t>(b->kind);
+  // A free that goes pending is folded exactly: the delta stays what it was.
+  detail::kind_counts const keep =
+    shared && pending ? tc.pools[k].net() - tc.folded[k] : detail::kind_counts{};
   tc.count_free(b->kind, static_cast<std::int64_t>(b->size),
                 static_cast<std::int64_t>(b->requested));
+  if (shared && pending) {
+    shared_.fold(b->kind, tc.pools[k].net(), tc.folded[k], keep, pending_);
+  } else if (shared) {
+    shared_.count_op(b->kind, tc.pools[k].net(), tc.folded[k], pending_);
+  }
   if (recording_.on.load(std::memory_order_relaxed)) {
     recorder_type::record(tc, recording_.capacity.load(std::memory_order_relaxed),
                           memory_event::action::free, b, stream);
@@ -566,8 +576,11 @@ template <class Runtime>
 void basic_caching_allocator<Runtime>::park_pending(thread_cache& tc, block* b, void* ptr,
                                                     pending_free&& pf)
 {
-  pending_.add(b->kind, static_cast<std::int64_t>(b->size), 1);  // still active: first
-  count_free(tc, b, ptr, pf.stream);
+  // Counted free first, then pending (both under the pool lock, so readers see neither alone):
+  // the fold leaves the shared value as the block joins the pending frees, so no fold on another
+  // thread adds the block twice to an active peak.
+  count_free(tc, b, ptr, pf.stream, true);
+  pending_.add(b->kind, static_cast<std::int64_t>(b->size), 1);
   streams_.park(std::move(pf));
 }
 

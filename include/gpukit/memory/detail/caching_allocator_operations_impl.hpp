@@ -197,8 +197,8 @@ struct basic_caching_allocator<Runtime>::front_operations {
   void join_counts(thread_cache& tc) const
   {
     a.mutex_.assert_held();
-    if (a.shared_.on.load(std::memory_order_relaxed) && !tc.joined) {
-      stats_type::join_shared_counts(a.shared_, tc);
+    if (a.shared_.on.load(std::memory_order_relaxed)) {
+      stats_type::fold_exiting(a.shared_, tc, a.pending_);
     }
   }
 };

@@ -197,21 +197,40 @@ TEST_SUITE("allocator_stats")
     CHECK(c.shared.peak_count[2].load() == 2);
     CHECK(c.shared.bytes[0].load() == 0);
 
-    // a's next operation joins: its counts move from the unjoined sums into the shared ones.
-    stats::join_shared_counts(c.shared, a);
+    // a's next operation joins: its counts move from the unjoined sums into the shared ones,
+    // whole (its delta starts at 0).
+    stats::join_shared_counts(c.shared, a, c.pending);
     CHECK(a.joined);
     CHECK(c.shared.unjoined_bytes[0].load() == 0);
     CHECK(c.shared.bytes[0].load() == 512);
-    stats::join_shared_counts(c.shared, b);
+    CHECK(a.folded[0].bytes == 512);
+    stats::join_shared_counts(c.shared, b, c.pending);
     CHECK(c.shared.bytes[0].load() == 512);
 
-    // From now on the shared peaks are the allocator's: b allocates on top of a's block.
-    c.shared.count_alloc(0, 2048, 2048, c.pending);
-    b.count_alloc(0, 2048, 2048, c.pending);
+    // From now on the shared peaks are the allocator's, batched: b's allocations stay in its own
+    // delta until it passes the batch, and the peaks are then raised to the shared values.
+    using gpukit::detail::shared_counts;
+    std::int64_t const block = 1 * mib;
+    std::int64_t n           = 0;
+    for (; n * block <= shared_counts::batch_bytes; ++n) {
+      CHECK(c.shared.bytes[0].load() == 512);  // nothing folded yet
+      b.count_alloc(0, block, block, c.pending);
+      c.shared.count_op(0, b.pools[0].net(), b.folded[0], c.pending);
+    }
+    // The last allocation folded all but the reserve.
+    CHECK(c.shared.bytes[0].load() == 512 + n * block - shared_counts::reserve.bytes);
+    CHECK(b.pools[0].bytes() - b.folded[0].bytes == shared_counts::reserve.bytes);
     caching_allocator_stats const& r = s.update_peaks(c.caches);
-    CHECK(r.allocated_bytes.current == 2560);
-    CHECK(r.allocated_bytes.peak == 2560);  // neither thread's own peak (1024, 2048) says so
-    CHECK(r.small_pool.allocated_bytes.peak == 2560);
+    CHECK(r.allocated_bytes.current == 512 + n * block);  // exact: summed over the caches
+    // Below the true peak (the current value) by the delta left, at most the batch per thread.
+    CHECK(c.shared.peak_bytes[2].load() == 512 + n * block - shared_counts::reserve.bytes);
+    CHECK(r.allocated_bytes.peak == 512 + n * block);  // a peak is at least its current value
+
+    // A thread that exits folds its whole delta.
+    stats::fold_exiting(c.shared, b, c.pending);
+    CHECK(c.shared.bytes[0].load() == 512 + n * block);
+    CHECK(c.shared.bytes[2].load() == 512 + n * block);
+    CHECK(c.shared.peak_bytes[0].load() == 512 + n * block);
   }
 
   TEST_CASE("reset_peak sets every peak to its current value, the threads' and shared ones too")

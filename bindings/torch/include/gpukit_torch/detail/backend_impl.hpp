@@ -29,71 +29,94 @@ struct backend<Runtime>::device_state {
 // (raised by allocations, the only events that add active blocks) and the active counts at the
 // last reset of accumulated statistics (from which the frees since are derived) are kept.
 //
-// Every thread allocates and frees without a lock, the way the caching allocator's shared counts
-// do: the current values by fetch_add, so each allocation
-// learns the exact value it made and raises the peaks to it (compare-and-swap max); what
-// allocations added (from which the frees follow: added - current) in the records shard of the
-// block, under its lock. While one thread alone allocates and frees, the same counters are written
-// under the single-thread lock with plain loads and stores (see backend::records_lock). Resets and
-// readers take reset_mutex_ between themselves only. A reader sees each counter at some instant,
-// not all at one (PyTorch's snapshot is no more exact while other threads allocate), and reports a
-// peak no lower than the current value it reports; a peak reset racing with an allocation may miss
-// it.
+// Batched, as Linux's percpu counters: each records shard keeps, under its records_lock, what the
+// allocations recorded in it added and its unfolded delta (the blocks it holds less what it has
+// folded into the shared current values). An allocation or free changes only its shard's delta
+// (plain stores: the shard's lock is held anyway, and taken by every operation on the shard, so a
+// delta per shard costs no lock, atomic or thread registry of its own, and outlives any thread,
+// leaving nothing to fold at a thread's exit; the price: the bound counts 64 shards, not the
+// threads, and per-thread deltas would need the caching allocator's thread-local registry);
+// when the delta leaves [0, batch] (per pool kind: batch_bytes of rounded and of requested bytes,
+// batch_count blocks) it is folded into current_ by fetch_add, leaving half a batch, and the peaks
+// are raised to the values that makes. So:
+// - one thread alone (the single-thread lock): every operation folds its whole delta with plain
+//   loads and stores; every value and peak exact, as before;
+// - current values read with no operation in flight are exact: current_ plus every shard's delta;
+// - a peak is never above the true one (no delta is negative: current_ never exceeds the blocks
+//   held) and at most record_shards x batch below it per pool kind (twice that for both);
+// - a free while the allocator has frees pending on other streams is folded exactly, so that
+//   active peaks (raised at folds with the pending frees then) keep the bound, but for a free
+//   racing with the first one to go pending.
+// Resets and readers take reset_mutex_ between themselves only; a reader racing with operations
+// sees each counter at some instant and reports a peak no lower than the current value it
+// reports; a peak reset racing with an allocation may miss it.
 template <class Runtime>
 class backend<Runtime>::user_counts {
  public:
+  static constexpr std::int64_t batch_bytes = stats_batch_bytes;  // per shard and pool kind
+  static constexpr std::int64_t batch_count = stats_batch_count;
+  /// [statistic][kind]: statistic 0 blocks, 1 rounded bytes, 2 requested bytes; kind 0 small,
+  /// 1 large.
+  using by_kind = std::array<std::array<std::int64_t, 2>, 3>;
+
   /// Counts an allocation of `kind` whose record goes to `shard`, under that shard's
   /// records_lock; `single`: the lock is the single-thread one.
   void count_alloc(std::size_t kind, std::size_t size, std::size_t bytes, allocator_type const& a,
                    std::size_t shard, bool single) noexcept
   {
-    std::size_t const other             = kind ^ 1;
     std::array<std::int64_t, 3> const n = {1, static_cast<std::int64_t>(size),
                                            static_cast<std::int64_t>(bytes)};
-    std::array<std::int64_t, 3> now{}, both{};
+    shard_counts& sc                    = shards_[shard];
     for (std::size_t s = 0; s < 3; ++s) {
-      now[s] = add(current_[s][kind], n[s], single);
-      added_[shard].by_kind[s][kind] += n[s];
-      both[s] = now[s] + current_[s][other].load(std::memory_order_relaxed);
-      raise(peak_[s][kind], now[s], single);
-      raise(peak_[s][2], both[s], single);
+      sc.added[s][kind] += n[s];
+      sc.delta[s][kind] += n[s];
     }
-    // While no free is pending, active equals allocated and its peaks are the allocated ones
-    // (read() takes the larger).
-    auto const mine = a.pending_frees_of(kind == 1), theirs = a.pending_frees_of(kind != 1);
-    if (mine.blocks == 0 && theirs.blocks == 0) { return; }
-    raise(active_peak_[0][kind], now[0] + mine.blocks, single);
-    raise(active_peak_[1][kind], now[1] + mine.bytes, single);
-    raise(active_peak_[0][2], both[0] + mine.blocks + theirs.blocks, single);
-    raise(active_peak_[1][2], both[1] + mine.bytes + theirs.bytes, single);
+    if (!single && within(sc, kind)) { return; }
+    fold(sc, kind, single ? zero : reserve, a, single);
   }
 
-  /// Counts a free of `kind`, under any records_lock; `single` as for count_alloc.
-  void count_free(std::size_t kind, std::size_t size, std::size_t bytes, bool single) noexcept
+  /// Counts a free of `kind` whose record was in `shard`, under that shard's records_lock;
+  /// `single` as for count_alloc.
+  void count_free(std::size_t kind, std::size_t size, std::size_t bytes, allocator_type const& a,
+                  std::size_t shard, bool single) noexcept
   {
-    add(current_[0][kind], -1, single);
-    add(current_[1][kind], -static_cast<std::int64_t>(size), single);
-    add(current_[2][kind], -static_cast<std::int64_t>(bytes), single);
+    std::array<std::int64_t, 3> const n = {1, static_cast<std::int64_t>(size),
+                                           static_cast<std::int64_t>(bytes)};
+    shard_counts& sc                    = shards_[shard];
+    std::array<std::int64_t, 3> const before{sc.delta[0][kind], sc.delta[1][kind],
+                                             sc.delta[2][kind]};
+    for (std::size_t s = 0; s < 3; ++s) { sc.delta[s][kind] -= n[s]; }
+    if (single) {
+      fold(sc, kind, zero, a, true);
+    } else if (pending_any(a)) {  // exact: the delta stays what it was
+      fold(sc, kind, before, a, false);
+    } else if (!within(sc, kind)) {
+      fold(sc, kind, reserve, a, false);
+    }
   }
 
-  /// What allocations recorded in `shard` added, under that shard's records_lock.
-  [[nodiscard]] std::array<std::array<std::int64_t, 2>, 3> const& added(
-    std::size_t shard) const noexcept
+  /// Adds shard `shard`'s counts to `sums`, under that shard's records_lock.
+  void add_shard(std::size_t shard, shard_sums& sums) const noexcept
   {
-    return added_[shard].by_kind;
+    shard_counts const& sc = shards_[shard];
+    for (std::size_t s = 0; s < 3; ++s) {
+      for (std::size_t k = 0; k < 2; ++k) {
+        sums.added[s][k] += sc.added[s][k];
+        sums.unfolded[s][k] += sc.delta[s][k];
+      }
+    }
   }
 
   /// Fills allocation, allocated_bytes, requested_bytes, active and active_bytes of `to` (small,
-  /// large, both).
-  /// `added`: what allocations added, summed over the shards.
-  void read(allocator_type const& a, std::array<std::array<std::int64_t, 2>, 3> const& total,
+  /// large, both). `sums`: the shards' counts, summed.
+  void read(allocator_type const& a, shard_sums const& sums,
             std::array<device_pool_stats*, 3> const& to) const
   {
     std::lock_guard<std::mutex> lock{reset_mutex_};
     auto const pending = pending_of(a);
     for (std::size_t s = 0; s < 3; ++s) {
-      auto const cur   = load(current_[s]);
-      auto const added = both_kinds(total[s]);
+      auto const cur   = current(s, sums);
+      auto const added = both_kinds(sums.added[s]);
       for (std::size_t i = 0; i < 3; ++i) {
         std::int64_t const allocated = added[i] - added_base_[s][i];
         stat const held{cur[i], std::max(peak_[s][i].load(std::memory_order_relaxed), cur[i]),
@@ -110,14 +133,14 @@ class backend<Runtime>::user_counts {
     }
   }
 
-  /// Every peak to its current value, under a records_lock (which keeps single-thread writers
-  /// out).
-  void reset_peaks(allocator_type const& a)
+  /// Every peak to its current value (`sums`: the shards' counts, summed), under a records_lock
+  /// (which keeps single-thread writers out).
+  void reset_peaks(allocator_type const& a, shard_sums const& sums)
   {
     std::lock_guard<std::mutex> lock{reset_mutex_};
     auto const pending = pending_of(a);
     for (std::size_t s = 0; s < 3; ++s) {
-      auto const cur = load(current_[s]);
+      auto const cur = current(s, sums);
       for (std::size_t i = 0; i < 3; ++i) {
         peak_[s][i].store(cur[i], std::memory_order_relaxed);
         if (s < 2) {
@@ -125,21 +148,20 @@ class backend<Runtime>::user_counts {
                                    std::memory_order_relaxed);
         }
       }
-      // An allocation that raised a peak between the loads and the stores is not lost.
+      // A fold that raised a peak between the loads and the stores is not lost.
       auto const again = load(current_[s]);
       for (std::size_t i = 0; i < 3; ++i) { raise(peak_[s][i], again[i], false); }
     }
   }
 
-  /// What was allocated and freed to zero; `total` as for read().
-  void reset_accumulated(allocator_type const& a,
-                         std::array<std::array<std::int64_t, 2>, 3> const& total)
+  /// What was allocated and freed to zero; `sums` as for read().
+  void reset_accumulated(allocator_type const& a, shard_sums const& sums)
   {
     std::lock_guard<std::mutex> lock{reset_mutex_};
     auto const pending = pending_of(a);
     for (std::size_t s = 0; s < 3; ++s) {
-      current_base_[s] = load(current_[s]);
-      added_base_[s]   = both_kinds(total[s]);
+      current_base_[s] = current(s, sums);
+      added_base_[s]   = both_kinds(sums.added[s]);
       if (s < 2) {
         for (std::size_t i = 0; i < 3; ++i) {
           active_base_[s][i] =
@@ -152,6 +174,57 @@ class backend<Runtime>::user_counts {
  private:
   using counter       = std::atomic<std::int64_t>;
   using pending_frees = typename allocator_type::pending_frees;
+
+  // [statistic][kind] of one records shard, written under its records_lock: what allocations
+  // added, and the delta not folded into current_ yet.
+  struct alignas(64) shard_counts {
+    by_kind added{};
+    by_kind delta{};
+  };
+  static constexpr std::array<std::int64_t, 3> zero{0, 0, 0};
+  static constexpr std::array<std::int64_t, 3> reserve{batch_count / 2, batch_bytes / 2,
+                                                       batch_bytes / 2};
+
+  /// Whether shard `sc`'s delta of `kind` stays unfolded: within [0, batch] in every statistic.
+  static bool within(shard_counts const& sc, std::size_t kind) noexcept
+  {
+    auto in = [](std::int64_t d, std::int64_t batch) {
+      return static_cast<std::uint64_t>(d) <= static_cast<std::uint64_t>(batch);  // 0 <= d <= b
+    };
+    return in(sc.delta[0][kind], batch_count) && in(sc.delta[1][kind], batch_bytes) &&
+           in(sc.delta[2][kind], batch_bytes);
+  }
+
+  /// Folds shard `sc`'s delta of `kind` into current_ but for `keep` of it, and raises the peaks
+  /// (and, while the allocator `a` has frees pending, the active peaks) to the values that makes.
+  /// `single`: no other writer runs (plain loads and stores).
+  void fold(shard_counts& sc, std::size_t kind, std::array<std::int64_t, 3> const& keep,
+            allocator_type const& a, bool single) noexcept
+  {
+    std::array<std::int64_t, 3> now{}, both{};
+    for (std::size_t s = 0; s < 3; ++s) {
+      std::int64_t const d = sc.delta[s][kind] - keep[s];
+      sc.delta[s][kind]    = keep[s];
+      // A rise goes to the kind first, a fall to both first: both never exceeds the kinds' sum.
+      if (d >= 0) {
+        now[s]  = add(current_[s][kind], d, single);
+        both[s] = add(current_[s][2], d, single);
+      } else {
+        both[s] = add(current_[s][2], d, single);
+        now[s]  = add(current_[s][kind], d, single);
+      }
+      raise(peak_[s][kind], now[s], single);
+      raise(peak_[s][2], both[s], single);
+    }
+    // While no free is pending, active equals allocated and its peaks are the allocated ones
+    // (read() takes the larger).
+    auto const mine = a.pending_frees_of(kind == 1), theirs = a.pending_frees_of(kind != 1);
+    if (mine.blocks == 0 && theirs.blocks == 0) { return; }
+    raise(active_peak_[0][kind], now[0] + mine.blocks, single);
+    raise(active_peak_[1][kind], now[1] + mine.bytes, single);
+    raise(active_peak_[0][2], both[0] + mine.blocks + theirs.blocks, single);
+    raise(active_peak_[1][2], both[1] + mine.bytes + theirs.bytes, single);
+  }
 
   // Under the single-thread lock no other writer runs: a plain load and store, with no
   // read-modify-write (the counters stay atomics for the readers, who take no such lock).
@@ -173,16 +246,28 @@ class backend<Runtime>::user_counts {
     }
     while (v > p && !peak.compare_exchange_weak(p, v, std::memory_order_relaxed)) {}
   }
+  static bool pending_any(allocator_type const& a) noexcept
+  {
+    return a.pending_frees_of(false).blocks != 0 || a.pending_frees_of(true).blocks != 0;
+  }
   static std::array<std::int64_t, 3> both_kinds(std::array<std::int64_t, 2> const& c) noexcept
   {
     return {c[0], c[1], c[0] + c[1]};
   }
-  // Small, large, and their sum.
-  static std::array<std::int64_t, 3> load(std::array<counter, 2> const& c) noexcept
+  // Small, large, and their sum (of the kinds: both's own counter serves the peaks only).
+  static std::array<std::int64_t, 3> load(std::array<counter, 3> const& c) noexcept
   {
     std::int64_t const s = c[0].load(std::memory_order_relaxed);
     std::int64_t const l = c[1].load(std::memory_order_relaxed);
     return {s, l, s + l};
+  }
+  /// Statistic `s`'s current values: the folded ones plus the shards' deltas.
+  std::array<std::int64_t, 3> current(std::size_t s, shard_sums const& sums) const noexcept
+  {
+    auto const folded     = load(current_[s]);
+    std::int64_t const sm = folded[0] + sums.unfolded[s][0];
+    std::int64_t const lg = folded[1] + sums.unfolded[s][1];
+    return {sm, lg, sm + lg};
   }
   static std::array<pending_frees, 3> pending_of(allocator_type const& a) noexcept
   {
@@ -191,17 +276,12 @@ class backend<Runtime>::user_counts {
   }
 
   // [statistic][kind]: statistic 0 blocks, 1 rounded bytes, 2 requested bytes; kind 0 small,
-  // 1 large, 2 both (peaks and bases only). On cache lines of their own: the current values,
-  // written by every allocation and free; the peaks, read by every allocation and written only
-  // when one is exceeded; what allocations added, by records shard (under its records_lock, so
-  // counted with no atomic operation of its own).
-  struct alignas(64) shard_added {
-    std::array<std::array<std::int64_t, 2>, 3> by_kind{};
-  };
-  alignas(64) std::array<std::array<counter, 2>, 3> current_{};
+  // 1 large, 2 both. On cache lines of their own: the folded current values, written by folds;
+  // the peaks, read and written by folds; each shard's counts (under its records_lock).
+  alignas(64) std::array<std::array<counter, 3>, 3> current_{};
   alignas(64) std::array<std::array<counter, 3>, 3> peak_{};
   std::array<std::array<counter, 3>, 2> active_peak_{};  // blocks, bytes
-  std::array<shard_added, record_shards> added_{};
+  std::array<shard_counts, record_shards> shards_{};
   // At the last reset of accumulated statistics.
   alignas(64) mutable std::mutex reset_mutex_;
   std::array<std::array<std::int64_t, 3>, 3> current_base_{};  // under reset_mutex_
@@ -429,8 +509,8 @@ void backend<Runtime>::deallocate(void* ptr)
     r = std::move(it->second);
     records.erase(it);
     d = state_if_created(r.device);  // created by the block's allocation
-    d->users->count_free(r.size > options_.small_request_bytes ? 1 : 0, r.size, r.bytes,
-                         lock.single());
+    d->users->count_free(r.size > options_.small_request_bytes ? 1 : 0, r.size, r.bytes, *d->alloc,
+                         shard, lock.single());
   }
   d->alloc->deallocate_async(ptr, r.size, r.stream);
   if (traced_.load(std::memory_order_relaxed)) {
@@ -698,21 +778,17 @@ void backend<Runtime>::recount_routing()
 // ---------------------------------------------------------------------------------------------
 // Statistics and limits
 
-// What allocations on `d` added, by statistic and pool kind: the sum over the records shards,
-// each read under its records_lock.
+// What allocations on `d` added and the deltas not folded yet, by statistic and pool kind: the
+// sums over the records shards, each read under its records_lock.
 template <class Runtime>
-std::array<std::array<std::int64_t, 2>, 3> backend<Runtime>::added_totals(
-  device_state const& d) const
+typename backend<Runtime>::shard_sums backend<Runtime>::shard_totals(device_state const& d) const
 {
-  std::array<std::array<std::int64_t, 2>, 3> sum{};
+  shard_sums sums;
   for (std::size_t shard = 0; shard < record_shards; ++shard) {
     records_lock const lock{*this, shard, false};
-    auto const& a = d.users->added(shard);
-    for (std::size_t s = 0; s < 3; ++s) {
-      for (std::size_t k = 0; k < 2; ++k) { sum[s][k] += a[s][k]; }
-    }
+    d.users->add_shard(shard, sums);
   }
-  return sum;
+  return sums;
 }
 
 template <class Runtime>
@@ -768,7 +844,7 @@ device_stats backend<Runtime>::stats(int device) const
   out.num_device_alloc     = i64(s.num_device_allocs - b.num_device_allocs);
   out.num_device_free      = i64(s.num_device_frees - b.num_device_frees);
   // Blocks held by users, and active ones, with PyTorch's sizes (see user_counts).
-  d->users->read(*d->alloc, added_totals(*d), {&out.small_pool, &out.large_pool, &out});
+  d->users->read(*d->alloc, shard_totals(*d), {&out.small_pool, &out.large_pool, &out});
   return out;
 }
 
@@ -778,8 +854,9 @@ void backend<Runtime>::reset_peak_stats(int device)
   device_state* d = state_if_created(device);
   if (d == nullptr) { return; }
   d->alloc->reset_peak();
+  auto const sums = shard_totals(*d);  // each shard under its lock, before taking one below
   records_lock const lock{*this, 0, false};
-  d->users->reset_peaks(*d->alloc);
+  d->users->reset_peaks(*d->alloc, sums);
 }
 
 template <class Runtime>
@@ -791,7 +868,7 @@ void backend<Runtime>::reset_accumulated_stats(int device)
     std::lock_guard<std::mutex> lock{d->base_mutex};
     d->base = d->alloc->stats();
   }
-  d->users->reset_accumulated(*d->alloc, added_totals(*d));
+  d->users->reset_accumulated(*d->alloc, shard_totals(*d));
 }
 
 template <class Runtime>

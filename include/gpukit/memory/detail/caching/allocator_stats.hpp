@@ -15,7 +15,7 @@
 // without the lock stays outside: each thread cache's own counters (the caches are passed in), and
 // the allocator's detail::pending_counts and detail::shared_counts (atomics, which this class is
 // given by reference and reads or writes only where the allocator holds its lock; the fast path
-// joins the shared counts through the static join_shared_counts).
+// joins the shared counts through the static join_shared_counts, and folds into them itself).
 #pragma once
 
 #include <gpukit/memory/caching_allocator_stats.hpp>
@@ -270,27 +270,42 @@ class allocator_stats {
   }
 
   /// The first operation of thread cache `tc` since the shared counts were switched on: its counts
-  /// enter `shared` now, replacing the ones the switch saw (which an operation of its thread racing
-  /// the switch may have missed), taken out of the unjoined sums first so that no instant counts
-  /// them twice. Static and lock-free: the fast path calls it without the pool lock, once per
-  /// thread; out of line, to keep it off the inlined fast path.
+  /// enter `shared` now (folded whole: its delta starts at 0), replacing the ones the switch saw
+  /// (which an operation of its thread racing the switch may have missed), taken out of the
+  /// unjoined sums first so that no instant counts them twice. Static and lock-free: the fast path
+  /// calls it without the pool lock, once per thread; out of line, to keep it off the inlined fast
+  /// path.
   template <class Cache>
-  __attribute__((noinline)) static void join_shared_counts(shared_counts& shared,
-                                                           Cache& tc) noexcept
+  __attribute__((noinline)) static void join_shared_counts(shared_counts& shared, Cache& tc,
+                                                           pending_counts const& pending) noexcept
   {
     // Reads the switch (set once, with release) again with acquire: the snapshot of this cache the
     // switch wrote before it is visible now. (Not a fence: ThreadSanitizer does not model those.)
     (void)shared.on.load(std::memory_order_acquire);
     for (std::size_t i = 0; i < 2; ++i) {
-      auto const& f = tc.pools[i];
       shared.unjoined_bytes[i].fetch_sub(tc.join_bytes[i], std::memory_order_relaxed);
       shared.unjoined_requested[i].fetch_sub(tc.join_requested[i], std::memory_order_relaxed);
       shared.unjoined_count[i].fetch_sub(tc.join_count[i], std::memory_order_relaxed);
-      shared.bytes[i].fetch_add(f.bytes(), std::memory_order_relaxed);
-      shared.requested[i].fetch_add(f.requested(), std::memory_order_relaxed);
-      shared.count[i].fetch_add(f.count(), std::memory_order_relaxed);
+      tc.folded[i] = kind_counts{};
+      shared.fold(static_cast<int>(i), tc.pools[i].net(), tc.folded[i], shared_counts::none,
+                  pending);
     }
     tc.joined = true;
+  }
+
+  /// Thread cache `tc`'s thread exits while the shared counts are on: it joins them if it has not
+  /// yet, and folds its whole delta, so that none waits in a cache no thread runs.
+  template <class Cache>
+  static void fold_exiting(shared_counts& shared, Cache& tc, pending_counts const& pending) noexcept
+  {
+    if (!tc.joined) {
+      join_shared_counts(shared, tc, pending);  // leaves no delta
+      return;
+    }
+    for (std::size_t i = 0; i < 2; ++i) {
+      shared.fold(static_cast<int>(i), tc.pools[i].net(), tc.folded[i], shared_counts::none,
+                  pending);
+    }
   }
 
  private:

@@ -29,7 +29,7 @@
 //   wake_waiters()                tells allocations waiting for frees that blocks came back
 //   share_counts(caches)          a second thread came in: the shared counts, if not on yet
 //   join_counts(cache)            a thread exits: its counts into the shared ones, when they are
-//                                 on and it has not joined them yet
+//                                 on (joining them, or folding its whole delta)
 //   context() -> void*            what the registry keeps to rebuild the pool at a thread's exit
 //   Pool::of(context) -> Pool     rebuilds it
 #pragma once
@@ -228,6 +228,9 @@ struct caching_thread_cache {
   // its counts when they were switched on (written then, under the allocator's lock).
   bool joined{false};
   std::int64_t join_bytes[2]{}, join_requested[2]{}, join_count[2]{};
+  // Once joined: what of its net values, by pool kind, this cache has folded into the shared
+  // counts (written by its owner only; the rest is its unfolded delta, in [0, batch]).
+  std::array<kind_counts, 2> folded{};
 
   /// What this thread handed out (`in`) and took back (`out`) of one pool kind: totals that only
   /// grow, so a current value is their difference and PyTorch's allocated/freed totals are free.
@@ -241,6 +244,7 @@ struct caching_thread_cache {
       return requested_in.get() - requested_out.get();
     }
     [[nodiscard]] std::int64_t count() const noexcept { return allocs.get() - frees.get(); }
+    [[nodiscard]] kind_counts net() const noexcept { return {bytes(), requested(), count()}; }
   };
 
   /// Raises `peak` to `now` (one writer: a load and, rarely, a store).
@@ -477,7 +481,7 @@ class thread_cache_front {
       tc->checked_stream = stream_type{};
       // The counters stay: the sums over caches stay right when another thread reuses this one.
       tc->orphaned = true;
-      pool.join_counts(*tc);  // its last counts, not the switch's
+      pool.join_counts(*tc);  // its last counts, not the switch's; no delta left
     });
   }
 
