@@ -608,6 +608,25 @@ gpukit::stat_pair count_of(gpukit::caching_allocator_stats const& s, int i)
                  &gpukit::caching_pool_stats::allocation_count);
 }
 
+/// A block a thread holds.
+struct held {
+  void* p;
+  std::size_t bytes;
+};
+
+/// An allocator on a 64 GiB simulated device and one stream per thread.
+struct threads_fixture {
+  explicit threads_fixture(int threads)
+  {
+    for (int t = 0; t < threads; ++t) {
+      streams.push_back(std::make_unique<stream_holder<sim_runtime>>(sim));
+    }
+  }
+  sim_runtime sim{one_device(64 * gib)};
+  sim_allocator alloc{sim, 0};
+  std::vector<std::unique_ptr<stream_holder<sim_runtime>>> streams;
+};
+
 }  // namespace
 
 TEST_SUITE("sim_concurrency")
@@ -617,16 +636,9 @@ TEST_SUITE("sim_concurrency")
     "exited, and peaks between the current values and the threads' own maxima summed")
   {
     constexpr int threads = 8, ops = 1500, max_live = 24;
-    sim_runtime sim{one_device(64 * gib)};
-    sim_allocator alloc{sim, 0};
-    std::vector<std::unique_ptr<stream_holder<sim_runtime>>> streams;
-    for (int t = 0; t < threads; ++t) {
-      streams.push_back(std::make_unique<stream_holder<sim_runtime>>(sim));
-    }
-    struct held {
-      void* p;
-      std::size_t bytes;
-    };
+    threads_fixture fx{threads};
+    auto& alloc   = fx.alloc;
+    auto& streams = fx.streams;
     std::vector<std::vector<held>> blocks(threads);
     std::vector<kind_sums> net(threads), top(threads);  // each thread's own, and their highest
     phase_barrier done{threads + 1}, leave{threads + 1};
@@ -704,16 +716,9 @@ TEST_SUITE("sim_concurrency")
     "values")
   {
     constexpr int threads = 8;
-    sim_runtime sim{one_device(64 * gib)};
-    sim_allocator alloc{sim, 0};
-    std::vector<std::unique_ptr<stream_holder<sim_runtime>>> streams;
-    for (int t = 0; t < threads; ++t) {
-      streams.push_back(std::make_unique<stream_holder<sim_runtime>>(sim));
-    }
-    struct held {
-      void* p;
-      std::size_t bytes;
-    };
+    threads_fixture fx{threads};
+    auto& alloc   = fx.alloc;
+    auto& streams = fx.streams;
     // Round r: every thread allocates `blocks_per_thread[r]` blocks, the threads meet, and each
     // frees the blocks of the next thread (so that every thread's own net values go negative
     // too). The true peak is the sum at the barrier: only allocations come before it.
