@@ -163,9 +163,10 @@ void for_each_layer(layer_list<Layers...>, F&& f)
 }
 
 /// The workload, through resource `r` on runtime `rt`: every entry point `r` has, then `threads`
-/// threads of `iterations` allocations each. Frees all it allocates.
-template <class Runtime, class R>
-void exercise(Runtime& rt, R& r, int threads, int iterations)
+/// threads of `iterations` allocations each. Frees all it allocates; `forget(stream)` runs before
+/// each of its streams is destroyed, in the thread that used it.
+template <class Runtime, class R, class Forget>
+void exercise(Runtime& rt, R& r, int threads, int iterations, Forget const& forget)
 {
   using stream_type = typename Runtime::stream_type;
   using ref         = any_stream_ref<stream_type>;
@@ -203,6 +204,7 @@ void exercise(Runtime& rt, R& r, int threads, int iterations)
   r.deallocate(e, 5000);
   r.deallocate_async(nullptr, 0, s);  // a null pointer passes through, unaccounted
   GPUKIT_CUDA_TRY(rt.stream_synchronize(s));
+  forget(s.s);
 
   std::vector<std::thread> pool;
   for (int t = 0; t < threads; ++t) {
@@ -225,27 +227,30 @@ void exercise(Runtime& rt, R& r, int threads, int iterations)
         }
       }
       GPUKIT_CUDA_TRY(rt.stream_synchronize(own));
+      forget(own.s);
       CHECK(ok);
     });
   }
   for (auto& th : pool) { th.join(); }
 }
 
-/// Each adaptor alone over `upstream`.
-template <class Runtime, class Upstream>
-void check_each_alone(Runtime& rt, Upstream& upstream, int threads, int iterations)
+/// Each adaptor alone over `upstream`; `forget` as for exercise.
+template <class Runtime, class Upstream, class Forget>
+void check_each_alone(Runtime& rt, Upstream& upstream, int threads, int iterations,
+                      Forget const& forget)
 {
   for_each_layer(all_layers{}, [&](auto layer) {
     CAPTURE(layer.name);
     auto adaptor = layer.make(upstream);
-    exercise(rt, *adaptor, threads, iterations);
+    exercise(rt, *adaptor, threads, iterations, forget);
     layer.check_idle(*adaptor);
   });
 }
 
-/// `Outer` stacked over each adaptor (itself included) over `upstream`.
-template <class Outer, class Runtime, class Upstream>
-void check_over_each(Runtime& rt, Upstream& upstream, int threads, int iterations)
+/// `Outer` stacked over each adaptor (itself included) over `upstream`; `forget` as for exercise.
+template <class Outer, class Runtime, class Upstream, class Forget>
+void check_over_each(Runtime& rt, Upstream& upstream, int threads, int iterations,
+                     Forget const& forget)
 {
   for_each_layer(all_layers{}, [&](auto inner_layer) {
     Outer outer_layer;
@@ -253,7 +258,7 @@ void check_over_each(Runtime& rt, Upstream& upstream, int threads, int iteration
     CAPTURE(inner_layer.name);
     auto inner = inner_layer.make(upstream);
     auto outer = outer_layer.make(*inner);
-    exercise(rt, *outer, threads, iterations);
+    exercise(rt, *outer, threads, iterations, forget);
     outer_layer.check_idle(*outer);
     inner_layer.check_idle(*inner);
   });
@@ -263,7 +268,9 @@ template <class Runtime>
 void check_alone_over_caching_allocator(Runtime& rt, int threads, int iterations)
 {
   basic_caching_allocator<Runtime> alloc{rt, 0};
-  check_each_alone(rt, alloc, threads, iterations);
+  // On CUDA a destroyed stream's handle must never reach the driver again: forgotten first.
+  check_each_alone(rt, alloc, threads, iterations,
+                   [&alloc](typename Runtime::stream_type s) { alloc.forget_stream(s); });
   CHECK(alloc.stats().allocated_bytes.current == 0);
   CHECK(detail::check_invariants(alloc) == "");
 }
@@ -272,14 +279,15 @@ template <class Runtime>
 void check_alone_over_malloc_async(Runtime& rt, int threads, int iterations)
 {
   basic_malloc_async_resource<Runtime> mr{rt, 0};
-  check_each_alone(rt, mr, threads, iterations);
+  check_each_alone(rt, mr, threads, iterations, [](typename Runtime::stream_type) {});
 }
 
 template <class Outer, class Runtime>
 void check_pairs_over_caching_allocator(Runtime& rt, int threads, int iterations)
 {
   basic_caching_allocator<Runtime> alloc{rt, 0};
-  check_over_each<Outer>(rt, alloc, threads, iterations);
+  check_over_each<Outer>(rt, alloc, threads, iterations,
+                         [&alloc](typename Runtime::stream_type s) { alloc.forget_stream(s); });
   CHECK(alloc.stats().allocated_bytes.current == 0);
   CHECK(detail::check_invariants(alloc) == "");
 }
@@ -309,11 +317,24 @@ void check_stack_serves_device_buffer(Runtime& rt)
     CHECK(&top.runtime() == &rt);
     GPUKIT_CUDA_TRY(rt.stream_synchronize(s));
   }
+  alloc.forget_stream(s);
   CHECK(tracked.outstanding().empty());
   CHECK(counted.stats().bytes.current == 0);
   CHECK(alloc.stats().allocated_bytes.current == 0);
   std::istringstream in{log.str()};
   CHECK(read_allocation_trace(in, "device_buffer log").events.size() == 4);
+}
+
+/// A runtime that records misuses (the simulated GPU: a dead stream handle passed on, a bad
+/// pointer, ...) recorded none: what would crash or corrupt on CUDA fails the test here.
+template <class Runtime>
+auto check_no_misuse(Runtime& rt, int) -> decltype(void(rt.misuse_count()))
+{
+  CHECK_MESSAGE(rt.misuse_count() == 0, rt.last_misuse());
+}
+template <class Runtime>
+void check_no_misuse(Runtime&, long)
+{
 }
 
 }  // namespace gpukit::test
@@ -324,6 +345,7 @@ void check_stack_serves_device_buffer(Runtime& rt)
   {                                                                      \
     auto&& gpukit_conformance_rt = runtime_expr;                         \
     ::gpukit::test::__VA_ARGS__;                                         \
+    ::gpukit::test::check_no_misuse(gpukit_conformance_rt, 0);           \
   }
 
 #define GPUKIT_ADAPTOR_CONFORMANCE_CASES(runtime_expr, prefix, threads, iterations)             \
