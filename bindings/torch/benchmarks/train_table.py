@@ -33,7 +33,11 @@ Measured:
     peak reserved torch.cuda.max_memory_reserved() (PyTorch's statistics, which gpukit's backend
                   fills too)
 The table gives each pair's median against the better of native and expandable (the target is
-within 2%) and its NVML peak against expandable's (the target is at most 0.5% above it).
+within 2%) and its NVML peak against expandable's (the target is at most 0.5% above it). As step i
+has the same shapes under every allocator, it also gives the median over steps of the paired ratio
+(step i against the same step under native, and under expandable), which the drift of the machine
+between processes disturbs less, and, for gpukit, the segment maps and unmaps (growable: pages)
+per timed step, from gpukit's own counters: in a steady state they are 0.
 """
 
 import argparse
@@ -56,6 +60,9 @@ CONFIGS = ("native", "expandable", "gpukit")
 TARGET_PEAK = 1.005  # gpukit's NVML peak over expandable's
 TARGET_STEP = 1.02  # gpukit's median step over the better of native's and expandable's
 FIRST_GUESS_S = 20  # a model's process, before one has run
+# gpukit's segment counters, counted over the timed steps (growable: pages mapped and unmapped).
+SEGMENT_COUNTERS = ("num_device_allocs", "num_device_frees", "num_pages_created",
+                    "num_pages_released")
 
 
 # ---- NVML through ctypes (no pynvml needed) ------------------------------------------------------
@@ -122,7 +129,18 @@ def worker(args):
     sampler = PeakSampler(nvml)
     sampler.start()
     step = build(model_name, torch, args)
-    times = time_steps(torch, step, args.warmup, args.steps, after_step=sampler.sample)
+    counts = {}
+
+    def gpukit_counts():
+        if not config.startswith("gpukit"):
+            return {}
+        import gpukit_torch
+        s = gpukit_torch.gpukit_stats()
+        return {k: s[k] for k in SEGMENT_COUNTERS if k in s}
+
+    times = time_steps(torch, step, args.warmup, args.steps, after_step=sampler.sample,
+                       before_timed=lambda: counts.update(gpukit_counts()))
+    timed_counts = {k: v - counts.get(k, 0) for k, v in gpukit_counts().items()}
     sampler.running = False
     sampler.join()
     result = {
@@ -137,6 +155,7 @@ def worker(args):
         s = gpukit_torch.gpukit_stats()
         result["gpukit"] = {k: s[k] for k in ("segments", "num_ooms", "num_alloc_retries")
                             if k in s}
+        result["gpukit"]["timed_steps"] = timed_counts
     report(result)
     return 0
 
@@ -173,14 +192,35 @@ def summarize(results, models, configs):
                 "peak_device_bytes": max(r["peak_device_bytes"] for r in ok),
                 "peak_reserved_bytes": max(r["peak_reserved_bytes"] for r in ok),
                 "rounds": len(ok), "failed_rounds": len(runs) - len(ok),
+                # Step i has the same shapes under every allocator (the lengths are drawn from a
+                # fixed seed), so per-step medians over rounds pair up across allocators.
+                "step_medians_ms": [statistics.median(ts) for ts in zip(*(r["times_ms"]
+                                                                          for r in ok))],
             }
+            timed = [r["gpukit"]["timed_steps"] for r in ok
+                     if "timed_steps" in r.get("gpukit", {})]
+            if timed:
+                steps = sum(len(r["times_ms"]) for r in ok)
+                rows[(m, c)]["maps_per_step"] = sum(t.get("num_device_allocs", 0)
+                                                    for t in timed) / steps
+                rows[(m, c)]["unmaps_per_step"] = sum(t.get("num_device_frees", 0)
+                                                      for t in timed) / steps
     return rows
+
+
+def paired_ratio(row, anchor):
+    """Median over step indices of row's step time over anchor's at the same step; None when
+    either has no steps."""
+    pairs = [a / b for a, b in zip(row.get("step_medians_ms", []),
+                                   anchor.get("step_medians_ms", [])) if b > 0]
+    return statistics.median(pairs) if pairs else None
 
 
 def markdown(rows, models, configs, skipped):
     out = ["| model | allocator | median step (ms) | rounds' medians | vs best of native, expandable "
+           "| paired per step vs native, expandable | segment maps / unmaps per timed step "
            "| peak device (GiB, NVML) | vs expandable | peak reserved (GiB) | target |",
-           "|---|---|---|---|---|---|---|---|---|"]
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
     for m in models:
         base = [rows[(m, c)]["median_ms"] for c in ("native", "expandable")
                 if c in configs and "median_ms" in rows[(m, c)]]
@@ -190,7 +230,7 @@ def markdown(rows, models, configs, skipped):
             r = rows[(m, c)]
             if "error" in r or "skipped" in r:
                 what = f"error: {r['error']}" if "error" in r else r["skipped"]
-                out.append(f"| {m} | {c} | {what} | | | | | | |")
+                out.append(f"| {m} | {c} | {what} | | | | | | | | |")
                 continue
             vs_best = f"{r['median_ms'] / best:.3f}" if best else "-"
             vs_exp = f"{r['peak_device_bytes'] / exp:.3f}" if exp else "-"
@@ -202,7 +242,14 @@ def markdown(rows, models, configs, skipped):
                 target = (f"peak ≤ {TARGET_PEAK:g}x, step ≤ {TARGET_STEP:g}x: "
                           + ("met" if met else "missed"))
             failed = f" ({r['failed_rounds']} failed)" if r["failed_rounds"] else ""
+            paired = []
+            for a in ("native", "expandable"):
+                ratio = (paired_ratio(r, rows[(m, a)]) if c != a and (m, a) in rows else None)
+                paired.append(f"{ratio:.3f}" if ratio else "-")
+            maps = (f"{r['maps_per_step']:.1f} / {r['unmaps_per_step']:.1f}"
+                    if "maps_per_step" in r else "")
             out.append(f"| {m} | {c} | {r['median_ms']:.2f} | {rm}{failed} | {vs_best} | "
+                       f"{', '.join(paired)} | {maps} | "
                        f"{r['peak_device_bytes'] / GiB:.2f} | {vs_exp} | "
                        f"{r['peak_reserved_bytes'] / GiB:.2f} | {target} |")
     if skipped:

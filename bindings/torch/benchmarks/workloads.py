@@ -162,12 +162,15 @@ def selection(ap, args, configs, variant):
     return models, chosen
 
 
-def time_steps(torch, step, warmup, steps, after_step=None):
+def time_steps(torch, step, warmup, steps, after_step=None, before_timed=None):
     """Runs warmup steps, then times `steps` steps (wall clock between two
-    torch.cuda.synchronize() calls, in ms); after_step() runs after each timed step."""
+    torch.cuda.synchronize() calls, in ms); after_step() runs after each timed step,
+    before_timed() once between the warm-up and the first timed step."""
     for i in range(warmup):
         step(i)
     torch.cuda.synchronize()
+    if before_timed:
+        before_timed()
     times = []
     for i in range(warmup, warmup + steps):
         t0 = time.perf_counter()

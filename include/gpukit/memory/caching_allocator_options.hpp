@@ -104,13 +104,13 @@ struct caching_allocator_options {
   std::size_t growable_reserve_bytes{0};
   /// Growable segments: the unit of mapping of the large pool (rounded up to the device's
   /// granularity, 2 MiB on current GPUs; the small pool maps one granule at a time). Each page is
-  /// one cuMemCreate and one cuMemMap (about 20-30 us together on the H200), so larger pages make
-  /// growth cheaper and smaller ones lose less memory at the edges of free ranges. Replaying the
-  /// PyTorch traces on the H200 (benchmarks/results/), peak reserved / peak live and time per
-  /// event against fixed segments were: 2 MiB 1.002-1.009 at 2-10x the time; 8 MiB (the
-  /// default) 1.003-1.008 at 1.1-2.8x; 20 MiB (PyTorch's expandable segments' page) 1.006-1.012 at
-  /// 0.7-2.0x.
-  std::size_t growable_page_bytes{std::size_t{8} << 20};
+  /// one cuMemCreate, cuMemMap and cuMemSetAccess (about 50 us together on an H100), so larger
+  /// pages make growth cheaper and smaller ones lose less memory at the edges of free ranges.
+  /// Replaying the PyTorch traces on an H100 (GPT-2, Llama with varying lengths, ResNet-50;
+  /// benchmarks/results/), peak reserved / peak live and time per event against fixed segments
+  /// were: 8 MiB 1.003-1.008 at 1.0-3.1x the time; 20 MiB (PyTorch's expandable segments' page)
+  /// 1.006-1.012 at 0.4-1.7x; 32 MiB (the default) 1.005-1.013 at 0.5-0.8x.
+  std::size_t growable_page_bytes{std::size_t{32} << 20};
   /// Growable segments: create each page exportable as a POSIX file descriptor
   /// (CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR), so that blocks can be shared with other processes
   /// (gpukit/memory/ipc.hpp). Off by default, as in CUDA.
