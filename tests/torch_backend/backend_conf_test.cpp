@@ -76,6 +76,7 @@ TEST_SUITE("torch_alloc_conf")
     auto const c = parse_backend_conf(gpukit_torch::backend_default_conf);
     CHECK(c.options.source == gpukit::segment_source::growable);
     CHECK_FALSE(c.options.release_before_grow);
+    CHECK(c.options.growable_page_bytes == 8 * MiB);  // not the allocator's 32 MiB: see the conf
     CHECK(c.rounding.round_size(1) == 512);
     CHECK(c.host_settings.empty());
     CHECK(c.options.limit_fraction == 0.0);  // no limit unless asked for
