@@ -5,8 +5,8 @@
 //
 //   vmm_cost [--total-mib N] [--rounds N]
 //
-// For each page size (2, 8, 20, 32, 64 MiB) and a total of N MiB (default 4096), each way of mapping
-// the total is timed `rounds` times (median reported):
+// For each page size (2, 8, 20, 32, 64 MiB) and a total of N MiB (default 4096), each way of
+// mapping the total is timed `rounds` times (median reported):
 //   per_page     one cuMemCreate and one cuMemMap per page, one cuMemSetAccess over the run
 //   one_mapping  one cuMemCreate and one cuMemMap for the run, one cuMemSetAccess
 //   access_each  as per_page, but one cuMemSetAccess per page

@@ -334,8 +334,7 @@ auto check_no_misuse(Runtime& rt, int) -> decltype(void(rt.misuse_count()))
 }
 template <class Runtime>
 void check_no_misuse(Runtime&, long)
-{
-}
+{}
 
 }  // namespace gpukit::test
 
