@@ -122,7 +122,10 @@ struct caching_thread_cache {
     {
       v.store(v.load(std::memory_order_relaxed) + d, std::memory_order_relaxed);
     }
-    [[nodiscard]] std::int64_t get() const noexcept { return v.load(std::memory_order_relaxed); }
+    [[nodiscard]] __attribute__((always_inline)) std::int64_t get() const noexcept
+    {
+      return v.load(std::memory_order_relaxed);
+    }
   };
 
   /// A block for `size` bytes on `stream`, or nullptr.
@@ -146,10 +149,9 @@ struct caching_thread_cache {
     return b;
   }
 
-  /// Keeps `b` for reuse on `stream`; false when there is no room. Out of line, as it always was
-  /// in the free's fast path (which calls it through thread_cache_front::push).
-  __attribute__((noinline)) bool push(stream_type stream, block* b, int per_class,
-                                      std::size_t max_bytes) noexcept
+  /// Keeps `b` for reuse on `stream`; false when there is no room. Part of the free's fast path
+  /// (through thread_cache_front::push), where the compiler inlines it.
+  bool push(stream_type stream, block* b, int per_class, std::size_t max_bytes) noexcept
   {
     slot* s = find(stream);
     if (s == nullptr) { s = claim(stream); }
@@ -238,13 +240,24 @@ struct caching_thread_cache {
     counter bytes_in, bytes_out, requested_in, requested_out, allocs, frees;
     counter peak_bytes, peak_requested, peak_count;  // of this thread's net values
     counter peak_active_bytes, peak_active_count;    // net values plus the pending frees
-    [[nodiscard]] std::int64_t bytes() const noexcept { return bytes_in.get() - bytes_out.get(); }
-    [[nodiscard]] std::int64_t requested() const noexcept
+    // Inlined always: the allocation's fast path reads them (count_alloc), and the compiler's
+    // own choice left them out of line there.
+    [[nodiscard]] __attribute__((always_inline)) std::int64_t bytes() const noexcept
+    {
+      return bytes_in.get() - bytes_out.get();
+    }
+    [[nodiscard]] __attribute__((always_inline)) std::int64_t requested() const noexcept
     {
       return requested_in.get() - requested_out.get();
     }
-    [[nodiscard]] std::int64_t count() const noexcept { return allocs.get() - frees.get(); }
-    [[nodiscard]] kind_counts net() const noexcept { return {bytes(), requested(), count()}; }
+    [[nodiscard]] __attribute__((always_inline)) std::int64_t count() const noexcept
+    {
+      return allocs.get() - frees.get();
+    }
+    [[nodiscard]] __attribute__((always_inline)) kind_counts net() const noexcept
+    {
+      return {bytes(), requested(), count()};
+    }
   };
 
   /// Raises `peak` to `now` (one writer: a load and, rarely, a store).
