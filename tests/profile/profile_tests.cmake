@@ -31,7 +31,8 @@ endfunction()
 
 gpukit_add_test(nvtx_ranges_test SOURCES profile/nvtx_ranges_test.cpp)
 gpukit_profile_use_nvtx_tool(nvtx_ranges_test)
-gpukit_add_test(nvtx_disabled_test SOURCES profile/nvtx_disabled_test.cpp profile/nvtx_disable_macro_test.cpp)
+gpukit_add_test(nvtx_disabled_test SOURCES profile/nvtx_disabled_test.cpp profile/nvtx_disable_macro_test.cpp
+                HEADER_ONLY)
 gpukit_profile_use_nvtx_tool(nvtx_disabled_test)
 gpukit_add_test(memory_annotation_test SOURCES profile/memory_annotation_test.cpp)
 gpukit_profile_use_nvtx_tool(memory_annotation_test)
@@ -47,7 +48,7 @@ gpukit_profile_use_nvtx_tool(pool_annotation_test)
 # gpukit's own ranges around its slow paths; the same source built with them compiled out.
 gpukit_add_test(slow_path_ranges_test SOURCES profile/slow_path_ranges_test.cpp)
 gpukit_profile_use_nvtx_tool(slow_path_ranges_test)
-gpukit_add_test(slow_path_ranges_off_test SOURCES profile/slow_path_ranges_test.cpp)
+gpukit_add_test(slow_path_ranges_off_test SOURCES profile/slow_path_ranges_test.cpp HEADER_ONLY)
 gpukit_profile_use_nvtx_tool(slow_path_ranges_off_test)
 if(TARGET slow_path_ranges_off_test)
   target_compile_definitions(slow_path_ranges_off_test PRIVATE GPUKIT_DISABLE_INTERNAL_NVTX)
