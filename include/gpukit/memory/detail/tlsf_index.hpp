@@ -123,8 +123,29 @@ class tlsf_index {
   template <class F>
   void for_each(F&& f) const
   {
-    for (Block* h : heads_) {
-      for (Block* b = h; b != nullptr; b = b->free_next) { f(b); }
+    for_each_from(0, f);
+  }
+
+  /// Calls f(Block*) for every block of the class that holds `size` and of the classes above it
+  /// (so for every block of at least `size` bytes, and for some smaller ones of that class): the
+  /// classes that hold none are skipped through the bitmaps, not visited. f must not modify the
+  /// index.
+  template <class F>
+  void for_each_from(std::size_t size, F&& f) const
+  {
+    int const first      = size < (std::size_t{1} << tlsf_min_shift) ? 0 : tlsf_floor_class(size);
+    int const first_fl   = first / tlsf_sl_count;
+    std::uint64_t fl_map = fl_bitmap_ & (~std::uint64_t{0} << first_fl);
+    while (fl_map != 0) {
+      int const fl = __builtin_ctzll(fl_map);
+      fl_map &= fl_map - 1;
+      std::uint32_t sl_map = sl_bitmap_[fl];
+      if (fl == first_fl) { sl_map &= ~std::uint32_t{0} << (first % tlsf_sl_count); }
+      while (sl_map != 0) {
+        int const sl = __builtin_ctz(sl_map);
+        sl_map &= sl_map - 1;
+        for (Block* b = heads_[fl * tlsf_sl_count + sl]; b != nullptr; b = b->free_next) { f(b); }
+      }
     }
   }
 

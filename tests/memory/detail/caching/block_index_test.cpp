@@ -215,4 +215,42 @@ TEST_SUITE("block_index")
     CHECK(idx.global(0).find(256) == nullptr);
     CHECK(idx.global_bytes() == 8 * kib);
   }
+
+  TEST_CASE("a free list visits every block, or those of a size's class and above, by its bitmaps")
+  {
+    index idx;
+    indices where{idx, {}};
+    std::vector<std::size_t> const sizes = {256, 768, 4 * kib, 3 * kib, 1024 * kib, 2048 * kib,
+                                            2048 * kib + 256, 3072 * kib, 64 * 1024 * kib};
+    std::uintptr_t at = 0x10000000;
+    for (std::size_t bytes : sizes) {
+      segment(idx, where, at, bytes, 0);
+      at += 128 * 1024 * kib;
+    }
+    free_list const& list = where.per_stream[0];
+    std::vector<std::size_t> all;
+    list.for_each([&](block* b) { all.push_back(b->size); });
+    CHECK(all.size() == sizes.size());
+    for (std::size_t from : {std::size_t{0}, std::size_t{100}, 3 * kib, 2048 * kib, 2100 * kib,
+                             64 * 1024 * kib, 128 * 1024 * kib}) {
+      CAPTURE(from);
+      std::size_t visited = 0, at_least = 0;
+      list.for_each_from(from, [&](block* b) {
+        ++visited;
+        at_least += b->size >= from ? 1 : 0;
+        // Only the class holding `from` may hold a smaller block.
+        if (b->size < from && from >= 256) {
+          CHECK(gpukit::detail::tlsf_floor_class(b->size) == gpukit::detail::tlsf_floor_class(from));
+        }
+      });
+      std::size_t expected = 0;
+      for (std::size_t bytes : sizes) { expected += bytes >= from ? 1 : 0; }
+      CHECK(at_least == expected);  // every block of at least `from` bytes
+      CHECK(visited >= expected);
+    }
+    // The classes below 2 MiB are skipped: the 256 B .. 1 MiB blocks are not visited.
+    std::size_t visited = 0;
+    list.for_each_from(2048 * kib, [&](block*) { ++visited; });
+    CHECK(visited == 4);
+  }
 }

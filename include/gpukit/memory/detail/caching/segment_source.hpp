@@ -353,6 +353,7 @@ class segment_source {
     if (options_.nvtx_annotate) {
       seg->nvtx_heap = register_memory_heap(p, seg_size, "gpukit caching allocator");
     }
+    if (!seg->growable && seg_size < smallest_fixed_) { smallest_fixed_ = seg_size; }
     pool.blocks().add_segment(b, p, seg_size, seg.release());
     b->kind         = kind;
     b->stream       = stream;
@@ -384,7 +385,10 @@ class segment_source {
       }
       whole.push_back(b);
     };
-    for_each_free_index(only_stream, pool, [&](tlsf_index<Block>& idx) { idx.for_each(collect); });
+    // A block that spans a whole fixed segment is no smaller than the smallest one ever made: the
+    // many smaller free blocks (the splits) are not visited.
+    for_each_free_index(only_stream, pool,
+                        [&](tlsf_index<Block>& idx) { idx.for_each_from(smallest_fixed_, collect); });
     std::sort(whole.begin(), whole.end(), [](Block* a, Block* b) { return a->size > b->size; });
     return whole;
   }
@@ -456,6 +460,7 @@ class segment_source {
   bool stream_ordered_{true};
   upstream_source<stream_type> upstream_;  // engaged: segments from a user's resource
   pool_state pool_;
+  std::size_t smallest_fixed_{~std::size_t{0}};  // the smallest fixed segment made so far
 };
 
 }  // namespace gpukit::detail::caching
