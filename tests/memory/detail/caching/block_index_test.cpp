@@ -220,9 +220,16 @@ TEST_SUITE("block_index")
   {
     index idx;
     indices where{idx, {}};
-    std::vector<std::size_t> const sizes = {256, 768, 4 * kib, 3 * kib, 1024 * kib, 2048 * kib,
-                                            2048 * kib + 256, 3072 * kib, 64 * 1024 * kib};
-    std::uintptr_t at = 0x10000000;
+    std::vector<std::size_t> const sizes = {256,
+                                            768,
+                                            4 * kib,
+                                            3 * kib,
+                                            1024 * kib,
+                                            2048 * kib,
+                                            2048 * kib + 256,
+                                            3072 * kib,
+                                            64 * 1024 * kib};
+    std::uintptr_t at                    = 0x10000000;
     for (std::size_t bytes : sizes) {
       segment(idx, where, at, bytes, 0);
       at += 128 * 1024 * kib;
@@ -240,7 +247,8 @@ TEST_SUITE("block_index")
         at_least += b->size >= from ? 1 : 0;
         // Only the class holding `from` may hold a smaller block.
         if (b->size < from && from >= 256) {
-          CHECK(gpukit::detail::tlsf_floor_class(b->size) == gpukit::detail::tlsf_floor_class(from));
+          CHECK(gpukit::detail::tlsf_floor_class(b->size) ==
+                gpukit::detail::tlsf_floor_class(from));
         }
       });
       std::size_t expected = 0;

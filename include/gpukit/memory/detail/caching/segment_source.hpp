@@ -387,8 +387,9 @@ class segment_source {
     };
     // A block that spans a whole fixed segment is no smaller than the smallest one ever made: the
     // many smaller free blocks (the splits) are not visited.
-    for_each_free_index(only_stream, pool,
-                        [&](tlsf_index<Block>& idx) { idx.for_each_from(smallest_fixed_, collect); });
+    for_each_free_index(only_stream, pool, [&](tlsf_index<Block>& idx) {
+      idx.for_each_from(smallest_fixed_, collect);
+    });
     std::sort(whole.begin(), whole.end(), [](Block* a, Block* b) { return a->size > b->size; });
     return whole;
   }
