@@ -506,9 +506,8 @@ TEST_SUITE("fault_sweep")
             // Each phase's calls from its first one: a bounded sweep still tries every phase.
             auto const [first, last] = baseline.calls(op, phase);
             // From the offset on, where the phase is that long; else from its first call.
-            std::uint64_t const from = first + 1 + static_cast<std::uint64_t>(offset) <= last
-                                         ? first + 1 + static_cast<std::uint64_t>(offset)
-                                         : first + 1;
+            std::uint64_t from = first + 1 + static_cast<std::uint64_t>(offset);
+            if (from > last) { from = first + 1; }
             for (std::uint64_t nth = from; nth <= last; nth += static_cast<std::uint64_t>(stride)) {
               sweep_run one{config, std::make_pair(op, nth), error};
               run_result const r = one.run();

@@ -353,7 +353,7 @@ class segment_source {
     if (options_.nvtx_annotate) {
       seg->nvtx_heap = register_memory_heap(p, seg_size, "gpukit caching allocator");
     }
-    if (!seg->growable && seg_size < smallest_fixed_) { smallest_fixed_ = seg_size; }
+    smallest_fixed_ = std::min(smallest_fixed_, seg_size);  // adopt makes only fixed segments
     pool.blocks().add_segment(b, p, seg_size, seg.release());
     b->kind         = kind;
     b->stream       = stream;
