@@ -316,6 +316,24 @@ TEST_SUITE("caching_allocator")
   }
 
   TEST_CASE_FIXTURE(sim_allocator_fixture<>,
+                    "a thread alone caches no block over thread_cache_max_block_bytes")
+  {
+    // Contention raises a thread's admission (up to thread_cache_contended_max_block_bytes); one
+    // thread never meets any, so its 2 MiB blocks always go back to the pool, where they coalesce.
+    REQUIRE(alloc.options().thread_cache_contended_max_block_bytes >= 4 * mib);
+    for (int i = 0; i < 2000; ++i) {
+      void* p = alloc.allocate_async(2 * mib, sa);
+      alloc.deallocate_async(p, 2 * mib, sa);
+    }
+    void* small = alloc.allocate_async(mib, sa);  // at the admission: cached
+    alloc.deallocate_async(small, mib, sa);
+    small = alloc.allocate_async(mib, sa);
+    alloc.deallocate_async(small, mib, sa);
+    CHECK(alloc.stats().num_cache_hits == 1);
+    alloc.forget_stream(sa);
+  }
+
+  TEST_CASE_FIXTURE(sim_allocator_fixture<>,
                     "peaks stay true when blocks are freed by other threads")
   {
     // PyTorch frees on its autograd threads: the allocating thread's own count then only grows.

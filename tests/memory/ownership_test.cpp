@@ -157,7 +157,9 @@ TEST_SUITE("ownership")
     // now describes an earlier life: A freeing p again and C freeing p race. A pointer-based
     // allocator cannot tell which of the two is the bad one, but it must accept only one.
     sim_runtime sim{gpukit::sim_config{}.with_devices(1, 4 * GiB)};
-    sim_allocator alloc{sim, 0};
+    gpukit::caching_allocator_options o;
+    o.thread_cache_contended_max_block_bytes = 0;  // not raised when the two threads contend
+    sim_allocator alloc{sim, 0, o};
     stream_t s{};
     GPUKIT_CUDA_TRY(sim.stream_create(s));
     constexpr std::size_t bytes = 2 << 20;  // beyond the thread caches: every block meets the pool

@@ -70,6 +70,13 @@ class GPUKIT_CAPABILITY("mutex") annotated_mutex {
   annotated_mutex& operator=(annotated_mutex&&)      = delete;
 
   void lock() GPUKIT_ACQUIRE() { mutex_.lock(); }
+  /// lock(), telling whether another thread held the mutex first (this one had to wait).
+  [[nodiscard]] bool lock_contended() GPUKIT_ACQUIRE()
+  {
+    if (mutex_.try_lock()) { return false; }
+    mutex_.lock();
+    return true;
+  }
   void unlock() GPUKIT_RELEASE() { mutex_.unlock(); }
   /// Tells the analysis that the caller holds this mutex; checks nothing at run time. For the one
   /// place it cannot see the lock: a lambda that runs while its enclosing function holds it (the
@@ -87,6 +94,11 @@ class GPUKIT_CAPABILITY("mutex") annotated_mutex {
 class GPUKIT_SCOPED_CAPABILITY pool_lock {
  public:
   explicit pool_lock(annotated_mutex& m) GPUKIT_ACQUIRE(m) : mutex_{m} { mutex_.lock(); }
+  /// Holds `m`, setting `waited` to whether another thread held it first.
+  pool_lock(annotated_mutex& m, bool& waited) GPUKIT_ACQUIRE(m) : mutex_{m}
+  {
+    waited = mutex_.lock_contended();
+  }
   ~pool_lock() GPUKIT_RELEASE() { mutex_.unlock(); }
   pool_lock(pool_lock const&)            = delete;
   pool_lock& operator=(pool_lock const&) = delete;

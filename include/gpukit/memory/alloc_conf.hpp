@@ -266,6 +266,12 @@ inline constexpr alloc_conf_key alloc_conf_keys[] = {
                      GPUKIT_ALLOC_CONF_FIELD(thread_cache_max_block_bytes), 0, alloc_conf_unbounded,
                      1, "256KiB",
                      "blocks larger than this bypass the per-thread caches (0: no caches)"),
+  detail::conf_bytes("thread_cache_contended_max_block_bytes", nullptr,
+                     GPUKIT_ALLOC_CONF_FIELD(thread_cache_contended_max_block_bytes), 0,
+                     alloc_conf_unbounded, 1, "16MiB",
+                     "a thread that finds the pool lock taken by another caches blocks up to "
+                     "this size, doubling from `thread_cache_max_block_bytes` (at most that: "
+                     "never raised)"),
   detail::conf_count("thread_cache_blocks_per_class",
                      GPUKIT_ALLOC_CONF_FIELD(thread_cache_blocks_per_class), 0, 255, "4",
                      "blocks one thread keeps per size class and stream"),

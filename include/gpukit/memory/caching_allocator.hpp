@@ -526,7 +526,7 @@ class basic_caching_allocator final
   void deallocate_impl(void* ptr, std::size_t bytes, bool check_size, stream_type stream)
     GPUKIT_EXCLUDES(mutex_);
   bool free_stream_dead(thread_cache& tc, stream_type stream) GPUKIT_EXCLUDES(mutex_);
-  void return_to_pool(block* b, stream_type stream) GPUKIT_EXCLUDES(mutex_);
+  void return_to_pool(thread_cache& tc, block* b, stream_type stream) GPUKIT_EXCLUDES(mutex_);
   block* claim_own(thread_cache& tc, std::uintptr_t key, std::size_t bytes, bool check_size);
   block* claim_foreign(void* ptr, std::size_t bytes, bool check_size, void*& owner)
     GPUKIT_EXCLUDES(mutex_);

@@ -81,6 +81,11 @@ struct caching_allocator_options {
   /// caching only small blocks (which live in their own small segments) keeps large segments
   /// whole: on the PyTorch traces, caching up to 32 MiB raised peak reserved by 6%.
   std::size_t thread_cache_max_block_bytes{std::size_t{1} << 20};
+  /// A thread that finds the pool lock held by another thread caches larger blocks (which then
+  /// need no lock): its admission doubles from thread_cache_max_block_bytes up to this, and halves
+  /// back after 256 slow paths in a row that find the lock free. A thread alone keeps
+  /// thread_cache_max_block_bytes. At most thread_cache_max_block_bytes: never raised.
+  std::size_t thread_cache_contended_max_block_bytes{std::size_t{4} << 20};
   /// When no free block fits, return fully free segments of the same kind before taking a new
   /// one (each such segment is too small for the request). Lowers peak reserved memory at the
   /// cost of a device free and a later device allocation; stream-ordered, so it never waits.

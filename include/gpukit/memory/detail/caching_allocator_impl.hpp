@@ -199,7 +199,7 @@ void* basic_caching_allocator<Runtime>::allocate_async(std::size_t bytes, stream
   if (tc.flush_requested.load(std::memory_order_relaxed)) {
     front_type::flush(tc, front_operations{*this});
   }
-  if (size <= options_.thread_cache_max_block_bytes &&
+  if (size <= front_type::admission(tc, options_) &&
       captures_underway_.load(std::memory_order_relaxed) == 0) {
     if (block* b = tc.pop(stream, size)) {
       b->state.store(detail::block_state::allocated, std::memory_order_relaxed);
@@ -216,7 +216,9 @@ template <class Runtime>
 void* basic_caching_allocator<Runtime>::allocate_slow(std::size_t bytes, std::size_t size,
                                                       stream_type stream, thread_cache& tc)
 {
-  detail::pool_lock lock{mutex_};
+  bool waited = false;
+  detail::pool_lock lock{mutex_, waited};
+  front_type::note_pool_lock(tc, waited, options_);
   streams_.check_stream(stream, "allocate_async");
   int const kind     = kind_for(size);
   bool const capture = captures_underway_.load(std::memory_order_relaxed) != 0;
@@ -392,7 +394,7 @@ void basic_caching_allocator<Runtime>::deallocate_impl(void* ptr, std::size_t by
   // A block another thread allocated goes back to the pool, not to this thread's cache: a thread
   // that frees what others allocate (PyTorch's autograd threads) would otherwise strand it.
   if (!foreign && front_type::push(tc, b, stream, options_, captures_underway_)) { return; }
-  return_to_pool(b, stream);
+  return_to_pool(tc, b, stream);
 }
 
 // Whether the free's stream, one this thread's cache does not know yet, was found destroyed: it is
@@ -440,9 +442,12 @@ void basic_caching_allocator<Runtime>::free_on_dead_stream(thread_cache& tc, blo
 
 // Freed block b goes back to the shared pool, on `stream`.
 template <class Runtime>
-void basic_caching_allocator<Runtime>::return_to_pool(block* b, stream_type stream)
+void basic_caching_allocator<Runtime>::return_to_pool(thread_cache& tc, block* b,
+                                                      stream_type stream)
 {
-  detail::pool_lock lock{mutex_};
+  bool waited = false;
+  detail::pool_lock lock{mutex_, waited};
+  front_type::note_pool_lock(tc, waited, options_);
   streams_.unforget(stream);  // a user's free on it: a live stream (a reused handle)
   free_to_pool(b, stream);
 }

@@ -4,7 +4,9 @@
 // without the lock, one cache per front (allocator) and thread; freed blocks stay in the cache of
 // the stream they were freed on, within its limits; drain and flush return every cached block to
 // the pool under its lock; a thread that exits returns its cached blocks and leaves its cache,
-// counters intact, to the next thread; a front that left is no longer called by exiting threads.
+// counters intact, to the next thread; a thread that meets contention on the pool lock caches
+// larger blocks, and lowers that again once it meets none; a front that left is no longer called
+// by exiting threads.
 #include <gpukit/memory/caching_allocator_options.hpp>
 #include <gpukit/memory/detail/caching/thread_cache_front.hpp>
 #include <gpukit/memory/detail/caching_block.hpp>
@@ -156,6 +158,65 @@ TEST_SUITE("thread_cache_front")
     CHECK(tc.pop(s1, 4096) == nullptr);
   }
 
+  TEST_CASE("a thread that meets contention on the pool lock caches larger blocks, then lowers")
+  {
+    pool_state ps;
+    front f;
+    blocks bs;
+    gpukit::caching_allocator_options o;  // 1 MiB, raised up to 4 MiB
+    std::atomic<int> const captures{0};
+    std::size_t const mib = std::size_t{1} << 20;
+    cache& tc             = f.local(fake_pool{ps});
+    sim_stream const s    = stream_at(1);
+    REQUIRE(o.thread_cache_max_block_bytes == mib);
+    REQUIRE(o.thread_cache_contended_max_block_bytes == 4 * mib);
+    CHECK(front::admission(tc, o) == mib);
+    CHECK_FALSE(front::push(tc, bs.make(2 * mib), s, o, captures));
+    for (int i = 0; i < 1000; ++i) { front::note_pool_lock(tc, false, o); }  // alone: unchanged
+    CHECK(front::admission(tc, o) == mib);
+    front::note_pool_lock(tc, true, o);  // another thread held the lock: doubled
+    CHECK(front::admission(tc, o) == 2 * mib);
+    block* two = bs.make(2 * mib);
+    CHECK(front::push(tc, two, s, o, captures));
+    CHECK(tc.pop(s, 2 * mib) == two);
+    front::note_pool_lock(tc, true, o);
+    front::note_pool_lock(tc, true, o);  // at the most: stays
+    CHECK(front::admission(tc, o) == 4 * mib);
+    CHECK_FALSE(front::push(tc, bs.make(4 * mib + 256), s, o, captures));
+    // Halved after calm_before_lowering slow paths in a row find the lock free; contention in
+    // between starts the count again.
+    for (std::uint32_t i = 1; i < front::calm_before_lowering; ++i) {
+      front::note_pool_lock(tc, false, o);
+    }
+    front::note_pool_lock(tc, true, o);
+    for (std::uint32_t i = 1; i < front::calm_before_lowering; ++i) {
+      front::note_pool_lock(tc, false, o);
+    }
+    CHECK(front::admission(tc, o) == 4 * mib);
+    front::note_pool_lock(tc, false, o);
+    CHECK(front::admission(tc, o) == 2 * mib);
+    for (std::uint32_t i = 0; i < front::calm_before_lowering; ++i) {
+      front::note_pool_lock(tc, false, o);
+    }
+    CHECK(front::admission(tc, o) == mib);
+    CHECK(tc.raised_admission == 0);
+
+    // No caches (0) and a most at or below the base: never raised. An odd most is reached exactly.
+    gpukit::caching_allocator_options off = o;
+    off.thread_cache_max_block_bytes      = 0;
+    front::note_pool_lock(tc, true, off);
+    CHECK(front::admission(tc, off) == 0);
+    gpukit::caching_allocator_options low      = o;
+    low.thread_cache_contended_max_block_bytes = mib / 2;
+    front::note_pool_lock(tc, true, low);
+    CHECK(front::admission(tc, low) == mib);
+    gpukit::caching_allocator_options odd      = o;
+    odd.thread_cache_contended_max_block_bytes = 3 * mib;
+    front::note_pool_lock(tc, true, odd);
+    front::note_pool_lock(tc, true, odd);
+    CHECK(front::admission(tc, odd) == 3 * mib);
+  }
+
   TEST_CASE("flush takes the pool lock and request_flush_except flags the other threads' caches")
   {
     pool_state ps;
@@ -200,6 +261,7 @@ TEST_SUITE("thread_cache_front")
       CHECK(front::push(tc, y, stream_at(2), o, captures));
       tc.handed_out.insert(held->address(), held);
       tc.checked_stream = stream_at(2);
+      front::note_pool_lock(tc, true, o);  // contention raised its admission
       tc.count_free(0, 1024, 1000);
     }};
     t.join();
@@ -210,6 +272,7 @@ TEST_SUITE("thread_cache_front")
     CHECK(first->cached_bytes.get() == 0);
     CHECK(first->handed_out.size() == 0);
     CHECK(first->checked_stream == sim_stream{});
+    CHECK(front::admission(*first, o) == o.thread_cache_max_block_bytes);  // not the next thread's
     CHECK(ps.joins == 1);                            // its last counts into the shared ones
     CHECK(first->pools[0].bytes_out.get() == 1024);  // the counters stay
     cache* second = nullptr;

@@ -8,7 +8,10 @@
 // (one writer, no read-modify-write) and its ring of recorded events. A thread-local registry
 // (tls_registry) finds a thread's cache for an allocator, the last one used first; a thread that
 // exits returns its cached blocks to the pool and leaves its cache, counters intact, for the next
-// thread.
+// thread. A cache takes blocks up to thread_cache_max_block_bytes; a thread that finds the pool
+// lock held by another on its slow path takes larger ones, up to
+// thread_cache_contended_max_block_bytes, until it meets no contention for a while
+// (note_pool_lock).
 //
 // Owns: every cache of one allocator (thread_cache_front::caches()) and the allocator's
 // registration: its uid, alive in live_allocators from construction to leave(). Invariants:
@@ -225,7 +228,12 @@ struct caching_thread_cache {
   // more than this, those entries are dropped (amortized: the bound doubles with what stays).
   std::size_t purge_at{4096};
   std::atomic<bool> flush_requested{false};
-  bool orphaned{false};  // guarded by the allocator's mutex
+  // The largest block this thread caches once it has found the pool lock taken (0: not raised;
+  // the options' thread_cache_max_block_bytes holds). Read and written by its thread only (see
+  // thread_cache_front::note_pool_lock).
+  std::size_t raised_admission{0};
+  std::uint32_t calm_locks{0};  // slow paths in a row that found the pool lock free
+  bool orphaned{false};         // guarded by the allocator's mutex
   // The shared counts (detail::shared_counts): whether this cache's own counts are in them, and
   // its counts when they were switched on (written then, under the allocator's lock).
   bool joined{false};
@@ -419,13 +427,46 @@ class thread_cache_front {
     return *tc;
   }
 
-  /// The fast path's end: freed block b goes to `tc` for `stream` when it is small, of no capture,
-  /// no capture is under way and the cache has room. False when it did not. No lock.
+  /// The largest block `tc` takes: the options' thread_cache_max_block_bytes, or more while its
+  /// thread meets contention (note_pool_lock).
+  [[nodiscard]] __attribute__((always_inline)) static std::size_t admission(
+    cache const& tc, caching_allocator_options const& options) noexcept
+  {
+    return std::max(options.thread_cache_max_block_bytes, tc.raised_admission);
+  }
+
+  /// Slow paths in a row that must find the pool lock free before a raised admission halves.
+  static constexpr std::uint32_t calm_before_lowering = 256;
+
+  /// tc's thread took the pool lock on a slow path; `waited`: another thread held it first. Blocks
+  /// a thread caches need no lock, so a thread that meets contention caches blocks twice as large
+  /// as before, up to the options' thread_cache_contended_max_block_bytes; one that then finds the
+  /// lock free on calm_before_lowering slow paths in a row halves that back toward
+  /// thread_cache_max_block_bytes. A thread alone never raises it, and keeps the small caches whose
+  /// blocks leave large segments whole. No caches (thread_cache_max_block_bytes 0): none raised.
+  static void note_pool_lock(cache& tc, bool waited,
+                             caching_allocator_options const& options) noexcept
+  {
+    std::size_t const base = options.thread_cache_max_block_bytes;
+    std::size_t const most = options.thread_cache_contended_max_block_bytes;
+    std::size_t const now  = std::max(base, tc.raised_admission);
+    if (waited) {
+      tc.calm_locks = 0;
+      if (base != 0 && now < most) { tc.raised_admission = now > most / 2 ? most : 2 * now; }
+      return;
+    }
+    if (tc.raised_admission == 0 || ++tc.calm_locks < calm_before_lowering) { return; }
+    tc.calm_locks       = 0;
+    tc.raised_admission = now / 2 > base ? now / 2 : 0;
+  }
+
+  /// The fast path's end: freed block b goes to `tc` for `stream` when it is small (admission), of
+  /// no capture, no capture is under way and the cache has room. False when it did not. No lock.
   __attribute__((always_inline)) static bool push(cache& tc, block* b, stream_type stream,
                                                   caching_allocator_options const& options,
                                                   std::atomic<int> const& captures) noexcept
   {
-    return b->size <= options.thread_cache_max_block_bytes && b->capture_pool == 0 &&
+    return b->size <= admission(tc, options) && b->capture_pool == 0 &&
            captures.load(std::memory_order_relaxed) == 0 &&
            tc.push(stream, b, options.thread_cache_blocks_per_class, options.thread_cache_bytes);
   }
@@ -491,7 +532,9 @@ class thread_cache_front {
     pool.locked([&] {
       drain(*tc, pool);
       tc->handed_out.erase_if([](std::uintptr_t, block*) { return true; });
-      tc->checked_stream = stream_type{};
+      tc->checked_stream   = stream_type{};
+      tc->raised_admission = 0;  // the next thread starts from the options' admission
+      tc->calm_locks       = 0;
       // The counters stay: the sums over caches stay right when another thread reuses this one.
       tc->orphaned = true;
       pool.join_counts(*tc);  // its last counts, not the switch's; no delta left
