@@ -10,7 +10,8 @@ carries a copy), then in ../../include (this folder inside a gpukit checkout, as
 The source distribution (`python -m build --sdist bindings/torch`: gpukit_torch-<version>.tar.gz)
 holds everything a build needs, gpukit's headers and license included, so it installs without a
 checkout: `pip install --no-build-isolation gpukit_torch-<version>.tar.gz`. Making it needs no
-PyTorch; building the extension does.
+PyTorch; building the extension does. $GPUKIT_TORCH_CXXFLAGS adds compiler flags after the
+defaults (e.g. `-O0` for a quick check that it builds).
 """
 
 import os
@@ -130,7 +131,10 @@ def ext_modules():
             name="gpukit_torch._C",
             sources=["csrc/cuda_allocator.cpp", "csrc/module.cpp", "csrc/planner.cpp"],
             include_dirs=include_dirs(),
-            extra_compile_args={"cxx": ["-O2", "-std=c++17", "-fvisibility=hidden"]},
+            extra_compile_args={
+                "cxx": ["-O2", "-std=c++17", "-fvisibility=hidden"]
+                + os.environ.get("GPUKIT_TORCH_CXXFLAGS", "").split()
+            },
             extra_link_args=DYNAMIC_LIBSTDCXX,
         )
     ]
