@@ -333,6 +333,32 @@ TEST_SUITE("caching_allocator")
     alloc.forget_stream(sa);
   }
 
+  TEST_CASE("a thread's cached large block never serves a small request")
+  {
+    // With thread caches over small_request_bytes (set here; contention does it by itself), a
+    // cached block of the large pool sits in the size class a request just under 1 MiB looks in
+    // when its own class is empty. It must stay there: the pools' blocks and counts stay apart.
+    sim_runtime sim{one_device()};
+    gpukit::caching_allocator_options o;
+    o.thread_cache_max_block_bytes = 2 * mib;
+    sim_allocator alloc{sim, 0, o};
+    sim_stream s{};
+    GPUKIT_CUDA_TRY(sim.stream_create(s));
+    void* large = alloc.allocate_async(mib + 32 * 1024, s);
+    alloc.deallocate_async(large, mib + 32 * 1024, s);  // cached by this thread
+    void* small = alloc.allocate_async(mib - 256, s);
+    CHECK(small != large);
+    auto const st = alloc.stats();
+    CHECK(st.small_pool.allocation_count.current == 1);
+    CHECK(st.large_pool.allocation_count.current == 0);
+    CHECK(st.num_cache_hits == 0);
+    alloc.deallocate_async(small, mib - 256, s);
+    CHECK(gpukit::detail::check_invariants(alloc) == "");
+    alloc.forget_stream(s);
+    alloc.release();
+    GPUKIT_CUDA_TRY(sim.stream_destroy(s));
+  }
+
   TEST_CASE_FIXTURE(sim_allocator_fixture<>,
                     "peaks stay true when blocks are freed by other threads")
   {

@@ -141,8 +141,8 @@ inline constexpr pytorch_key pytorch_keys[] = {
    "gpukit is the allocator behind PyTorch's native interface; stream-ordered cudaMallocAsync "
    "segments are `segments:stream_ordered`"},
   {"release_lock_on_cudamalloc", pytorch_key_use::default_only, "False", "accepted as False only",
-   "blocks up to 1 MiB come from per-thread caches that do not wait for the lock held while a "
-   "segment is taken"},
+   "blocks up to 1 MiB (up to 4 MiB for a thread that meets contention) come from per-thread "
+   "caches that do not wait for the lock held while a segment is taken"},
   {"release_lock_on_hipmalloc", pytorch_key_use::default_only, "False", "accepted as False only",
    "ROCm's spelling of release_lock_on_cudamalloc"},
   {"graph_capture_record_stream_reuse", pytorch_key_use::default_only, "False",

@@ -179,6 +179,12 @@ TEST_SUITE("thread_cache_front")
     block* two = bs.make(2 * mib);
     CHECK(front::push(tc, two, s, o, captures));
     CHECK(tc.pop(s, 2 * mib) == two);
+    // A large block never serves a small request (the allocator passes the small pool's most).
+    block* large = bs.make(mib + 4096);
+    CHECK(front::push(tc, large, s, o, captures));
+    CHECK(tc.pop(s, mib, mib) == nullptr);
+    CHECK(tc.pop(s, mib - 4096, mib) == nullptr);
+    CHECK(tc.pop(s, mib) == large);
     front::note_pool_lock(tc, true, o);
     front::note_pool_lock(tc, true, o);  // at the most: stays
     CHECK(front::admission(tc, o) == 4 * mib);

@@ -131,8 +131,11 @@ struct caching_thread_cache {
     }
   };
 
-  /// A block for `size` bytes on `stream`, or nullptr.
-  block* pop(stream_type stream, std::size_t size) noexcept
+  /// A block for `size` bytes on `stream`, at most `most` bytes large, or nullptr. The allocator
+  /// passes the small pool's largest block for a small request, so that a large block cached by a
+  /// thread that meets contention never serves one (the pools' blocks and counts stay apart).
+  block* pop(stream_type stream, std::size_t size,
+             std::size_t most = static_cast<std::size_t>(-1)) noexcept
   {
     slot* s = find(stream);
     if (s == nullptr) { return nullptr; }
@@ -146,6 +149,7 @@ struct caching_thread_cache {
       b = s->lists[c];
       if (b == nullptr) { return nullptr; }
     }
+    if (b->size > most) { return nullptr; }
     s->lists[c] = b->free_next;
     --s->counts[c];
     cached_bytes.add(-static_cast<std::int64_t>(b->size));
