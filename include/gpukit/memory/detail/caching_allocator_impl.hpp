@@ -201,8 +201,8 @@ void* basic_caching_allocator<Runtime>::allocate_async(std::size_t bytes, stream
   }
   if (size <= front_type::admission(tc, options_) &&
       captures_underway_.load(std::memory_order_relaxed) == 0) {
-    std::size_t const most = size <= options_.small_request_bytes ? options_.small_request_bytes
-                                                                  : static_cast<std::size_t>(-1);
+    std::size_t const most =
+      kind_for(size) == small_pool ? options_.small_request_bytes : static_cast<std::size_t>(-1);
     if (block* b = tc.pop(stream, size, most)) {
       b->state.store(detail::block_state::allocated, std::memory_order_relaxed);
       b->requested = bytes;
