@@ -250,13 +250,20 @@ class BlockCost:
     def transient_bytes(self) -> int:
         return max(self.forward_transient_bytes, self.untaped_transient_bytes, self.backward_transient_bytes)
 
-    def stage(self, time_unit_ms: float = 1e-3):
+    def stage(self, time_unit_ms: float = 1e-3, forward_scale: float = 1.0, backward_scale: float = 1.0):
         """(f, b, a, t) for the planner: times in integer units of time_unit_ms (at least 1). A
         tape that holds the block's output counts it (the simulator may drop x_i while the tape
-        lives; where it keeps both, the cost model takes the second copy off again)."""
+        lives; where it keeps both, the cost model takes the second copy off again).
+
+        The scales are OutsideCost's: a recording forward (`Fe`) takes forward_scale times the
+        profiled forward, a backward backward_scale times the profiled one. The planner's chain
+        has one forward time for `Fn` and `Fe`; every schedule runs exactly one `Fe` per block
+        (the one whose tape its backward uses), so the recording forward's extra time is added
+        to the block's backward, which every schedule also runs once."""
+        extra = (forward_scale - 1.0) * self.forward_ms
         return (
             max(1, round(self.forward_ms / time_unit_ms)),
-            max(1, round(self.backward_ms / time_unit_ms)),
+            max(1, round((self.backward_ms * backward_scale + extra) / time_unit_ms)),
             int(self.output_bytes),
             int(self.tape_bytes) + (int(self.output_bytes) if self.saves_output else 0),
         )
@@ -273,7 +280,11 @@ class OutsideCost:
     backward), beyond what was allocated at that return; tail_bytes: the peak after the first
     block's backward (what ran before the blocks, backwards); ms: the time outside the blocks;
     grads_persist: the step started with parameters' .grad None, so the backward allocates them
-    and they stay (else it adds into them in place)."""
+    and they stay (else it adds into them in place). forward_scale, backward_scale: what a
+    step's blocks took over what profile() measured of them alone, for a recording forward
+    (profile() times forwards under no_grad) and for a backward (inside the step's one backward,
+    accumulating into .grad, rather than a block's own torch.autograd.grad): measured from the
+    step's forward and backward through the blocks, given the schedule it ran."""
 
     before_bytes: int = 0
     prefix_peak_bytes: int = 0
@@ -281,6 +292,8 @@ class OutsideCost:
     tail_bytes: int = 0
     ms: float = 0.0
     grads_persist: bool = False
+    forward_scale: float = 1.0
+    backward_scale: float = 1.0
 
 
 def _blocks_of(model) -> List[nn.Module]:
@@ -587,8 +600,39 @@ class infeasible_budget(ValueError):
 _TIME_UNIT_MS = 1e-3  # the planner's time unit: microseconds
 
 
-def _stages(costs):
-    return [c.stage(_TIME_UNIT_MS) for c in costs]
+def _stages(costs, outside=None):
+    o = outside or OutsideCost()
+    return [c.stage(_TIME_UNIT_MS, o.forward_scale, o.backward_scale) for c in costs]
+
+
+# A step's chain measured more than this many times (or less than its inverse) what the profile
+# predicts is not a difference of execution but a measurement gone wrong (a step that compiled,
+# autotuned or waited): its scales are not taken.
+_SCALE_LIMIT = 4.0
+
+
+def _time_scales(costs, schedule, forward_ms, backward_ms):
+    """(forward_scale, backward_scale) that make the profiled times add up to a step's measured
+    forward and backward through the blocks under `schedule`, or None where they cannot be told
+    (no recording forward or no backward in that part) or come out absurd. A non-recording
+    forward (`Fn`) runs as profile() timed it."""
+    ops = _parse(schedule)
+    first_backward = next(k for k, (kind, _) in enumerate(ops) if kind == "B")
+    f = [c.forward_ms for c in costs]
+    fe = sum(f[i - 1] for kind, i in ops[:first_backward] if kind == "Fe")
+    fn = sum(f[i - 1] for kind, i in ops[:first_backward] if kind == "Fn")
+    if fe <= 0:
+        return None
+    forward_scale = (forward_ms - fn) / fe
+    back = sum(costs[i - 1].backward_ms for kind, i in ops if kind == "B")
+    if back <= 0:
+        return None
+    redone = sum((forward_scale if kind == "Fe" else 1.0) * f[i - 1]
+                 for kind, i in ops[first_backward:] if kind != "B")
+    backward_scale = (backward_ms - redone) / back
+    if not all(1 / _SCALE_LIMIT <= s <= _SCALE_LIMIT for s in (forward_scale, backward_scale)):
+        return None
+    return forward_scale, backward_scale
 
 
 def _evaluate(costs: Sequence[BlockCost], schedule: str, outside: Optional[OutsideCost] = None,
@@ -598,7 +642,7 @@ def _evaluate(costs: Sequence[BlockCost], schedule: str, outside: Optional[Outsi
     allocated (grads_persist), the last block's output gradient (the simulator's δ_L is 0), and
     what the step holds around the blocks; plus `correction`."""
     o = outside or OutsideCost()
-    r = _planner().simulate_ops(_stages(costs), schedule)
+    r = _planner().simulate_ops(_stages(costs, o), schedule)
     ops = _parse(schedule)
     L = len(costs)
     first_backward = next(k for k, (kind, _) in enumerate(ops) if kind == "B")
@@ -653,7 +697,7 @@ def _plan(costs, budget_bytes, outside=None, correction=0, planner="best") -> Ch
     """The fastest schedule whose peak under the whole cost model fits: gpukit's planner sees the
     four numbers of each block, so it is asked at the largest budget of its own whose plan still
     fits once everything else is added (a bisection between its least budget and ours)."""
-    stages = _stages(costs)
+    stages = _stages(costs, outside)
     budget = int(budget_bytes)
     p = _planner()
     r = p.plan(stages, 0, planner=planner)
@@ -1240,7 +1284,11 @@ class _StepWatch:
         for a, b in (("start", "entry"), ("exit", "backward"), ("backward_end", "end")):
             if a in self.marks and b in self.marks:
                 outside_ms += self._ms(a, b)
-        return dict(peak=self.top - self.base, ms=self._ms("start", "end"), outside_ms=outside_ms)
+        chain = {}
+        for part, (a, b) in (("forward_ms", ("entry", "exit")), ("backward_ms", ("backward", "backward_end"))):
+            if a in self.marks and b in self.marks:
+                chain[part] = self._ms(a, b)
+        return dict(peak=self.top - self.base, ms=self._ms("start", "end"), outside_ms=outside_ms, **chain)
 
 
 def _resolve_blocks(model, blocks):
@@ -1421,9 +1469,16 @@ def apply(model: nn.Module, budget_bytes: int, example_inputs, *, blocks=None,
                 # What the step measured around the blocks: its sizes (a later step's stand for
                 # the steps that follow it better than an earlier one's, which may hold what
                 # libraries allocate once on first use), and the least time of the steps.
+                # The blocks' times in the step against the profile's: a later step's scales
+                # replace an earlier one's (the first may hold one-time costs); where this step
+                # cannot tell them, the ones known stay.
+                scales = None
+                if "forward_ms" in measured and "backward_ms" in measured:
+                    scales = _time_scales(costs, current.schedule, measured["forward_ms"], measured["backward_ms"])
+                forward_scale, backward_scale = scales or (outside.forward_scale, outside.backward_scale)
                 outside = OutsideCost(watch.before, watch.prefix, watch.head, watch.tail,
                                       min(measured["outside_ms"], outside.ms) if rounds else measured["outside_ms"],
-                                      grads_persist)
+                                      grads_persist, forward_scale, backward_scale)
                 model_time, model_peak = _evaluate(costs, current.schedule, outside, correction)
                 over = measured["peak"] - model_peak
                 rounds.append(dict(

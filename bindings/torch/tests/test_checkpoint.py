@@ -388,6 +388,30 @@ def test_the_cost_model_adds_what_the_simulator_leaves_out():
     assert ckpt.simulate(costs, store_all, ckpt.OutsideCost(tail_bytes=10 ** 7))[1] == 10 ** 7
 
 
+def test_a_steps_times_calibrate_the_blocks_times():
+    # A step whose recording forwards take 1.25x what profile() timed (under no_grad) and whose
+    # backwards take 0.8x: the scales come back from its forward and backward through the blocks,
+    # and the model then prices every schedule with them (an Fn as profiled, one Fe per block).
+    costs = [ckpt.BlockCost(2.0, 3.0, 1 << 20, 2 << 20) for _ in range(4)]
+    ran = "Fe1 Fn2 Fe3 Fe4 B4 B3 Fe2 B2 B1"
+    forward = 1.25 * 2.0 * 3 + 2.0
+    backward = 0.8 * 3.0 * 4 + 1.25 * 2.0
+    sf, sb = ckpt._time_scales(costs, ran, forward, backward)
+    assert (sf, sb) == (pytest.approx(1.25), pytest.approx(0.8))
+    outside = ckpt.OutsideCost(ms=1.0, forward_scale=sf, backward_scale=sb)
+    assert ckpt.simulate(costs, ran, outside)[0] == pytest.approx(forward + backward + 1.0, abs=0.01)
+    store_all = "Fe1 Fe2 Fe3 Fe4 B4 B3 B2 B1"
+    assert ckpt.simulate(costs, store_all, outside)[0] == pytest.approx(1.25 * 8 + 0.8 * 12 + 1.0, abs=0.01)
+    recompute_all = "Fn1 Fn2 Fn3 Fe4 B4 Fn1 Fn2 Fe3 B3 Fn1 Fe2 B2 Fe1 B1"
+    assert ckpt.simulate(costs, recompute_all, outside)[0] == pytest.approx(
+        2.0 * (3 + 2 + 1) + 1.25 * 2.0 * 4 + 0.8 * 12 + 1.0, abs=0.01)
+    # The scales leave the memory alone, and measurements that cannot be a block's are not taken.
+    assert ckpt.simulate(costs, ran, outside)[1] == ckpt.simulate(costs, ran)[1]
+    assert ckpt._time_scales(costs, ran, 1000.0, backward) is None
+    assert ckpt._time_scales(costs, ran, forward, 0.0) is None
+    assert ckpt._time_scales(costs, "Fn1 Fn2 Fn3 Fe4 B4 Fn1 Fn2 Fe3 B3 Fn1 Fe2 B2 Fe1 B1", 0.0, backward) is None
+
+
 def test_plans_fit_the_whole_model_and_name_the_least_budget():
     costs = [ckpt.BlockCost(1.0, 2.0, 1 << 20, 2 << 20, 1 << 19, 3 << 19, 1 << 18) for _ in range(6)]
     outside = ckpt.OutsideCost(before_bytes=5 << 20, head_bytes=4 << 20, grads_persist=True)
