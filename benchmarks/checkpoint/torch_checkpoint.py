@@ -264,7 +264,7 @@ def bench(name, steps, warmup, deadline_s, n_budgets, compile_budgets):
         ckpt.apply(model, least, batch, loss_fn=loss_fn, costs=costs, outside=outside)
     except ckpt.infeasible_budget as e:
         print(f"least budget {least / MiB:.1f} MiB raised by the closed loop to "
-              f"{e.minimum_budget / MiB:.1f} MiB", file=sys.stderr)
+              f"{e.minimum_budget / MiB:.1f} MiB: {e}", file=sys.stderr)
         least = e.minimum_budget
     finally:
         ckpt.remove(model)
