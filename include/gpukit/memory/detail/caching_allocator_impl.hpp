@@ -199,11 +199,9 @@ void* basic_caching_allocator<Runtime>::allocate_async(std::size_t bytes, stream
   if (tc.flush_requested.load(std::memory_order_relaxed)) {
     front_type::flush(tc, front_operations{*this});
   }
-  if (size <= front_type::admission(tc, options_) &&
+  if (front_type::admits(tc, options_, size) &&
       captures_underway_.load(std::memory_order_relaxed) == 0) {
-    std::size_t const most =
-      kind_for(size) == small_pool ? options_.small_request_bytes : static_cast<std::size_t>(-1);
-    if (block* b = tc.pop(stream, size, most)) {
+    if (block* b = tc.pop(stream, size, options_.small_request_bytes)) {
       b->state.store(detail::block_state::allocated, std::memory_order_relaxed);
       b->requested = bytes;
       b->stream    = stream;

@@ -171,20 +171,25 @@ TEST_SUITE("thread_cache_front")
     REQUIRE(o.thread_cache_max_block_bytes == mib);
     REQUIRE(o.thread_cache_contended_max_block_bytes == 4 * mib);
     CHECK(front::admission(tc, o) == mib);
+    CHECK(front::admits(tc, o, mib));
+    CHECK_FALSE(front::admits(tc, o, mib + 1));
     CHECK_FALSE(front::push(tc, bs.make(2 * mib), s, o, captures));
     for (int i = 0; i < 1000; ++i) { front::note_pool_lock(tc, false, o); }  // alone: unchanged
     CHECK(front::admission(tc, o) == mib);
     front::note_pool_lock(tc, true, o);  // another thread held the lock: doubled
     CHECK(front::admission(tc, o) == 2 * mib);
+    CHECK(front::admits(tc, o, 2 * mib));
+    CHECK_FALSE(front::admits(tc, o, 2 * mib + 1));
     block* two = bs.make(2 * mib);
     CHECK(front::push(tc, two, s, o, captures));
     CHECK(tc.pop(s, 2 * mib) == two);
-    // A large block never serves a small request (the allocator passes the small pool's most).
+    // A large block never serves a small request (the allocator passes the small pool's largest
+    // block); a large request takes it.
     block* large = bs.make(mib + 4096);
     CHECK(front::push(tc, large, s, o, captures));
     CHECK(tc.pop(s, mib, mib) == nullptr);
     CHECK(tc.pop(s, mib - 4096, mib) == nullptr);
-    CHECK(tc.pop(s, mib) == large);
+    CHECK(tc.pop(s, mib + 256, mib) == large);
     front::note_pool_lock(tc, true, o);
     front::note_pool_lock(tc, true, o);  // at the most: stays
     CHECK(front::admission(tc, o) == 4 * mib);

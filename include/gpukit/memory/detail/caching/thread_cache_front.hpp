@@ -131,11 +131,12 @@ struct caching_thread_cache {
     }
   };
 
-  /// A block for `size` bytes on `stream`, at most `most` bytes large, or nullptr. The allocator
-  /// passes the small pool's largest block for a small request, so that a large block cached by a
-  /// thread that meets contention never serves one (the pools' blocks and counts stay apart).
+  /// A block for `size` bytes on `stream`, or nullptr. `small`: the small pool's largest block
+  /// (the allocator's small_request_bytes): a request of at most that is never served by a block
+  /// above it, which a thread that meets contention may cache (the pools' blocks and counts stay
+  /// apart).
   block* pop(stream_type stream, std::size_t size,
-             std::size_t most = static_cast<std::size_t>(-1)) noexcept
+             std::size_t small = static_cast<std::size_t>(-1)) noexcept
   {
     slot* s = find(stream);
     if (s == nullptr) { return nullptr; }
@@ -149,7 +150,7 @@ struct caching_thread_cache {
       b = s->lists[c];
       if (b == nullptr) { return nullptr; }
     }
-    if (b->size > most) { return nullptr; }
+    if (b->size > small && size <= small) { return nullptr; }
     s->lists[c] = b->free_next;
     --s->counts[c];
     cached_bytes.add(-static_cast<std::int64_t>(b->size));
@@ -439,6 +440,15 @@ class thread_cache_front {
     return std::max(options.thread_cache_max_block_bytes, tc.raised_admission);
   }
 
+  /// Whether `tc` takes a block of `size` bytes: admission(tc, options) >= size, with the raised
+  /// admission read only for sizes above the options' (the hot paths' common case costs what it
+  /// did before caches could be raised).
+  [[nodiscard]] __attribute__((always_inline)) static bool admits(
+    cache const& tc, caching_allocator_options const& options, std::size_t size) noexcept
+  {
+    return size <= options.thread_cache_max_block_bytes || size <= tc.raised_admission;
+  }
+
   /// Slow paths in a row that must find the pool lock free before a raised admission halves.
   static constexpr std::uint32_t calm_before_lowering = 256;
 
@@ -470,7 +480,7 @@ class thread_cache_front {
                                                   caching_allocator_options const& options,
                                                   std::atomic<int> const& captures) noexcept
   {
-    return b->size <= admission(tc, options) && b->capture_pool == 0 &&
+    return admits(tc, options, b->size) && b->capture_pool == 0 &&
            captures.load(std::memory_order_relaxed) == 0 &&
            tc.push(stream, b, options.thread_cache_blocks_per_class, options.thread_cache_bytes);
   }
