@@ -283,8 +283,10 @@ class OutsideCost:
     and they stay (else it adds into them in place). forward_scale, backward_scale: what a
     step's blocks took over what profile() measured of them alone, for a recording forward
     (profile() times forwards under no_grad) and for a backward (inside the step's one backward,
-    accumulating into .grad, rather than a block's own torch.autograd.grad): measured from the
-    step's forward and backward through the blocks, given the schedule it ran."""
+    accumulating into .grad, rather than a block's own torch.autograd.grad); timed_steps: the
+    steps they were measured from (0: not measured; the profile's times stand). apply() measures
+    them on steps of its plan after the first (which holds one-time costs: memory the allocator
+    maps, libraries' autotuning), given the schedule they ran."""
 
     before_bytes: int = 0
     prefix_peak_bytes: int = 0
@@ -294,6 +296,7 @@ class OutsideCost:
     grads_persist: bool = False
     forward_scale: float = 1.0
     backward_scale: float = 1.0
+    timed_steps: int = 0
 
 
 def _blocks_of(model) -> List[nn.Module]:
@@ -1396,10 +1399,36 @@ def _restore_grads(params, grads):
                 p.grad.copy_(g)
 
 
+def _calibrated(model, example_inputs, loss_fn, chain, probe, device, restore_grads, costs, schedule,
+                outside, steps):
+    """`outside` with the blocks' time scales measured on `steps` more steps of `schedule` (the
+    least forward and backward through the blocks, and the least time around them), or as it is
+    where no step could tell them."""
+    forward, backward, around = [], [], []
+    for _ in range(steps):
+        chain.watch = watch = _StepWatch(probe, device)
+        try:
+            loss_fn(_step_inputs(model, example_inputs)).backward()
+            measured = watch.finish()
+        finally:
+            chain.watch = None
+            restore_grads()
+        around.append(measured["outside_ms"])
+        if "forward_ms" in measured and "backward_ms" in measured:
+            forward.append(measured["forward_ms"])
+            backward.append(measured["backward_ms"])
+    scales = _time_scales(costs, schedule, min(forward), min(backward)) if forward else None
+    if scales is None:
+        return outside
+    return OutsideCost(**{**asdict(outside), "ms": min(around + [outside.ms]), "forward_scale": scales[0],
+                          "backward_scale": scales[1], "timed_steps": len(forward)})
+
+
 def apply(model: nn.Module, budget_bytes: int, example_inputs, *, blocks=None,
           loss_fn: Optional[Callable] = None, probe: Optional[MemoryProbe] = None,
           repetitions: int = 5, warmup: int = 2, max_rounds: int = 4,
-          costs: Optional[List[BlockCost]] = None, outside: Optional[OutsideCost] = None) -> CheckpointPlan:
+          costs: Optional[List[BlockCost]] = None, outside: Optional[OutsideCost] = None,
+          timing_steps: int = 2) -> CheckpointPlan:
     """Plans `model`'s repeated blocks under `budget_bytes` and runs them under the plan, in place.
 
     budget_bytes: the peak of one training step (forward, loss, backward) beyond what is
@@ -1411,7 +1440,9 @@ def apply(model: nn.Module, budget_bytes: int, example_inputs, *, blocks=None,
     MemoryProbe on CUDA; without one, off CUDA, sizes come from storages and no step is measured).
     costs, outside: an earlier plan's .costs and .outside for the same blocks and batch (e.g. to
     plan the model again for another budget): the blocks are not profiled again, and the first
-    step is predicted with what runs around them.
+    step is predicted with what runs around them. timing_steps: where `outside` carries no time
+    scales (OutsideCost.timed_steps 0), the steps run after the loop to measure them (0: none; the
+    profile's times stand); with an earlier plan's outside, its scales price this plan.
 
     Profiles the blocks (profile(), on the calls a forward of the model makes), plans, replaces
     each block's forward, and closes the loop: it runs a step, measures its peak, what runs
@@ -1426,8 +1457,8 @@ def apply(model: nn.Module, budget_bytes: int, example_inputs, *, blocks=None,
     blocks it cannot find or plan (named), RuntimeError when no step fits within max_rounds (the
     model is left as it was). Synchronizes the device.
     """
-    if max_rounds < 1:
-        raise ValueError(f"gpukit_torch.checkpoint.apply: max_rounds={max_rounds}")
+    if max_rounds < 1 or timing_steps < 0:
+        raise ValueError(f"gpukit_torch.checkpoint.apply: max_rounds={max_rounds}, timing_steps={timing_steps}")
     remove(model)
     named = _resolve_blocks(model, blocks)
     mods = [m for _, m in named]
@@ -1469,16 +1500,11 @@ def apply(model: nn.Module, budget_bytes: int, example_inputs, *, blocks=None,
                 # What the step measured around the blocks: its sizes (a later step's stand for
                 # the steps that follow it better than an earlier one's, which may hold what
                 # libraries allocate once on first use), and the least time of the steps.
-                # The blocks' times in the step against the profile's: a later step's scales
-                # replace an earlier one's (the first may hold one-time costs); where this step
-                # cannot tell them, the ones known stay.
-                scales = None
-                if "forward_ms" in measured and "backward_ms" in measured:
-                    scales = _time_scales(costs, current.schedule, measured["forward_ms"], measured["backward_ms"])
-                forward_scale, backward_scale = scales or (outside.forward_scale, outside.backward_scale)
+                timed = rounds or outside.timed_steps
                 outside = OutsideCost(watch.before, watch.prefix, watch.head, watch.tail,
-                                      min(measured["outside_ms"], outside.ms) if rounds else measured["outside_ms"],
-                                      grads_persist, forward_scale, backward_scale)
+                                      min(measured["outside_ms"], outside.ms) if timed else measured["outside_ms"],
+                                      grads_persist, outside.forward_scale, outside.backward_scale,
+                                      outside.timed_steps)
                 model_time, model_peak = _evaluate(costs, current.schedule, outside, correction)
                 over = measured["peak"] - model_peak
                 rounds.append(dict(
@@ -1506,6 +1532,11 @@ def apply(model: nn.Module, budget_bytes: int, example_inputs, *, blocks=None,
                     f"{rounds[-1]['measured_peak']}, predicted {rounds[-1]['predicted_peak']}); "
                     "raise max_rounds or the budget"
                 )
+            if outside.timed_steps == 0 and timing_steps > 0:
+                outside = _calibrated(model, example_inputs, loss_fn, chain, probe, device, restore_grads,
+                                      costs, current.schedule, outside, timing_steps)
+                current.outside = outside
+                current.predicted_time_ms = _evaluate(costs, current.schedule, outside, correction)[0]
     except BaseException:
         remove(model)
         raise

@@ -13,6 +13,7 @@ torchvision cases skip where those packages are not installed.
 """
 
 import copy
+import dataclasses
 import os
 import sys
 
@@ -790,6 +791,35 @@ def test_a_whole_step_is_predicted_to_the_byte_at_every_budget():
         assert q.measured_peak == q.predicted_peak <= budget, q
         schedules.add(q.schedule)
     assert len(schedules) >= 4
+
+
+def test_apply_measures_the_time_scales_once_and_prices_later_plans_with_them(monkeypatch):
+    mem = FakeAllocator()
+    model = ScriptedModel(mem, [(64 * KiB, 128 * KiB, 16 * KiB, 16 * KiB, 64 * KiB, 512)] * 4)
+    x = torch.ones(3, 4, dtype=torch.double)
+    p = ckpt.apply(model, 1 << 30, (x,), probe=mem, repetitions=1, warmup=0, timing_steps=0)
+    assert (p.outside.forward_scale, p.outside.backward_scale, p.outside.timed_steps) == (1.0, 1.0, 0)
+    # Scales that an earlier plan measured price this one, and no step measures them again.
+    given = dataclasses.replace(p.outside, forward_scale=2.0, backward_scale=0.5, timed_steps=3)
+    q = ckpt.apply(model, 1 << 30, (x,), probe=mem, costs=p.costs, outside=given)
+    assert (q.outside.forward_scale, q.outside.backward_scale, q.outside.timed_steps) == (2.0, 0.5, 3)
+    assert q.predicted_time_ms == pytest.approx(ckpt.simulate(q.costs, q.schedule, q.outside)[0])
+    assert q.predicted_time_ms != pytest.approx(ckpt.simulate(q.costs, q.schedule, p.outside)[0])
+    # Without them, timing_steps more steps of the plan measure them: the least of the steps'
+    # forward and backward through the blocks, given the schedule they ran.
+    seen = []
+
+    def scales(costs, schedule, forward_ms, backward_ms):
+        seen.append((schedule, forward_ms, backward_ms))
+        return 1.5, 0.75
+
+    monkeypatch.setattr(ckpt, "_time_scales", scales)
+    r = ckpt.apply(model, 1 << 30, (x,), probe=mem, costs=p.costs, outside=p.outside, timing_steps=3)
+    assert len(seen) == 1 and seen[0][0] == r.schedule and seen[0][1] > 0 and seen[0][2] > 0
+    assert (r.outside.forward_scale, r.outside.backward_scale, r.outside.timed_steps) == (1.5, 0.75, 3)
+    assert r.predicted_time_ms == pytest.approx(ckpt.simulate(r.costs, r.schedule, r.outside)[0])
+    with pytest.raises(ValueError, match="timing_steps=-1"):
+        ckpt.apply(model, 1 << 30, (x,), probe=mem, costs=p.costs, outside=p.outside, timing_steps=-1)
 
 
 def test_closed_loop_refuses_what_it_cannot_fit():
