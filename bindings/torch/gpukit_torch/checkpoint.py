@@ -38,6 +38,12 @@ blocks (OutsideCost: what is allocated when the first block starts, the head's a
 between the forward and the backward, the peak after the blocks' backward). The RNG states that
 recomputation replays are kept on the host and cost no device memory.
 
+Times are the profile's, each block alone (a forward under no_grad, a backward through its own
+torch.autograd.grad), scaled by what whole steps measured: a recording forward and a backward
+inside the step's one backward take longer or shorter than alone (OutsideCost.forward_scale and
+backward_scale, which apply() measures once, on steps of its plan after the first, and which
+plans made later from the same costs and outside reuse).
+
 ## Execution
 
 A planned block runs the planner's schedule inside autograd with saved-tensor hooks (as
