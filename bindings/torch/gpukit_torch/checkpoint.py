@@ -1456,7 +1456,8 @@ def apply(model: nn.Module, budget_bytes: int, example_inputs, *, blocks=None,
     beyond what the model predicts for it (with what that step measured around the blocks),
     plans again, and runs the new plan, until a step measures no more than the model predicts
     and fits the budget (up to max_rounds steps); the returned plan's predicted peak and time are
-    then the model's with that step's measurements. Parameters' .grad, buffers and the
+    then the model's with that step's measurements, and as much of the correction as that step
+    needed (correction_bytes is what the plan was made with). Parameters' .grad, buffers and the
     RNG state are restored after these steps. Returns the CheckpointPlan (its rounds hold each
     step's prediction, measurement and correction); remove(model) undoes it. Raises
     infeasible_budget (a ValueError) naming the least budget that has a plan, ValueError for
@@ -1522,8 +1523,13 @@ def apply(model: nn.Module, budget_bytes: int, example_inputs, *, blocks=None,
                 current.measured_peak, current.measured_time_ms = measured["peak"], measured["ms"]
                 if over <= 0 and measured["peak"] <= int(budget_bytes) and model_peak <= int(budget_bytes):
                     # The model, with what this step measured around the blocks, accounts for the
-                    # step: the plan stays, predicted by that model.
-                    current.predicted_peak, current.predicted_time_ms = model_peak, model_time
+                    # step: the plan stays, predicted by that model, with as much of the
+                    # correction as this step needed (an earlier step's overshoot that the plan
+                    # made since does not meet, e.g. one-time costs of its first step, is a
+                    # margin the plan keeps, not a peak it will reach).
+                    uncorrected = model_peak - correction
+                    needed = min(correction, _rounded(max(0, measured["peak"] - uncorrected)))
+                    current.predicted_peak, current.predicted_time_ms = uncorrected + needed, model_time
                     current.outside = outside
                     break
                 correction += _rounded(max(0, over))

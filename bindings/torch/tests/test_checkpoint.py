@@ -257,6 +257,7 @@ class FakeAllocator:
     def __init__(self):
         self.now = self.top = 0
         self.surprise = 0  # bytes every surprising forward allocates only inside a whole step
+        self.surprise_steps = None  # if a count: the whole steps that still see the surprise
         self.in_step = False
 
     def sync(self):
@@ -694,6 +695,10 @@ class ScriptedModel(nn.Module):
 
     def forward(self, x):
         self.mem.in_step = torch.is_grad_enabled()
+        if self.mem.in_step and self.mem.surprise_steps is not None:
+            if self.mem.surprise_steps == 0:
+                self.mem.surprise = 0
+            self.mem.surprise_steps = max(0, self.mem.surprise_steps - 1)
         x = self.pre(x)
         for b in self.blocks:
             x = b(x)
@@ -735,6 +740,14 @@ def test_closed_loop_corrects_an_injected_overshoot():
     assert f"correction +{first['correction_bytes'] / (1 << 20):.2f} MiB" in text and "step 2:" in text
     # apply() left the parameters' .grad as it found them (None).
     assert all(q.grad is None for q in model.parameters())
+
+    # An overshoot of the first step only (one-time costs): the plan keeps the margin it was made
+    # with, but predicts the peak its last step needed.
+    mem.surprise, mem.surprise_steps = surprise, 1
+    once = ckpt.apply(model, budget, (x,), probe=mem, costs=p.costs, outside=p.outside)
+    assert once.rounds[0]["correction_bytes"] > 0 and once.correction_bytes > 0
+    assert once.measured_peak == once.rounds[-1]["measured_peak"] <= budget
+    assert once.predicted_peak == once.rounds[-1]["model_peak"] - once.correction_bytes == once.measured_peak
 
 
 class ScriptedSavesOutput(torch.autograd.Function):
