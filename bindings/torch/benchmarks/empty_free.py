@@ -16,6 +16,12 @@ turning from round to round; nothing else runs meanwhile. Reported per allocator
 over rounds of ns per empty+free, and the median over rounds of its time over native's in the
 same round (the target for gpukit: at most 0.8), with the ratios' quartiles.
 
+`floor` is PyTorch's own allocator asked for torch.empty(0, ...): PyTorch's allocate() skips its
+allocator's malloc for zero bytes (a null storage, whose free does nothing), and everything else
+the call does (Python, dispatch, the tensor and its storage) stays. Its time is the least any
+allocator's torch.empty + free could take; the table gives each allocator's share of what an
+allocator could save, (native - it) / (native - floor).
+
 The run stops starting rounds when the next would pass --deadline (seconds since the start,
 worker start-up included) and says how many it skipped.
 """
@@ -33,7 +39,8 @@ sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
 
-DEFAULT_CONFIGS = ("native", "gpukit")
+DEFAULT_CONFIGS = ("native", "gpukit", "floor")
+CONFIGS = harness.CONFIGS + ("floor",)
 TARGET = 0.8  # gpukit's time over native's
 
 
@@ -77,7 +84,7 @@ def worker(args):
 
     torch.cuda.init()
     sizes = sizes_list(args.seed, args.distinct)
-    seq = [sizes[i % len(sizes)] for i in range(args.ops)]
+    seq = [0 if config == "floor" else sizes[i % len(sizes)] for i in range(args.ops)]
     warm = run_batch(torch, seq, args.live)  # fills the caches; not reported
 
     def handle(request):
@@ -109,13 +116,23 @@ def summarize(records, configs, reference):
     return rows
 
 
+def share_of_savings(rows, config, reference):
+    """(reference - config) / (reference - floor) of the median times: how much of what any
+    allocator could save `config` saves; None without a floor below the reference."""
+    ref, floor = rows.get(reference, {}), rows.get("floor", {})
+    a, f, x = ref.get("median_ns_per_op"), floor.get("median_ns_per_op"), rows[config]["median_ns_per_op"]
+    if a is None or f is None or x is None or a <= f:
+        return None
+    return (a - x) / (a - f)
+
+
 def markdown(rows, configs, reference, skipped, failed):
     out = [f"| allocator | median ns per empty+free | time vs {reference} (median of rounds' "
-           "ratios) | ratios' quartiles | rounds | target |",
-           "|---|---|---|---|---|---|"]
+           "ratios) | ratios' quartiles | share of what an allocator can save | rounds | target |",
+           "|---|---|---|---|---|---|---|"]
     for c in configs:
         if c in failed:
-            out.append(f"| {c} | did not start: {failed[c]['error']} | | | | |")
+            out.append(f"| {c} | did not start: {failed[c]['error']} | | | | | |")
             continue
         r = rows[c]
         ns = f"{r['median_ns_per_op']:.0f}" if r["median_ns_per_op"] is not None else "-"
@@ -128,8 +145,12 @@ def markdown(rows, configs, reference, skipped, failed):
             quart = f"{r['ratio_q1']:.3f} – {r['ratio_q3']:.3f}"
             target = ((f"≤ {TARGET}: " + ("met" if r["median_ratio"] <= TARGET else "missed"))
                       if c.startswith("gpukit") else "")
+        share = share_of_savings(rows, c, reference) if c not in (reference, "floor") else None
+        share = f"{share:.2f}" if share is not None else ""
+        if c == "floor":
+            share = "1 (torch.empty(0): no allocator work)"
         err = f" ({len(r['errors'])} failed: {r['errors'][0]})" if r["errors"] else ""
-        out.append(f"| {c} | {ns} | {ratio} | {quart} | {r['rounds']}{err} | {target} |")
+        out.append(f"| {c} | {ns} | {ratio} | {quart} | {share} | {r['rounds']}{err} | {target} |")
     if skipped:
         out.append(f"\n{skipped}.")
     return "\n".join(out)
@@ -165,7 +186,7 @@ def main():
         ap.error("need --rounds >= 1, --ops >= 1, --distinct >= 1, --live >= 0")
     if args.serve:
         return worker(args)
-    configs = harness.parse_configs(ap, args.configs)
+    configs = harness.parse_configs(ap, args.configs, CONFIGS)
     reference = "native" if "native" in configs else configs[0]
     plan(args, configs)
     if args.dry_run:
