@@ -1405,6 +1405,18 @@ def _restore_grads(params, grads):
                 p.grad.copy_(g)
 
 
+def _measured_step(model, example_inputs, loss_fn, chain, probe, device, restore_grads):
+    """One training step of the planned model, watched: (its _StepWatch, what finish() measured).
+    The parameters' .grad are restored after it."""
+    chain.watch = watch = _StepWatch(probe, device)
+    try:
+        loss_fn(_step_inputs(model, example_inputs)).backward()
+        return watch, watch.finish()
+    finally:
+        chain.watch = None
+        restore_grads()
+
+
 def _calibrated(model, example_inputs, loss_fn, chain, probe, device, restore_grads, costs, schedule,
                 outside, steps):
     """`outside` with the blocks' time scales measured on `steps` more steps of `schedule` (the
@@ -1412,13 +1424,7 @@ def _calibrated(model, example_inputs, loss_fn, chain, probe, device, restore_gr
     where no step could tell them."""
     forward, backward, around = [], [], []
     for _ in range(steps):
-        chain.watch = watch = _StepWatch(probe, device)
-        try:
-            loss_fn(_step_inputs(model, example_inputs)).backward()
-            measured = watch.finish()
-        finally:
-            chain.watch = None
-            restore_grads()
+        measured = _measured_step(model, example_inputs, loss_fn, chain, probe, device, restore_grads)[1]
         around.append(measured["outside_ms"])
         if "forward_ms" in measured and "backward_ms" in measured:
             forward.append(measured["forward_ms"])
@@ -1497,13 +1503,8 @@ def apply(model: nn.Module, budget_bytes: int, example_inputs, *, blocks=None,
     try:
         with _state_kept(model, device) as restore_grads:
             for _ in range(max_rounds):
-                chain.watch = watch = _StepWatch(probe, device)
-                try:
-                    loss_fn(_step_inputs(model, example_inputs)).backward()
-                    measured = watch.finish()
-                finally:
-                    chain.watch = None
-                    restore_grads()
+                watch, measured = _measured_step(model, example_inputs, loss_fn, chain, probe, device,
+                                                 restore_grads)
                 # What the step measured around the blocks: its sizes (a later step's stand for
                 # the steps that follow it better than an earlier one's, which may hold what
                 # libraries allocate once on first use), and the least time of the steps.
