@@ -21,7 +21,11 @@ configuration, each measured in the same process:
 Peak = torch.cuda.max_memory_allocated() during one training step (forward, loss, backward;
 parameters' .grad None at its start, as after zero_grad()) beyond what is allocated when it
 starts, measured on the step after --warmup steps (for gpukit: after apply()'s own steps, which
-close its loop); time = the median of --steps steps, with CUDA events. The table goes to stdout
+close its loop). Time, with CUDA events: after a first pass over every configuration (--steps
+steps each), --rounds alternated rounds install each configuration again in turn (gpukit's plans
+with gpukit_torch.checkpoint.install, no new apply()) and time --round-steps steps of it, so that
+the GPU's drift over the run is shared; a row's time is the median of its rounds' steps (the
+torch.compile rows keep their first pass's). The table goes to stdout
 and to $OUT/torch_checkpoint_<model>.md, every number to $OUT/torch_checkpoint_<model>.json; the
 last line is a one-line JSON summary. Configurations left when --deadline-s is near are listed as
 skipped, so the run fits one GPU call.
@@ -193,6 +197,53 @@ def measure(model, batch, loss_fn, steps, warmup):
     return peak, statistics.median(times), times
 
 
+def alternate(model, batch, loss_fn, rows, installs, rounds, round_steps, end):
+    """Step times in alternated rounds: every measured configuration, installed again in turn,
+    one untimed step and `round_steps` timed ones a round (the order rotated and reversed from
+    round to round), so that
+    a drift of the GPU's speed over the run falls on every configuration alike. Each row's ms
+    becomes the median of its rounds' steps (the first pass's stays as first_ms); rounds stop
+    where the next would pass `end`. Returns how many rounds ran."""
+    measured = [r for r in rows if "peak" in r and r["config"] in installs]
+    if not rounds or not measured:
+        return 0
+    params = [p for p in model.parameters() if p.requires_grad]
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    samples = {r["config"]: [] for r in measured}
+    done, longest = 0, 0.0
+    for k in range(rounds):
+        if time.time() + 1.2 * longest > end:
+            break
+        t0 = time.time()
+        shift = k * len(measured) // rounds
+        order = measured[shift:] + measured[:shift]
+        for r in (order if k % 2 == 0 else order[::-1]):
+            install, uninstall = installs[r["config"]]
+            install()
+            try:
+                for j in range(round_steps + 1):
+                    for p in params:
+                        p.grad = None
+                    start.record()
+                    loss_fn(run(model, batch)).backward()
+                    stop.record()
+                    stop.synchronize()
+                    if j:
+                        samples[r["config"]].append(start.elapsed_time(stop))
+            finally:
+                uninstall()
+        for p in params:
+            p.grad = None
+        done += 1
+        longest = max(longest, time.time() - t0)
+    for r in measured:
+        if samples[r["config"]]:
+            r["first_ms"], r["ms"] = r["ms"], statistics.median(samples[r["config"]])
+            r["round_times"] = samples[r["config"]]
+    print(f"  {done} alternated rounds of {round_steps} steps, {longest:.1f} s each", file=sys.stderr, flush=True)
+    return done
+
+
 def run(model, batch):
     return model(**batch) if isinstance(batch, dict) else model(*batch)
 
@@ -201,7 +252,7 @@ def default_loss(out):
     return ckpt._default_loss(out)
 
 
-def bench(name, steps, warmup, deadline_s, n_budgets, compile_budgets):
+def bench(name, steps, warmup, deadline_s, n_budgets, compile_budgets, rounds, round_steps):
     builder, shape, _ = MODELS[name]
     device = torch.device("cuda")
     torch.manual_seed(0)
@@ -210,7 +261,10 @@ def bench(name, steps, warmup, deadline_s, n_budgets, compile_budgets):
     names = ckpt.find_blocks(model)
     blocks = [model.get_submodule(n) for n in names]
     L = len(blocks)
-    deadline = Deadline(deadline_s)
+    # The first pass (peaks, plans, first times) takes up to 60% of the time; the alternated
+    # rounds of step times the rest.
+    deadline_end = time.time() + deadline_s
+    deadline = Deadline(deadline_s * (0.6 if rounds else 1.0))
     rows = []
 
     def row(config, fn, **extra):
@@ -231,6 +285,8 @@ def bench(name, steps, warmup, deadline_s, n_budgets, compile_budgets):
         print(f"  {config}: peak {r.get('peak', 0) / MiB:.1f} MiB, {r.get('ms', 0):.2f} ms", file=sys.stderr, flush=True)
         return r
 
+    installs = {}  # configuration -> (install, uninstall), for the alternated rounds
+
     def anchor(patch):
         def fn():
             patch()
@@ -241,10 +297,14 @@ def bench(name, steps, warmup, deadline_s, n_budgets, compile_budgets):
             return dict(peak=peak, ms=ms, times=times)
         return fn
 
-    anchors = [row("store-all", anchor(lambda: None), kind="anchor")]
-    anchors.append(row("torch.utils.checkpoint per block", anchor(lambda: per_block(blocks)), kind="anchor"))
+    def anchor_row(config, patch):
+        installs[config] = (patch, lambda: restore(blocks))
+        return row(config, anchor(patch), kind="anchor")
+
+    anchors = [anchor_row("store-all", lambda: None)]
+    anchors.append(anchor_row("torch.utils.checkpoint per block", lambda: per_block(blocks)))
     for s in range(1, L + 1):
-        anchors.append(row(f"checkpoint_sequential({s})", anchor(lambda s=s: segments(blocks, s)), kind="anchor"))
+        anchors.append(anchor_row(f"checkpoint_sequential({s})", lambda s=s: segments(blocks, s)))
 
     # gpukit: one profile, then plans for each budget (the closed loop runs inside apply()).
     t0 = time.time()
@@ -270,23 +330,25 @@ def bench(name, steps, warmup, deadline_s, n_budgets, compile_budgets):
         ckpt.remove(model)
     budgets = sorted({int(least + (store_all - least) * k / (n_budgets - 1)) for k in range(n_budgets)})
 
-    def gpukit(budget):
+    def gpukit(budget, config):
         def fn():
             p = ckpt.apply(model, budget, batch, loss_fn=loss_fn, costs=costs, outside=outside)
             try:
                 peak, ms, times = measure(model, batch, loss_fn, steps, warmup)
             finally:
                 ckpt.remove(model)
+            installs[config] = (lambda: ckpt.install(model, p), lambda: ckpt.remove(model))
             return dict(peak=peak, ms=ms, times=times, pred_peak=p.predicted_peak, pred_ms=p.predicted_time_ms,
                         recomputed=p.recomputations, correction=p.correction_bytes, rounds=p.rounds,
                         schedule=p.schedule)
         return fn
 
     for b in budgets:
-        row(f"gpukit @ {b / MiB:.1f} MiB", gpukit(b), kind="gpukit", budget=b)
+        row(f"gpukit @ {b / MiB:.1f} MiB", gpukit(b, f"gpukit @ {b / MiB:.1f} MiB"), kind="gpukit", budget=b)
     for a in [a for a in anchors if a is not None and "peak" in a]:
         if a["peak"] >= least:
-            r = row(f"gpukit @ {a['config']}", gpukit(a["peak"]), kind="gpukit", budget=a["peak"])
+            r = row(f"gpukit @ {a['config']}", gpukit(a["peak"], f"gpukit @ {a['config']}"), kind="gpukit",
+                    budget=a["peak"])
             if r is not None:
                 r["anchor_ms"] = a["ms"]
 
@@ -309,10 +371,13 @@ def bench(name, steps, warmup, deadline_s, n_budgets, compile_budgets):
 
         a = row(f"torch.compile activation_memory_budget={frac}", compiled, kind="anchor")
         if a is not None and a["peak"] >= least:
-            r = row(f"gpukit @ {a['config']}", gpukit(a["peak"]), kind="gpukit", budget=a["peak"])
+            r = row(f"gpukit @ {a['config']}", gpukit(a["peak"], f"gpukit @ {a['config']}"), kind="gpukit",
+                    budget=a["peak"])
             if r is not None:
                 r["anchor_ms"] = a["ms"]
+    rounds_done = alternate(model, batch, loss_fn, rows, installs, rounds, round_steps, deadline_end)
     return dict(model=name, blocks=names, batch=list(shape), profile_s=profile_s, least=least,
+                rounds_done=rounds_done, round_steps=round_steps,
                 store_all_predicted=store_all, outside=first.outside.__dict__, rows=rows)
 
 
@@ -328,7 +393,8 @@ def table(result):
 
     lines = [
         f"### {result['model']} ({len(result['blocks'])} blocks, batch {result['batch']}; profiled in "
-        f"{result['profile_s']:.1f} s; least feasible {mib(result['least'])} MiB)", "",
+        f"{result['profile_s']:.1f} s; least feasible {mib(result['least'])} MiB; step times: median of "
+        f"{result.get('rounds_done', 0)} alternated rounds of {result['round_steps']} steps)", "",
         "| configuration | budget MiB | peak MiB | predicted MiB | peak error | step ms | predicted ms | time error | note |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in result["rows"]:
@@ -400,6 +466,9 @@ def main():
     ap.add_argument("--compile-budgets", default="1.0,0.5,0.2,0.0",
                     help="activation_memory_budget values for torch.compile ('' for none)")
     ap.add_argument("--deadline-s", type=float, default=540.0)
+    ap.add_argument("--rounds", type=int, default=6,
+                    help="alternated rounds of step times after the first pass (0: the first pass's times)")
+    ap.add_argument("--round-steps", type=int, default=5)
     ap.add_argument("--dry-run", action="store_true")
     args = ap.parse_args()
     if args.budgets < 8:
@@ -413,8 +482,10 @@ def main():
         print("torch_checkpoint: needs a CUDA GPU (torch.cuda.is_available() is False); --dry-run plans without one",
               file=sys.stderr)
         sys.exit(2)
-    if args.steps < 20:
-        print("torch_checkpoint: --steps must be at least 20", file=sys.stderr)
+    if args.steps < (3 if args.rounds else 20) or args.round_steps < 1:
+        print(f"torch_checkpoint: --steps {args.steps} --round-steps {args.round_steps}: the first pass's steps "
+              "must be at least 20 without alternated rounds, 3 with them; --round-steps at least 1",
+              file=sys.stderr)
         sys.exit(2)
     torch.backends.cudnn.benchmark = True
     torch.backends.cuda.matmul.allow_tf32 = True  # step times of a realistic training setup
@@ -424,7 +495,8 @@ def main():
               f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; command: "
               f"python3 benchmarks/checkpoint/torch_checkpoint.py {' '.join(sys.argv[1:])}\n")
     budgets = [float(v) for v in args.compile_budgets.split(",") if v.strip()]
-    result = bench(args.model, args.steps, args.warmup, args.deadline_s, args.budgets, budgets)
+    result = bench(args.model, args.steps, args.warmup, args.deadline_s, args.budgets, budgets, args.rounds,
+                   args.round_steps)
     result["header"] = header
     text = header + "\n" + table(result)
     print(text, flush=True)

@@ -90,6 +90,7 @@ __all__ = [
     "apply",
     "find_blocks",
     "infeasible_budget",
+    "install",
     "plan",
     "profile",
     "remove",
@@ -545,7 +546,9 @@ class CheckpointPlan:
     more than predicted; outside: what runs around the blocks (apply() measures it); rounds: one
     dict per measured step of apply() (schedule, predicted and measured peak and time, the
     correction it led to); measured_peak, measured_time_ms: the last round's; blocks: the
-    planned blocks' names.
+    planned blocks' names; exact: the planner proved the schedule the fastest of its chain (its
+    exact search; False for rotor's dynamic program, and where one of checkpoint_sequential's
+    schedules was faster under the whole cost model than every plan of the planner).
     """
 
     schedule: str
@@ -755,6 +758,14 @@ def _plan(costs, budget_bytes, outside=None, correction=0, planner="best") -> Ch
             else:
                 hi = mid
     fitting = [a for a in tried.values() if a is not None and a[2] <= budget]
+    # The planner optimizes its chain's peak, not the whole model's: at a budget between two of
+    # its plans, a schedule of PyTorch's own kind (checkpoint_sequential's segments) may fit and
+    # be faster than every plan the search met. Each of them is a candidate too, so that no
+    # checkpoint_sequential setting that fits the budget is faster under the model.
+    for schedule in _segment_schedules(L):
+        t, peak = _evaluate(costs, schedule, outside, correction)
+        if peak <= budget:
+            fitting.append((dict(schedule=schedule, exact=False), t, peak))
     r, t, peak = min(fitting, key=lambda a: (a[1], a[2]))
     return CheckpointPlan(
         schedule=r["schedule"],
@@ -767,6 +778,24 @@ def _plan(costs, budget_bytes, outside=None, correction=0, planner="best") -> Ch
         outside=outside,
         correction_bytes=int(correction),
     )
+
+
+def _segment_schedules(L):
+    """torch.utils.checkpoint.checkpoint_sequential's schedules for L blocks, one a segment count
+    s = 2..L (s = 1 stores everything, which the planner meets): segments of L // s blocks, the
+    remainder in the last one, which runs recording; the others keep only their input and run
+    again, recording, when the backward reaches them."""
+    out = []
+    for s in range(2, L + 1):
+        size = L // s
+        kept = (s - 1) * size  # blocks 1..kept are in checkpointed segments
+        ops = [f"Fn{i}" for i in range(1, kept + 1)] + [f"Fe{i}" for i in range(kept + 1, L + 1)]
+        ops += [f"B{i}" for i in range(L, kept, -1)]
+        for k in range(s - 2, -1, -1):
+            first, last = k * size + 1, (k + 1) * size
+            ops += [f"Fe{i}" for i in range(first, last + 1)] + [f"B{i}" for i in range(last, first - 1, -1)]
+        out.append(" ".join(ops))
+    return out
 
 
 def plan(costs: Sequence[BlockCost], budget_bytes: int, outside: Optional[OutsideCost] = None,
@@ -1361,6 +1390,23 @@ def remove(model: nn.Module) -> int:
             del m._gpukit_checkpoint, m._gpukit_own_forward
             n += 1
     return n
+
+
+def install(model: nn.Module, checkpoint_plan: CheckpointPlan, *, blocks=None) -> CheckpointPlan:
+    """Runs `model`'s blocks under a plan made earlier (apply()'s, or plan()'s for the same
+    blocks), in place, without profiling or running a step: e.g. the plan again after remove(),
+    or on another instance of the same model and batch shape. blocks: as apply() takes them
+    (default: the plan's own block names, else find_blocks(model)). Raises ValueError where the
+    plan is not for that many blocks or its schedule is not valid; the model is then left as it
+    was. Returns the plan; remove(model) undoes it."""
+    names = blocks if blocks is not None else (checkpoint_plan.blocks or None)
+    mods = [m for _, m in _resolve_blocks(model, names)]
+    chain = _Chain(mods)
+    chain.set_plan(checkpoint_plan)  # validates the plan against these blocks first
+    remove(model)
+    for i, m in enumerate(mods, start=1):
+        _patch(m, chain, i)
+    return checkpoint_plan
 
 
 def _patch(block, chain, i):

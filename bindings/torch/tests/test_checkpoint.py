@@ -15,6 +15,7 @@ torchvision cases skip where those packages are not installed.
 import copy
 import dataclasses
 import os
+import random
 import sys
 
 import pytest
@@ -432,6 +433,28 @@ def test_plans_fit_the_whole_model_and_name_the_least_budget():
     assert str(least - 1) in str(e.value)
 
 
+def test_no_checkpoint_sequential_setting_that_fits_is_faster_than_the_plan():
+    # Blocks of unequal tapes and transients around a large head: the whole model's peak is not
+    # the planner's chain peak, so the planner alone can miss a segment schedule that fits.
+    n, MiB = 12, 1 << 20
+    for seed in range(8):
+        rnd = random.Random(seed)
+        costs = [ckpt.BlockCost(1.0 + rnd.random(), 2.0 + rnd.random(), 12 * MiB, rnd.choice([150, 180, 200]) * MiB,
+                                rnd.choice([20, 60]) * MiB, rnd.choice([40, 80]) * MiB, 28 * MiB) for _ in range(n)]
+        outside = ckpt.OutsideCost(before_bytes=30 * MiB, head_bytes=rnd.choice([300, 800]) * MiB,
+                                   tail_bytes=100 * MiB, grads_persist=True)
+        for s in range(2, n + 1):
+            size = n // s
+            schedule = ckpt._segment_schedules(n)[s - 2]
+            ops = schedule.split()
+            assert sum(op.startswith("F") for op in ops) - n == (s - 1) * size  # each segment runs twice
+            assert [op for op in ops if op.startswith("B")] == [f"B{i}" for i in range(n, 0, -1)]
+            t, peak = ckpt.simulate(costs, schedule, outside)
+            p = ckpt.plan(costs, peak, outside)
+            assert p.predicted_peak <= peak
+            assert p.predicted_time_ms <= t, (seed, s, schedule, p.schedule)
+
+
 # ---- models built from torch.nn: blocks with several inputs, keywords and tuple outputs ------------
 
 
@@ -635,6 +658,32 @@ def test_remove_restores_each_forward():
     assert ckpt.remove(model) == L
     assert model[2].forward is mine and "forward" not in model[3].__dict__
     assert ckpt.remove(model) == 0
+
+
+def test_install_runs_an_earlier_plan_again_without_a_step():
+    model, inputs, names = nn_models()["gpt"]
+    reference = copy.deepcopy(model)
+    p = least_applied(model, inputs)
+    assert ckpt.remove(model) == len(names)
+    steps = []
+    model.register_forward_hook(lambda *_: steps.append(1))
+    assert ckpt.install(model, p) is p and not steps  # no profile, no step
+    assert sum(1 for m in model.modules() if getattr(m, "_gpukit_checkpoint", None)) == len(names)
+    params = [q for q in model.parameters() if q.requires_grad]
+    got = step_grads(model, inputs, params, 3, False)
+    expected = step_grads(reference, inputs, [q for q in reference.parameters() if q.requires_grad], 3, False)
+    assert torch.equal(got[0], expected[0])
+    assert all(torch.allclose(g, e, rtol=0, atol=1e-12) for g, e in zip(got[1], expected[1]))
+    # Installed twice: the blocks run under the second plan, and remove() undoes it once.
+    assert ckpt.install(model, p) is p and ckpt.remove(model) == len(names) and ckpt.remove(model) == 0
+    # A plan for other blocks is refused, and the model stays as it was.
+    ckpt.install(model, p)
+    with pytest.raises(ValueError, match="is not for 1 blocks"):
+        ckpt.install(model, p, blocks=names[:1])
+    assert sum(1 for m in model.modules() if getattr(m, "_gpukit_checkpoint", None)) == len(names)
+    with pytest.raises(ValueError, match="no block 'nope'"):
+        ckpt.install(model, p, blocks=["nope"])
+    assert ckpt.remove(model) == len(names)
 
 
 def test_a_model_that_changes_the_hidden_state_between_blocks_is_refused():
