@@ -200,8 +200,8 @@ def measure(model, batch, loss_fn, steps, warmup):
 def alternate(model, batch, loss_fn, rows, installs, rounds, round_steps, end):
     """Step times in alternated rounds: every measured configuration, installed again in turn,
     one untimed step and `round_steps` timed ones a round (the order rotated and reversed from
-    round to round), so that
-    a drift of the GPU's speed over the run falls on every configuration alike. Each row's ms
+    round to round), so that a drift of the GPU's speed over the run falls on every
+    configuration alike. Each row's ms
     becomes the median of its rounds' steps (the first pass's stays as first_ms); rounds stop
     where the next would pass `end`. Returns how many rounds ran."""
     measured = [r for r in rows if "peak" in r and r["config"] in installs]
@@ -350,7 +350,7 @@ def bench(name, steps, warmup, deadline_s, n_budgets, compile_budgets, rounds, r
             r = row(f"gpukit @ {a['config']}", gpukit(a["peak"], f"gpukit @ {a['config']}"), kind="gpukit",
                     budget=a["peak"])
             if r is not None:
-                r["anchor_ms"] = a["ms"]
+                r["anchor"] = a["config"]
 
     # torch.compile with the partitioner's activation memory budget, last: it takes longest.
     for frac in compile_budgets:
@@ -374,8 +374,12 @@ def bench(name, steps, warmup, deadline_s, n_budgets, compile_budgets, rounds, r
             r = row(f"gpukit @ {a['config']}", gpukit(a["peak"], f"gpukit @ {a['config']}"), kind="gpukit",
                     budget=a["peak"])
             if r is not None:
-                r["anchor_ms"] = a["ms"]
+                r["anchor"] = a["config"]
     rounds_done = alternate(model, batch, loss_fn, rows, installs, rounds, round_steps, deadline_end)
+    times = {r["config"]: r["ms"] for r in rows if "ms" in r}
+    for r in rows:  # each gpukit row made at an anchor's peak, against that anchor's time
+        if "anchor" in r and r["anchor"] in times:
+            r["anchor_ms"] = times[r["anchor"]]
     return dict(model=name, blocks=names, batch=list(shape), profile_s=profile_s, least=least,
                 rounds_done=rounds_done, round_steps=round_steps,
                 store_all_predicted=store_all, outside=first.outside.__dict__, rows=rows)
