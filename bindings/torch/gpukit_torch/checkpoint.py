@@ -13,8 +13,9 @@ nn.Sequential that are all of one class, e.g. transformers' GPT-2 `transformer.h
 `model.layers`, torchvision ResNet's Bottlenecks in layer1..layer4), measures each of them
 (profile()), plans with gpukit's planner (gpukit::plan_best: the least time of any schedule on
 chains of up to 11 blocks, rotor's dynamic program beyond; bound in gpukit_torch._C, or compiled
-from csrc/planner.cpp on first use where that extension is not installed) and replaces the
-blocks' forward in place. It then runs training steps on `example_inputs` and closes the loop:
+from csrc/planner.cpp on first use where that extension is not installed; checkpoint_sequential's
+schedules compete with its plans under the whole cost model) and replaces the blocks' forward in
+place. It then runs training steps on `example_inputs` and closes the loop:
 the first step measures what runs around the blocks (embeddings, head, loss) and compares the
 measured peak with the prediction; where the step went over what the model predicts for it, the
 overshoot is added to the model as a correction and the plan is made again, until a measured
