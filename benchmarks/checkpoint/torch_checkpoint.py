@@ -287,7 +287,7 @@ def bench(name, steps, warmup, deadline_s, n_budgets, compile_budgets, rounds, r
 
     installs = {}  # configuration -> (install, uninstall), for the alternated rounds
 
-    def anchor(patch):
+    def anchor_row(config, patch):
         def fn():
             patch()
             try:
@@ -295,11 +295,9 @@ def bench(name, steps, warmup, deadline_s, n_budgets, compile_budgets, rounds, r
             finally:
                 restore(blocks)
             return dict(peak=peak, ms=ms, times=times)
-        return fn
 
-    def anchor_row(config, patch):
         installs[config] = (patch, lambda: restore(blocks))
-        return row(config, anchor(patch), kind="anchor")
+        return row(config, fn, kind="anchor")
 
     anchors = [anchor_row("store-all", lambda: None)]
     anchors.append(anchor_row("torch.utils.checkpoint per block", lambda: per_block(blocks)))

@@ -1401,13 +1401,19 @@ def install(model: nn.Module, checkpoint_plan: CheckpointPlan, *, blocks=None) -
     plan is not for that many blocks or its schedule is not valid; the model is then left as it
     was. Returns the plan; remove(model) undoes it."""
     names = blocks if blocks is not None else (checkpoint_plan.blocks or None)
-    mods = [m for _, m in _resolve_blocks(model, names)]
+    _planned_chain(model, [m for _, m in _resolve_blocks(model, names)], checkpoint_plan)
+    return checkpoint_plan
+
+
+def _planned_chain(model, mods, checkpoint_plan):
+    """The blocks `mods` of `model` run under `checkpoint_plan` (validated first: on a bad plan
+    the model stays as it was); an earlier plan's patches are removed. Returns their _Chain."""
     chain = _Chain(mods)
-    chain.set_plan(checkpoint_plan)  # validates the plan against these blocks first
+    chain.set_plan(checkpoint_plan)
     remove(model)
     for i, m in enumerate(mods, start=1):
         _patch(m, chain, i)
-    return checkpoint_plan
+    return chain
 
 
 def _patch(block, chain, i):
@@ -1538,12 +1544,9 @@ def apply(model: nn.Module, budget_bytes: int, example_inputs, *, blocks=None,
         outside = OutsideCost(grads_persist=grads_persist)
     else:
         outside = OutsideCost(**{**asdict(outside), "grads_persist": grads_persist})
-    chain = _Chain(mods)
     current = _plan(costs, budget_bytes, outside)
     current.blocks = [n for n, _ in named]
-    chain.set_plan(current)
-    for i, m in enumerate(mods, start=1):
-        _patch(m, chain, i)
+    chain = _planned_chain(model, mods, current)
     if probe is None:
         return current
     rounds, correction = [], 0

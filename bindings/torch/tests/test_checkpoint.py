@@ -443,11 +443,9 @@ def test_no_checkpoint_sequential_setting_that_fits_is_faster_than_the_plan():
                                 rnd.choice([20, 60]) * MiB, rnd.choice([40, 80]) * MiB, 28 * MiB) for _ in range(n)]
         outside = ckpt.OutsideCost(before_bytes=30 * MiB, head_bytes=rnd.choice([300, 800]) * MiB,
                                    tail_bytes=100 * MiB, grads_persist=True)
-        for s in range(2, n + 1):
-            size = n // s
-            schedule = ckpt._segment_schedules(n)[s - 2]
+        for s, schedule in enumerate(ckpt._segment_schedules(n), start=2):
             ops = schedule.split()
-            assert sum(op.startswith("F") for op in ops) - n == (s - 1) * size  # each segment runs twice
+            assert sum(op.startswith("F") for op in ops) - n == (s - 1) * (n // s)  # each segment runs twice
             assert [op for op in ops if op.startswith("B")] == [f"B{i}" for i in range(n, 0, -1)]
             t, peak = ckpt.simulate(costs, schedule, outside)
             p = ckpt.plan(costs, peak, outside)
