@@ -294,7 +294,9 @@ class OutsideCost:
     accumulating into .grad, rather than a block's own torch.autograd.grad); timed_steps: the
     steps they were measured from (0: not measured; the profile's times stand). apply() measures
     them on steps of its plan after the first (which holds one-time costs: memory the allocator
-    maps, libraries' autotuning), given the schedule they ran."""
+    maps, libraries' autotuning), given the schedule they ran. head_grad_bytes: the gradients of
+    parameters outside the blocks (the head's, a tied embedding's) that the head's backward
+    allocates (grads_persist), held through the blocks' backward."""
 
     before_bytes: int = 0
     prefix_peak_bytes: int = 0
@@ -305,6 +307,7 @@ class OutsideCost:
     forward_scale: float = 1.0
     backward_scale: float = 1.0
     timed_steps: int = 0
+    head_grad_bytes: int = 0
 
 
 def _blocks_of(model) -> List[nn.Module]:
@@ -408,14 +411,17 @@ def _measure_sizes(block, call, x, probe, grads_persist):
         probe.sync()
         base = probe.allocated()
         probe.reset_peak()
+        # What a block returns beside its hidden state (attention weights, caches) the model
+        # drops as it calls the next block, and the chain keeps only x_i: those are transients.
         with torch.no_grad():
-            y = call.with_hidden(x)(block)
+            y = _hidden_of(call.with_hidden(x)(block))
         probe.sync()
         a = probe.allocated() - base
         fn_transient = probe.peak() - base - a
         base = probe.allocated()
         probe.reset_peak()
         xin, out, saved = _recorded_forward(block, call, x)
+        out = _hidden_of(out)  # the rest stays only where the tape holds it
         probe.sync()
         held = probe.allocated() - base
         saves_output = _hidden_of(out).untyped_storage().data_ptr() in saved
@@ -662,6 +668,8 @@ def _evaluate(costs: Sequence[BlockCost], schedule: str, outside: Optional[Outsi
     twice_during, twice_after = _outputs_counted_twice(costs, ops)
     peak, grads = max(o.prefix_peak_bytes, o.tail_bytes), 0
     for k, (kind, i) in enumerate(ops):
+        if k == first_backward:  # the head's backward has left its parameters' gradients
+            grads += o.head_grad_bytes
         c = costs[i - 1]
         if kind == "B":
             extra = c.backward_transient_bytes + (c.output_bytes if i == L else 0)
@@ -1101,12 +1109,16 @@ class _Run:
         if self.frames[slot.block] is None:
             self.before_backward(slot.block)
         frame = self.frames[slot.block]
-        if frame is None or slot.index >= len(frame):
+        if frame is None or slot.index >= len(frame) or frame[slot.index] is None:
             raise RuntimeError(
                 f"gpukit_torch.checkpoint: block {slot.block}'s saved tensor {slot.index} is not "
-                "available: its backward ran twice (retain_graph) or out of the schedule's order"
+                "available: its backward ran twice (retain_graph), out of the schedule's order, or "
+                "it was unpacked before"
             )
-        return frame[slot.index]
+        # Autograd unpacks a saved tensor once, when its node runs, and frees it after: the
+        # frame lets go of it now, so that the tape shrinks through B<i> as the profile measured.
+        t, frame[slot.index] = frame[slot.index], None
+        return t
 
 
 class _Chain:
@@ -1260,9 +1272,13 @@ class _StepWatch:
     reset at the blocks' edges, and the step's peak is the largest of the parts. Times come from
     CUDA events recorded at the same edges (a steady clock off CUDA), read when the step is over."""
 
-    def __init__(self, probe, device):
+    def __init__(self, probe, device, others=()):
         self.probe = probe
         self.cuda = device.type == "cuda"
+        # Parameters outside the blocks whose gradient the backward allocates: the head's are
+        # held through the blocks' backward.
+        self.others = [p for p in others if p.grad is None]
+        self.head_grads = 0
         probe.sync()
         self.base = probe.allocated()
         probe.reset_peak()
@@ -1305,6 +1321,7 @@ class _StepWatch:
         p = self._part()
         if self.exit_allocated is not None:
             self.head = p - self.exit_allocated
+        self.head_grads = _storage_bytes([q.grad for q in self.others if q.grad is not None])
         self.probe.reset_peak()
         self._mark("backward")
 
@@ -1461,7 +1478,9 @@ def _restore_grads(params, grads):
 def _measured_step(model, example_inputs, loss_fn, chain, probe, device, restore_grads):
     """One training step of the planned model, watched: (its _StepWatch, what finish() measured).
     The parameters' .grad are restored after it."""
-    chain.watch = watch = _StepWatch(probe, device)
+    inside = {id(p) for b in chain.blocks for p in _params(b)}
+    others = [p for p in model.parameters() if p.requires_grad and id(p) not in inside]
+    chain.watch = watch = _StepWatch(probe, device, others)
     try:
         loss_fn(_step_inputs(model, example_inputs)).backward()
         return watch, watch.finish()
@@ -1562,7 +1581,7 @@ def apply(model: nn.Module, budget_bytes: int, example_inputs, *, blocks=None,
                 outside = OutsideCost(watch.before, watch.prefix, watch.head, watch.tail,
                                       min(measured["outside_ms"], outside.ms) if timed else measured["outside_ms"],
                                       grads_persist, outside.forward_scale, outside.backward_scale,
-                                      outside.timed_steps)
+                                      outside.timed_steps, watch.head_grads)
                 model_time, model_peak = _evaluate(costs, current.schedule, outside, correction)
                 over = measured["peak"] - model_peak
                 rounds.append(dict(
