@@ -38,6 +38,7 @@ and prints gpukit's plan at each budget; it measures nothing.
 """
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -133,16 +134,20 @@ def segments(blocks, count):
                     k = dict(k, hidden_states=h)
             return out
 
-        def first(*a, _run=run_segment, _cell=cell, **k):
-            _cell["out"] = checkpoint(_run, *a, use_reentrant=False, **k)
-            return _cell["out"]
+        def first(*a, _run=run_segment, _cell=cell, _more=e - s > 1, **k):
+            out = checkpoint(_run, *a, use_reentrant=False, **k)
+            if _more:
+                _cell["out"] = out
+            return out
 
-        def rest(*a, _cell=cell, **k):
-            return _cell["out"]
+        def rest(*a, _cell=cell, _last=False, **k):
+            # The segment's last block lets go of the output: held from one step to the next, it
+            # would be freed in the next step and lower that step's measured peak.
+            return _cell.pop("out") if _last else _cell["out"]
 
         blocks[s].forward = first
-        for b in blocks[s + 1:e]:
-            b.forward = rest
+        for i in range(s + 1, e):
+            blocks[i].forward = functools.partial(rest, _last=i == e - 1)
 
 
 def restore(blocks):
@@ -378,9 +383,17 @@ def bench(name, steps, warmup, deadline_s, n_budgets, compile_budgets, rounds, r
     for r in rows:  # each gpukit row made at an anchor's peak, against that anchor's time
         if "anchor" in r and r["anchor"] in times:
             r["anchor_ms"] = times[r["anchor"]]
+    # What gpukit's cost model says of each checkpoint_sequential setting's schedule (for reading
+    # the anchors against the model; its runtime runs the same schedule).
+    segment = ckpt._segment_schedules(L)
+    for r in rows:
+        if r["config"].startswith("checkpoint_sequential(") and r["config"] != "checkpoint_sequential(1)":
+            s = int(r["config"][len("checkpoint_sequential("):-1])
+            r["model_ms"], r["model_peak"] = ckpt.simulate(costs, segment[s - 2], outside)
     return dict(model=name, blocks=names, batch=list(shape), profile_s=profile_s, least=least,
                 rounds_done=rounds_done, round_steps=round_steps,
-                store_all_predicted=store_all, outside=first.outside.__dict__, rows=rows)
+                store_all_predicted=store_all, outside=first.outside.__dict__, rows=rows,
+                costs=[c.__dict__ for c in costs])
 
 
 def table(result):

@@ -398,6 +398,21 @@ def _backward(out, xin, params):
         torch.autograd.backward(h, torch.ones_like(h), inputs=inputs)
 
 
+class _OutputGradient(torch.autograd.Function):
+    """A scalar standing for a block's output h: its backward gives h a gradient of ones that
+    only autograd holds."""
+
+    @staticmethod
+    def forward(ctx, h):
+        ctx.like = (h.shape, h.dtype, h.device)
+        return h.new_zeros(())
+
+    @staticmethod
+    def backward(ctx, _):
+        shape, dtype, device = ctx.like
+        return torch.ones(shape, dtype=dtype, device=device)
+
+
 def _measure_sizes(block, call, x, probe, grads_persist):
     """(output, tape, forward transient, backward peak or None, the output) of one block on x."""
     params = _params(block)
@@ -426,21 +441,28 @@ def _measure_sizes(block, call, x, probe, grads_persist):
         held = probe.allocated() - base
         saves_output = _hidden_of(out).untyped_storage().data_ptr() in saved
         fe_transient = probe.peak() - base - held
-        # The gradient of the output and the parameters' gradients (zeros, when a step adds into
-        # them) exist before the backward starts, as in a training step.
+        # The parameters' gradients (zeros, when a step adds into them) exist before the backward
+        # starts, as in a training step. The output's gradient is made inside the backward
+        # (_OutputGradient), so that autograd frees it when its last user has run, as it frees
+        # δ_i in a step: it is in the peak while it lives (a block that ends in an activation
+        # replaces it early; one that ends in a residual sum passes it on to the end).
+        # The output itself is held by the tape alone, as in a step whose schedule has dropped
+        # x_i by B<i> (one that keeps it counts it apart).
         h = _hidden_of(out)
-        g = torch.ones_like(h) if h.requires_grad else None
+        seed = _OutputGradient.apply(h) if h.requires_grad else None
+        one = torch.ones((), dtype=h.dtype, device=h.device) if seed is not None else None
+        del out, h
         with _grads_as(params, grads_persist):
             probe.sync()
             entry = probe.allocated()
             probe.reset_peak()
             inputs = ([xin] if xin.requires_grad else []) + params
-            if g is not None and inputs:
-                torch.autograd.backward(h, g, inputs=inputs)
+            if seed is not None and inputs:
+                torch.autograd.backward(seed, one, inputs=inputs)
             probe.sync()
             backward_peak = probe.peak() - entry
             del inputs
-        del xin, out, h, g, saved
+        del xin, seed, one, saved
         return (max(0, a), max(0, held - a), (max(0, fe_transient), max(0, fn_transient)),
                 max(0, backward_peak), saves_output, y)
     # Elsewhere: the bytes of the output's storage, and of the tensors autograd saves beyond the
@@ -503,11 +525,12 @@ def _profile_calls(blocks, calls, x, repetitions, warmup, probe, grads_persist):
                                    saves_output, fn_transient))
             backward_peaks.append(backward_peak)
             x = _hidden_of(y).detach()
-    # The backward's transient is what its peak holds beyond the input's gradient, which the
-    # simulator counts as the output of the block before (block 1's input gradient it does not).
+    # The backward's transient is what its peak holds beyond what the simulator counts through
+    # B<i>: the output's gradient δ_i and the input's gradient δ_{i-1}, the size of the block
+    # before's output (block 1's input gradient it does not count).
     for i, (c, peak) in enumerate(zip(costs, backward_peaks)):
         if peak is not None:
-            counted = costs[i - 1].output_bytes if i > 0 else 0
+            counted = c.output_bytes + (costs[i - 1].output_bytes if i > 0 else 0)
             c.backward_transient_bytes = max(0, peak - counted)
     return costs
 
