@@ -961,7 +961,7 @@ class _Run:
         self.ops, self.last = chain._ops, chain._last
         self.pos = 0
         self.x = [None] * (L + 1)  # kept activations, detached
-        self.calls = [None] * (L + 1)  # each block's call, its hidden state left out
+        self.calls = [None] * (L + 1)  # each recomputed block's call, its hidden state left out
         self.state = [None] * (L + 1)  # (RNG states, autocast, input requires grad)
         self.frames = [None] * (L + 1)  # recomputed tapes, in the order the forward saved them
         self.saved = [0] * (L + 1)  # how many tensors the forward's placeholders stand for
@@ -993,7 +993,8 @@ class _Run:
                 self.watch.chain_entry()
             if x_in.requires_grad:
                 _once_on_gradient(x_in, lambda: self.before_backward(0))
-        self.calls[i] = call.with_hidden(None)
+        if i in self.chain._recomputed:
+            self.calls[i] = call.with_hidden(None)
         dev = x_in.device
         self.state[i] = (
             (torch.get_rng_state(), torch.cuda.get_rng_state(dev) if dev.type == "cuda" else None)
@@ -1067,6 +1068,8 @@ class _Run:
                 self.frames[j] = None  # B<j> has run: its tape goes
             else:
                 self._recompute(kind, j)
+                if self.chain._call_last[j] == self.pos:
+                    self.calls[j] = None
             self._done(self.pos)
             self.pos += 1
         if self.watch is not None and i == 0:
@@ -1173,6 +1176,9 @@ class _Chain:
         self._ops = ops
         self._last = _last_uses(ops, L)
         self._recomputed = {i for _, i in ops[first_backward:] if _ != "B"}
+        # The last recomputation of each recomputed block: its call (the other arguments, such
+        # as position ids) is let go after it, as the model lets go of it after the forward.
+        self._call_last = {i: k for k, (kind, i) in enumerate(ops) if k >= first_backward and kind != "B"}
         self._plain = _inputs_kept(ops, self._last, L)
 
     @contextlib.contextmanager

@@ -1021,6 +1021,62 @@ def test_a_block_whose_backward_lets_its_output_and_gradient_go_early_is_predict
             assert abs(p.predicted_peak - p.measured_peak) <= 0.01 * p.measured_peak, p
 
 
+class BiasedBlock(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.lin = nn.Linear(d, d)
+
+    def forward(self, x, bias=None):
+        return torch.tanh(self.lin(x)) + bias  # the sum saves nothing of `bias`
+
+
+class BiasedModel(nn.Module):
+    """Blocks given a tensor that no saved tensor holds (as position ids): the model lets go of
+    it after the forward."""
+
+    def __init__(self, d=64, layers=6):
+        super().__init__()
+        self.blocks = nn.ModuleList(BiasedBlock(d) for _ in range(layers))
+
+    def forward(self, x):
+        bias = torch.full((x.shape[0], x.shape[1], 16 * x.shape[2]), 0.5)[..., : x.shape[2]]
+        for b in self.blocks:
+            x = b(x, bias=bias)
+        return x
+
+
+def test_a_plan_lets_go_of_the_blocks_other_arguments_as_the_model_does():
+    torch.manual_seed(0)
+    model = BiasedModel()
+    x = torch.randn(8, 32, 64)
+    loss = lambda out: out.pow(2).mean()  # noqa: E731
+    with StorageAllocator() as mem:
+        first = ckpt.apply(model, 1 << 40, (x,), loss_fn=loss, probe=mem, timing_steps=0, repetitions=1, warmup=0)
+        assert first.recomputations == 0
+        store_all = cuda_like_step_peak(model, x, loss, mem)
+        ckpt.remove(model)
+        plain = cuda_like_step_peak(model, x, loss, mem)
+        assert store_all == plain, (store_all, plain)
+        # Recomputed blocks keep their arguments until their last recomputation (the closed
+        # loop measures what that costs).
+        p = ckpt.apply(model, (plain + first.predicted_peak) // 2 - 1, (x,), loss_fn=loss, probe=mem,
+                       costs=first.costs, outside=first.outside, timing_steps=0)
+        assert p.recomputations > 0 and p.measured_peak <= p.budget
+
+
+def cuda_like_step_peak(model, x, loss_fn, probe):
+    """The peak of one training step beyond its start, as `probe` counts it."""
+    for q in model.parameters():
+        q.grad = None
+    base = probe.allocated()
+    probe.reset_peak()
+    loss_fn(model(x)).backward()
+    peak = probe.peak() - base
+    for q in model.parameters():
+        q.grad = None
+    return peak
+
+
 # ---- transformers and torchvision, where installed ------------------------------------------------
 
 
