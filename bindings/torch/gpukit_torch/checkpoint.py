@@ -36,8 +36,12 @@ operation of a schedule its memory; this module adds to each operation the block
 the gradients that the backward has left allocated (when the step starts with .grad None, as
 after zero_grad()), the gradient of the last block's output, and what the step holds around the
 blocks (OutsideCost: what is allocated when the first block starts, the head's and loss's peak
-between the forward and the backward, the peak after the blocks' backward). The RNG states that
-recomputation replays are kept on the host and cost no device memory.
+between the forward and the backward, the gradients the head's backward leaves, the peak after
+the blocks' backward). The head runs after the schedule's first L operations (the forward); a
+schedule may recompute the last block after it (`Fn<L> Fe<L>`: its tape is then not held
+through the head's peak, as with torch.utils.checkpoint per block). A block's backward is
+profiled as a step runs it: its output's gradient and its output go when autograd lets them go.
+The RNG states that recomputation replays are kept on the host and cost no device memory.
 
 Times are the profile's, each block alone (a forward under no_grad, a backward through its own
 torch.autograd.grad), scaled by what whole steps measured: a recording forward and a backward
@@ -241,7 +245,8 @@ class BlockCost:
     no tape (`Fn`: what it saves is freed when it returns), beyond its output;
     backward_transient_bytes: the peak inside the backward beyond what was
     allocated when it started and the input's gradient it leaves (the parameters' gradients it
-    creates are in it); grad_bytes: the parameters' gradients; saves_output: whether what its
+    creates are in it; negative where it frees part of its tape before it makes the input's
+    gradient); grad_bytes: the parameters' gradients; saves_output: whether what its
     backward keeps includes its output (then x_i lives as long as its tape)."""
 
     forward_ms: float
@@ -528,10 +533,12 @@ def _profile_calls(blocks, calls, x, repetitions, warmup, probe, grads_persist):
     # The backward's transient is what its peak holds beyond what the simulator counts through
     # B<i>: the output's gradient δ_i and the input's gradient δ_{i-1}, the size of the block
     # before's output (block 1's input gradient it does not count).
+    # It is negative where the backward lets go of part of its tape before it makes δ_{i-1}, by
+    # at most δ_{i-1} (the peak is never below what B<i> starts with).
     for i, (c, peak) in enumerate(zip(costs, backward_peaks)):
         if peak is not None:
-            counted = c.output_bytes + (costs[i - 1].output_bytes if i > 0 else 0)
-            c.backward_transient_bytes = max(0, peak - counted)
+            before = costs[i - 1].output_bytes if i > 0 else 0
+            c.backward_transient_bytes = max(-before, peak - c.output_bytes - before)
     return costs
 
 
@@ -659,10 +666,10 @@ def _time_scales(costs, schedule, forward_ms, backward_ms):
     (no recording forward or no backward in that part) or come out absurd. A non-recording
     forward (`Fn`) runs as profile() timed it."""
     ops = _parse(schedule)
-    first_backward = next(k for k, (kind, _) in enumerate(ops) if kind == "B")
+    L = len(costs)  # the first L operations are the forward; the rest run in the backward
     f = [c.forward_ms for c in costs]
-    fe = sum(f[i - 1] for kind, i in ops[:first_backward] if kind == "Fe")
-    fn = sum(f[i - 1] for kind, i in ops[:first_backward] if kind == "Fn")
+    fe = sum(f[i - 1] for kind, i in ops[:L] if kind == "Fe")
+    fn = sum(f[i - 1] for kind, i in ops[:L] if kind == "Fn")
     if fe <= 0:
         return None
     forward_scale = (forward_ms - fn) / fe
@@ -670,7 +677,7 @@ def _time_scales(costs, schedule, forward_ms, backward_ms):
     if back <= 0:
         return None
     redone = sum((forward_scale if kind == "Fe" else 1.0) * f[i - 1]
-                 for kind, i in ops[first_backward:] if kind != "B")
+                 for kind, i in ops[L:] if kind != "B")
     backward_scale = (backward_ms - redone) / back
     if not all(1 / _SCALE_LIMIT <= s <= _SCALE_LIMIT for s in (forward_scale, backward_scale)):
         return None
@@ -689,21 +696,24 @@ def _evaluate(costs: Sequence[BlockCost], schedule: str, outside: Optional[Outsi
     L = len(costs)
     first_backward = next(k for k, (kind, _) in enumerate(ops) if kind == "B")
     twice_during, twice_after = _outputs_counted_twice(costs, ops)
+    # The first L operations are the model's forward through the blocks; the head and the loss
+    # run after them, forward and backward, and what comes before B<L> (recomputations) runs
+    # once the gradient of x_L (δ_L, which the simulator does not count) is there.
     peak, grads = max(o.prefix_peak_bytes, o.tail_bytes), 0
     for k, (kind, i) in enumerate(ops):
-        if k == first_backward:  # the head's backward has left its parameters' gradients
+        if k == L:  # the head's backward has left its parameters' gradients
             grads += o.head_grad_bytes
         c = costs[i - 1]
         if kind == "B":
             extra = c.backward_transient_bytes + (c.output_bytes if i == L else 0)
-        elif kind == "Fe":
-            extra = c.forward_transient_bytes
         else:
-            extra = c.untaped_transient_bytes
+            extra = c.forward_transient_bytes if kind == "Fe" else c.untaped_transient_bytes
+            if L <= k < first_backward:
+                extra += costs[-1].output_bytes
         peak = max(peak, o.before_bytes + r["op_peak"][k] - twice_during[k] + extra + grads)
         if kind == "B" and o.grads_persist:
             grads += c.grad_bytes
-        if k == first_backward - 1:  # the head and the loss, forward and backward, run here
+        if k == L - 1:  # the head and the loss, forward and backward, run here
             # on x_L, which the simulator has dropped (a tape that holds it counts it already)
             x_last = 0 if costs[-1].saves_output else costs[-1].output_bytes
             peak = max(peak, o.before_bytes + r["after"][k] - twice_after[k] + x_last + o.head_bytes)
@@ -771,17 +781,10 @@ def _plan(costs, budget_bytes, outside=None, correction=0, planner="best") -> Ch
         # between the largest budget whose plan fits and the next one.
         points = sorted({least + (top - least) * k // 24 for k in range(25)})
         ok = [b for b in points if fits(b)]
-        if not ok:
-            need = min(a[2] for a in (attempt(b) for b in points) if a is not None)
-            raise infeasible_budget(
-                f"gpukit_torch.checkpoint: no schedule fits {budget} bytes; the least budget with one "
-                f"is {need} bytes (the planner's chain at least {least} bytes, the rest transients, "
-                f"gradients, what runs around the blocks and a correction of {int(correction)})",
-                need,
-            )
-        lo = ok[-1]
-        hi = next((b for b in points if b > lo), top)
-        for _ in range(40):  # bisection: lo's plan fits, hi's does not
+        if ok:
+            lo = ok[-1]
+            hi = next((b for b in points if b > lo), top)
+        for _ in range(40 if ok else 0):  # bisection: lo's plan fits, hi's does not
             if hi - lo <= ALLOCATION_ROUNDING:
                 break
             mid = (lo + hi) // 2
@@ -789,15 +792,31 @@ def _plan(costs, budget_bytes, outside=None, correction=0, planner="best") -> Ch
                 lo = mid
             else:
                 hi = mid
-    fitting = [a for a in tried.values() if a is not None and a[2] <= budget]
+    candidates = [a for a in tried.values() if a is not None]
     # The planner optimizes its chain's peak, not the whole model's: at a budget between two of
     # its plans, a schedule of PyTorch's own kind (checkpoint_sequential's segments) may fit and
     # be faster than every plan the search met. Each of them is a candidate too, so that no
     # checkpoint_sequential setting that fits the budget is faster under the model.
     for schedule in _segment_schedules(L):
-        t, peak = _evaluate(costs, schedule, outside, correction)
-        if peak <= budget:
-            fitting.append((dict(schedule=schedule, exact=False), t, peak))
+        candidates.append((dict(schedule=schedule, exact=False), *_evaluate(costs, schedule, outside, correction)))
+    # Nor does the planner's chain know that the head runs between the forward and the backward:
+    # the last block run without its tape in the forward and again, recording, once the head's
+    # backward is over, keeps its tape out of the head's peak (torch.utils.checkpoint per block
+    # does that). Not where its tape holds its output: the output recomputed after the head is
+    # not what the cost model measured of such a block.
+    for a in (list(candidates) if not costs[-1].saves_output else []):
+        later = _last_block_later(a[0]["schedule"], L)
+        if later is not None:
+            candidates.append((dict(schedule=later, exact=False), *_evaluate(costs, later, outside, correction)))
+    fitting = [a for a in candidates if a[2] <= budget]
+    if not fitting:
+        need = min(a[2] for a in candidates)
+        raise infeasible_budget(
+            f"gpukit_torch.checkpoint: no schedule fits {budget} bytes; the least budget with one "
+            f"is {need} bytes (the planner's chain at least {least} bytes, the rest transients, "
+            f"gradients, what runs around the blocks and a correction of {int(correction)})",
+            need,
+        )
     r, t, peak = min(fitting, key=lambda a: (a[1], a[2]))
     return CheckpointPlan(
         schedule=r["schedule"],
@@ -810,6 +829,15 @@ def _plan(costs, budget_bytes, outside=None, correction=0, planner="best") -> Ch
         outside=outside,
         correction_bytes=int(correction),
     )
+
+
+def _last_block_later(schedule, L):
+    """`schedule` with its forward's `Fe<L>` run as `Fn<L> Fe<L>` (the recording forward of the
+    last block moved after the head), or None where the forward does not record it."""
+    ops = schedule.split()
+    if ops[L - 1] != f"Fe{L}":
+        return None
+    return " ".join(ops[:L - 1] + [f"Fn{L}", f"Fe{L}"] + ops[L:])
 
 
 def _segment_schedules(L):
@@ -1166,19 +1194,18 @@ class _Chain:
         if len(stages) != L:
             raise ValueError(f"gpukit_torch.checkpoint: a plan for {len(stages)} blocks given to {L} blocks")
         _planner().simulate_schedule(stages, checkpoint_plan.schedule)  # validates it
-        first_backward = next(k for k, (kind, _) in enumerate(ops) if kind == "B")
-        if [i for _, i in ops[:first_backward]] != list(range(1, L + 1)):
+        if [i for _, i in ops[:L]] != list(range(1, L + 1)) or any(k == "B" for k, _ in ops[:L]):
             raise ValueError(
-                f"gpukit_torch.checkpoint: schedule {checkpoint_plan.schedule!r} does not run each "
-                "block forward once, in order, before its first backward"
+                f"gpukit_torch.checkpoint: schedule {checkpoint_plan.schedule!r} does not start with "
+                "each block's forward, once, in order"
             )
         self.plan = checkpoint_plan
         self._ops = ops
         self._last = _last_uses(ops, L)
-        self._recomputed = {i for _, i in ops[first_backward:] if _ != "B"}
+        self._recomputed = {i for _, i in ops[L:] if _ != "B"}
         # The last recomputation of each recomputed block: its call (the other arguments, such
         # as position ids) is let go after it, as the model lets go of it after the forward.
-        self._call_last = {i: k for k, (kind, i) in enumerate(ops) if k >= first_backward and kind != "B"}
+        self._call_last = {i: k for k, (kind, i) in enumerate(ops) if k >= L and kind != "B"}
         self._plain = _inputs_kept(ops, self._last, L)
 
     @contextlib.contextmanager
