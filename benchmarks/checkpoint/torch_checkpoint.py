@@ -383,13 +383,17 @@ def bench(name, steps, warmup, deadline_s, n_budgets, compile_budgets, rounds, r
     for r in rows:  # each gpukit row made at an anchor's peak, against that anchor's time
         if "anchor" in r and r["anchor"] in times:
             r["anchor_ms"] = times[r["anchor"]]
-    # What gpukit's cost model says of each checkpoint_sequential setting's schedule (for reading
-    # the anchors against the model; its runtime runs the same schedule).
+    # What gpukit's cost model says of each checkpoint_sequential setting's schedule and of
+    # checkpointing every block (for reading the anchors against the model; its runtime can run
+    # the same schedules).
     segment = ckpt._segment_schedules(L)
+    per_block = ckpt._last_block_later(segment[-1], L)  # every block's input kept, each recomputed
     for r in rows:
         if r["config"].startswith("checkpoint_sequential(") and r["config"] != "checkpoint_sequential(1)":
             s = int(r["config"][len("checkpoint_sequential("):-1])
             r["model_ms"], r["model_peak"] = ckpt.simulate(costs, segment[s - 2], outside)
+        elif r["config"] == "torch.utils.checkpoint per block" and per_block is not None:
+            r["model_ms"], r["model_peak"] = ckpt.simulate(costs, per_block, outside)
     return dict(model=name, blocks=names, batch=list(shape), profile_s=profile_s, least=least,
                 rounds_done=rounds_done, round_steps=round_steps,
                 store_all_predicted=store_all, outside=first.outside.__dict__, rows=rows,
