@@ -255,16 +255,10 @@ def test_autograd_grad_sees_parameter_gradients():
 # ---- the cost model's bookkeeping ----------------------------------------------------------------
 
 
-class FakeAllocator:
-    """A probe (MemoryProbe's four methods) over bytes that ScriptedOp declares: each declared
-    block lives as long as the storage it is attached to, as an allocator's block would."""
+class CountingProbe:
+    """MemoryProbe's four methods over bytes counted in `now` (and the peak in `top`)."""
 
-    def __init__(self):
-        self.now = self.top = 0
-        self.held = set()  # storages attached, by address
-        self.surprise = 0  # bytes every surprising forward allocates only inside a whole step
-        self.surprise_steps = None  # if a count: the whole steps that still see the surprise
-        self.in_step = False
+    now = top = 0
 
     def sync(self):
         pass
@@ -277,6 +271,19 @@ class FakeAllocator:
 
     def peak(self):
         return self.top
+
+
+class FakeAllocator(CountingProbe):
+    """A probe over bytes that ScriptedOp declares: each declared block lives as long as the
+    storage it is attached to, as an allocator's block would."""
+
+    def __init__(self):
+        self.now = self.top = 0
+        self.held = set()  # storages attached, by address
+        self.surprise = 0  # bytes every surprising forward allocates only inside a whole step
+        self.surprise_steps = None  # if a count: the whole steps that still see the surprise
+        self.in_step = False
+
 
     def take(self, nbytes):
         self.now += nbytes
@@ -925,8 +932,8 @@ def apply_at(model, inputs, loss_fn, probe, first, fraction):
         return ckpt.apply(model, again.minimum_budget, inputs, **kw)
 
 
-class StorageAllocator(TorchDispatchMode):
-    """A probe (MemoryProbe's four methods) that counts, as PyTorch's allocator would, every
+class StorageAllocator(CountingProbe, TorchDispatchMode):
+    """A probe that counts, as PyTorch's allocator would, every
     storage an operation creates while the mode is on, rounded to 512 bytes, until the storage
     is freed: a whole step's peak on the CPU, for real modules."""
 
@@ -954,18 +961,6 @@ class StorageAllocator(TorchDispatchMode):
     def _free(self, key):
         with self.lock:
             self.now -= self.sizes.pop(key, 0)
-
-    def sync(self):
-        pass
-
-    def allocated(self):
-        return self.now
-
-    def reset_peak(self):
-        self.top = self.now
-
-    def peak(self):
-        return self.top
 
 
 def test_what_a_block_returns_beside_its_hidden_state_is_not_counted_as_kept():
@@ -1076,9 +1071,9 @@ def test_a_plan_lets_go_of_the_blocks_other_arguments_as_the_model_does():
     with StorageAllocator() as mem:
         first = ckpt.apply(model, 1 << 40, (x,), loss_fn=loss, probe=mem, timing_steps=0, repetitions=1, warmup=0)
         assert first.recomputations == 0
-        store_all = cuda_like_step_peak(model, x, loss, mem)
+        store_all = probe_step_peak(model, x, loss, mem)
         ckpt.remove(model)
-        plain = cuda_like_step_peak(model, x, loss, mem)
+        plain = probe_step_peak(model, x, loss, mem)
         assert store_all == plain, (store_all, plain)
         # Recomputed blocks keep their arguments until their last recomputation (the closed
         # loop measures what that costs).
@@ -1087,7 +1082,7 @@ def test_a_plan_lets_go_of_the_blocks_other_arguments_as_the_model_does():
         assert p.recomputations > 0 and p.measured_peak <= p.budget
 
 
-def cuda_like_step_peak(model, x, loss_fn, probe):
+def probe_step_peak(model, x, loss_fn, probe):
     """The peak of one training step beyond its start, as `probe` counts it."""
     for q in model.parameters():
         q.grad = None
@@ -1114,8 +1109,8 @@ def test_the_last_block_runs_again_after_the_head_where_that_takes_less():
         for b in model.h:
             own = type(b).forward.__get__(b)
             b.forward = lambda *a, _own=own, **k: checkpoint(_own, *a, use_reentrant=False, **k)
-        cuda_like_step_peak(model, ids, loss, mem)
-        per_block = cuda_like_step_peak(model, ids, loss, mem)
+        probe_step_peak(model, ids, loss, mem)
+        per_block = probe_step_peak(model, ids, loss, mem)
         for b in model.h:
             del b.forward
         first = ckpt.apply(model, 1 << 40, (ids,), loss_fn=loss, probe=mem, timing_steps=0, repetitions=1, warmup=0)
