@@ -183,6 +183,8 @@ TEST_SUITE("stream_pools")
     CHECK_FALSE(streams.pool_of(a).migrating);
     CHECK(streams.spare_events() == 1);
     // The next crossing takes a new event (the spare one): a is idle, so it completes at once.
+    // (Its worker may still be finishing the task whose event the wait above saw complete.)
+    REQUIRE(sim.stream_synchronize(a) == cudaSuccess);
     CHECK(streams.migrate(b, false, pool) == 8 * mib);
     CHECK(second->global);
     CHECK(pool.counters.num_cross_stream_events == 2);
