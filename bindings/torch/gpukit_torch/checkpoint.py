@@ -441,10 +441,11 @@ def _measure_sizes(block, call, x, probe, grads_persist):
         base = probe.allocated()
         probe.reset_peak()
         xin, out, saved = _recorded_forward(block, call, x)
-        out = _hidden_of(out)  # the rest stays only where the tape holds it
+        h = _hidden_of(out)
+        del out  # the rest of a tuple stays only where the tape holds it
         probe.sync()
         held = probe.allocated() - base
-        saves_output = _hidden_of(out).untyped_storage().data_ptr() in saved
+        saves_output = h.untyped_storage().data_ptr() in saved
         fe_transient = probe.peak() - base - held
         # The parameters' gradients (zeros, when a step adds into them) exist before the backward
         # starts, as in a training step. The output's gradient is made inside the backward
@@ -453,10 +454,9 @@ def _measure_sizes(block, call, x, probe, grads_persist):
         # replaces it early; one that ends in a residual sum passes it on to the end).
         # The output itself is held by the tape alone, as in a step whose schedule has dropped
         # x_i by B<i> (one that keeps it counts it apart).
-        h = _hidden_of(out)
         seed = _OutputGradient.apply(h) if h.requires_grad else None
         one = torch.ones((), dtype=h.dtype, device=h.device) if seed is not None else None
-        del out, h
+        del h
         with _grads_as(params, grads_persist):
             probe.sync()
             entry = probe.allocated()
@@ -784,14 +784,14 @@ def _plan(costs, budget_bytes, outside=None, correction=0, planner="best") -> Ch
         if ok:
             lo = ok[-1]
             hi = next((b for b in points if b > lo), top)
-        for _ in range(40 if ok else 0):  # bisection: lo's plan fits, hi's does not
-            if hi - lo <= ALLOCATION_ROUNDING:
-                break
-            mid = (lo + hi) // 2
-            if fits(mid):
-                lo = mid
-            else:
-                hi = mid
+            for _ in range(40):  # bisection: lo's plan fits, hi's does not
+                if hi - lo <= ALLOCATION_ROUNDING:
+                    break
+                mid = (lo + hi) // 2
+                if fits(mid):
+                    lo = mid
+                else:
+                    hi = mid
     candidates = [a for a in tried.values() if a is not None]
     # The planner optimizes its chain's peak, not the whole model's: at a budget between two of
     # its plans, a schedule of PyTorch's own kind (checkpoint_sequential's segments) may fit and
@@ -804,10 +804,9 @@ def _plan(costs, budget_bytes, outside=None, correction=0, planner="best") -> Ch
     # backward is over, keeps its tape out of the head's peak (torch.utils.checkpoint per block
     # does that). Not where its tape holds its output: the output recomputed after the head is
     # not what the cost model measured of such a block.
-    for a in (list(candidates) if not costs[-1].saves_output else []):
-        later = _last_block_later(a[0]["schedule"], L)
-        if later is not None:
-            candidates.append((dict(schedule=later, exact=False), *_evaluate(costs, later, outside, correction)))
+    later = [] if costs[-1].saves_output else [_last_block_later(a[0]["schedule"], L) for a in candidates]
+    for schedule in filter(None, later):
+        candidates.append((dict(schedule=schedule, exact=False), *_evaluate(costs, schedule, outside, correction)))
     fitting = [a for a in candidates if a[2] <= budget]
     if not fitting:
         need = min(a[2] for a in candidates)
@@ -1096,7 +1095,7 @@ class _Run:
                 self.frames[j] = None  # B<j> has run: its tape goes
             else:
                 self._recompute(kind, j)
-                if self.chain._call_last[j] == self.pos:
+                if self.chain._recomputed[j] == self.pos:
                     self.calls[j] = None
             self._done(self.pos)
             self.pos += 1
@@ -1202,10 +1201,9 @@ class _Chain:
         self.plan = checkpoint_plan
         self._ops = ops
         self._last = _last_uses(ops, L)
-        self._recomputed = {i for _, i in ops[L:] if _ != "B"}
-        # The last recomputation of each recomputed block: its call (the other arguments, such
-        # as position ids) is let go after it, as the model lets go of it after the forward.
-        self._call_last = {i: k for k, (kind, i) in enumerate(ops) if k >= L and kind != "B"}
+        # The recomputed blocks, each with its last recomputation: its call (the other arguments,
+        # such as position ids) is let go after it, as the model lets go of it after the forward.
+        self._recomputed = {i: k for k, (kind, i) in enumerate(ops) if k >= L and kind != "B"}
         self._plain = _inputs_kept(ops, self._last, L)
 
     @contextlib.contextmanager
