@@ -1205,6 +1205,9 @@ class _Chain:
         # such as position ids) is let go after it, as the model lets go of it after the forward.
         self._recomputed = {i: k for k, (kind, i) in enumerate(ops) if k >= L and kind != "B"}
         self._plain = _inputs_kept(ops, self._last, L)
+        # Nothing recomputed and every input kept as autograd keeps it: the blocks run as the
+        # model runs them, with no bookkeeping (a step apply() watches still goes through _Run).
+        self._store_all = not self._recomputed and len(self._plain) == L
 
     @contextlib.contextmanager
     def replaying(self):
@@ -1216,7 +1219,7 @@ class _Chain:
 
     def forward_block(self, i, fn, call):
         """Block i (1-based) called by the model: fn(*args, **kwargs) under the plan."""
-        if self._replaying or not torch.is_grad_enabled():
+        if self._replaying or not torch.is_grad_enabled() or (self._store_all and self.watch is None):
             return call(fn)
         if i == 1:
             self.run = _Run(self)

@@ -654,6 +654,27 @@ def test_apply_finds_the_blocks_and_keeps_the_gradients(name, use_grad):
     assert all(getattr(m, "_gpukit_checkpoint", None) is None for m in model.modules())
 
 
+def test_a_store_all_plan_runs_the_blocks_as_the_model_does(monkeypatch):
+    model, inputs, names = nn_models()["gpt"]
+    reference = copy.deepcopy(model)
+    p = ckpt.apply(model, 1 << 40, inputs, repetitions=1, warmup=0)
+    L = len(names)
+    assert p.schedule == " ".join([f"Fe{i}" for i in range(1, L + 1)] + [f"B{i}" for i in range(L, 0, -1)])
+    runs = []
+    real = ckpt._Run.__init__
+    monkeypatch.setattr(ckpt._Run, "__init__", lambda self, chain: (runs.append(chain), real(self, chain))[1])
+    params = [q for q in model.parameters() if q.requires_grad]
+    got = step_grads(model, inputs, params, 3, False)
+    assert runs == []  # no schedule to follow: no run, no hooks, no activations kept by gpukit
+    expected = step_grads(reference, inputs, [q for q in reference.parameters() if q.requires_grad], 3, False)
+    assert torch.equal(got[0], expected[0])
+    assert all(torch.equal(g, e) for g, e in zip(got[1], expected[1]))
+    # A plan that recomputes goes through the run again.
+    least_applied(model, inputs)
+    step_grads(model, inputs, params, 3, False)
+    assert len(runs) == 1
+
+
 def test_blocks_named_and_their_errors():
     model, inputs, names = nn_models()["resnet"]
     p = ckpt.apply(model, 1 << 30, inputs, blocks=["layer1", "layer2"], repetitions=1, warmup=0)
@@ -708,6 +729,15 @@ def test_install_runs_an_earlier_plan_again_without_a_step():
     assert ckpt.remove(model) == len(names)
 
 
+def recomputing(model, L):
+    """`model`'s L blocks run under a schedule that recomputes each block (as
+    checkpoint_sequential(L) does). Returns the plan."""
+    p = ckpt.CheckpointPlan(schedule=ckpt._segment_schedules(L)[-1], budget=-1, predicted_peak=0,
+                            predicted_time_ms=0.0)
+    assert "Fn1" in p.schedule
+    return ckpt.install(model, p)
+
+
 def test_a_model_that_changes_the_hidden_state_between_blocks_is_refused():
     class Between(nn.Module):
         def __init__(self):
@@ -721,7 +751,10 @@ def test_a_model_that_changes_the_hidden_state_between_blocks_is_refused():
 
     model = Between()
     x = torch.randn(2, 4)
-    ckpt.apply(model, 1 << 30, (x,), repetitions=1, warmup=0)
+    reference = copy.deepcopy(model)
+    ckpt.apply(model, 1 << 30, (x,), repetitions=1, warmup=0)  # store-all: nothing recomputed
+    assert torch.equal(model(x), reference(x))
+    recomputing(model, 3)
     with pytest.raises(RuntimeError, match="block 2's hidden state is not block 1's output"):
         model(x).sum().backward()
 
@@ -729,11 +762,12 @@ def test_a_model_that_changes_the_hidden_state_between_blocks_is_refused():
 def test_a_block_outside_the_plan_order_is_refused():
     model = make_blocks()
     x = make_input()
-    ckpt.apply(model, 1 << 30, (x,), repetitions=1, warmup=0)
+    p = recomputing(model, L)
     with pytest.raises(RuntimeError, match="block 2 ran before block 1"):
         model[1](torch.randn(16, 128, dtype=torch.double))
     y = model[0](x)  # block 1 starts a forward
-    with pytest.raises(RuntimeError, match="block 3 ran where the plan expects Fe2"):
+    second = ckpt._parse(p.schedule)[1]
+    with pytest.raises(RuntimeError, match=f"block 3 ran where the plan expects {second[0]}2"):
         model[2](y)
 
 
