@@ -32,6 +32,7 @@ skipped, so the run fits one GPU call.
 
     python3 benchmarks/checkpoint/torch_checkpoint.py --model gpt2 [--steps 20] [--deadline-s 540]
     python3 benchmarks/checkpoint/torch_checkpoint.py --model llama --dry-run   # no GPU: plans only
+    python3 benchmarks/checkpoint/torch_checkpoint.py --model gpt2 --no-sweep   # the torch.compile rows
 
 --dry-run builds the model on the CPU with a small batch, profiles it there (sizes from storages)
 and prints gpukit's plan at each budget; it measures nothing.
@@ -257,7 +258,7 @@ def default_loss(out):
     return ckpt._default_loss(out)
 
 
-def bench(name, steps, warmup, deadline_s, n_budgets, compile_budgets, rounds, round_steps):
+def bench(name, steps, warmup, deadline_s, n_budgets, compile_budgets, rounds, round_steps, sweep=True):
     builder, shape, _ = MODELS[name]
     device = torch.device("cuda")
     torch.manual_seed(0)
@@ -306,7 +307,7 @@ def bench(name, steps, warmup, deadline_s, n_budgets, compile_budgets, rounds, r
 
     anchors = [anchor_row("store-all", lambda: None)]
     anchors.append(anchor_row("torch.utils.checkpoint per block", lambda: per_block(blocks)))
-    for s in range(1, L + 1):
+    for s in range(1, L + 1) if sweep else []:
         anchors.append(anchor_row(f"checkpoint_sequential({s})", lambda s=s: segments(blocks, s)))
 
     # gpukit: one profile, then plans for each budget (the closed loop runs inside apply()).
@@ -346,9 +347,9 @@ def bench(name, steps, warmup, deadline_s, n_budgets, compile_budgets, rounds, r
                         schedule=p.schedule)
         return fn
 
-    for b in budgets:
+    for b in budgets if sweep else []:
         row(f"gpukit @ {b / MiB:.1f} MiB", gpukit(b, f"gpukit @ {b / MiB:.1f} MiB"), kind="gpukit", budget=b)
-    for a in [a for a in anchors if a is not None and "peak" in a]:
+    for a in [a for a in anchors if sweep and a is not None and "peak" in a]:
         if a["peak"] >= least:
             r = row(f"gpukit @ {a['config']}", gpukit(a["peak"], f"gpukit @ {a['config']}"), kind="gpukit",
                     budget=a["peak"])
@@ -488,6 +489,9 @@ def main():
     ap.add_argument("--rounds", type=int, default=6,
                     help="alternated rounds of step times after the first pass (0: the first pass's times)")
     ap.add_argument("--round-steps", type=int, default=5)
+    ap.add_argument("--no-sweep", action="store_true",
+                    help="only store-all, per-block checkpointing and the torch.compile rows, each "
+                         "torch.compile row with gpukit's at its peak")
     ap.add_argument("--dry-run", action="store_true")
     args = ap.parse_args()
     if args.budgets < 8:
@@ -515,7 +519,7 @@ def main():
               f"python3 benchmarks/checkpoint/torch_checkpoint.py {' '.join(sys.argv[1:])}\n")
     budgets = [float(v) for v in args.compile_budgets.split(",") if v.strip()]
     result = bench(args.model, args.steps, args.warmup, args.deadline_s, args.budgets, budgets, args.rounds,
-                   args.round_steps)
+                   args.round_steps, sweep=not args.no_sweep)
     result["header"] = header
     text = header + "\n" + table(result)
     print(text, flush=True)
