@@ -60,6 +60,7 @@
 
 #include <gpukit/error.hpp>
 #include <gpukit/memory/caching_allocator.hpp>
+#include <gpukit/memory/detail/address_map.hpp>
 #include <gpukit/memory/ipc.hpp>
 #include <gpukit_torch/alloc_conf.hpp>
 #include <gpukit_torch/detail/thread_annotations.hpp>
@@ -370,13 +371,10 @@ class backend final {
   // share a cache line. Readers of every record (snapshots, pool checks) lock the shards one at
   // a time.
   static constexpr int record_shard_bits = 6;
-  // Buckets for a few hundred blocks per shard from the start, so that the first allocations do
-  // not rehash under the shard's lock. (Each record is still a node of its own: a node pool would
-  // spare that malloc, left for now.)
+  // Records live in the table's slots (no allocation per block).
   struct alignas(64) record_shard {
-    record_shard() { records.reserve(256); }
     mutable std::mutex mutex;
-    std::unordered_map<void const*, record> records;  // under records_lock
+    gpukit::detail::address_table<record> records;  // under records_lock
   };
   struct pool_state {
     int use_count{0};

@@ -489,7 +489,7 @@ void* backend<Runtime>::allocate(int device, std::size_t bytes, stream_type stre
   records_lock const lock{*this, shard, true};
   d.users->count_alloc(r.size > options_.small_request_bytes ? 1 : 0, r.size, r.bytes, *d.alloc,
                        shard, lock.single());
-  records_[shard].records.emplace(p, std::move(r));
+  records_[shard].records.insert(reinterpret_cast<std::uintptr_t>(p), std::move(r));
   return p;
 }
 
@@ -502,12 +502,13 @@ void backend<Runtime>::deallocate(void* ptr)
   {
     std::size_t const shard = shard_index(ptr);
     records_lock const lock{*this, shard, true};
-    auto& records = records_[shard].records;
-    auto it       = records.find(ptr);
-    GPUKIT_EXPECTS(it != records.end(), "free of " + detail::address_text(ptr) +
-                                          ", which gpukit did not allocate (or freed already)");
-    r = std::move(it->second);
-    records.erase(it);
+    auto& records       = records_[shard].records;
+    auto const key      = reinterpret_cast<std::uintptr_t>(ptr);
+    record* const found = records.find(key);
+    GPUKIT_EXPECTS(found != nullptr, "free of " + detail::address_text(ptr) +
+                                       ", which gpukit did not allocate (or freed already)");
+    r = std::move(*found);
+    records.erase(key);
     d = state_if_created(r.device);  // created by the block's allocation
     d->users->count_free(r.size > options_.small_request_bytes ? 1 : 0, r.size, r.bytes, *d->alloc,
                          shard, lock.single());
@@ -529,7 +530,7 @@ bool backend<Runtime>::owns(void const* ptr) const
 {
   std::size_t const shard = shard_index(ptr);
   records_lock const lock{*this, shard, false};
-  return records_[shard].records.count(ptr) != 0;
+  return records_[shard].records.find(reinterpret_cast<std::uintptr_t>(ptr)) != nullptr;
 }
 
 template <class Runtime>
@@ -537,11 +538,9 @@ int backend<Runtime>::device_of(void const* ptr) const
 {
   std::size_t const shard = shard_index(ptr);
   records_lock const lock{*this, shard, false};
-  auto const& records = records_[shard].records;
-  auto it             = records.find(ptr);
-  GPUKIT_EXPECTS(it != records.end(),
-                 detail::address_text(ptr) + " is not a block gpukit allocated");
-  return it->second.device;
+  record const* found = records_[shard].records.find(reinterpret_cast<std::uintptr_t>(ptr));
+  GPUKIT_EXPECTS(found != nullptr, detail::address_text(ptr) + " is not a block gpukit allocated");
+  return found->device;
 }
 
 template <class Runtime>
@@ -681,11 +680,13 @@ bool backend<Runtime>::check_pool_live_allocations(int device, pool_id id,
   std::size_t live = 0;
   for (std::size_t shard = 0; shard < record_shards; ++shard) {
     records_lock const lock{*this, shard, false};
-    for (auto const& [p, r] : records_[shard].records) {
-      if (r.device != device || r.pool != id) { continue; }
-      if (expected.count(const_cast<void*>(p)) == 0) { return false; }
+    bool unexpected = false;
+    records_[shard].records.for_each([&](std::uintptr_t p, record const& r) {
+      if (r.device != device || r.pool != id) { return; }
+      unexpected = unexpected || expected.count(reinterpret_cast<void*>(p)) == 0;
       ++live;
-    }
+    });
+    if (unexpected) { return false; }
   }
   return live == expected.size();
 }
@@ -696,9 +697,9 @@ std::vector<void*> backend<Runtime>::pool_live_blocks(int device, pool_id id) co
   std::vector<void*> live;
   for (std::size_t shard = 0; shard < record_shards; ++shard) {
     records_lock const lock{*this, shard, false};
-    for (auto const& [p, r] : records_[shard].records) {
-      if (r.device == device && r.pool == id) { live.push_back(const_cast<void*>(p)); }
-    }
+    records_[shard].records.for_each([&](std::uintptr_t p, record const& r) {
+      if (r.device == device && r.pool == id) { live.push_back(reinterpret_cast<void*>(p)); }
+    });
   }
   std::sort(live.begin(), live.end());
   return live;
@@ -1230,12 +1231,10 @@ segment_info backend<Runtime>::to_segment_info(int device,
       auto const* p           = reinterpret_cast<void const*>(b.address);
       std::size_t const shard = shard_index(p);
       records_lock const lock{*this, shard, false};
-      auto const& records = records_[shard].records;
-      auto it             = records.find(p);
-      if (it != records.end()) {
-        bi.requested = it->second.bytes;  // the allocator was asked for the rounded size
-        bi.context   = it->second.context;
-        if (it->second.pool != pool_id(0, 0)) { s.owner = it->second.pool; }
+      if (record const* r = records_[shard].records.find(b.address)) {
+        bi.requested = r->bytes;  // the allocator was asked for the rounded size
+        bi.context   = r->context;
+        if (r->pool != pool_id(0, 0)) { s.owner = r->pool; }
       }
     }
     if (b.allocated) {
