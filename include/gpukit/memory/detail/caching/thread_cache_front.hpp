@@ -115,6 +115,8 @@ struct caching_thread_cache {
     std::uint64_t last_use{0};
     tlsf_table<block*, tlsf_class_count> lists{};
     tlsf_table<std::uint8_t, tlsf_class_count> counts{};
+    // Bit c set: lists[c] holds a block. A drain visits these classes alone, not every class.
+    std::array<std::uint64_t, (tlsf_class_count + 63) / 64> held{};
   };
 
   // Counters written by the owner thread only (relaxed load + store, no read-modify-write), read
@@ -152,7 +154,7 @@ struct caching_thread_cache {
     }
     if (b->size > small && size <= small) { return nullptr; }
     s->lists[c] = b->free_next;
-    --s->counts[c];
+    if (--s->counts[c] == 0) { s->held[held_word(c)] &= ~held_bit(c); }
     cached_bytes.add(-static_cast<std::int64_t>(b->size));
     return b;
   }
@@ -172,8 +174,15 @@ struct caching_thread_cache {
     b->free_next = s->lists[c];
     s->lists[c]  = b;
     ++s->counts[c];
+    s->held[held_word(c)] |= held_bit(c);
     cached_bytes.add(static_cast<std::int64_t>(b->size));
     return true;
+  }
+
+  static std::size_t held_word(int c) noexcept { return static_cast<std::size_t>(c) / 64; }
+  static std::uint64_t held_bit(int c) noexcept
+  {
+    return std::uint64_t{1} << (static_cast<unsigned>(c) % 64U);
   }
 
   slot* find(stream_type stream) noexcept
@@ -209,14 +218,18 @@ struct caching_thread_cache {
   {
     for (auto& s : slots) {
       if (!s.used) { continue; }
-      for (int c = 0; c < tlsf_class_count; ++c) {
-        for (block* b = s.lists[c]; b != nullptr;) {
-          block* next = b->free_next;
-          f(s.stream, b);
-          b = next;
+      for (std::size_t w = 0; w < s.held.size(); ++w) {
+        for (std::uint64_t bits = s.held[w]; bits != 0; bits &= bits - 1) {
+          auto const c = static_cast<int>(w * 64 + static_cast<std::size_t>(__builtin_ctzll(bits)));
+          for (block* b = s.lists[c]; b != nullptr;) {
+            block* next = b->free_next;
+            f(s.stream, b);
+            b = next;
+          }
+          s.lists[c]  = nullptr;
+          s.counts[c] = 0;
         }
-        s.lists[c]  = nullptr;
-        s.counts[c] = 0;
+        s.held[w] = 0;
       }
       s.used = false;
     }
