@@ -16,7 +16,8 @@ configuration, each measured in the same process:
   budget) at each --compile-budgets value, where the model compiles;
 - gpukit (gpukit_torch.checkpoint.apply) at --budgets budgets evenly from its least feasible
   budget to store-all's peak, and at the peak that each anchor above measured, with its
-  predicted peak and time beside the measured ones.
+  predicted peak and time beside the measured ones; at each torch.compile row's peak also with
+  every block compiled by torch.compile before apply() ("gpukit, compiled blocks").
 
 Peak = torch.cuda.max_memory_allocated() during one training step (forward, loss, backward;
 parameters' .grad None at its start, as after zero_grad()) beyond what is allocated when it
@@ -334,14 +335,27 @@ def bench(name, steps, warmup, deadline_s, n_budgets, compile_budgets, rounds, r
         ckpt.remove(model)
     budgets = sorted({int(least + (store_all - least) * k / (n_budgets - 1)) for k in range(n_budgets)})
 
-    def gpukit(budget, config):
+    def gpukit(budget, config, costs=costs, outside=outside, before=lambda: None, after=lambda: None):
         def fn():
-            p = ckpt.apply(model, budget, batch, loss_fn=loss_fn, costs=costs, outside=outside)
+            before()
             try:
-                peak, ms, times = measure(model, batch, loss_fn, steps, warmup)
+                p = ckpt.apply(model, budget, batch, loss_fn=loss_fn, costs=costs, outside=outside)
+                try:
+                    peak, ms, times = measure(model, batch, loss_fn, steps, warmup)
+                finally:
+                    ckpt.remove(model)
             finally:
+                after()
+
+            def install():
+                before()
+                ckpt.install(model, p)
+
+            def uninstall():
                 ckpt.remove(model)
-            installs[config] = (lambda: ckpt.install(model, p), lambda: ckpt.remove(model))
+                after()
+
+            installs[config] = (install, uninstall)
             return dict(peak=peak, ms=ms, times=times, pred_peak=p.predicted_peak, pred_ms=p.predicted_time_ms,
                         recomputed=p.recomputations, correction=p.correction_bytes, rounds=p.rounds,
                         schedule=p.schedule)
@@ -377,6 +391,35 @@ def bench(name, steps, warmup, deadline_s, n_budgets, compile_budgets, rounds, r
         if a is not None and a["peak"] >= least:
             r = row(f"gpukit @ {a['config']}", gpukit(a["peak"], f"gpukit @ {a['config']}"), kind="gpukit",
                     budget=a["peak"])
+            if r is not None:
+                r["anchor"] = a["config"]
+    # gpukit with every block compiled by torch.compile before apply() (which then profiles, runs
+    # and recomputes the compiled blocks), at each torch.compile row's peak.
+    compiled_rows = [r for r in rows if r["config"].startswith("torch.compile") and "peak" in r]
+    if compiled_rows and deadline.allows():
+        torch._dynamo.reset()
+        compiled_forward = {b: torch.compile(_forward_of(b)) for b in blocks}
+
+        def compile_blocks():
+            for b in blocks:
+                b.forward = compiled_forward[b]
+
+        compile_blocks()
+        t0 = time.time()
+        try:
+            first_c = ckpt.apply(model, 1 << 40, batch, loss_fn=loss_fn)
+            ckpt.remove(model)
+        except Exception as e:  # noqa: BLE001 (reported as a row)
+            first_c = None
+            torch.cuda.empty_cache()
+            rows.append(dict(config="gpukit, compiled blocks", note=f"failed: {type(e).__name__}: {str(e)[:160]}"))
+        finally:
+            deadline.took(time.time() - t0)
+            restore(blocks)
+        for a in compiled_rows if first_c is not None else []:
+            config = f"gpukit, compiled blocks @ {a['config']}"
+            r = row(config, gpukit(a["peak"], config, first_c.costs, first_c.outside, compile_blocks,
+                                   lambda: restore(blocks)), kind="gpukit", budget=a["peak"])
             if r is not None:
                 r["anchor"] = a["config"]
     rounds_done = alternate(model, batch, loss_fn, rows, installs, rounds, round_steps, deadline_end)
