@@ -83,12 +83,20 @@ class backend<Runtime>::user_counts {
     std::array<std::int64_t, 3> const n = {1, static_cast<std::int64_t>(size),
                                            static_cast<std::int64_t>(bytes)};
     shard_counts& sc                    = shards_[shard];
+    if (single) {
+      // One thread alone folds every change at once, so the delta is zero here, and a free only
+      // lowers the counts: no peak can rise (active ones neither: the block goes from allocated
+      // to pending or free).
+      for (std::size_t s = 0; s < 3; ++s) {
+        add(current_[s][2], -n[s], true);
+        add(current_[s][kind], -n[s], true);
+      }
+      return;
+    }
     std::array<std::int64_t, 3> const before{sc.delta[0][kind], sc.delta[1][kind],
                                              sc.delta[2][kind]};
     for (std::size_t s = 0; s < 3; ++s) { sc.delta[s][kind] -= n[s]; }
-    if (single) {
-      fold(sc, kind, zero, a, true);
-    } else if (pending_any(a)) {  // exact: the delta stays what it was
+    if (pending_any(a)) {  // exact: the delta stays what it was
       fold(sc, kind, before, a, false);
     } else if (!within(sc, kind)) {
       fold(sc, kind, reserve, a, false);
