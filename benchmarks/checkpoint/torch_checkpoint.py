@@ -431,13 +431,13 @@ def bench(name, steps, warmup, deadline_s, n_budgets, compile_budgets, rounds, r
     # checkpointing every block (for reading the anchors against the model; its runtime can run
     # the same schedules).
     segment = ckpt._segment_schedules(L)
-    per_block = ckpt._last_block_later(segment[-1], L)  # every block's input kept, each recomputed
+    every_block = ckpt._last_block_later(segment[-1], L)  # every block's input kept, each recomputed
     for r in rows:
         if r["config"].startswith("checkpoint_sequential(") and r["config"] != "checkpoint_sequential(1)":
             s = int(r["config"][len("checkpoint_sequential("):-1])
             r["model_ms"], r["model_peak"] = ckpt.simulate(costs, segment[s - 2], outside)
-        elif r["config"] == "torch.utils.checkpoint per block" and per_block is not None:
-            r["model_ms"], r["model_peak"] = ckpt.simulate(costs, per_block, outside)
+        elif r["config"] == "torch.utils.checkpoint per block" and every_block is not None:
+            r["model_ms"], r["model_peak"] = ckpt.simulate(costs, every_block, outside)
     return dict(model=name, blocks=names, batch=list(shape), profile_s=profile_s, least=least,
                 rounds_done=rounds_done, round_steps=round_steps,
                 store_all_predicted=store_all, outside=first.outside.__dict__, rows=rows,

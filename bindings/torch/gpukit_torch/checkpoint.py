@@ -83,7 +83,6 @@ import contextlib
 import os
 import statistics
 import time
-import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Callable, List, Optional, Sequence
 
@@ -519,18 +518,18 @@ def _time_block(timer, block, call, x, n):
     # A block compiled by torch.compile whose backward reuses what it saved (donated buffers)
     # runs once per recorded forward: n forwards recorded first (n tapes at once), then their
     # backwards timed back to back.
-    del xin, out, h, g
+    xin = out = h = g = inputs = None  # the first graph goes
     graphs = []
     for _ in range(n):
-        xin, out, _ = _recorded_forward(block, call, x)
-        h = _hidden_of(out)
-        graphs.append((h, ([xin] if xin.requires_grad else []) + _params(block), torch.ones_like(h)))
-    del xin, out, h
+        xin_k, out_k, _ = _recorded_forward(block, call, x)
+        h_k = _hidden_of(out_k)
+        graphs.append((h_k, ([xin_k] if xin_k.requires_grad else []) + _params(block), torch.ones_like(h_k)))
+        del xin_k, out_k, h_k
 
     def backwards_once():
         while graphs:
-            h, inputs, g = graphs.pop()
-            torch.autograd.grad(h, inputs, g, allow_unused=True)
+            h_k, inputs_k, g_k = graphs.pop()
+            torch.autograd.grad(h_k, inputs_k, g_k, allow_unused=True)
 
     return ms_f, timer(backwards_once)[0] / n
 
