@@ -1232,6 +1232,20 @@ class _Chain:
         # Nothing recomputed and every input kept as autograd keeps it: the blocks run as the
         # model runs them, with no bookkeeping (a step apply() watches still goes through _Run).
         self._store_all = not self._recomputed and len(self._plain) == L
+        self.place_patches()
+
+    def place_patches(self):
+        """Each block's forward is the patch that runs the plan, or, while a plan that recomputes
+        nothing runs unwatched, the block's own (no wrapper at all: the step is the model's)."""
+        for b in self.blocks:
+            if getattr(b, "_gpukit_checkpoint", None) is not self:
+                continue
+            if not self._store_all or self.watch is not None:
+                b.forward = b._gpukit_patch
+            elif b._gpukit_own_forward is not None:
+                b.forward = b._gpukit_own_forward
+            else:
+                b.__dict__.pop("forward", None)
 
     @contextlib.contextmanager
     def replaying(self):
@@ -1483,10 +1497,10 @@ def remove(model: nn.Module) -> int:
     n = 0
     for m in model.modules():
         if getattr(m, "_gpukit_checkpoint", None) is not None:
-            del m.forward
+            m.__dict__.pop("forward", None)  # the patch (absent while a store-all plan runs)
             if m._gpukit_own_forward is not None:  # a forward of its own, set on the instance
                 m.forward = m._gpukit_own_forward
-            del m._gpukit_checkpoint, m._gpukit_own_forward
+            del m._gpukit_checkpoint, m._gpukit_own_forward, m._gpukit_patch
             n += 1
     return n
 
@@ -1511,6 +1525,7 @@ def _planned_chain(model, mods, checkpoint_plan):
     remove(model)
     for i, m in enumerate(mods, start=1):
         _patch(m, chain, i)
+    chain.place_patches()
     return chain
 
 
@@ -1525,6 +1540,7 @@ def _patch(block, chain, i):
         return chain.forward_block(i, own, _Call(args, kwargs))
 
     block.forward = forward
+    block._gpukit_patch = forward
     block._gpukit_checkpoint = chain
 
 
@@ -1562,11 +1578,13 @@ def _measured_step(model, example_inputs, loss_fn, chain, probe, device, restore
     inside = {id(p) for b in chain.blocks for p in _params(b)}
     others = [p for p in model.parameters() if p.requires_grad and id(p) not in inside]
     chain.watch = watch = _StepWatch(probe, device, others)
+    chain.place_patches()
     try:
         loss_fn(_step_inputs(model, example_inputs)).backward()
         return watch, watch.finish()
     finally:
         chain.watch = None
+        chain.place_patches()
         restore_grads()
 
 

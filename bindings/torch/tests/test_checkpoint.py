@@ -666,13 +666,18 @@ def test_a_store_all_plan_runs_the_blocks_as_the_model_does(monkeypatch):
     params = [q for q in model.parameters() if q.requires_grad]
     got = step_grads(model, inputs, params, 3, False)
     assert runs == []  # no schedule to follow: no run, no hooks, no activations kept by gpukit
+    # No wrapper either: each block's forward is its own.
+    assert all("forward" not in model.get_submodule(n).__dict__ for n in names)
     expected = step_grads(reference, inputs, [q for q in reference.parameters() if q.requires_grad], 3, False)
     assert torch.equal(got[0], expected[0])
     assert all(torch.equal(g, e) for g, e in zip(got[1], expected[1]))
-    # A plan that recomputes goes through the run again.
+    # A plan that recomputes goes through the run again, and remove() restores every block.
     least_applied(model, inputs)
     step_grads(model, inputs, params, 3, False)
     assert len(runs) == 1
+    ckpt.apply(model, 1 << 40, inputs, repetitions=1, warmup=0)
+    assert ckpt.remove(model) == len(names)
+    assert all("forward" not in model.get_submodule(n).__dict__ for n in names)
 
 
 def test_blocks_named_and_their_errors():
@@ -696,8 +701,11 @@ def test_remove_restores_each_forward():
     own = model[2].forward
     model[2].forward = lambda t: own(t) * 1.0  # a forward set on the instance before apply()
     mine = model[2].forward
-    ckpt.apply(model, 1 << 30, (x,), repetitions=1, warmup=0)
-    assert model[2].forward is not mine
+    ckpt.apply(model, 1 << 30, (x,), repetitions=1, warmup=0)  # store-all: the blocks' own forward
+    assert model[2].forward is mine and "forward" not in model[3].__dict__
+    assert ckpt.remove(model) == L
+    recomputing(model, L)
+    assert model[2].forward is not mine and "forward" in model[3].__dict__
     assert ckpt.remove(model) == L
     assert model[2].forward is mine and "forward" not in model[3].__dict__
     assert ckpt.remove(model) == 0
