@@ -474,18 +474,33 @@ def table(result):
     return "\n".join(lines) + "\n"
 
 
+def _paired_ratios(row, anchor, round_steps):
+    """Per alternated round, the row's median step over the anchor's in the same round, sorted
+    (empty where either has no rounds)."""
+    def rounds(r):
+        t = r.get("round_times", [])
+        return [statistics.median(t[i:i + round_steps]) for i in range(0, len(t) - round_steps + 1, round_steps)]
+
+    return sorted(x / y for x, y in zip(rounds(row), rounds(anchor)))
+
+
 def summary(result):
     """gpukit's rows: how many, over budget, the largest prediction errors; and against the
-    fastest anchor that fits each gpukit row's measured peak."""
+    fastest anchor that fits each gpukit row's measured peak: slower by the medians, and slower
+    in at least three quarters of the alternated rounds (the first quartile of the paired
+    per-round ratios above 1), which a difference within the rounds' noise is not."""
     g = [r for r in result["rows"] if r.get("kind") == "gpukit" and "peak" in r]
     a = [r for r in result["rows"] if r.get("kind") == "anchor" and "peak" in r]
-    slower = 0
+    slower = beyond_noise = 0
     ratios = []
     for r in g:
-        fitting = [x["ms"] for x in a if x["peak"] <= r["budget"]]
+        fitting = [x for x in a if x["peak"] <= r["budget"]]
         if fitting:
-            ratios.append(min(fitting) / r["ms"])
-            slower += r["ms"] > min(fitting)
+            best = min(fitting, key=lambda x: x["ms"])
+            ratios.append(best["ms"] / r["ms"])
+            slower += r["ms"] > best["ms"]
+            paired = _paired_ratios(r, best, result.get("round_steps", 1))
+            beyond_noise += bool(paired) and paired[len(paired) // 4] > 1.0
     return dict(
         plans=len(g),
         over_budget=sum(1 for r in g if r["peak"] > r["budget"]),
@@ -493,6 +508,7 @@ def summary(result):
         peak_error_max=max((abs(r["pred_peak"] / r["peak"] - 1) for r in g), default=0.0),
         time_error_max=max((abs(r["pred_ms"] / r["ms"] - 1) for r in g), default=0.0),
         slower_than_fastest_fitting_anchor=slower,
+        slower_in_three_quarters_of_rounds=beyond_noise,
         speedup_vs_fastest_fitting_anchor_median=statistics.median(ratios) if ratios else 0.0,
     )
 
