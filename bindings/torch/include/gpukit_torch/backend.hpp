@@ -60,9 +60,9 @@
 
 #include <gpukit/error.hpp>
 #include <gpukit/memory/caching_allocator.hpp>
-#include <gpukit/memory/detail/address_map.hpp>
 #include <gpukit/memory/ipc.hpp>
 #include <gpukit_torch/alloc_conf.hpp>
+#include <gpukit_torch/detail/record_table.hpp>
 #include <gpukit_torch/detail/thread_annotations.hpp>
 
 #include <array>
@@ -371,10 +371,9 @@ class backend final {
   // share a cache line. Readers of every record (snapshots, pool checks) lock the shards one at
   // a time.
   static constexpr int record_shard_bits = 6;
-  // Records live in the table's slots (no allocation per block).
   struct alignas(64) record_shard {
     mutable std::mutex mutex;
-    gpukit::detail::address_table<record> records;  // under records_lock
+    detail::record_table<record> records;  // under records_lock
   };
   struct pool_state {
     int use_count{0};

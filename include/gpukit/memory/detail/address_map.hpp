@@ -1,54 +1,51 @@
 // SPDX-License-Identifier: Apache-2.0
-// gpukit/memory/detail/address_map.hpp: hash maps keyed by address. Not public API.
+// gpukit/memory/detail/address_map.hpp: address -> pointer hash map. Not public API.
 //
-// address_table<Mapped> keeps its values in its slots: open addressing with linear probing and
-// backward-shift deletion (no tombstones, so a table that sees millions of inserts and erases
-// never degrades, and no node is allocated per entry). address_map<Value> is one of Value*.
-// Keys are block addresses (256-byte aligned, never 0). Not thread-safe: the caching allocator
-// keeps one under its pool mutex (every block it owns) and one per thread cache (the blocks that
-// thread handed out), which its owner alone touches; the PyTorch backend one per records shard.
+// Open addressing with linear probing and backward-shift deletion (no tombstones, so a map that
+// sees millions of inserts and erases never degrades). Keys are block addresses (256-byte aligned,
+// never 0). Not thread-safe: the caching allocator keeps one under its pool mutex (every block it
+// owns) and one per thread cache (the blocks that thread handed out), which its owner alone
+// touches.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <utility>
 
 namespace gpukit::detail {
 
-template <class Mapped>
-class address_table {
+template <class Value>
+class address_map {
  public:
-  address_table() : slots_{new slot[initial_capacity]}, capacity_{initial_capacity} {}
-  address_table(address_table const&)            = delete;
-  address_table& operator=(address_table const&) = delete;
-  address_table(address_table&&)                 = delete;
-  address_table& operator=(address_table&&)      = delete;
-  ~address_table()                               = default;
+  address_map() : slots_{new slot[initial_capacity]}, capacity_{initial_capacity} {}
+  address_map(address_map const&)            = delete;
+  address_map& operator=(address_map const&) = delete;
+  address_map(address_map&&)                 = delete;
+  address_map& operator=(address_map&&)      = delete;
+  ~address_map()                             = default;
 
-  /// The value stored for `key`, or nullptr; valid until the next insert or erase.
-  [[nodiscard]] Mapped* find(std::uintptr_t key) const noexcept
+  /// The value stored for `key`, or nullptr.
+  [[nodiscard]] Value* find(std::uintptr_t key) const noexcept
   {
     std::size_t const mask = capacity_ - 1;
     for (std::size_t i = hash(key) & mask;; i = (i + 1) & mask) {
-      if (slots_[i].key == key) { return &slots_[i].value; }
+      if (slots_[i].key == key) { return slots_[i].value; }
       if (slots_[i].key == 0) { return nullptr; }
     }
   }
 
   /// Inserts, or replaces the value of an existing key.
-  void insert(std::uintptr_t key, Mapped v)
+  void insert(std::uintptr_t key, Value* v)
   {
     if ((size_ + 1) * 2 > capacity_) { grow(); }
     std::size_t const mask = capacity_ - 1;
     for (std::size_t i = hash(key) & mask;; i = (i + 1) & mask) {
       if (slots_[i].key == key) {
-        slots_[i].value = std::move(v);
+        slots_[i].value = v;
         return;
       }
       if (slots_[i].key == 0) {
-        slots_[i].key   = key;
-        slots_[i].value = std::move(v);
+        slots_[i] = slot{key, v};
         ++size_;
         return;
       }
@@ -71,7 +68,7 @@ class address_table {
       // Entry j may move to i when i lies cyclically in [home, j).
       bool const movable = (i <= j) ? (home <= i || home > j) : (home <= i && home > j);
       if (movable) {
-        slots_[i] = std::move(slots_[j]);
+        slots_[i] = slots_[j];
         i         = j;
       }
     }
@@ -89,18 +86,15 @@ class address_table {
     slots_.reset(new slot[cap]);
     size_ = 0;
     for (std::size_t i = 0; i < cap; ++i) {
-      if (old[i].key != 0 && !pred(old[i].key, old[i].value)) {
-        insert(old[i].key, std::move(old[i].value));
-      }
+      if (old[i].key != 0 && !pred(old[i].key, old[i].value)) { insert(old[i].key, old[i].value); }
     }
   }
 
-  /// Calls f(key, value) for every entry.
   template <class F>
   void for_each(F&& f) const
   {
     for (std::size_t i = 0; i < capacity_; ++i) {
-      if (slots_[i].key != 0) { f(slots_[i].key, static_cast<Mapped const&>(slots_[i].value)); }
+      if (slots_[i].key != 0) { f(slots_[i].key, slots_[i].value); }
     }
   }
 
@@ -110,7 +104,7 @@ class address_table {
   static constexpr std::size_t initial_capacity = 64;
   struct slot {
     std::uintptr_t key{0};
-    Mapped value{};
+    Value* value{nullptr};
   };
 
   static std::size_t hash(std::uintptr_t key) noexcept
@@ -134,40 +128,13 @@ class address_table {
     capacity_ = cap;
     size_     = 0;
     for (std::size_t i = 0; i < old_cap; ++i) {
-      if (old[i].key != 0) { insert(old[i].key, std::move(old[i].value)); }
+      if (old[i].key != 0) { insert(old[i].key, old[i].value); }
     }
   }
 
   std::unique_ptr<slot[]> slots_;
   std::size_t capacity_;
   std::size_t size_{0};
-};
-
-/// address -> Value*: an address_table of pointers, whose find gives the pointer (nullptr: none).
-template <class Value>
-class address_map {
- public:
-  [[nodiscard]] Value* find(std::uintptr_t key) const noexcept
-  {
-    Value* const* v = table_.find(key);
-    return v != nullptr ? *v : nullptr;
-  }
-  void insert(std::uintptr_t key, Value* v) { table_.insert(key, v); }
-  bool erase(std::uintptr_t key) noexcept { return table_.erase(key); }
-  template <class Pred>
-  void erase_if(Pred&& pred)
-  {
-    table_.erase_if([&pred](std::uintptr_t key, Value* v) { return pred(key, v); });
-  }
-  template <class F>
-  void for_each(F&& f) const
-  {
-    table_.for_each([&f](std::uintptr_t key, Value* v) { f(key, v); });
-  }
-  [[nodiscard]] std::size_t size() const noexcept { return table_.size(); }
-
- private:
-  address_table<Value*> table_;
 };
 
 }  // namespace gpukit::detail

@@ -497,7 +497,7 @@ void* backend<Runtime>::allocate(int device, std::size_t bytes, stream_type stre
   records_lock const lock{*this, shard, true};
   d.users->count_alloc(r.size > options_.small_request_bytes ? 1 : 0, r.size, r.bytes, *d.alloc,
                        shard, lock.single());
-  records_[shard].records.insert(reinterpret_cast<std::uintptr_t>(p), std::move(r));
+  records_[shard].records.insert(p, std::move(r));
   return p;
 }
 
@@ -511,12 +511,11 @@ void backend<Runtime>::deallocate(void* ptr)
     std::size_t const shard = shard_index(ptr);
     records_lock const lock{*this, shard, true};
     auto& records       = records_[shard].records;
-    auto const key      = reinterpret_cast<std::uintptr_t>(ptr);
-    record* const found = records.find(key);
+    record* const found = records.find(ptr);
     GPUKIT_EXPECTS(found != nullptr, "free of " + detail::address_text(ptr) +
                                        ", which gpukit did not allocate (or freed already)");
     r = std::move(*found);
-    records.erase(key);
+    records.erase(ptr);
     d = state_if_created(r.device);  // created by the block's allocation
     d->users->count_free(r.size > options_.small_request_bytes ? 1 : 0, r.size, r.bytes, *d->alloc,
                          shard, lock.single());
@@ -538,7 +537,7 @@ bool backend<Runtime>::owns(void const* ptr) const
 {
   std::size_t const shard = shard_index(ptr);
   records_lock const lock{*this, shard, false};
-  return records_[shard].records.find(reinterpret_cast<std::uintptr_t>(ptr)) != nullptr;
+  return records_[shard].records.find(ptr) != nullptr;
 }
 
 template <class Runtime>
@@ -546,7 +545,7 @@ int backend<Runtime>::device_of(void const* ptr) const
 {
   std::size_t const shard = shard_index(ptr);
   records_lock const lock{*this, shard, false};
-  record const* found = records_[shard].records.find(reinterpret_cast<std::uintptr_t>(ptr));
+  record const* found = records_[shard].records.find(ptr);
   GPUKIT_EXPECTS(found != nullptr, detail::address_text(ptr) + " is not a block gpukit allocated");
   return found->device;
 }
@@ -689,9 +688,9 @@ bool backend<Runtime>::check_pool_live_allocations(int device, pool_id id,
   for (std::size_t shard = 0; shard < record_shards; ++shard) {
     records_lock const lock{*this, shard, false};
     bool unexpected = false;
-    records_[shard].records.for_each([&](std::uintptr_t p, record const& r) {
+    records_[shard].records.for_each([&](void* p, record const& r) {
       if (r.device != device || r.pool != id) { return; }
-      unexpected = unexpected || expected.count(reinterpret_cast<void*>(p)) == 0;
+      unexpected = unexpected || expected.count(p) == 0;
       ++live;
     });
     if (unexpected) { return false; }
@@ -705,8 +704,8 @@ std::vector<void*> backend<Runtime>::pool_live_blocks(int device, pool_id id) co
   std::vector<void*> live;
   for (std::size_t shard = 0; shard < record_shards; ++shard) {
     records_lock const lock{*this, shard, false};
-    records_[shard].records.for_each([&](std::uintptr_t p, record const& r) {
-      if (r.device == device && r.pool == id) { live.push_back(reinterpret_cast<void*>(p)); }
+    records_[shard].records.for_each([&](void* p, record const& r) {
+      if (r.device == device && r.pool == id) { live.push_back(p); }
     });
   }
   std::sort(live.begin(), live.end());
@@ -1239,7 +1238,7 @@ segment_info backend<Runtime>::to_segment_info(int device,
       auto const* p           = reinterpret_cast<void const*>(b.address);
       std::size_t const shard = shard_index(p);
       records_lock const lock{*this, shard, false};
-      if (record const* r = records_[shard].records.find(b.address)) {
+      if (record const* r = records_[shard].records.find(p)) {
         bi.requested = r->bytes;  // the allocator was asked for the rounded size
         bi.context   = r->context;
         if (r->pool != pool_id(0, 0)) { s.owner = r->pool; }
