@@ -1174,6 +1174,60 @@ TEST_SUITE("torch_backend")
 
 TEST_SUITE("sim_concurrency")
 {
+  TEST_CASE("backend: a training step's two threads (forward, autograd) keep every peak exact")
+  {
+    // The main thread allocates activations (the step's peak comes at the end of the forward),
+    // the autograd thread frees them while it allocates smaller gradients, as a training step
+    // does. Up to exact_stats_threads writers nothing is batched: the peaks read afterwards, when
+    // far less is held, are the true ones (batched, a shard's delta of up to 4 MiB would hide it).
+    sim_runtime sim{one_device(16 * GiB)};
+    sim_backend b{sim, torch_conf("")};
+    std::vector<std::pair<void*, std::size_t>> held;
+    std::int64_t live = 0, peak = 0;
+    auto take = [&](std::size_t bytes) {
+      held.emplace_back(b.allocate(0, bytes, stream_t{}), bytes);
+      live += static_cast<std::int64_t>(gpukit_torch::size_rounding{}.round_size(bytes));
+      peak = std::max(peak, live);
+    };
+    auto give = [&] {
+      b.deallocate(held.front().first);
+      live -=
+        static_cast<std::int64_t>(gpukit_torch::size_rounding{}.round_size(held.front().second));
+      held.erase(held.begin());
+    };
+    take(4096);  // the main thread first: the autograd thread ends the single-thread mode
+    // The autograd thread, as PyTorch's: one for the whole run, woken for each backward.
+    std::atomic<int> backwards{0}, done{0};
+    std::thread autograd{[&] {
+      for (int step = 0; step < 3; ++step) {
+        while (backwards.load() == step) { std::this_thread::yield(); }
+        for (std::size_t i = 0; i < 20; ++i) {
+          give();
+          give();
+          take(256 * 1024 + 512 * i);  // a gradient
+        }
+        done.store(step + 1);
+      }
+    }};
+    for (int step = 0; step < 3; ++step) {
+      b.reset_peak_stats(0);
+      peak = live;
+      // The forward: activations of 1 to 2 MiB.
+      for (std::size_t i = 0; i < 40; ++i) { take(MiB + 512 * 1024 * (i % 3) + 512 * i); }
+      backwards.store(step + 1);
+      while (done.load() == step) { std::this_thread::yield(); }
+      auto const st = b.stats(0);
+      CHECK(st.allocated_bytes.current == live);
+      CHECK(st.allocated_bytes.peak == peak);
+      CHECK(st.active_bytes.peak == peak);
+      CHECK(st.allocation.current == static_cast<std::int64_t>(held.size()));
+      while (held.size() > 1) { give(); }  // the optimizer's step, on the main thread
+    }
+    autograd.join();
+    give();
+    CHECK(b.stats(0).allocated_bytes.current == 0);
+  }
+
   TEST_CASE("backend: threads allocating and freeing mixed sizes at once keep the counts exact")
   {
     constexpr int threads = 16, held = 8, rounds = 200;

@@ -49,13 +49,15 @@
 //   detail/pidfd.hpp). Where receivers would be refused, sharing fails in the sharing thread.
 //
 // Thread-safe, and allocations and frees on different threads do not wait for each other: the
-// records are sharded by address and the statistics are batched per shard (each shard's delta is
-// folded into shared atomic counters only past a bound; while a single thread allocates and
-// frees, every operation folds, with plain stores under one lock, and all is exact). Read with no
-// operation in flight, current values are exact; once several threads have allocated, a peak is
-// never above the true one and at most 64 shards x (4 MiB, 16 blocks) below it per pool kind
-// (stats_batch_bytes). A statistics reader racing with them sees each counter as it was at some
-// instant (as PyTorch's own snapshot does), never a peak below the current value it reports.
+// records are sharded by address and, once more than four threads have allocated or freed, the
+// statistics are batched per shard (each shard's delta is folded into shared atomic counters only
+// past a bound). While one thread allocates and frees, every operation folds, with plain stores
+// under one lock; while up to four do (a training step's main and autograd threads), every
+// operation folds with atomics: all is exact. Read with no operation in flight, current values
+// are exact; once batched, a peak is never above the true one and at most 64 shards x (4 MiB, 16
+// blocks) below it per pool kind (stats_batch_bytes). A statistics reader racing with them sees
+// each counter as it was at some instant (as PyTorch's own snapshot does), never a peak below the
+// current value it reports.
 #pragma once
 
 #include <gpukit/error.hpp>
@@ -200,11 +202,14 @@ class backend final {
   using warning_handler            = std::function<void(std::string const&)>;
   static constexpr int max_devices = 64;
   /// The statistics of blocks held by users (allocation, allocated, requested, active bytes and
-  /// counts) are batched once a second thread allocates or frees: each of `stats_slots` records
-  /// shards folds its delta into shared counters only when it leaves [0, batch], per pool kind
-  /// `stats_batch_bytes` (rounded and requested bytes) and `stats_batch_count` blocks. A peak is
-  /// then at most stats_slots x batch below the true one per pool kind (twice that for both),
-  /// never above it; current values read with no operation in flight are exact.
+  /// counts) are exact while at most `exact_stats_threads` threads have allocated or freed (a
+  /// training step's main and autograd threads among them), and batched once more have: each of
+  /// `stats_slots` records shards then folds its delta into shared counters only when it leaves
+  /// [0, batch], per pool kind `stats_batch_bytes` (rounded and requested bytes) and
+  /// `stats_batch_count` blocks. A peak is then at most stats_slots x batch below the true one per
+  /// pool kind (twice that for both), never above it; current values read with no operation in
+  /// flight are exact.
+  static constexpr int exact_stats_threads        = 4;
   static constexpr std::int64_t stats_batch_bytes = std::int64_t{4} << 20;
   static constexpr std::int64_t stats_batch_count = 16;
   static constexpr std::int64_t stats_slots       = 64;  // = record_shards
@@ -454,6 +459,17 @@ class backend final {
   mutable std::mutex single_mutex_;          // every shard, until shared_
   mutable std::thread::id owner_;            // under single_mutex_: the one thread so far
   mutable std::atomic<bool> shared_{false};  // set once, under single_mutex_
+  // Threads that have allocated or freed since shared_ was set (never lowered): the statistics
+  // are batched once this passes exact_stats_threads (note_writer).
+  std::atomic<int> writers_{0};
+  std::uint64_t const uid_{next_uid()};  // never reused: a thread's note of this backend
+  static std::uint64_t next_uid() noexcept
+  {
+    static std::atomic<std::uint64_t> n{1};
+    return n.fetch_add(1, std::memory_order_relaxed);
+  }
+  /// Counts the calling thread among writers_ once; whether the statistics are batched now.
+  bool note_writer() noexcept;
 
   // Pools, filters and captures under way, of every device (clang's -Wthread-safety checks it).
   mutable detail::annotated_mutex pools_mutex_;

@@ -40,7 +40,10 @@ struct backend<Runtime>::device_state {
 // batch_count blocks) it is folded into current_ by fetch_add, leaving half a batch, and the peaks
 // are raised to the values that makes. So:
 // - one thread alone (the single-thread lock): every operation folds its whole delta with plain
-//   loads and stores; every value and peak exact, as before;
+//   loads and stores; every value and peak exact;
+// - up to exact_stats_threads threads (a training step's main and autograd threads): every
+//   operation folds its whole delta (fetch_add, and compare-exchange for the peaks), so the
+//   values and peaks stay exact; batching starts when one more thread writes (note_writer);
 // - current values read with no operation in flight are exact: current_ plus every shard's delta;
 // - a peak is never above the true one (no delta is negative: current_ never exceeds the blocks
 //   held) and at most record_shards x batch below it per pool kind (twice that for both);
@@ -60,9 +63,10 @@ class backend<Runtime>::user_counts {
   using by_kind = std::array<std::array<std::int64_t, 2>, 3>;
 
   /// Counts an allocation of `kind` whose record goes to `shard`, under that shard's
-  /// records_lock; `single`: the lock is the single-thread one.
+  /// records_lock; `single`: the lock is the single-thread one; `batch`: deltas are batched
+  /// (else every operation folds its whole delta).
   void count_alloc(std::size_t kind, std::size_t size, std::size_t bytes, allocator_type const& a,
-                   std::size_t shard, bool single) noexcept
+                   std::size_t shard, bool single, bool batch) noexcept
   {
     std::array<std::int64_t, 3> const n = {1, static_cast<std::int64_t>(size),
                                            static_cast<std::int64_t>(bytes)};
@@ -71,14 +75,14 @@ class backend<Runtime>::user_counts {
       sc.added[s][kind] += n[s];
       sc.delta[s][kind] += n[s];
     }
-    if (!single && within(sc, kind)) { return; }
-    fold(sc, kind, single ? zero : reserve, a, single);
+    if (!single && batch && within(sc, kind)) { return; }
+    fold(sc, kind, single || !batch ? zero : reserve, a, single);
   }
 
   /// Counts a free of `kind` whose record was in `shard`, under that shard's records_lock;
-  /// `single` as for count_alloc.
+  /// `single` and `batch` as for count_alloc.
   void count_free(std::size_t kind, std::size_t size, std::size_t bytes, allocator_type const& a,
-                  std::size_t shard, bool single) noexcept
+                  std::size_t shard, bool single, bool batch) noexcept
   {
     std::array<std::int64_t, 3> const n = {1, static_cast<std::int64_t>(size),
                                            static_cast<std::int64_t>(bytes)};
@@ -96,7 +100,9 @@ class backend<Runtime>::user_counts {
     std::array<std::int64_t, 3> const before{sc.delta[0][kind], sc.delta[1][kind],
                                              sc.delta[2][kind]};
     for (std::size_t s = 0; s < 3; ++s) { sc.delta[s][kind] -= n[s]; }
-    if (pending_any(a)) {  // exact: the delta stays what it was
+    if (!batch) {
+      fold(sc, kind, zero, a, false);
+    } else if (pending_any(a)) {  // exact: the delta stays what it was
       fold(sc, kind, before, a, false);
     } else if (!within(sc, kind)) {
       fold(sc, kind, reserve, a, false);
@@ -466,6 +472,28 @@ class backend<Runtime>::records_lock {
 };
 
 template <class Runtime>
+bool backend<Runtime>::note_writer() noexcept
+{
+  // The backends this thread has written to, the last one first (one comparison on the hot path).
+  struct noted {
+    std::uint64_t last{0};
+    std::vector<std::uint64_t> all;
+  };
+  thread_local noted mine;
+  if (mine.last != uid_) {
+    if (std::find(mine.all.begin(), mine.all.end(), uid_) == mine.all.end()) {
+      try {
+        mine.all.push_back(uid_);
+      } catch (...) {  // out of host memory: counted again next time, which only batches sooner
+      }
+      writers_.fetch_add(1, std::memory_order_relaxed);
+    }
+    mine.last = uid_;
+  }
+  return writers_.load(std::memory_order_relaxed) > exact_stats_threads;
+}
+
+template <class Runtime>
 void* backend<Runtime>::allocate(int device, std::size_t bytes, stream_type stream)
 {
   if (bytes == 0) { return nullptr; }
@@ -496,7 +524,7 @@ void* backend<Runtime>::allocate(int device, std::size_t bytes, stream_type stre
   std::size_t const shard = shard_index(p);
   records_lock const lock{*this, shard, true};
   d.users->count_alloc(r.size > options_.small_request_bytes ? 1 : 0, r.size, r.bytes, *d.alloc,
-                       shard, lock.single());
+                       shard, lock.single(), !lock.single() && note_writer());
   records_[shard].records.insert(p, std::move(r));
   return p;
 }
@@ -518,7 +546,7 @@ void backend<Runtime>::deallocate(void* ptr)
     records.erase(ptr);
     d = state_if_created(r.device);  // created by the block's allocation
     d->users->count_free(r.size > options_.small_request_bytes ? 1 : 0, r.size, r.bytes, *d->alloc,
-                         shard, lock.single());
+                         shard, lock.single(), !lock.single() && note_writer());
   }
   d->alloc->deallocate_async(ptr, r.size, r.stream);
   if (traced_.load(std::memory_order_relaxed)) {
