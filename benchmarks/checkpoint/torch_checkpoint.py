@@ -370,7 +370,37 @@ def bench(name, steps, warmup, deadline_s, n_budgets, compile_budgets, rounds, r
             if r is not None:
                 r["anchor"] = a["config"]
 
-    # torch.compile with the partitioner's activation memory budget, last: it takes longest.
+    # gpukit with every block compiled by torch.compile before apply() (which then profiles, runs
+    # and recomputes the compiled blocks): profiled once, when the first torch.compile row has
+    # measured the peak to plan for.
+    compiled_forward = {}
+    compiled_costs = []  # [plan at store-all] once profiled, [None] where that failed
+
+    def compile_blocks():
+        for b in blocks:
+            if b not in compiled_forward:
+                compiled_forward[b] = torch.compile(_forward_of(b))
+            b.forward = compiled_forward[b]
+
+    def compiled_profile():
+        if not compiled_costs:
+            compile_blocks()
+            t0 = time.time()
+            try:
+                compiled_costs.append(ckpt.apply(model, 1 << 40, batch, loss_fn=loss_fn))
+                ckpt.remove(model)
+            except Exception as e:  # noqa: BLE001 (reported as a row)
+                compiled_costs.append(None)
+                torch.cuda.empty_cache()
+                rows.append(dict(config="gpukit, compiled blocks",
+                                 note=f"failed: {type(e).__name__}: {str(e)[:160]}"))
+            finally:
+                deadline.took(time.time() - t0)
+                restore(blocks)
+        return compiled_costs[0]
+
+    # torch.compile with the partitioner's activation memory budget, last: it takes longest. Each
+    # row is followed by gpukit's plans at its peak, over compiled blocks first, then eager ones.
     for frac in compile_budgets:
         def compiled(frac=frac):
             import torch._dynamo  # noqa: PLC0415
@@ -388,38 +418,18 @@ def bench(name, steps, warmup, deadline_s, n_budgets, compile_budgets, rounds, r
             return dict(peak=peak, ms=ms, times=times)
 
         a = row(f"torch.compile activation_memory_budget={frac}", compiled, kind="anchor")
-        if a is not None and a["peak"] >= least:
-            r = row(f"gpukit @ {a['config']}", gpukit(a["peak"], f"gpukit @ {a['config']}"), kind="gpukit",
-                    budget=a["peak"])
-            if r is not None:
-                r["anchor"] = a["config"]
-    # gpukit with every block compiled by torch.compile before apply() (which then profiles, runs
-    # and recomputes the compiled blocks), at each torch.compile row's peak.
-    compiled_rows = [r for r in rows if r["config"].startswith("torch.compile") and "peak" in r]
-    if compiled_rows and deadline.allows():
-        torch._dynamo.reset()
-        compiled_forward = {b: torch.compile(_forward_of(b)) for b in blocks}
-
-        def compile_blocks():
-            for b in blocks:
-                b.forward = compiled_forward[b]
-
-        compile_blocks()
-        t0 = time.time()
-        try:
-            first_c = ckpt.apply(model, 1 << 40, batch, loss_fn=loss_fn)
-            ckpt.remove(model)
-        except Exception as e:  # noqa: BLE001 (reported as a row)
-            first_c = None
-            torch.cuda.empty_cache()
-            rows.append(dict(config="gpukit, compiled blocks", note=f"failed: {type(e).__name__}: {str(e)[:160]}"))
-        finally:
-            deadline.took(time.time() - t0)
-            restore(blocks)
-        for a in compiled_rows if first_c is not None else []:
-            config = f"gpukit, compiled blocks @ {a['config']}"
-            r = row(config, gpukit(a["peak"], config, first_c.costs, first_c.outside, compile_blocks,
-                                   lambda: restore(blocks)), kind="gpukit", budget=a["peak"])
+        if a is None:
+            continue
+        first_c = compiled_profile() if deadline.allows() else None
+        plans = [(f"gpukit, compiled blocks @ {a['config']}", first_c)] if first_c is not None else []
+        if a["peak"] >= least:
+            plans.append((f"gpukit @ {a['config']}", None))
+        for config, c in plans:
+            if c is not None:
+                fn = gpukit(a["peak"], config, c.costs, c.outside, compile_blocks, lambda: restore(blocks))
+            else:
+                fn = gpukit(a["peak"], config)
+            r = row(config, fn, kind="gpukit", budget=a["peak"])
             if r is not None:
                 r["anchor"] = a["config"]
     rounds_done = alternate(model, batch, loss_fn, rows, installs, rounds, round_steps, deadline_end)
