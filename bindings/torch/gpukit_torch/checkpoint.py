@@ -304,7 +304,10 @@ class OutsideCost:
     them on steps of its plan after the first (which holds one-time costs: memory the allocator
     maps, libraries' autotuning), given the schedule they ran. head_grad_bytes: the gradients of
     parameters outside the blocks (the head's, a tied embedding's) that the head's backward
-    allocates (grads_persist), held through the blocks' backward."""
+    allocates (grads_persist), held through the blocks' backward. step_scale: what steps of the
+    plan took unwatched (as a training loop runs them) over the same plan's watched steps (the
+    watch reads the allocator's counters on the host and records events at the blocks' edges),
+    measured with the scales and applied to the whole step's time (1.0: not measured)."""
 
     before_bytes: int = 0
     prefix_peak_bytes: int = 0
@@ -316,6 +319,7 @@ class OutsideCost:
     backward_scale: float = 1.0
     timed_steps: int = 0
     head_grad_bytes: int = 0
+    step_scale: float = 1.0
 
 
 def _blocks_of(model) -> List[nn.Module]:
@@ -741,7 +745,7 @@ def _evaluate(costs: Sequence[BlockCost], schedule: str, outside: Optional[Outsi
             # on x_L, which the simulator has dropped (a tape that holds it counts it already)
             x_last = 0 if costs[-1].saves_output else costs[-1].output_bytes
             peak = max(peak, o.before_bytes + r["after"][k] - twice_after[k] + x_last + o.head_bytes)
-    return r["time"] * _TIME_UNIT_MS + o.ms, peak + int(correction)
+    return (r["time"] * _TIME_UNIT_MS + o.ms) * o.step_scale, peak + int(correction)
 
 
 def _outputs_counted_twice(costs, ops):
@@ -1591,20 +1595,36 @@ def _measured_step(model, example_inputs, loss_fn, chain, probe, device, restore
 def _calibrated(model, example_inputs, loss_fn, chain, probe, device, restore_grads, costs, schedule,
                 outside, steps):
     """`outside` with the blocks' time scales measured on `steps` more steps of `schedule` (the
-    least forward and backward through the blocks, and the least time around them), or as it is
+    least forward and backward through the blocks, and the least time around them), and the
+    step scale from as many unwatched steps (the least over the least watched step), or as it is
     where no step could tell them."""
-    forward, backward, around = [], [], []
+    forward, backward, around, watched = [], [], [], []
     for _ in range(steps):
         measured = _measured_step(model, example_inputs, loss_fn, chain, probe, device, restore_grads)[1]
         around.append(measured["outside_ms"])
+        watched.append(measured["ms"])
         if "forward_ms" in measured and "backward_ms" in measured:
             forward.append(measured["forward_ms"])
             backward.append(measured["backward_ms"])
     scales = _time_scales(costs, schedule, min(forward), min(backward)) if forward else None
     if scales is None:
         return outside
+    unwatched = [_unwatched_step_ms(model, example_inputs, loss_fn, device, restore_grads) for _ in range(steps)]
+    step_scale = min(unwatched) / min(watched) if min(watched) > 0 and min(unwatched) > 0 else 1.0
     return OutsideCost(**{**asdict(outside), "ms": min(around + [outside.ms]), "forward_scale": scales[0],
-                          "backward_scale": scales[1], "timed_steps": len(forward)})
+                          "backward_scale": scales[1], "timed_steps": len(forward), "step_scale": step_scale})
+
+
+def _unwatched_step_ms(model, example_inputs, loss_fn, device, restore_grads):
+    """One training step of the planned model as a training loop runs it (no watch), in ms from
+    an idle device, as a watched step is timed. The parameters' .grad are restored after it."""
+    timer = _Timer(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    try:
+        return timer(lambda: loss_fn(_step_inputs(model, example_inputs)).backward())[0]
+    finally:
+        restore_grads()
 
 
 def apply(model: nn.Module, budget_bytes: int, example_inputs, *, blocks=None,
@@ -1624,8 +1644,9 @@ def apply(model: nn.Module, budget_bytes: int, example_inputs, *, blocks=None,
     costs, outside: an earlier plan's .costs and .outside for the same blocks and batch (e.g. to
     plan the model again for another budget): the blocks are not profiled again, and the first
     step is predicted with what runs around them. timing_steps: where `outside` carries no time
-    scales (OutsideCost.timed_steps 0), the steps run after the loop to measure them (0: none; the
-    profile's times stand); with an earlier plan's outside, its scales price this plan.
+    scales (OutsideCost.timed_steps 0), the steps run after the loop to measure them, and as many
+    unwatched steps for the step scale (0: none; the profile's times stand); with an earlier
+    plan's outside, its scales price this plan.
 
     Profiles the blocks (profile(), on the calls a forward of the model makes), plans, replaces
     each block's forward, and closes the loop: it runs a step, measures its peak, what runs
@@ -1680,7 +1701,7 @@ def apply(model: nn.Module, budget_bytes: int, example_inputs, *, blocks=None,
                 outside = OutsideCost(watch.before, watch.prefix, watch.head, watch.tail,
                                       min(measured["outside_ms"], outside.ms) if timed else measured["outside_ms"],
                                       grads_persist, outside.forward_scale, outside.backward_scale,
-                                      outside.timed_steps, watch.head_grads)
+                                      outside.timed_steps, watch.head_grads, outside.step_scale)
                 model_time, model_peak = _evaluate(costs, current.schedule, outside, correction)
                 over = measured["peak"] - model_peak
                 rounds.append(dict(

@@ -18,6 +18,7 @@ import os
 import random
 import sys
 import threading
+import time
 import weakref
 
 import pytest
@@ -978,6 +979,28 @@ def test_apply_measures_the_time_scales_once_and_prices_later_plans_with_them(mo
     assert r.predicted_time_ms == pytest.approx(ckpt.simulate(r.costs, r.schedule, r.outside)[0])
     with pytest.raises(ValueError, match="timing_steps=-1"):
         ckpt.apply(model, 1 << 30, (x,), probe=mem, costs=p.costs, outside=p.outside, timing_steps=-1)
+
+
+def test_the_watchs_own_cost_is_taken_out_of_the_predicted_time(monkeypatch):
+    # A watch whose host work (reading the allocator's counters) makes a watched step slower
+    # than the steps a training loop runs: the step scale, from unwatched steps of the same
+    # plan, takes it out of every prediction.
+    mem = FakeAllocator()
+    model = ScriptedModel(mem, [(64 * KiB, 128 * KiB, 16 * KiB, 16 * KiB, 64 * KiB, 512)] * 4)
+    x = torch.ones(3, 4, dtype=torch.double)
+    real = ckpt._StepWatch._part
+    monkeypatch.setattr(ckpt._StepWatch, "_part", lambda self: (time.sleep(0.01), real(self))[1])
+    # (Scales taken whatever the scripted blocks' times: the sleeps are not a block's time.)
+    monkeypatch.setattr(ckpt, "_time_scales", lambda costs, schedule, forward_ms, backward_ms: (1.0, 1.0))
+    p = ckpt.apply(model, 1 << 30, (x,), probe=mem, repetitions=1, warmup=0, timing_steps=2)
+    assert p.outside.timed_steps == 2 and 0 < p.outside.step_scale < 0.5, p.outside
+    assert p.predicted_time_ms == pytest.approx(ckpt.simulate(p.costs, p.schedule, p.outside)[0])
+    unscaled = dataclasses.replace(p.outside, step_scale=1.0)
+    assert p.predicted_time_ms == pytest.approx(
+        ckpt.simulate(p.costs, p.schedule, unscaled)[0] * p.outside.step_scale)
+    # A later plan from the same costs keeps the measured scale.
+    q = ckpt.apply(model, 1 << 30, (x,), probe=mem, costs=p.costs, outside=p.outside)
+    assert q.outside.step_scale == p.outside.step_scale
 
 
 def test_closed_loop_refuses_what_it_cannot_fit():
