@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <exception>
+#include <exception>
 #include <iterator>
 
 namespace gpukit_torch {
@@ -522,10 +524,23 @@ void* backend<Runtime>::allocate(int device, std::size_t bytes, stream_type stre
              : nullptr});
   }
   std::size_t const shard = shard_index(p);
-  records_lock const lock{*this, shard, true};
-  d.users->count_alloc(r.size > options_.small_request_bytes ? 1 : 0, r.size, r.bytes, *d.alloc,
-                       shard, lock.single(), !lock.single() && note_writer());
-  records_[shard].records.insert(p, std::move(r));
+  std::size_t const kind  = r.size > options_.small_request_bytes ? 1 : 0;
+  std::size_t const size = r.size, asked = r.bytes;
+  std::exception_ptr failed;
+  {
+    records_lock const lock{*this, shard, true};
+    try {
+      records_[shard].records.insert(p, std::move(r));
+      d.users->count_alloc(kind, size, asked, *d.alloc, shard, lock.single(),
+                           !lock.single() && note_writer());
+    } catch (...) {  // no host memory for the record: nothing counted, and the block goes back
+      failed = std::current_exception();
+    }
+  }
+  if (failed) {
+    d.alloc->deallocate_async(p, size, stream);
+    std::rethrow_exception(failed);
+  }
   return p;
 }
 

@@ -32,7 +32,8 @@ class record_table {
     }
   }
 
-  /// Records `p` (not recorded yet).
+  /// Records `p` (not recorded yet). Throws std::bad_alloc, the table unchanged, where it must
+  /// grow and the host has no memory for it.
   void insert(void const* p, Record r)
   {
     if (2 * (size_ + 1) > mask_ + 1) { grow(); }
@@ -96,12 +97,13 @@ class record_table {
     slots_[i].record = std::move(r);
   }
 
+  // The new slots first: where they cannot be had (std::bad_alloc) the table stays as it was.
   __attribute__((noinline, cold)) void grow()
   {
-    std::unique_ptr<slot[]> old = std::move(slots_);
-    std::size_t const n         = mask_ + 1;
-    slots_                      = std::make_unique<slot[]>(2 * n);
-    mask_                       = 2 * n - 1;
+    std::size_t const n           = mask_ + 1;
+    std::unique_ptr<slot[]> fresh = std::make_unique<slot[]>(2 * n);
+    std::unique_ptr<slot[]> old   = std::exchange(slots_, std::move(fresh));
+    mask_                         = 2 * n - 1;
     for (std::size_t i = 0; i < n; ++i) {
       if (old[i].key != 0) { place(old[i].key, std::move(old[i].record)); }
     }
