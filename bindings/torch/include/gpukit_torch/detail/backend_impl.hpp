@@ -12,7 +12,6 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
-#include <exception>
 #include <iterator>
 
 namespace gpukit_torch {
