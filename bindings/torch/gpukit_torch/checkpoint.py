@@ -305,9 +305,10 @@ class OutsideCost:
     maps, libraries' autotuning), given the schedule they ran. head_grad_bytes: the gradients of
     parameters outside the blocks (the head's, a tied embedding's) that the head's backward
     allocates (grads_persist), held through the blocks' backward. step_scale: what steps of the
-    plan took unwatched (as a training loop runs them) over the same plan's watched steps (the
-    watch reads the allocator's counters on the host and records events at the blocks' edges),
-    measured with the scales and applied to the whole step's time (1.0: not measured)."""
+    plan took unwatched (as a training loop runs them, through the plan's run even where it
+    recomputes nothing) over the same plan's watched steps (the watch reads the allocator's
+    counters on the host and records events at the blocks' edges), measured with the scales and
+    applied to the whole step's time (1.0: not measured)."""
 
     before_bytes: int = 0
     prefix_peak_bytes: int = 0
@@ -1209,6 +1210,7 @@ class _Chain:
         self.blocks = list(blocks)
         self.run = None
         self.watch = None
+        self.timing = False  # apply()'s unwatched timed steps: through the run even for store-all
         self._replaying = 0
         self.plan = None
 
@@ -1244,7 +1246,7 @@ class _Chain:
         for b in self.blocks:
             if getattr(b, "_gpukit_checkpoint", None) is not self:
                 continue
-            if not self._store_all or self.watch is not None:
+            if not self._store_all or self.watch is not None or self.timing:
                 b.forward = b._gpukit_patch
             elif b._gpukit_own_forward is not None:
                 b.forward = b._gpukit_own_forward
@@ -1261,7 +1263,8 @@ class _Chain:
 
     def forward_block(self, i, fn, call):
         """Block i (1-based) called by the model: fn(*args, **kwargs) under the plan."""
-        if self._replaying or not torch.is_grad_enabled() or (self._store_all and self.watch is None):
+        if self._replaying or not torch.is_grad_enabled() or (
+                self._store_all and self.watch is None and not self.timing):
             return call(fn)
         if i == 1:
             self.run = _Run(self)
@@ -1609,21 +1612,28 @@ def _calibrated(model, example_inputs, loss_fn, chain, probe, device, restore_gr
     scales = _time_scales(costs, schedule, min(forward), min(backward)) if forward else None
     if scales is None:
         return outside
-    unwatched = [_unwatched_step_ms(model, example_inputs, loss_fn, device, restore_grads) for _ in range(steps)]
+    unwatched = [_unwatched_step_ms(model, example_inputs, loss_fn, chain, device, restore_grads)
+                 for _ in range(steps)]
     step_scale = min(unwatched) / min(watched) if min(watched) > 0 and min(unwatched) > 0 else 1.0
     return OutsideCost(**{**asdict(outside), "ms": min(around + [outside.ms]), "forward_scale": scales[0],
                           "backward_scale": scales[1], "timed_steps": len(forward), "step_scale": step_scale})
 
 
-def _unwatched_step_ms(model, example_inputs, loss_fn, device, restore_grads):
+def _unwatched_step_ms(model, example_inputs, loss_fn, chain, device, restore_grads):
     """One training step of the planned model as a training loop runs it (no watch), in ms from
-    an idle device, as a watched step is timed. The parameters' .grad are restored after it."""
+    an idle device, as a watched step is timed. A plan that recomputes nothing runs through the
+    plan's run all the same (as every other plan does), so that the scale takes out the watch's
+    cost alone. The parameters' .grad are restored after it."""
     timer = _Timer(device)
+    chain.timing = True
+    chain.place_patches()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     try:
         return timer(lambda: loss_fn(_step_inputs(model, example_inputs)).backward())[0]
     finally:
+        chain.timing = False
+        chain.place_patches()
         restore_grads()
 
 

@@ -992,8 +992,14 @@ def test_the_watchs_own_cost_is_taken_out_of_the_predicted_time(monkeypatch):
     monkeypatch.setattr(ckpt._StepWatch, "_part", lambda self: (time.sleep(0.01), real(self))[1])
     # (Scales taken whatever the scripted blocks' times: the sleeps are not a block's time.)
     monkeypatch.setattr(ckpt, "_time_scales", lambda costs, schedule, forward_ms, backward_ms: (1.0, 1.0))
+    runs = []
+    real_run = ckpt._Run.__init__
+    monkeypatch.setattr(ckpt._Run, "__init__", lambda self, chain: (runs.append(chain), real_run(self, chain))[1])
     p = ckpt.apply(model, 1 << 30, (x,), probe=mem, repetitions=1, warmup=0, timing_steps=2)
     assert p.outside.timed_steps == 2 and 0 < p.outside.step_scale < 0.5, p.outside
+    # The plan recomputes nothing, yet its unwatched timed steps ran through the plan's run, as
+    # any other plan's do: the scale takes out the watch alone.
+    assert p.recomputations == 0 and len(runs) == len(p.rounds) + 2 + 2
     assert p.predicted_time_ms == pytest.approx(ckpt.simulate(p.costs, p.schedule, p.outside)[0])
     unscaled = dataclasses.replace(p.outside, step_scale=1.0)
     assert p.predicted_time_ms == pytest.approx(
