@@ -1210,7 +1210,7 @@ class _Chain:
         self.blocks = list(blocks)
         self.run = None
         self.watch = None
-        self.timing = False  # apply()'s unwatched timed steps: through the run even for store-all
+        self._attended = False  # apply()'s own steps: through the run even for store-all
         self._replaying = 0
         self.plan = None
 
@@ -1241,17 +1241,35 @@ class _Chain:
         self.place_patches()
 
     def place_patches(self):
-        """Each block's forward is the patch that runs the plan, or, while a plan that recomputes
-        nothing runs unwatched, the block's own (no wrapper at all: the step is the model's)."""
+        """Each block's forward is the patch that runs the plan, or, where the blocks need not go
+        through the run (_runs_plan), the block's own (no wrapper at all: the step is the
+        model's)."""
         for b in self.blocks:
             if getattr(b, "_gpukit_checkpoint", None) is not self:
                 continue
-            if not self._store_all or self.watch is not None or self.timing:
+            if self._runs_plan():
                 b.forward = b._gpukit_patch
             elif b._gpukit_own_forward is not None:
                 b.forward = b._gpukit_own_forward
             else:
                 b.__dict__.pop("forward", None)
+
+    def _runs_plan(self):
+        """Whether the blocks go through the run: a plan that recomputes something, or one of
+        apply()'s own steps (watched, or timed unwatched) of any plan."""
+        return not self._store_all or self._attended
+
+    @contextlib.contextmanager
+    def attended(self, watch=None):
+        """apply()'s own step of the plan, through the run whatever the plan, watched by `watch`
+        (a _StepWatch) or timed as it is (None)."""
+        self.watch, self._attended = watch, True
+        self.place_patches()
+        try:
+            yield
+        finally:
+            self.watch, self._attended = None, False
+            self.place_patches()
 
     @contextlib.contextmanager
     def replaying(self):
@@ -1263,8 +1281,7 @@ class _Chain:
 
     def forward_block(self, i, fn, call):
         """Block i (1-based) called by the model: fn(*args, **kwargs) under the plan."""
-        if self._replaying or not torch.is_grad_enabled() or (
-                self._store_all and self.watch is None and not self.timing):
+        if self._replaying or not torch.is_grad_enabled() or not self._runs_plan():
             return call(fn)
         if i == 1:
             self.run = _Run(self)
@@ -1584,14 +1601,12 @@ def _measured_step(model, example_inputs, loss_fn, chain, probe, device, restore
     The parameters' .grad are restored after it."""
     inside = {id(p) for b in chain.blocks for p in _params(b)}
     others = [p for p in model.parameters() if p.requires_grad and id(p) not in inside]
-    chain.watch = watch = _StepWatch(probe, device, others)
-    chain.place_patches()
+    watch = _StepWatch(probe, device, others)
     try:
-        loss_fn(_step_inputs(model, example_inputs)).backward()
+        with chain.attended(watch):
+            loss_fn(_step_inputs(model, example_inputs)).backward()
         return watch, watch.finish()
     finally:
-        chain.watch = None
-        chain.place_patches()
         restore_grads()
 
 
@@ -1625,15 +1640,12 @@ def _unwatched_step_ms(model, example_inputs, loss_fn, chain, device, restore_gr
     plan's run all the same (as every other plan does), so that the scale takes out the watch's
     cost alone. The parameters' .grad are restored after it."""
     timer = _Timer(device)
-    chain.timing = True
-    chain.place_patches()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
     try:
-        return timer(lambda: loss_fn(_step_inputs(model, example_inputs)).backward())[0]
+        with chain.attended():
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            return timer(lambda: loss_fn(_step_inputs(model, example_inputs)).backward())[0]
     finally:
-        chain.timing = False
-        chain.place_patches()
         restore_grads()
 
 

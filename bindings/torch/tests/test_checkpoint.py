@@ -1020,6 +1020,17 @@ def test_closed_loop_refuses_what_it_cannot_fit():
     assert all(getattr(m, "_gpukit_checkpoint", None) is None for m in model.modules())
 
 
+def square_loss(out):
+    """A loss that keeps every output element alive into the backward (its mean of squares)."""
+    return out.float().pow(2).mean()
+
+
+def gpt_like(layers, d, vocab, seq, batch):
+    """GPTLike with its weights and a batch of token ids drawn from seed 0."""
+    torch.manual_seed(0)
+    return GPTLike(layers=layers, d=d, vocab=vocab, seq=seq), torch.randint(0, vocab, (batch, seq))
+
+
 def apply_at(model, inputs, first, fraction, raised_within=None, **kw):
     """apply() at `fraction` of the way from the least budget to store-all's peak, both as the
     cost model sees them after `first` (an apply() of store-all, whose costs and outside it
@@ -1074,10 +1085,8 @@ def test_what_a_block_returns_beside_its_hidden_state_is_not_counted_as_kept():
     # as the chain does. Counting the tuple as the block's output predicted the least budget's
     # step 5% above what it measured; a recomputed tape held whole through its block's backward,
     # and the head's gradients left out, measured 11% more than the model.
-    torch.manual_seed(0)
-    model = GPTLike(layers=6, d=128, vocab=200, seq=128)
-    ids = torch.randint(0, 200, (4, 128))
-    loss = lambda out: out.float().pow(2).mean()  # noqa: E731
+    model, ids = gpt_like(layers=6, d=128, vocab=200, seq=128, batch=4)
+    loss = square_loss
     with StorageAllocator() as mem:
         first = ckpt.apply(model, 1 << 40, (ids,), loss_fn=loss, probe=mem, timing_steps=0, repetitions=1, warmup=0)
         hidden = 4 * 128 * 128 * 4
@@ -1100,11 +1109,11 @@ def test_the_last_block_recomputed_after_the_head_gives_the_same_gradients():
         for q in params:
             q.grad = None
         torch.manual_seed(7)
-        model(ids).float().pow(2).mean().backward()
+        square_loss(model(ids)).backward()
         return [q.grad.clone() for q in params]
 
     expected = grads()
-    first = ckpt.apply(model, 1 << 40, (ids,), loss_fn=lambda out: out.float().pow(2).mean())
+    first = ckpt.apply(model, 1 << 40, (ids,), loss_fn=square_loss)
     for schedule in ("Fn1 Fn2 Fn3 Fe3 B3 Fe2 B2 Fe1 B1", "Fe1 Fe2 Fn3 Fe3 B3 B2 B1"):
         ckpt.install(model, dataclasses.replace(first, schedule=schedule, rounds=[]))
         assert all(torch.equal(e, g) for e, g in zip(expected, grads())), schedule
@@ -1133,7 +1142,7 @@ def test_a_block_whose_backward_lets_its_output_and_gradient_go_early_is_predict
     model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.Sequential(*[ResidualBlock(16) for _ in range(6)]),
                           nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10))
     x = torch.randn(4, 3, 32, 32)
-    loss = lambda out: out.float().pow(2).mean()  # noqa: E731
+    loss = square_loss
     with StorageAllocator() as mem:
         first = ckpt.apply(model, 1 << 40, (x,), loss_fn=loss, probe=mem, timing_steps=0, repetitions=1, warmup=0)
         assert abs(first.rounds[-1]["model_peak"] - first.measured_peak) <= 1024, first
@@ -1207,10 +1216,8 @@ def test_the_last_block_runs_again_after_the_head_where_that_takes_less():
     # head; without such plans the least budget was above what checkpointing each block takes.
     from torch.utils.checkpoint import checkpoint  # noqa: PLC0415
 
-    torch.manual_seed(0)
-    model = GPTLike(layers=4, d=64, vocab=4000, seq=64)
-    ids = torch.randint(0, 4000, (4, 64))
-    loss = lambda out: out.float().pow(2).mean()  # noqa: E731
+    model, ids = gpt_like(layers=4, d=64, vocab=4000, seq=64, batch=4)
+    loss = square_loss
     with StorageAllocator() as mem:
         for b in model.h:
             own = type(b).forward.__get__(b)
@@ -1331,7 +1338,7 @@ def cuda_step_peak(model, inputs, steps=2):
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
-        model(*inputs).float().pow(2).mean().backward()
+        square_loss(model(*inputs)).backward()
         torch.cuda.synchronize()
     for p in params:
         p.grad = None
@@ -1353,7 +1360,7 @@ def test_cuda_apply_keeps_the_budget_and_predicts_the_peak(fraction):
     torch.manual_seed(0)
     model = GPTLike(layers=8, d=256, vocab=1000, seq=256).cuda()  # activations dominate
     ids = torch.randint(0, 1000, (8, 256), device="cuda")
-    budget, p = apply_between(model, (ids,), fraction, loss_fn=lambda out: out.float().pow(2).mean())
+    budget, p = apply_between(model, (ids,), fraction, loss_fn=square_loss)
     measured = cuda_step_peak(model, (ids,))
     assert measured <= budget, p
     assert abs(p.predicted_peak - measured) <= 0.03 * measured, (measured, p)
