@@ -16,8 +16,9 @@ configuration, each measured in the same process:
   budget) at each --compile-budgets value, where the model compiles;
 - gpukit (gpukit_torch.checkpoint.apply) at --budgets budgets evenly from its least feasible
   budget to store-all's peak, and at the peak that each anchor above measured, with its
-  predicted peak and time beside the measured ones; at each torch.compile row's peak also with
-  every block compiled by torch.compile before apply() ("gpukit, compiled blocks").
+  predicted peak and time beside the measured ones; at each torch.compile row's peak also on
+  torch.compile(model) ("gpukit, compiled": apply() compiles each block with the model's
+  compiler and the steps run the compiled model; profiled once, timed in the first pass).
 
 Peak = torch.cuda.max_memory_allocated() during one training step (forward, loss, backward;
 parameters' .grad None at its start, as after zero_grad()) beyond what is allocated when it
@@ -26,7 +27,7 @@ close its loop). Time, with CUDA events: after a first pass over every configura
 steps each), --rounds alternated rounds install each configuration again in turn (gpukit's plans
 with gpukit_torch.checkpoint.install, no new apply()) and time --round-steps steps of it, so that
 the GPU's drift over the run is shared; a row's time is the median of its rounds' steps (the
-torch.compile rows keep their first pass's). The table goes to stdout
+torch.compile rows and gpukit's compiled rows keep their first pass's). The table goes to stdout
 and to $OUT/torch_checkpoint_<model>.md, every number to $OUT/torch_checkpoint_<model>.json; the
 last line is a one-line JSON summary. Configurations left when --deadline-s is near are listed as
 skipped, so the run fits one GPU call.
@@ -335,27 +336,17 @@ def bench(name, steps, warmup, deadline_s, n_budgets, compile_budgets, rounds, r
         ckpt.remove(model)
     budgets = sorted({int(least + (store_all - least) * k / (n_budgets - 1)) for k in range(n_budgets)})
 
-    def gpukit(budget, config, costs=costs, outside=outside, before=lambda: None, after=lambda: None):
+    def gpukit(budget, config, costs=costs, outside=outside, runner=model):
+        """gpukit's plan at `budget` applied to `runner` (the model, or torch.compile of it) and
+        measured; a plan of the eager model also goes into the alternated rounds."""
         def fn():
-            before()
+            p = ckpt.apply(runner, budget, batch, loss_fn=loss_fn, costs=costs, outside=outside)
             try:
-                p = ckpt.apply(model, budget, batch, loss_fn=loss_fn, costs=costs, outside=outside)
-                try:
-                    peak, ms, times = measure(model, batch, loss_fn, steps, warmup)
-                finally:
-                    ckpt.remove(model)
+                peak, ms, times = measure(runner, batch, loss_fn, steps, warmup)
             finally:
-                after()
-
-            def install():
-                before()
-                ckpt.install(model, p)
-
-            def uninstall():
-                ckpt.remove(model)
-                after()
-
-            installs[config] = (install, uninstall)
+                ckpt.remove(runner)
+            if runner is model:
+                installs[config] = (lambda: ckpt.install(model, p), lambda: ckpt.remove(model))
             return dict(peak=peak, ms=ms, times=times, pred_peak=p.predicted_peak, pred_ms=p.predicted_time_ms,
                         recomputed=p.recomputations, correction=p.correction_bytes, rounds=p.rounds,
                         schedule=p.schedule)
@@ -370,37 +361,9 @@ def bench(name, steps, warmup, deadline_s, n_budgets, compile_budgets, rounds, r
             if r is not None:
                 r["anchor"] = a["config"]
 
-    # gpukit with every block compiled by torch.compile before apply() (which then profiles, runs
-    # and recomputes the compiled blocks): profiled once, when the first torch.compile row has
-    # measured the peak to plan for.
-    compiled_forward = {}
-    compiled_costs = []  # [plan at store-all] once profiled, [None] where that failed
-
-    def compile_blocks():
-        for b in blocks:
-            if b not in compiled_forward:
-                compiled_forward[b] = torch.compile(_forward_of(b))
-            b.forward = compiled_forward[b]
-
-    def compiled_profile():
-        if not compiled_costs:
-            compile_blocks()
-            t0 = time.time()
-            try:
-                compiled_costs.append(ckpt.apply(model, 1 << 40, batch, loss_fn=loss_fn))
-                ckpt.remove(model)
-            except Exception as e:  # noqa: BLE001 (reported as a row)
-                compiled_costs.append(None)
-                torch.cuda.empty_cache()
-                rows.append(dict(config="gpukit, compiled blocks",
-                                 note=f"failed: {type(e).__name__}: {str(e)[:160]}"))
-            finally:
-                deadline.took(time.time() - t0)
-                restore(blocks)
-        return compiled_costs[0]
-
     # torch.compile with the partitioner's activation memory budget, last: it takes longest. Each
-    # row is followed by gpukit's plans at its peak, over compiled blocks first, then eager ones.
+    # row is followed by gpukit's eager plan at its peak.
+    compiled_anchors = []
     for frac in compile_budgets:
         def compiled(frac=frac):
             import torch._dynamo  # noqa: PLC0415
@@ -420,18 +383,37 @@ def bench(name, steps, warmup, deadline_s, n_budgets, compile_budgets, rounds, r
         a = row(f"torch.compile activation_memory_budget={frac}", compiled, kind="anchor")
         if a is None:
             continue
-        first_c = compiled_profile() if deadline.allows() else None
-        plans = [(f"gpukit, compiled blocks @ {a['config']}", first_c)] if first_c is not None else []
+        compiled_anchors.append(a)
         if a["peak"] >= least:
-            plans.append((f"gpukit @ {a['config']}", None))
-        for config, c in plans:
-            if c is not None:
-                fn = gpukit(a["peak"], config, c.costs, c.outside, compile_blocks, lambda: restore(blocks))
-            else:
-                fn = gpukit(a["peak"], config)
-            r = row(config, fn, kind="gpukit", budget=a["peak"])
+            r = row(f"gpukit @ {a['config']}", gpukit(a["peak"], f"gpukit @ {a['config']}"), kind="gpukit",
+                    budget=a["peak"])
             if r is not None:
                 r["anchor"] = a["config"]
+    # gpukit on torch.compile(model) (apply() compiles each block with the model's compiler; the
+    # model's forward around the blocks runs compiled): profiled once, then planned at each
+    # torch.compile row's peak. Like those rows, timed in the first pass only.
+    if compiled_anchors and deadline.allows():
+        import torch._dynamo  # noqa: PLC0415
+
+        torch._dynamo.reset()
+        cm = torch.compile(model)
+        t0 = time.time()
+        try:
+            first_c = ckpt.apply(cm, 1 << 40, batch, loss_fn=loss_fn)
+            ckpt.remove(cm)
+        except Exception as e:  # noqa: BLE001 (reported as a row)
+            first_c = None
+            torch.cuda.empty_cache()
+            rows.append(dict(config="gpukit, compiled", note=f"failed: {type(e).__name__}: {str(e)[:160]}"))
+        finally:
+            deadline.took(time.time() - t0)
+        for a in compiled_anchors if first_c is not None else []:
+            config = f"gpukit, compiled @ {a['config']}"
+            r = row(config, gpukit(a["peak"], config, first_c.costs, first_c.outside, cm), kind="gpukit",
+                    budget=a["peak"])
+            if r is not None:
+                r["anchor"] = a["config"]
+        torch._dynamo.reset()
     rounds_done = alternate(model, batch, loss_fn, rows, installs, rounds, round_steps, deadline_end)
     times = {r["config"]: r["ms"] for r in rows if "ms" in r}
     for r in rows:  # each gpukit row made at an anchor's peak, against that anchor's time

@@ -71,12 +71,22 @@ Limits: the model must pass each block's output unchanged to the next block (che
 backward (create_graph) and a second backward through the same graph (retain_graph) are not
 supported for blocks whose tape was dropped; a block's side effects (BatchNorm's running
 statistics, a key-value cache) happen again when it is recomputed, as with
-torch.utils.checkpoint (apply() refuses use_cache=True). Under torch.compile the planned blocks
-run as they are (dynamo is disabled around them); the rest of the model is compiled. To run the
-blocks compiled, compile each block's forward before apply() (for every block b:
-b.forward = torch.compile(b.forward)): the plan then profiles, runs and recomputes the compiled
-blocks, and remove() leaves them compiled. A plan that recomputes nothing (a budget at or above
-store-all's peak) runs the blocks exactly as the model does.
+torch.utils.checkpoint (apply() refuses use_cache=True). A plan that recomputes nothing (a
+budget at or above store-all's peak) runs the blocks exactly as the model does.
+
+## torch.compile
+
+Give apply() the compiled model, `plan = ckpt.apply(torch.compile(model), budget, batch)`, and
+train with that compiled model: apply() compiles each block's forward with the model's own
+compiler (its backend and options), profiles the compiled blocks, and runs its steps, and so
+measures what runs around the blocks, through the compiled model. The planned blocks are graph
+breaks for dynamo: each runs under the plan (its saved tensors through the plan's hooks, its
+recomputations compiled too), and dynamo compiles the code around them where it can (a loop
+that calls the blocks runs eagerly; the frames it calls are compiled). A plan that recomputes
+nothing leaves the model one graph. remove() gives the blocks back their uncompiled forward.
+A model compiled after apply() (torch.compile of the planned module) runs its planned blocks
+as they are, eager unless compiled before apply() (for every block b: b.forward =
+torch.compile(b.forward)); remove() then leaves them compiled.
 """
 
 import contextlib
@@ -1337,7 +1347,9 @@ def find_blocks(model: nn.Module) -> List[str]:
     nn.ModuleList or nn.Sequential whose children (two or more) are all of one class, of the
     class whose blocks hold the most parameters (transformers' GPT-2 `transformer.h.0` ...,
     Llama `model.layers.0` ..., torchvision ResNet's Bottlenecks `layer1.0` ... `layer4.2`).
+    The names are relative to the module that torch.compile wrapped, where `model` is one.
     Raises ValueError when the model has no such container."""
+    model = _compiled(model)[0]
     groups = {}
     for name, m in model.named_modules():
         if isinstance(m, (nn.ModuleList, nn.Sequential)):
@@ -1365,6 +1377,27 @@ def _step_inputs(model, example_inputs):
     if isinstance(example_inputs, (tuple, list)):
         return model(*example_inputs)
     return model(example_inputs)
+
+
+def _compiled(model):
+    """(the module, the dynamo context that compiled it) for `model` = torch.compile(module);
+    (model, None) for a module that is not so wrapped."""
+    try:
+        from torch._dynamo.eval_frame import OptimizedModule  # noqa: PLC0415
+    except ImportError:  # a PyTorch without dynamo
+        return model, None
+    if isinstance(model, OptimizedModule):
+        return model._orig_mod, model.dynamo_ctx
+    return model, None
+
+
+def _compile_blocks(mods, compiler):
+    """Each block's forward compiled by `compiler` (the whole model's dynamo context: its backend
+    and options), unless it is compiled already; remove() gives back the forward it had."""
+    for b in mods:
+        if getattr(b.forward, "_torchdynamo_orig_callable", None) is None:
+            b._gpukit_uncompiled = b.__dict__.get("forward")
+            b.forward = compiler(b.forward)
 
 
 def _default_loss(out):
@@ -1519,13 +1552,18 @@ def _capture_calls(model, blocks, example_inputs):
 def remove(model: nn.Module) -> int:
     """Undoes apply(): the blocks' own forward again. Returns how many blocks it restored."""
     n = 0
-    for m in model.modules():
+    for m in _compiled(model)[0].modules():
         if getattr(m, "_gpukit_checkpoint", None) is not None:
             m.__dict__.pop("forward", None)  # the patch (absent while a store-all plan runs)
             if m._gpukit_own_forward is not None:  # a forward of its own, set on the instance
                 m.forward = m._gpukit_own_forward
             del m._gpukit_checkpoint, m._gpukit_own_forward, m._gpukit_patch
             n += 1
+        if "_gpukit_uncompiled" in m.__dict__:  # compiled by apply() or install()
+            m.__dict__.pop("forward", None)
+            if m._gpukit_uncompiled is not None:
+                m.forward = m._gpukit_uncompiled
+            del m._gpukit_uncompiled
     return n
 
 
@@ -1535,18 +1573,25 @@ def install(model: nn.Module, checkpoint_plan: CheckpointPlan, *, blocks=None) -
     or on another instance of the same model and batch shape. blocks: as apply() takes them
     (default: the plan's own block names, else find_blocks(model)). Raises ValueError where the
     plan is not for that many blocks or its schedule is not valid; the model is then left as it
-    was. Returns the plan; remove(model) undoes it."""
+    was. A torch.compile(module) has its blocks compiled as apply() compiles them. Returns the
+    plan; remove(model) undoes it."""
     names = blocks if blocks is not None else (checkpoint_plan.blocks or None)
-    _planned_chain(model, [m for _, m in _resolve_blocks(model, names)], checkpoint_plan)
+    model, compiler = _compiled(model)
+    mods = [m for _, m in _resolve_blocks(model, names)]
+    _planned_chain(model, mods, checkpoint_plan, compiler)
     return checkpoint_plan
 
 
-def _planned_chain(model, mods, checkpoint_plan):
+def _planned_chain(model, mods, checkpoint_plan, compiler=None):
     """The blocks `mods` of `model` run under `checkpoint_plan` (validated first: on a bad plan
-    the model stays as it was); an earlier plan's patches are removed. Returns their _Chain."""
+    the model stays as it was); an earlier plan's patches are removed. compiler: the dynamo
+    context of torch.compile(model), which then compiles each block (see _compile_blocks).
+    Returns their _Chain."""
     chain = _Chain(mods)
     chain.set_plan(checkpoint_plan)
     remove(model)
+    if compiler is not None:
+        _compile_blocks(mods, compiler)
     for i, m in enumerate(mods, start=1):
         _patch(m, chain, i)
     chain.place_patches()
@@ -1663,6 +1708,8 @@ def apply(model: nn.Module, budget_bytes: int, example_inputs, *, blocks=None,
     else the sum of its first tensor). blocks: names or modules of the blocks, in the order the
     model calls them (default find_blocks(model)). probe: the allocator's counters (default
     MemoryProbe on CUDA; without one, off CUDA, sizes come from storages and no step is measured).
+    model may be torch.compile(module) (see "torch.compile" above): its blocks are compiled by its
+    compiler and the steps run it; the plan's block names are the module's.
     costs, outside: an earlier plan's .costs and .outside for the same blocks and batch (e.g. to
     plan the model again for another budget): the blocks are not profiled again, and the first
     step is predicted with what runs around them. timing_steps: where `outside` carries no time
@@ -1686,10 +1733,14 @@ def apply(model: nn.Module, budget_bytes: int, example_inputs, *, blocks=None,
     """
     if max_rounds < 1 or timing_steps < 0:
         raise ValueError(f"gpukit_torch.checkpoint.apply: max_rounds={max_rounds}, timing_steps={timing_steps}")
+    runner = model  # what the steps call: torch.compile(model) runs compiled around the blocks
+    model, compiler = _compiled(model)
     remove(model)
     named = _resolve_blocks(model, blocks)
     mods = [m for _, m in named]
     calls = _capture_calls(model, mods, example_inputs)
+    if compiler is not None:
+        _compile_blocks(mods, compiler)  # profiled as they will run
     x0 = calls[0].hidden()
     device = x0.device
     if probe is None and device.type == "cuda":
@@ -1707,14 +1758,14 @@ def apply(model: nn.Module, budget_bytes: int, example_inputs, *, blocks=None,
         outside = OutsideCost(**{**asdict(outside), "grads_persist": grads_persist})
     current = _plan(costs, budget_bytes, outside)
     current.blocks = [n for n, _ in named]
-    chain = _planned_chain(model, mods, current)
+    chain = _planned_chain(model, mods, current, compiler)
     if probe is None:
         return current
     rounds, correction = [], 0
     try:
         with _state_kept(model, device) as restore_grads:
             for _ in range(max_rounds):
-                watch, measured = _measured_step(model, example_inputs, loss_fn, chain, probe, device,
+                watch, measured = _measured_step(runner, example_inputs, loss_fn, chain, probe, device,
                                                  restore_grads)
                 # What the step measured around the blocks: its sizes (a later step's stand for
                 # the steps that follow it better than an earlier one's, which may hold what
@@ -1757,7 +1808,7 @@ def apply(model: nn.Module, budget_bytes: int, example_inputs, *, blocks=None,
                     "raise max_rounds or the budget"
                 )
             if outside.timed_steps == 0 and timing_steps > 0:
-                outside = _calibrated(model, example_inputs, loss_fn, chain, probe, device, restore_grads,
+                outside = _calibrated(runner, example_inputs, loss_fn, chain, probe, device, restore_grads,
                                       costs, current.schedule, outside, timing_steps)
                 current.outside = outside
                 current.predicted_time_ms = _evaluate(costs, current.schedule, outside, correction)[0]

@@ -825,6 +825,48 @@ def test_blocks_compiled_before_apply_are_planned_and_recomputed_compiled(monkey
         torch._dynamo.reset()
 
 
+def test_a_compiled_model_is_planned_with_its_blocks_compiled_by_the_same_compiler():
+    # apply(torch.compile(model)): the steps run the compiled model, each block compiled by the
+    # model's own compiler (its backend), and remove() gives the blocks back uncompiled.
+    model, inputs, names = nn_models()["gpt"]
+    reference = copy.deepcopy(model)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(str(gm.graph))
+        return gm.forward
+
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=backend)
+    try:
+        calls = []
+        compiled.register_forward_pre_hook(lambda *_: calls.append(1))
+        first = least_applied(compiled, inputs)  # sizes from storages off CUDA: no step runs
+        assert not calls
+        # A probe that counts nothing lets apply() run its steps on the CPU.
+        p = apply_at(compiled, inputs, first, 0.0, probe=CountingProbe())
+        assert p.blocks == names and p.recomputations > 0 and p.rounds
+        assert len(calls) >= len(p.rounds) + 2 * 2, "apply()'s steps (and 2 timed twice) ran the compiled model"
+        assert any("scaled_dot_product_attention" in g for g in graphs), "the blocks ran compiled"
+        assert ckpt.find_blocks(compiled) == names
+        params = [q for q in model.parameters() if q.requires_grad]
+        ref_params = [q for q in reference.parameters() if q.requires_grad]
+        for use_grad in (False, True):
+            got = step_grads(compiled, inputs, params, 3, use_grad)
+            expected = step_grads(reference, inputs, ref_params, 3, use_grad)
+            assert torch.equal(got[0], expected[0])
+            assert all(torch.equal(g, e) for g, e in zip(got[1], expected[1]))
+        assert ckpt.remove(compiled) == len(names)
+        assert not any("forward" in model.get_submodule(n).__dict__ for n in names)
+        ckpt.install(compiled, p)  # install() compiles the blocks again
+        assert all("forward" in model.get_submodule(n).__dict__ for n in names)
+        assert torch.equal(step_grads(compiled, inputs, params, 3, False)[0], expected[0])
+        assert ckpt.remove(model) == len(names)  # the module itself undoes it as well
+        assert not any("forward" in model.get_submodule(n).__dict__ for n in names)
+    finally:
+        torch._dynamo.reset()
+
+
 # ---- the closed loop ----------------------------------------------------------------------------
 
 
