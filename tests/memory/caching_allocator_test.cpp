@@ -260,6 +260,36 @@ TEST_SUITE("caching_allocator")
   }
 
   TEST_CASE_FIXTURE(sim_allocator_fixture<>,
+                    "a request the pool cannot serve takes back one cached block that holds it, "
+                    "and the rest stays cached")
+  {
+    // One small segment, full: two blocks cached by this thread, the rest allocated.
+    void* a     = alloc.allocate_async(64 * kib, sa);
+    void* b     = alloc.allocate_async(8 * kib, sa);
+    void* fill1 = alloc.allocate_async(mib, sa);
+    void* fill2 = alloc.allocate_async(mib - 72 * kib, sa);
+    alloc.deallocate_async(a, 64 * kib, sa);
+    alloc.deallocate_async(b, 8 * kib, sa);
+    auto const before = alloc.stats();
+    REQUIRE(before.cached_bytes == static_cast<std::int64_t>(72 * kib));
+    REQUIRE(before.segment_count.current == 1);
+    void* c = alloc.allocate_async(16 * kib, sa);  // the 64 KiB block, split; no new segment
+    auto const after = alloc.stats();
+    CHECK(after.cached_bytes == static_cast<std::int64_t>(8 * kib));
+    CHECK(after.segment_count.current == 1);
+    CHECK(after.num_device_allocs == before.num_device_allocs);
+    CHECK(c == a);
+    void* d = alloc.allocate_async(8 * kib, sa);  // a hit: the cached 8 KiB block
+    CHECK(d == b);
+    CHECK(alloc.stats().num_cache_hits == before.num_cache_hits + 1);
+    for (auto [p, n] :
+         {std::pair{c, 16 * kib}, {d, 8 * kib}, {fill1, mib}, {fill2, mib - 72 * kib}}) {
+      alloc.deallocate_async(p, n, sa);
+    }
+    alloc.forget_stream(sa);
+  }
+
+  TEST_CASE_FIXTURE(sim_allocator_fixture<>,
                     "blocks cached by a thread return to the pool when it exits")
   {
     std::thread{[&] {

@@ -256,8 +256,11 @@ void* basic_caching_allocator<Runtime>::allocate_slow(std::size_t bytes, std::si
 }
 
 // A free block of `size` bytes for `stream` from what the pool holds: after the pending frees whose
-// events completed, then blocks other streams freed, then this thread's cached blocks (of any
-// stream: they may coalesce into what is needed). While a graph is being captured (in global mode),
+// events completed, then blocks other streams freed, then the smallest block this thread caches
+// for `stream` that holds the request (the pool splits it; the rest of the cache stays), then all
+// of this thread's cached blocks (of any stream: they may coalesce into what is needed). A thread
+// whose cache holds what a request needs thus never grows the pool for it, and a miss does not
+// empty its cache. While a graph is being captured (in global mode),
 // event queries and synchronizations are illegal on every thread: blocks waiting on events stay
 // where they are until it ends. nullptr when none fits.
 template <class Runtime>
@@ -269,8 +272,13 @@ typename basic_caching_allocator<Runtime>::block* basic_caching_allocator<Runtim
   }
   block* b = find_free_or_migrate(size, kind, stream, capture);
   if (b == nullptr && tc.cached_bytes.get() > 0) {
-    front_type::drain(tc, front_operations{*this});
-    b = find_free_or_migrate(size, kind, stream, capture);
+    if (front_type::release_fitting(tc, stream, size, kind, front_operations{*this})) {
+      b = find_free_or_migrate(size, kind, stream, capture);
+    }
+    if (b == nullptr) {
+      front_type::drain(tc, front_operations{*this});
+      b = find_free_or_migrate(size, kind, stream, capture);
+    }
   }
   return b;
 }

@@ -158,6 +158,47 @@ TEST_SUITE("thread_cache_front")
     CHECK(tc.pop(s1, 4096) == nullptr);
   }
 
+  TEST_CASE("release_fitting gives back the smallest cached block that holds a request, alone")
+  {
+    pool_state ps;
+    front f;
+    blocks bs;
+    gpukit::caching_allocator_options o;
+    std::atomic<int> captures{0};
+    cache& tc           = f.local(fake_pool{ps});
+    sim_stream const s1 = stream_at(1), s2 = stream_at(2);
+    block* small      = bs.make(4096);
+    block* mid        = bs.make(64 * 1024);
+    block* other_kind = bs.make(32 * 1024);
+    other_kind->kind  = 1;
+    block* big        = bs.make(256 * 1024);
+    block* elsewhere  = bs.make(16 * 1024);
+    for (block* b : {small, mid, other_kind, big}) { CHECK(front::push(tc, b, s1, o, captures)); }
+    CHECK(front::push(tc, elsewhere, s2, o, captures));
+    std::int64_t const cached = tc.cached_bytes.get();
+    fake_pool{ps}.locked([&] {
+      // 20 KiB of pool 0 on s1: not the 4 KiB block (too small), not pool 1's, not s2's block.
+      CHECK(front::release_fitting(tc, s1, 20 * 1024, 0, fake_pool{ps}));
+    });
+    REQUIRE(ps.freed.size() == 1);
+    CHECK(ps.freed[0].first == s1);
+    CHECK(ps.freed[0].second == mid);
+    CHECK(tc.cached_bytes.get() == cached - 64 * 1024);
+    fake_pool{ps}.locked([&] {
+      CHECK(front::release_fitting(tc, s1, 100 * 1024, 0, fake_pool{ps}));        // the next one up
+      CHECK_FALSE(front::release_fitting(tc, s1, 512 * 1024, 0, fake_pool{ps}));  // none holds it
+      CHECK_FALSE(front::release_fitting(tc, stream_at(3), 1024, 0, fake_pool{ps}));
+      CHECK(front::release_fitting(tc, s1, 1024, 1, fake_pool{ps}));  // pool 1's, for pool 1
+    });
+    REQUIRE(ps.freed.size() == 3);
+    CHECK(ps.freed[1].second == big);
+    CHECK(ps.freed[2].second == other_kind);
+    CHECK(ps.freed_unlocked == 0);
+    CHECK(tc.pop(s1, 4096) == small);  // the rest stays cached
+    CHECK(tc.pop(s2, 16 * 1024) == elsewhere);
+    CHECK(tc.cached_bytes.get() == 0);
+  }
+
   TEST_CASE("a thread that meets contention on the pool lock caches larger blocks, then lowers")
   {
     pool_state ps;

@@ -179,6 +179,39 @@ struct caching_thread_cache {
     return true;
   }
 
+  /// Takes out the smallest cached block of `stream` that holds `size` bytes by itself and
+  /// belongs to the pool `kind`, or nullptr: the slow path gives it back to the pool, which splits
+  /// it, where a drain would give back every block.
+  block* take_fitting(stream_type stream, std::size_t size, int kind) noexcept
+  {
+    slot* s = find(stream);
+    if (s == nullptr) { return nullptr; }
+    for (int c = next_held(*s, tlsf_ceil_class(size)); c >= 0; c = next_held(*s, c + 1)) {
+      for (block** link = &s->lists[c]; *link != nullptr; link = &(*link)->free_next) {
+        block* b = *link;
+        if (b->kind != kind) { continue; }
+        *link = b->free_next;
+        if (--s->counts[c] == 0) { s->held[held_word(c)] &= ~held_bit(c); }
+        cached_bytes.add(-static_cast<std::int64_t>(b->size));
+        return b;
+      }
+    }
+    return nullptr;
+  }
+
+  /// The first class at or above `from` whose list holds a block, or -1.
+  static int next_held(slot const& s, int from) noexcept
+  {
+    if (from >= tlsf_class_count) { return -1; }
+    std::size_t w      = held_word(from);
+    std::uint64_t bits = s.held[w] & ~(held_bit(from) - 1);
+    while (bits == 0) {
+      if (++w == s.held.size()) { return -1; }
+      bits = s.held[w];
+    }
+    return static_cast<int>(w * 64 + static_cast<std::size_t>(__builtin_ctzll(bits)));
+  }
+
   static std::size_t held_word(int c) noexcept { return static_cast<std::size_t>(c) / 64; }
   static std::uint64_t held_bit(int c) noexcept
   {
@@ -506,6 +539,17 @@ class thread_cache_front {
     tc.flush_requested.store(false, std::memory_order_relaxed);
     tc.drain([&](stream_type s, block* b) { pool.free_to_pool(b, s); });
     pool.wake_waiters();
+  }
+
+  /// The smallest block cached in `tc` for `stream` that holds `size` bytes of pool `kind` back
+  /// to the pool (the pool lock held); false where `tc` caches none.
+  template <class Pool>
+  static bool release_fitting(cache& tc, stream_type stream, std::size_t size, int kind, Pool pool)
+  {
+    block* b = tc.take_fitting(stream, size, kind);
+    if (b == nullptr) { return false; }
+    pool.free_to_pool(b, stream);
+    return true;
   }
 
   /// drain() under the pool lock, taken here.
