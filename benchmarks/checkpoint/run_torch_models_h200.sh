@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# benchmarks/checkpoint/run_torch_models_h200.sh MODEL: one model's table of gpukit's checkpoint
-# plans against PyTorch's own options (benchmarks/checkpoint/torch_checkpoint.py), in one GPU call
-# of under 10 minutes, from the repo root. MODEL: gpt2, llama or resnet50; `tests` runs
+# benchmarks/checkpoint/run_torch_models_h200.sh MODEL [OPTION ...]: one model's table of gpukit's
+# checkpoint plans against PyTorch's own options (benchmarks/checkpoint/torch_checkpoint.py), in
+# one GPU call of under 10 minutes, from the repo root. MODEL: gpt2, llama or resnet50; OPTIONs go
+# to torch_checkpoint.py (e.g. `gpt2 --no-sweep --rounds 0 --compile-budgets 1.0,0.5`: the
+# torch.compile rows alone, with gpukit on the compiled model at their peaks). `tests` runs
 # bindings/torch/tests/test_checkpoint.py instead (the CPU and the GPU cases).
 #
 # Uses the machine's python3 (PyTorch, transformers, torchvision) and this checkout's
@@ -12,7 +14,8 @@
 # its one-line JSON summary. Exit status: the program's.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-model=${1:?usage: run_torch_models_h200.sh gpt2|llama|resnet50|tests}
+model=${1:?usage: run_torch_models_h200.sh gpt2|llama|resnet50|tests [OPTION ...]}
+shift
 OUT=${OUT:-out/ckpt_models}
 mkdir -p "$OUT"
 PY=${PY:-python3}
@@ -31,5 +34,5 @@ if [[ "$model" == tests ]]; then
   exit $rc
 fi
 PYTHONUNBUFFERED=1 OUT=$OUT timeout 580 "$PY" benchmarks/checkpoint/torch_checkpoint.py \
-  --model "$model" --deadline-s "${DEADLINE_S:-450}" 2>&1 | tee "$OUT/torch_checkpoint_$model.txt"
+  --model "$model" --deadline-s "${DEADLINE_S:-450}" "$@" 2>&1 | tee "$OUT/torch_checkpoint_$model.txt"
 exit "${PIPESTATUS[0]}"
