@@ -239,14 +239,20 @@ class MemoryProbe:
     def sync(self):
         torch.cuda.synchronize(self.device)
 
+    # memory_allocated() and max_memory_allocated() flatten and sort every statistic into a new
+    # dict at each call; the nested dict they are made from holds the same numbers at a fraction
+    # of the host time, which a watched step spends while the GPU waits for its next kernels.
+    def _allocated_bytes(self) -> dict:
+        return torch.cuda.memory_stats_as_nested_dict(self.device).get("allocated_bytes", {}).get("all", {})
+
     def allocated(self) -> int:
-        return torch.cuda.memory_allocated(self.device)
+        return int(self._allocated_bytes().get("current", 0))
 
     def reset_peak(self):
         torch.cuda.reset_peak_memory_stats(self.device)
 
     def peak(self) -> int:
-        return torch.cuda.max_memory_allocated(self.device)
+        return int(self._allocated_bytes().get("peak", 0))
 
 
 @dataclass

@@ -1410,6 +1410,40 @@ def test_cuda_apply_keeps_the_budget_and_predicts_the_peak(fraction):
 
 @pytest.mark.gpu
 @gpu
+def test_cuda_memory_probe_reads_what_pytorch_reports():
+    probe = ckpt.MemoryProbe()
+    x = torch.empty(3 << 20, dtype=torch.uint8, device="cuda")
+    probe.sync()
+    assert probe.allocated() == torch.cuda.memory_allocated()
+    probe.reset_peak()
+    y = torch.empty(5 << 20, dtype=torch.uint8, device="cuda")
+    del y
+    assert probe.peak() == torch.cuda.max_memory_allocated() >= probe.allocated() + (5 << 20)
+    del x
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("fraction", [1.0, 0.4, 0.0])
+def test_cuda_compiled_model_keeps_the_budget_and_predicts_the_peak(fraction):
+    pytest.importorskip("torch._inductor")
+    torch.manual_seed(0)
+    model = GPTLike(layers=6, d=256, vocab=1000, seq=256).cuda()
+    ids = torch.randint(0, 1000, (8, 256), device="cuda")
+    torch._dynamo.reset()
+    compiled = torch.compile(model)
+    try:
+        budget, p = apply_between(compiled, (ids,), fraction, loss_fn=square_loss)
+        measured = cuda_step_peak(compiled, (ids,))
+        assert measured <= budget, p
+        assert abs(p.predicted_peak - measured) <= 0.03 * measured, (measured, p)
+    finally:
+        ckpt.remove(compiled)
+        torch._dynamo.reset()
+
+
+@pytest.mark.gpu
+@gpu
 @pytest.mark.parametrize("fraction", [0.5, 0.0])
 def test_cuda_transformers_gpt2_within_budget(fraction):
     transformers = pytest.importorskip("transformers")
