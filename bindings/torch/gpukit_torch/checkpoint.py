@@ -81,9 +81,11 @@ train with that compiled model: apply() compiles each block's forward with the m
 compiler (its backend and options), profiles the compiled blocks, and runs its steps, and so
 measures what runs around the blocks, through the compiled model. The planned blocks are graph
 breaks for dynamo: each runs under the plan (its saved tensors through the plan's hooks, its
-recomputations compiled too), and dynamo compiles the code around them where it can (a loop
-that calls the blocks runs eagerly; the frames it calls are compiled). A plan that recomputes
-nothing leaves the model one graph. remove() gives the blocks back their uncompiled forward.
+recomputations compiled too), and dynamo compiles the code around them where it can (a frame
+whose loop calls the blocks, such as transformers' GPT2Model.forward, runs eagerly from then on;
+the frames it calls are compiled). A plan that recomputes nothing runs the blocks unpatched, in
+whatever graphs dynamo then makes: its peak is measured on such a step (after one that compiles
+it) and predicted as measured. remove() gives the blocks back their uncompiled forward.
 A model compiled after apply() (torch.compile of the planned module) runs its planned blocks
 as they are, eager unless compiled before apply() (for every block b: b.forward =
 torch.compile(b.forward)); remove() then leaves them compiled.
@@ -1685,6 +1687,22 @@ def _calibrated(model, example_inputs, loss_fn, chain, probe, device, restore_gr
                           "backward_scale": scales[1], "timed_steps": len(forward), "step_scale": step_scale})
 
 
+def _step_peak(model, example_inputs, loss_fn, chain, probe, restore_grads, attended=False):
+    """The peak of one training step of the planned model beyond what is allocated when it starts,
+    with no watch; the blocks as the plan places them, or through the run (attended). The
+    parameters' .grad are restored after it."""
+    try:
+        with chain.attended() if attended else contextlib.nullcontext():
+            probe.sync()
+            base = probe.allocated()
+            probe.reset_peak()
+            loss_fn(_step_inputs(model, example_inputs)).backward()
+            probe.sync()
+            return probe.peak() - base
+    finally:
+        restore_grads()
+
+
 def _unwatched_step_ms(model, example_inputs, loss_fn, chain, device, restore_grads):
     """One training step of the planned model as a training loop runs it (no watch), in ms from
     an idle device, as a watched step is timed. A plan that recomputes nothing runs through the
@@ -1770,6 +1788,8 @@ def apply(model: nn.Module, budget_bytes: int, example_inputs, *, blocks=None,
     rounds, correction = [], 0
     try:
         with _state_kept(model, device) as restore_grads:
+            if compiler is not None:  # compiles what the watched steps run, outside their peaks
+                _step_peak(runner, example_inputs, loss_fn, chain, probe, restore_grads, attended=True)
             for _ in range(max_rounds):
                 watch, measured = _measured_step(runner, example_inputs, loss_fn, chain, probe, device,
                                                  restore_grads)
@@ -1782,6 +1802,14 @@ def apply(model: nn.Module, budget_bytes: int, example_inputs, *, blocks=None,
                                       grads_persist, outside.forward_scale, outside.backward_scale,
                                       outside.timed_steps, watch.head_grads, outside.step_scale)
                 model_time, model_peak = _evaluate(costs, current.schedule, outside, correction)
+                # A compiled model whose plan recomputes nothing runs as one graph, not broken at
+                # each block as the watched step ran it: the peak is that graph's own step's
+                # (the second: the first compiles it).
+                whole = compiler is not None and chain._store_all
+                if whole:
+                    for _ in range(2):
+                        peak = _step_peak(runner, example_inputs, loss_fn, chain, probe, restore_grads)
+                    measured = dict(measured, peak=peak)
                 over = measured["peak"] - model_peak
                 rounds.append(dict(
                     schedule=current.schedule, predicted_peak=current.predicted_peak,
@@ -1799,6 +1827,8 @@ def apply(model: nn.Module, budget_bytes: int, example_inputs, *, blocks=None,
                     uncorrected = model_peak - correction
                     needed = min(correction, _rounded(max(0, measured["peak"] - uncorrected)))
                     current.predicted_peak, current.predicted_time_ms = uncorrected + needed, model_time
+                    if whole:  # measured as it runs, which the model of broken graphs is not
+                        current.predicted_peak = measured["peak"]
                     current.outside = outside
                     break
                 correction += _rounded(max(0, over))
