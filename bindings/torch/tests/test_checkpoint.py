@@ -825,6 +825,27 @@ def test_blocks_compiled_before_apply_are_planned_and_recomputed_compiled(monkey
         torch._dynamo.reset()
 
 
+def test_a_compiled_block_warms_up_before_its_sizes_are_measured(monkeypatch):
+    # Its first calls compile it, and what the compiler allocates meanwhile is no part of it.
+    model, inputs, names = nn_models()["gpt"]
+    torch._dynamo.reset()
+    first = model.get_submodule(names[0])
+    first.forward = torch.compile(first.forward, backend=lambda gm, _: gm.forward)
+    order = []
+    for name in ("_time_block", "_measure_sizes"):
+        real = getattr(ckpt, name)
+        monkeypatch.setattr(ckpt, name, lambda *a, real=real, name=name: (order.append(name), real(*a))[1])
+    try:
+        ckpt.apply(model, 1 << 40, inputs, repetitions=1, warmup=1)
+    finally:
+        ckpt.remove(model)
+        torch._dynamo.reset()
+    per_block = [order[k:k + 5] for k in range(0, len(order), 5)]  # warm-up, sizes, 3 timed groups
+    assert len(per_block) == len(names)
+    assert per_block[0][:2] == ["_time_block", "_measure_sizes"]
+    assert all(b[:2] == ["_measure_sizes", "_time_block"] for b in per_block[1:])
+
+
 def test_a_compiled_model_is_planned_with_its_blocks_compiled_by_the_same_compiler(monkeypatch):
     # apply(torch.compile(model)): the steps run the compiled model, each block compiled by the
     # model's own compiler (its backend), and remove() gives the blocks back uncompiled.
