@@ -301,6 +301,12 @@ TEST_SUITE("torch_backend")
     b.deallocate(p);
     b.deallocate(nullptr);
     CHECK(b.largest_free_block(0) > 0);
+    // PyTorch's cacheInfo: from 0, the device's free memory first (cuDNN's workspace bound).
+    std::size_t free = 0, total = 0;
+    REQUIRE(sim.mem_get_info(free, total) == gpukit::sim_runtime::success);
+    CHECK(b.cache_info(0, 0) == std::max(free, b.largest_free_block(0)));
+    CHECK(b.cache_info(0, 1) == b.largest_free_block(0));
+    CHECK(b.cache_info(0, total * 2) == total * 2);
     CHECK(b.empty_cache() > 0);
     CHECK(b.stats(0).reserved_bytes.current == 0);
     CHECK(b.stats(1).allocation.current == 0);  // a device never used

@@ -284,7 +284,8 @@ bool cuda_allocator::isEnabled() const { return enabled_; }
 
 void cuda_allocator::cacheInfo(c10::DeviceIndex device, size_t* largestBlock)
 {
-  *largestBlock = std::max(*largestBlock, backend_->largest_free_block(device));
+  *largestBlock =
+    translate("cacheInfo", [&] { return backend_->cache_info(device, *largestBlock); });
 }
 
 void* cuda_allocator::getBaseAllocation(void* ptr, size_t* size)

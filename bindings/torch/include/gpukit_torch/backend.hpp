@@ -296,6 +296,10 @@ class backend final {
   std::size_t empty_cache();
   /// The largest free block `device`'s allocator holds.
   [[nodiscard]] std::size_t largest_free_block(int device) const;
+  /// PyTorch's cacheInfo: the larger of `largest` and largest_free_block(device), where a
+  /// `largest` of 0 is first the device's free memory (PyTorch's optimistic guess, which cuDNN's
+  /// algorithm search takes as the workspace it may ask for).
+  [[nodiscard]] std::size_t cache_info(int device, std::size_t largest) const;
   /// The segment holding block `ptr`: its start and size.
   /// @throws gpukit::logic_error for a pointer not handed out
   [[nodiscard]] std::pair<void*, std::size_t> base_allocation(void const* ptr) const;

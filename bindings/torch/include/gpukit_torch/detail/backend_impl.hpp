@@ -971,6 +971,17 @@ std::size_t backend<Runtime>::largest_free_block(int device) const
 }
 
 template <class Runtime>
+std::size_t backend<Runtime>::cache_info(int device, std::size_t largest) const
+{
+  if (largest == 0) {
+    std::size_t free = 0, total = 0;
+    gpukit::device_guard<Runtime> guard{runtime_, device};
+    if (runtime_.mem_get_info(free, total) == Runtime::success) { largest = free; }
+  }
+  return std::max(largest, largest_free_block(device));
+}
+
+template <class Runtime>
 std::pair<void*, std::size_t> backend<Runtime>::base_allocation(void const* ptr) const
 {
   auto const x = state(device_of(ptr)).alloc->extent(ptr);
