@@ -1524,6 +1524,8 @@ def _resolve_blocks(model, blocks):
                 raise ValueError(f"gpukit_torch.checkpoint: block {type(b).__name__} is not a module of the model")
             out.append((name, b))
         else:
+            if b.startswith("_orig_mod.") and not hasattr(model, "_orig_mod"):
+                b = b[len("_orig_mod."):]  # a name within torch.compile(model), of the model
             try:
                 out.append((b, model.get_submodule(b)))
             except AttributeError as e:

@@ -880,6 +880,10 @@ def test_a_compiled_model_is_planned_with_its_blocks_compiled_by_the_same_compil
         assert unwatched == [dict(attended=True), {}, {}], "a warm-up step through the run, then two as it runs"
         ckpt.install(compiled, p)
         assert ckpt.find_blocks(compiled) == names
+        # Names as the compiled wrapper spells them name the same blocks.
+        ckpt.install(compiled, p, blocks=["_orig_mod." + n for n in names])
+        assert ckpt.remove(compiled) == len(names)
+        ckpt.install(compiled, p)
         params = [q for q in model.parameters() if q.requires_grad]
         ref_params = [q for q in reference.parameters() if q.requires_grad]
         for use_grad in (False, True):
