@@ -86,6 +86,9 @@ whose loop calls the blocks, such as transformers' GPT2Model.forward, runs eager
 the frames it calls are compiled). A plan that recomputes nothing runs the blocks unpatched, in
 whatever graphs dynamo then makes: its peak is measured on such a step (after one that compiles
 it) and predicted as measured. remove() gives the blocks back their uncompiled forward.
+Compiled models that replay CUDA graphs (mode="reduce-overhead" or "max-autotune",
+triton.cudagraphs, the "cudagraphs" backend) are refused with a ValueError: a replay overwrites
+the outputs of the last, which a plan keeps while it recomputes blocks.
 A model compiled after apply() (torch.compile of the planned module) runs its planned blocks
 as they are, eager unless compiled before apply() (for every block b: b.forward =
 torch.compile(b.forward)); remove() then leaves them compiled.
@@ -1404,6 +1407,27 @@ def _compiled(model):
     return model, None
 
 
+def _refuse_cuda_graphs(compiler):
+    """ValueError where `compiler` (a dynamo context) replays CUDA graphs: torch.compile's
+    mode="reduce-overhead" or "max-autotune", options={"triton.cudagraphs": True}, or
+    backend="cudagraphs". A replay overwrites the outputs of the graph's last one, and a plan keeps
+    what a block's compiled graph made (its output, its tape) while it replays the same block's
+    graph to recompute others."""
+    backend, seen = getattr(compiler, "callback", None), 0
+    while backend is not None and seen < 8:
+        config = getattr(backend, "config", None)
+        if (isinstance(config, dict) and config.get("triton.cudagraphs")) or \
+                getattr(backend, "_compiler_name", None) == "cudagraphs":
+            raise ValueError(
+                "gpukit_torch.checkpoint: the model is compiled to replay CUDA graphs (torch.compile "
+                "with mode='reduce-overhead' or 'max-autotune', triton.cudagraphs, or the 'cudagraphs' "
+                "backend), which planned blocks do not support: a replay overwrites the outputs that "
+                "a plan keeps while it recomputes; compile with the default mode or "
+                "mode='max-autotune-no-cudagraphs'"
+            )
+        backend, seen = getattr(backend, "_torchdynamo_orig_backend", None), seen + 1
+
+
 def _compile_blocks(mods, compiler):
     """Each block's forward compiled by `compiler` (the whole model's dynamo context: its backend
     and options), unless it is compiled already; remove() gives back the forward it had."""
@@ -1592,6 +1616,8 @@ def install(model: nn.Module, checkpoint_plan: CheckpointPlan, *, blocks=None) -
     plan; remove(model) undoes it."""
     names = blocks if blocks is not None else (checkpoint_plan.blocks or None)
     model, compiler = _compiled(model)
+    if compiler is not None:
+        _refuse_cuda_graphs(compiler)
     mods = [m for _, m in _resolve_blocks(model, names)]
     _planned_chain(model, mods, checkpoint_plan, compiler)
     return checkpoint_plan
@@ -1766,6 +1792,8 @@ def apply(model: nn.Module, budget_bytes: int, example_inputs, *, blocks=None,
         raise ValueError(f"gpukit_torch.checkpoint.apply: max_rounds={max_rounds}, timing_steps={timing_steps}")
     runner = model  # what the steps call: torch.compile(model) runs compiled around the blocks
     model, compiler = _compiled(model)
+    if compiler is not None:
+        _refuse_cuda_graphs(compiler)
     remove(model)
     named = _resolve_blocks(model, blocks)
     mods = [m for _, m in named]

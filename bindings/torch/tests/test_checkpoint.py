@@ -825,6 +825,23 @@ def test_blocks_compiled_before_apply_are_planned_and_recomputed_compiled(monkey
         torch._dynamo.reset()
 
 
+@pytest.mark.parametrize("how", [dict(mode="reduce-overhead"), dict(mode="max-autotune"),
+                                 dict(options={"triton.cudagraphs": True}), dict(backend="cudagraphs")],
+                         ids=["reduce-overhead", "max-autotune", "triton.cudagraphs", "cudagraphs"])
+def test_a_model_compiled_to_replay_cuda_graphs_is_refused(how):
+    model, inputs, names = nn_models()["gpt"]
+    compiled = torch.compile(model, **how)
+    plan = ckpt.CheckpointPlan(schedule=ckpt._segment_schedules(len(names))[-1], budget=-1,
+                               predicted_peak=0, predicted_time_ms=0.0)
+    with pytest.raises(ValueError, match="replay CUDA graphs.*max-autotune-no-cudagraphs"):
+        ckpt.apply(compiled, 1 << 40, inputs)
+    with pytest.raises(ValueError, match="replay CUDA graphs"):
+        ckpt.install(compiled, plan)
+    assert not any("forward" in model.get_submodule(n).__dict__ for n in names)  # left as it was
+    ckpt.install(torch.compile(model, mode="max-autotune-no-cudagraphs"), plan)  # compiles nothing yet
+    assert ckpt.remove(model) == len(names)
+
+
 def test_a_compiled_block_warms_up_before_its_sizes_are_measured(monkeypatch):
     # Its first calls compile it, and what the compiler allocates meanwhile is no part of it.
     model, inputs, names = nn_models()["gpt"]
