@@ -1798,26 +1798,30 @@ def apply(model: nn.Module, budget_bytes: int, example_inputs, *, blocks=None,
     named = _resolve_blocks(model, blocks)
     mods = [m for _, m in named]
     calls = _capture_calls(model, mods, example_inputs)
-    if compiler is not None:
-        _compile_blocks(mods, compiler)  # profiled as they will run
-    x0 = calls[0].hidden()
-    device = x0.device
-    if probe is None and device.type == "cuda":
-        probe = MemoryProbe(device)
-    loss_fn = loss_fn or _default_loss
-    grads_persist = any(p.grad is None for m in mods for p in _params(m))
-    if costs is None:
-        costs = _profile_calls(mods, calls, x0, repetitions, warmup, probe, grads_persist)
-    elif len(costs) != len(mods):
-        raise ValueError(f"gpukit_torch.checkpoint.apply: {len(costs)} costs for {len(mods)} blocks")
-    del calls, x0
-    if outside is None:
-        outside = OutsideCost(grads_persist=grads_persist)
-    else:
-        outside = OutsideCost(**{**asdict(outside), "grads_persist": grads_persist})
-    current = _plan(costs, budget_bytes, outside)
-    current.blocks = [n for n, _ in named]
-    chain = _planned_chain(model, mods, current, compiler)
+    try:  # on any error the model is left as it was (its blocks uncompiled again)
+        if compiler is not None:
+            _compile_blocks(mods, compiler)  # profiled as they will run
+        x0 = calls[0].hidden()
+        device = x0.device
+        if probe is None and device.type == "cuda":
+            probe = MemoryProbe(device)
+        loss_fn = loss_fn or _default_loss
+        grads_persist = any(p.grad is None for m in mods for p in _params(m))
+        if costs is None:
+            costs = _profile_calls(mods, calls, x0, repetitions, warmup, probe, grads_persist)
+        elif len(costs) != len(mods):
+            raise ValueError(f"gpukit_torch.checkpoint.apply: {len(costs)} costs for {len(mods)} blocks")
+        del calls, x0
+        if outside is None:
+            outside = OutsideCost(grads_persist=grads_persist)
+        else:
+            outside = OutsideCost(**{**asdict(outside), "grads_persist": grads_persist})
+        current = _plan(costs, budget_bytes, outside)
+        current.blocks = [n for n, _ in named]
+        chain = _planned_chain(model, mods, current, compiler)
+    except BaseException:
+        remove(model)
+        raise
     if probe is None:
         return current
     rounds, correction = [], 0
@@ -1837,9 +1841,9 @@ def apply(model: nn.Module, budget_bytes: int, example_inputs, *, blocks=None,
                                       grads_persist, outside.forward_scale, outside.backward_scale,
                                       outside.timed_steps, watch.head_grads, outside.step_scale)
                 model_time, model_peak = _evaluate(costs, current.schedule, outside, correction)
-                # A compiled model whose plan recomputes nothing runs as one graph, not broken at
-                # each block as the watched step ran it: the peak is that graph's own step's
-                # (the second: the first compiles it).
+                # A compiled model whose plan recomputes nothing runs its blocks unpatched, in
+                # whatever graphs dynamo makes of them, not broken at each block as the watched
+                # step ran them: the peak is such a step's own (the second: the first compiles).
                 whole = compiler is not None and chain._store_all
                 if whole:
                     for _ in range(2):

@@ -879,6 +879,9 @@ def test_a_compiled_model_is_planned_with_its_blocks_compiled_by_the_same_compil
     try:
         calls = []
         compiled.register_forward_pre_hook(lambda *_: calls.append(1))
+        with pytest.raises(ckpt.infeasible_budget):
+            ckpt.apply(compiled, 0, inputs, repetitions=1, warmup=0)
+        assert not any("forward" in model.get_submodule(n).__dict__ for n in names), "left as it was"
         first = least_applied(compiled, inputs)  # sizes from storages off CUDA: no step runs
         assert not calls
         # A probe that counts nothing lets apply() run its steps on the CPU.
