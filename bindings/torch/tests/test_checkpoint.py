@@ -389,7 +389,6 @@ def test_profile_reads_the_injected_probe():
 def test_the_cost_model_adds_what_the_simulator_leaves_out():
     costs = [ckpt.BlockCost(1.0, 2.0, a, t, ft, bt, 1024) for a, t, ft, bt in
              [(4096, 8192, 512, 1024), (4096, 2048, 4096, 0), (2048, 4096, 0, 8192)]]
-    L = len(costs)
     store_all = "Fe1 Fe2 Fe3 B3 B2 B1"
     _, bare = ckpt.simulate(costs, store_all)
     # By hand, per operation (memory before + what it creates + transient), the simulator's δ_L = 0.
