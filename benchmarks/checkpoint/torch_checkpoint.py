@@ -35,9 +35,12 @@ skipped, so the run fits one GPU call.
     python3 benchmarks/checkpoint/torch_checkpoint.py --model gpt2 [--steps 20] [--deadline-s 540]
     python3 benchmarks/checkpoint/torch_checkpoint.py --model llama --dry-run   # no GPU: plans only
     python3 benchmarks/checkpoint/torch_checkpoint.py --model gpt2 --no-sweep   # the torch.compile rows
+    python3 benchmarks/checkpoint/torch_checkpoint.py --model gpt2 --smoke --compile-budgets 1.0  # no GPU
 
 --dry-run builds the model on the CPU with a small batch, profiles it there (sizes from storages)
-and prints gpukit's plan at each budget; it measures nothing.
+and prints gpukit's plan at each budget; it measures nothing. --smoke runs the --no-sweep rows'
+code (torch.compile rows, gpukit on the compiled model) on the CPU with stand-in measurements, to
+find a broken script before a GPU call does; exit status 1 where a row failed.
 """
 
 import argparse
@@ -49,6 +52,7 @@ import sys
 import time
 
 import torch
+import torch._dynamo
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -366,7 +370,6 @@ def bench(name, steps, warmup, deadline_s, n_budgets, compile_budgets, rounds, r
     compiled_anchors = []
     for frac in compile_budgets:
         def compiled(frac=frac):
-            import torch._dynamo  # noqa: PLC0415
             import torch._functorch.config as fconfig  # noqa: PLC0415
 
             torch._dynamo.reset()
@@ -393,8 +396,6 @@ def bench(name, steps, warmup, deadline_s, n_budgets, compile_budgets, rounds, r
     # model's forward around the blocks runs compiled): profiled once, then planned at each
     # torch.compile row's peak. Like those rows, timed in the first pass only.
     if compiled_anchors and deadline.allows():
-        import torch._dynamo  # noqa: PLC0415
-
         torch._dynamo.reset()
         cm = torch.compile(model)
         t0 = time.time()
@@ -528,6 +529,33 @@ def dry_run(name, n_budgets):
               f"{q.predicted_time_ms:9.2f} ms, {q.recomputations} recomputed: {q.schedule}")
 
 
+def smoke(name, compile_budgets):
+    """bench() on the CPU at the dry-run shape, with measure() and alternate() in stand-ins that
+    need no CUDA (peaks 1 TiB, so that every plan is store-all's): every row's code runs."""
+    global measure, alternate
+    placeholder = 1 << 40
+
+    def cpu_measure(model, batch, loss_fn, steps, warmup):
+        times = []
+        for _ in range(max(steps, 1)):
+            t0 = time.perf_counter()
+            loss_fn(run(model, batch)).backward()
+            times.append((time.perf_counter() - t0) * 1e3)
+        for p in model.parameters():
+            p.grad = None
+        return placeholder, statistics.median(times), times
+
+    measure, alternate = cpu_measure, (lambda *a, **k: 0)
+    builder, _, dry = MODELS[name]
+    MODELS[name] = (lambda device, *s: builder(torch.device("cpu"), *s), dry, dry)
+    result = bench(name, 1, 0, 3600, 8, compile_budgets, 0, 1, sweep=False)
+    failed = [r for r in result["rows"] if r.get("note", "").startswith("failed")]
+    for r in result["rows"]:
+        print(f"  {r['config']}: {r.get('note') or 'ran'}")
+    print(f"torch_checkpoint --smoke: {len(result['rows'])} rows, {len(failed)} failed")
+    sys.exit(1 if failed else 0)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", choices=sorted(MODELS), required=True)
@@ -544,6 +572,9 @@ def main():
                     help="only store-all, per-block checkpointing and the torch.compile rows, each "
                          "torch.compile row with gpukit's at its peak")
     ap.add_argument("--dry-run", action="store_true")
+    ap.add_argument("--smoke", action="store_true",
+                    help="no GPU: the whole run's code on the CPU at --dry-run's shape, steps timed on "
+                         "the CPU, every peak a placeholder of 1 TiB (checks the script, measures nothing)")
     args = ap.parse_args()
     if args.budgets < 8:
         print(f"torch_checkpoint: --budgets {args.budgets}: at least 8", file=sys.stderr)
@@ -551,6 +582,9 @@ def main():
     print(f"planner: {ckpt._planner().__name__}", file=sys.stderr)
     if args.dry_run:
         dry_run(args.model, args.budgets)
+        return
+    if args.smoke:
+        smoke(args.model, [float(v) for v in args.compile_budgets.split(",") if v.strip()])
         return
     if not torch.cuda.is_available():
         print("torch_checkpoint: needs a CUDA GPU (torch.cuda.is_available() is False); --dry-run plans without one",

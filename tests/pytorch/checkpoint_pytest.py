@@ -22,12 +22,14 @@ def skip(reason):
     sys.exit(SKIP)
 
 
-def main():
-    for module in ("torch", "pytest"):
+def require(modules):
+    """Exits 77, saying why, unless this Python has `modules` and can get gpukit's planner."""
+    for module in modules:
         if importlib.util.find_spec(module) is None:
             skip(f"{sys.executable} has no {module} (pip install torch --index-url "
-                 "https://download.pytorch.org/whl/cpu, and pytest; or set GPUKIT_TORCH_PYTHON "
-                 "to a Python that has them, such as scripts/torch-venv's, and configure again)")
+                 "https://download.pytorch.org/whl/cpu, and pytest, transformers, torchvision; or "
+                 "set GPUKIT_TORCH_PYTHON to a Python that has them, such as scripts/torch-venv's, "
+                 "and configure again)")
     if importlib.util.find_spec("gpukit_torch") is None or importlib.util.find_spec("gpukit_torch._C") is None:
         from torch.utils.cpp_extension import is_ninja_available  # noqa: PLC0415
 
@@ -35,6 +37,10 @@ def main():
             skip("gpukit's planner would be compiled from bindings/torch/csrc/planner.cpp, which "
                  "torch.utils.cpp_extension does with ninja, and ninja is not installed "
                  "(pip install ninja)")
+
+
+def main():
+    require(("torch", "pytest"))
     import pytest  # noqa: PLC0415
 
     status = pytest.main(["-q", "-rs", "-p", "no:cacheprovider", "-m", "not gpu", TESTS, *sys.argv[1:]])

@@ -12,13 +12,23 @@ find_package(Python3 COMPONENTS Interpreter QUIET)
 set(GPUKIT_TORCH_PYTHON "${Python3_EXECUTABLE}" CACHE FILEPATH
   "Python with torch and pytest for gpukit_torch.checkpoint's CPU tests")
 if(NOT GPUKIT_TORCH_PYTHON)
-  gpukit_add_skipped_test(gpukit_torch.checkpoint
-    "no python3 was found when this build was configured (set GPUKIT_TORCH_PYTHON to a Python with torch and pytest, and configure again)"
-    LABELS torch_binding)
+  foreach(_gpukit_test gpukit_torch.checkpoint gpukit_torch.checkpoint_bench)
+    gpukit_add_skipped_test(${_gpukit_test}
+      "no python3 was found when this build was configured (set GPUKIT_TORCH_PYTHON to a Python with torch and pytest, and configure again)"
+      LABELS torch_binding)
+  endforeach()
   return()
 endif()
 add_test(NAME gpukit_torch.checkpoint
          COMMAND ${GPUKIT_TORCH_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/pytorch/checkpoint_pytest.py)
 set_tests_properties(gpukit_torch.checkpoint PROPERTIES
   LABELS torch_binding SKIP_RETURN_CODE 77 TIMEOUT 900 COST 300
+  ENVIRONMENT "GPUKIT_INCLUDE_DIR=${PROJECT_SOURCE_DIR}/include;TORCH_EXTENSIONS_DIR=${CMAKE_CURRENT_BINARY_DIR}/torch_extensions;CUDA_VISIBLE_DEVICES=")
+# The checkpoint benchmark's own code (torch_checkpoint.py --smoke: anchors, torch.compile rows,
+# gpukit on the compiled model) on the CPU with stand-in measurements: a script error shows here,
+# not in a GPU call. About 100 s on two cores (inductor compiles a small Llama on the CPU).
+add_test(NAME gpukit_torch.checkpoint_bench
+         COMMAND ${GPUKIT_TORCH_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/pytorch/checkpoint_bench_smoke.py)
+set_tests_properties(gpukit_torch.checkpoint_bench PROPERTIES
+  LABELS torch_binding SKIP_RETURN_CODE 77 TIMEOUT 900 COST 200
   ENVIRONMENT "GPUKIT_INCLUDE_DIR=${PROJECT_SOURCE_DIR}/include;TORCH_EXTENSIONS_DIR=${CMAKE_CURRENT_BINARY_DIR}/torch_extensions;CUDA_VISIBLE_DEVICES=")
