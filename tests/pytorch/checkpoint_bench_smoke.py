@@ -9,7 +9,6 @@ build gpukit's planner; otherwise the benchmark's status (1 where a row failed).
     python3 tests/pytorch/checkpoint_bench_smoke.py [--model llama] [torch_checkpoint.py options]
 """
 
-import importlib.util
 import os
 import runpy
 import sys
