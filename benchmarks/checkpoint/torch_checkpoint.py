@@ -530,8 +530,9 @@ def dry_run(name, n_budgets):
 
 
 def smoke(name, compile_budgets):
-    """bench() on the CPU at the dry-run shape, with measure() and alternate() in stand-ins that
-    need no CUDA (peaks 1 TiB, so that every plan is store-all's): every row's code runs."""
+    """bench() on the CPU with a small batch, with measure() and alternate() in stand-ins that
+    need no CUDA (peaks 1 TiB, so that every plan is store-all's) and torch.compile's backend
+    aot_eager: every row's code runs."""
     global measure, alternate
     placeholder = 1 << 40
 
@@ -546,8 +547,12 @@ def smoke(name, compile_budgets):
         return placeholder, statistics.median(times), times
 
     measure, alternate = cpu_measure, (lambda *a, **k: 0)
-    builder, _, dry = MODELS[name]
-    MODELS[name] = (lambda device, *s: builder(torch.device("cpu"), *s), dry, dry)
+    # aot_eager: dynamo and AOT autograd as on the GPU (graph breaks, the partitioner, saved
+    # tensors), without inductor's minutes of C++ compilation on a CPU.
+    torch.compile = functools.partial(torch.compile, backend="aot_eager")
+    builder = MODELS[name][0]
+    shape = (2, 32) if name == "resnet50" else (1, 32)  # the models' own sizes, a small batch
+    MODELS[name] = (lambda device, *s: builder(torch.device("cpu"), *s), shape, shape)
     result = bench(name, 1, 0, 3600, 8, compile_budgets, 0, 1, sweep=False)
     failed = [r for r in result["rows"] if r.get("note", "").startswith("failed")]
     for r in result["rows"]:
@@ -573,7 +578,7 @@ def main():
                          "torch.compile row with gpukit's at its peak")
     ap.add_argument("--dry-run", action="store_true")
     ap.add_argument("--smoke", action="store_true",
-                    help="no GPU: the whole run's code on the CPU at --dry-run's shape, steps timed on "
+                    help="no GPU: the whole run's code on the CPU with a small batch, steps timed on "
                          "the CPU, every peak a placeholder of 1 TiB (checks the script, measures nothing)")
     args = ap.parse_args()
     if args.budgets < 8:
