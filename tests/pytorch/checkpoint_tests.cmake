@@ -19,11 +19,14 @@ if(NOT GPUKIT_TORCH_PYTHON)
   endforeach()
   return()
 endif()
+# The headers for the planner's on-the-fly build, its build folder, and no GPU for the CPU cases.
+set(_gpukit_torch_test_env
+  "GPUKIT_INCLUDE_DIR=${PROJECT_SOURCE_DIR}/include;TORCH_EXTENSIONS_DIR=${CMAKE_CURRENT_BINARY_DIR}/torch_extensions;CUDA_VISIBLE_DEVICES=")
 add_test(NAME gpukit_torch.checkpoint
          COMMAND ${GPUKIT_TORCH_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/pytorch/checkpoint_pytest.py)
 set_tests_properties(gpukit_torch.checkpoint PROPERTIES
   LABELS torch_binding SKIP_RETURN_CODE 77 TIMEOUT 900 COST 300
-  ENVIRONMENT "GPUKIT_INCLUDE_DIR=${PROJECT_SOURCE_DIR}/include;TORCH_EXTENSIONS_DIR=${CMAKE_CURRENT_BINARY_DIR}/torch_extensions;CUDA_VISIBLE_DEVICES=")
+  ENVIRONMENT "${_gpukit_torch_test_env}")
 # The checkpoint benchmark's own code (torch_checkpoint.py --smoke: anchors, torch.compile rows,
 # gpukit on the compiled model) on the CPU with stand-in measurements: a script error shows here,
 # not in a GPU call. About 20 s (transformers' Llama, a batch of 32 tokens, torch.compile with aot_eager).
@@ -31,4 +34,4 @@ add_test(NAME gpukit_torch.checkpoint_bench
          COMMAND ${GPUKIT_TORCH_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/pytorch/checkpoint_bench_smoke.py)
 set_tests_properties(gpukit_torch.checkpoint_bench PROPERTIES
   LABELS torch_binding SKIP_RETURN_CODE 77 TIMEOUT 600 COST 50
-  ENVIRONMENT "GPUKIT_INCLUDE_DIR=${PROJECT_SOURCE_DIR}/include;TORCH_EXTENSIONS_DIR=${CMAKE_CURRENT_BINARY_DIR}/torch_extensions;CUDA_VISIBLE_DEVICES=")
+  ENVIRONMENT "${_gpukit_torch_test_env}")

@@ -1713,40 +1713,34 @@ def _calibrated(model, example_inputs, loss_fn, chain, probe, device, restore_gr
     scales = _time_scales(costs, schedule, min(forward), min(backward)) if forward else None
     if scales is None:
         return outside
-    unwatched = [_unwatched_step_ms(model, example_inputs, loss_fn, chain, device, restore_grads)
+    unwatched = [_unwatched_step(model, example_inputs, loss_fn, chain, device, restore_grads)[0]
                  for _ in range(steps)]
     step_scale = min(unwatched) / min(watched) if min(watched) > 0 and min(unwatched) > 0 else 1.0
     return OutsideCost(**{**asdict(outside), "ms": min(around + [outside.ms]), "forward_scale": scales[0],
                           "backward_scale": scales[1], "timed_steps": len(forward), "step_scale": step_scale})
 
 
-def _step_peak(model, example_inputs, loss_fn, chain, probe, restore_grads, attended=False):
-    """The peak of one training step of the planned model beyond what is allocated when it starts,
-    with no watch; the blocks as the plan places them, or through the run (attended). The
-    parameters' .grad are restored after it."""
-    try:
-        with chain.attended() if attended else contextlib.nullcontext():
-            probe.sync()
-            base = probe.allocated()
-            probe.reset_peak()
-            loss_fn(_step_inputs(model, example_inputs)).backward()
-            probe.sync()
-            return probe.peak() - base
-    finally:
-        restore_grads()
-
-
-def _unwatched_step_ms(model, example_inputs, loss_fn, chain, device, restore_grads):
-    """One training step of the planned model as a training loop runs it (no watch), in ms from
-    an idle device, as a watched step is timed. A plan that recomputes nothing runs through the
-    plan's run all the same (as every other plan does), so that the scale takes out the watch's
-    cost alone. The parameters' .grad are restored after it."""
+def _unwatched_step(model, example_inputs, loss_fn, chain, device, restore_grads, probe=None, attended=True):
+    """One training step of the planned model as a training loop runs it (no watch): (its ms from
+    an idle device, as a watched step is timed; its peak beyond what is allocated when it starts,
+    where `probe` is given, else None). attended: through the plan's run even where the plan
+    recomputes nothing (as every other plan runs), so that a step scale takes out the watch's
+    cost alone; else the blocks as the plan places them. The parameters' .grad are restored
+    after it."""
     timer = _Timer(device)
     try:
-        with chain.attended():
-            if device.type == "cuda":
+        with chain.attended() if attended else contextlib.nullcontext():
+            if probe is not None:
+                probe.sync()  # synchronizes the device, as the timer wants
+                base = probe.allocated()
+                probe.reset_peak()
+            elif device.type == "cuda":
                 torch.cuda.synchronize(device)
-            return timer(lambda: loss_fn(_step_inputs(model, example_inputs)).backward())[0]
+            ms = timer(lambda: loss_fn(_step_inputs(model, example_inputs)).backward())[0]
+            if probe is None:
+                return ms, None
+            probe.sync()
+            return ms, probe.peak() - base
     finally:
         restore_grads()
 
@@ -1828,7 +1822,7 @@ def apply(model: nn.Module, budget_bytes: int, example_inputs, *, blocks=None,
     try:
         with _state_kept(model, device) as restore_grads:
             if compiler is not None:  # compiles what the watched steps run, outside their peaks
-                _step_peak(runner, example_inputs, loss_fn, chain, probe, restore_grads, attended=True)
+                _unwatched_step(runner, example_inputs, loss_fn, chain, device, restore_grads)
             for _ in range(max_rounds):
                 watch, measured = _measured_step(runner, example_inputs, loss_fn, chain, probe, device,
                                                  restore_grads)
@@ -1847,7 +1841,8 @@ def apply(model: nn.Module, budget_bytes: int, example_inputs, *, blocks=None,
                 whole = compiler is not None and chain._store_all
                 if whole:
                     for _ in range(2):
-                        peak = _step_peak(runner, example_inputs, loss_fn, chain, probe, restore_grads)
+                        peak = _unwatched_step(runner, example_inputs, loss_fn, chain, device, restore_grads,
+                                               probe, attended=False)[1]
                     measured = dict(measured, peak=peak)
                 over = measured["peak"] - model_peak
                 rounds.append(dict(

@@ -892,11 +892,13 @@ def test_a_compiled_model_is_planned_with_its_blocks_compiled_by_the_same_compil
         # other graphs than the watched steps' (broken at each block): apply() measures the peak
         # of such a step as it runs, after one that compiles it, and predicts that.
         unwatched = []
-        real_step_peak = ckpt._step_peak
-        monkeypatch.setattr(ckpt, "_step_peak", lambda *a, **k: (unwatched.append(k), real_step_peak(*a, **k))[1])
+        real_step = ckpt._unwatched_step
+        monkeypatch.setattr(ckpt, "_unwatched_step",
+                            lambda *a, **k: (unwatched.append(k.get("attended", True)), real_step(*a, **k))[1])
         whole = ckpt.apply(compiled, 1 << 40, inputs, costs=first.costs, probe=CountingProbe())
         assert whole.recomputations == 0
-        assert unwatched == [dict(attended=True), {}, {}], "a warm-up step through the run, then two as it runs"
+        # A warm-up step through the run, two as it runs, then the step scale's two timed ones.
+        assert unwatched == [True, False, False, True, True]
         ckpt.install(compiled, p)
         assert ckpt.find_blocks(compiled) == names
         # Names as the compiled wrapper spells them name the same blocks.
