@@ -1057,9 +1057,11 @@ def test_apply_measures_the_time_scales_once_and_prices_later_plans_with_them(mo
     p = ckpt.apply(model, 1 << 30, (x,), probe=mem, repetitions=1, warmup=0, timing_steps=0)
     assert (p.outside.forward_scale, p.outside.backward_scale, p.outside.timed_steps) == (1.0, 1.0, 0)
     # Scales that an earlier plan measured price this one, and no step measures them again.
-    given = dataclasses.replace(p.outside, forward_scale=2.0, backward_scale=0.5, timed_steps=3)
+    # (Both scales above 1: with 2.0 and 0.5, a profile whose backward took twice its forward, as
+    # backwards often do, priced the plan the same either way.)
+    given = dataclasses.replace(p.outside, forward_scale=2.0, backward_scale=3.0, timed_steps=3)
     q = ckpt.apply(model, 1 << 30, (x,), probe=mem, costs=p.costs, outside=given)
-    assert (q.outside.forward_scale, q.outside.backward_scale, q.outside.timed_steps) == (2.0, 0.5, 3)
+    assert (q.outside.forward_scale, q.outside.backward_scale, q.outside.timed_steps) == (2.0, 3.0, 3)
     assert q.predicted_time_ms == pytest.approx(ckpt.simulate(q.costs, q.schedule, q.outside)[0])
     assert q.predicted_time_ms != pytest.approx(ckpt.simulate(q.costs, q.schedule, p.outside)[0])
     # Without them, timing_steps more steps of the plan measure them: the least of the steps'
