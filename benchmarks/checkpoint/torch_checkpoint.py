@@ -7,6 +7,10 @@ configuration, each measured in the same process:
 
 - store-all (no checkpointing);
 - torch.utils.checkpoint per block (use_reentrant=False);
+- selective activation checkpointing per block (torch.utils.checkpoint with
+  create_selective_checkpoint_contexts): the outputs of matrix products, attention and
+  convolutions saved, everything else (norms, activations, dropout, casts) recomputed in the
+  backward, the policy most training codebases start from;
 - checkpoint_sequential at every segment count s = 1..L: the blocks cut as
   torch.utils.checkpoint.checkpoint_sequential cuts them (segments of L // s, the last one run
   without checkpointing), each segment run under torch.utils.checkpoint.checkpoint
@@ -64,6 +68,7 @@ except ImportError:
     import gpukit_torch.checkpoint as ckpt  # noqa: E402
 
 MiB = 1 << 20
+SELECTIVE = "selective checkpoint per block (matmul, attention, convolution outputs saved)"
 
 
 # ---- models ----------------------------------------------------------------------------------
@@ -117,6 +122,24 @@ def per_block(blocks):
     for b in blocks:
         own = _forward_of(b)
         b.forward = lambda *a, _own=own, **k: checkpoint(_own, *a, use_reentrant=False, **k)
+
+
+# The operations whose outputs selective checkpointing saves: the compute-bound ones, so that the
+# backward recomputes only cheap, memory-bound work.
+_SAVED_OPS = ("mm", "addmm", "bmm", "baddbmm", "convolution", "_scaled_dot_product_flash_attention",
+              "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention")
+
+
+def selective(blocks):
+    """Selective activation checkpointing around every block: _SAVED_OPS' outputs kept, the rest
+    recomputed."""
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts  # noqa: PLC0415
+
+    ops = [getattr(torch.ops.aten, n).default for n in _SAVED_OPS if hasattr(torch.ops.aten, n)]
+    context = functools.partial(create_selective_checkpoint_contexts, ops)
+    for b in blocks:
+        own = _forward_of(b)
+        b.forward = lambda *a, _own=own, **k: checkpoint(_own, *a, use_reentrant=False, context_fn=context, **k)
 
 
 def segments(blocks, count):
@@ -313,6 +336,7 @@ def bench(name, steps, warmup, deadline_s, n_budgets, compile_budgets, rounds, r
 
     anchors = [anchor_row("store-all", lambda: None)]
     anchors.append(anchor_row("torch.utils.checkpoint per block", lambda: per_block(blocks)))
+    anchors.append(anchor_row(SELECTIVE, lambda: selective(blocks)))
     for s in range(1, L + 1) if sweep else []:
         anchors.append(anchor_row(f"checkpoint_sequential({s})", lambda s=s: segments(blocks, s)))
 
@@ -574,7 +598,8 @@ def main():
                     help="alternated rounds of step times after the first pass (0: the first pass's times)")
     ap.add_argument("--round-steps", type=int, default=5)
     ap.add_argument("--no-sweep", action="store_true",
-                    help="only store-all, per-block checkpointing and the torch.compile rows, each "
+                    help="only store-all, per-block (whole and selective) checkpointing and the "
+                         "torch.compile rows, each "
                          "torch.compile row with gpukit's at its peak")
     ap.add_argument("--dry-run", action="store_true")
     ap.add_argument("--smoke", action="store_true",
