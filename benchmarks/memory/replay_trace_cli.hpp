@@ -22,6 +22,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 namespace replay_trace_cli {
@@ -34,7 +35,7 @@ inline char const* const usage_text =
   "usage: replay_trace --trace FILE [--runtime sim|cuda] "
   "[--allocator gpukit|gpukit_vmm|cuda_malloc|cuda_malloc_async|cub] [--repeat N] "
   "[--page-bytes N] [--medium-segment N] [--thread-cache-bytes N] [--thread-cache-max-block N] "
-  "[--no-release-before-grow]\n";
+  "[--no-release-before-grow] [--busy-streams]\n";
 
 struct usage_error : std::runtime_error {
   using std::runtime_error::runtime_error;
@@ -85,6 +86,9 @@ struct command_line {
   std::string runtime{"sim"};
   std::string allocator{"gpukit"};
   int repeat{3};
+  // sim only: every stream holds unfinished work through the replay (stream_query: not ready), as
+  // on a GPU whose work trails the host; else the simulated streams are idle at every query.
+  bool busy_streams{false};
   gpukit::caching_allocator_options options;
 };
 
@@ -141,6 +145,8 @@ inline command_line parse_arguments(int argc, char** argv, run_limits const& lim
       o.growable_page_bytes = static_cast<std::size_t>(parse_number(a, value(), 1, most_bytes));
     } else if (a == "--no-release-before-grow") {
       o.release_before_grow = false;
+    } else if (a == "--busy-streams") {
+      c.busy_streams = true;
     } else if (a == "--repeat") {
       c.repeat = static_cast<int>(parse_number(a, value(), 1, limits.max_repeat));
     } else if (a == "--help" || a == "-h") {
@@ -163,6 +169,9 @@ inline command_line parse_arguments(int argc, char** argv, run_limits const& lim
   if (c.allocator == "gpukit_vmm") { o.source = gpukit::segment_source::growable; }
   if (!is_gpukit(c) && c.runtime != "cuda") {
     throw usage_error{"--allocator " + c.allocator + " needs --runtime cuda"};
+  }
+  if (c.busy_streams && c.runtime != "sim") {
+    throw usage_error{"--busy-streams needs --runtime sim (a real GPU's streams are as busy as its work)"};
   }
   return c;
 }
@@ -213,10 +222,19 @@ double replay(trace const& t, int repeat, Alloc&& alloc, Dealloc&& dealloc)
 
 template <class Runtime>
 result run_gpukit(Runtime& rt, trace const& t, int repeat,
-                  gpukit::caching_allocator_options const& options)
+                  gpukit::caching_allocator_options const& options, bool busy_streams = false)
 {
   std::vector<typename Runtime::stream_type> streams(std::max<std::size_t>(t.streams, 1));
   for (auto& s : streams) { GPUKIT_CUDA_TRY(rt.stream_create(s)); }
+  if constexpr (std::is_same_v<Runtime, gpukit::sim_runtime>) {
+    // A stalled stream with a task queued is never idle: what the allocator may do only with an
+    // idle stream (unmap its free pages for another range, "harvest") it then never does, as on
+    // a GPU that is behind the host at every allocation.
+    for (auto& s : busy_streams ? streams : decltype(streams){}) {
+      GPUKIT_CUDA_TRY(rt.stall(s));
+      GPUKIT_CUDA_TRY(rt.launch_host_func(s, [](void*) {}, nullptr));
+    }
+  }
   result res;
   {
     gpukit::basic_caching_allocator<Runtime> alloc{rt, 0, options};
@@ -232,6 +250,9 @@ result run_gpukit(Runtime& rt, trace const& t, int repeat,
     res.peak_reserved = static_cast<std::size_t>(st.reserved_bytes.peak);
     res.device_allocs = st.num_device_allocs;
     res.device_frees  = st.num_device_frees;
+    if constexpr (std::is_same_v<Runtime, gpukit::sim_runtime>) {
+      for (auto& s : busy_streams ? streams : decltype(streams){}) { GPUKIT_CUDA_TRY(rt.release(s)); }
+    }
     for (auto& s : streams) {
       GPUKIT_CUDA_TRY(rt.stream_synchronize(s));
       alloc.forget_stream(s);
@@ -275,7 +296,7 @@ int run(int argc, char** argv, std::ostream& out, std::ostream& err, CudaRuntime
         std::size_t const capacity =
           std::max<std::size_t>(std::size_t{80} << 30, 4 * t.peak_live_bytes);
         gpukit::sim_runtime sim{gpukit::sim_config{}.with_devices(1, capacity)};
-        r = run_gpukit(sim, t, c.repeat, c.options);
+        r = run_gpukit(sim, t, c.repeat, c.options, c.busy_streams);
       } else if (is_gpukit(c)) {
         r = run_gpukit(cuda, t, c.repeat, c.options);
       } else {
@@ -284,13 +305,14 @@ int run(int argc, char** argv, std::ostream& out, std::ostream& err, CudaRuntime
       std::snprintf(line, sizeof line,
                     "\"peak_live_bytes\": %zu, \"peak_reserved_bytes\": %zu, \"ratio\": %.4f, "
                     "\"device_allocs\": %llu, \"device_frees\": %llu, \"ns_per_event\": %.1f, "
-                    "\"repeat\": %d}\n",
+                    "\"busy_streams\": %s, \"repeat\": %d}\n",
                     t.peak_live_bytes, r.peak_reserved,
                     t.peak_live_bytes == 0 ? 0.0
                                            : static_cast<double>(r.peak_reserved) /
                                                static_cast<double>(t.peak_live_bytes),
                     static_cast<unsigned long long>(r.device_allocs),
-                    static_cast<unsigned long long>(r.device_frees), r.ns_per_event, c.repeat);
+                    static_cast<unsigned long long>(r.device_frees), r.ns_per_event,
+                    c.busy_streams ? "true" : "false", c.repeat);
       out << "{\"trace\": \"" << base_name(c.trace_path) << "\", \"runtime\": \"" << c.runtime
           << "\", \"allocator\": \"" << c.allocator << "\", \"events\": " << t.events.size() << ", "
           << line << std::flush;

@@ -17,6 +17,10 @@ expect(replay EXIT 0
   ARGS --trace "${trace}" --repeat 2)
 expect(replay-vmm-page-one EXIT 0 LAST "\"allocator\": \"gpukit_vmm\", \"events\": 6,"
   ARGS --trace "${trace}" --allocator gpukit_vmm --page-bytes 1 --repeat 1)
+expect(replay-busy-streams EXIT 0 LAST "\"busy_streams\": true, \"repeat\": 1}$"
+  ARGS --trace "${trace}" --allocator gpukit_vmm --busy-streams --repeat 1)
+expect(busy-streams-needs-sim EXIT 2 STDERR "--busy-streams needs --runtime sim"
+  ARGS --trace "${trace}" --runtime cuda --busy-streams)
 expect(help EXIT 0 STDOUT "^usage: replay_trace --trace FILE" "--medium-segment N" ARGS --help)
 
 # ---- bad command lines (exit 2) -----------------------------------------------------------------
