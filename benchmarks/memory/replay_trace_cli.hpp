@@ -171,7 +171,8 @@ inline command_line parse_arguments(int argc, char** argv, run_limits const& lim
     throw usage_error{"--allocator " + c.allocator + " needs --runtime cuda"};
   }
   if (c.busy_streams && c.runtime != "sim") {
-    throw usage_error{"--busy-streams needs --runtime sim (a real GPU's streams are as busy as its work)"};
+    throw usage_error{
+      "--busy-streams needs --runtime sim (a real GPU's streams are as busy as its work)"};
   }
   return c;
 }
@@ -232,7 +233,8 @@ result run_gpukit(Runtime& rt, trace const& t, int repeat,
     // a GPU that is behind the host at every allocation.
     for (auto& s : busy_streams ? streams : decltype(streams){}) {
       GPUKIT_CUDA_TRY(rt.stall(s));
-      GPUKIT_CUDA_TRY(rt.launch_host_func(s, [](void*) {}, nullptr));
+      GPUKIT_CUDA_TRY(rt.launch_host_func(
+        s, [](void*) {}, nullptr));
     }
   }
   result res;
@@ -251,7 +253,9 @@ result run_gpukit(Runtime& rt, trace const& t, int repeat,
     res.device_allocs = st.num_device_allocs;
     res.device_frees  = st.num_device_frees;
     if constexpr (std::is_same_v<Runtime, gpukit::sim_runtime>) {
-      for (auto& s : busy_streams ? streams : decltype(streams){}) { GPUKIT_CUDA_TRY(rt.release(s)); }
+      for (auto& s : busy_streams ? streams : decltype(streams){}) {
+        GPUKIT_CUDA_TRY(rt.release(s));
+      }
     }
     for (auto& s : streams) {
       GPUKIT_CUDA_TRY(rt.stream_synchronize(s));
