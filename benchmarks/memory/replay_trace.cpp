@@ -5,20 +5,24 @@
 //   replay_trace --trace FILE [--runtime sim|cuda]
 //                [--allocator gpukit|gpukit_vmm|cuda_malloc|cuda_malloc_async|cub]
 //                [--repeat N] [--page-bytes N] [--medium-segment N] [--thread-cache-bytes N]
-//                [--thread-cache-max-block N] [--no-release-before-grow] [--busy-streams]
+//                [--thread-cache-max-block N] [--no-release-before-grow]
+//                [--busy-streams [--catch-up-every N]]
 //
 // gpukit_vmm is gpukit's caching allocator with growable segments (segment_source::growable):
 // device_allocs and device_frees then count pages mapped and unmapped. The simulated GPU runs a
 // stream's work as soon as it is queued, so its streams are idle whenever the allocator asks;
 // --busy-streams (sim only) keeps every stream busy through the replay instead, as a GPU that
 // trails the host is in training: what the allocator does only for idle streams (growable
-// segments moving free pages to where the pool grows) then does not happen.
+// segments moving free pages to where the pool grows) then does not happen. --catch-up-every N
+// lets the streams run what they had queued every N events (the GPU catching up; the times then
+// include it).
 //
 // Trace lines: `a <id> <bytes> <stream>` allocates, `f <id>` frees, `#` starts a comment.
 // The last line of standard output is one JSON object (nothing after it):
 //   trace, runtime, allocator, events, peak_live_bytes (most requested bytes live at once),
 //   peak_reserved_bytes (most bytes held from the runtime at once), ratio (reserved / live),
-//   device_allocs and device_frees (segment calls to the runtime), ns_per_event, busy_streams.
+//   device_allocs and device_frees (segment calls to the runtime), ns_per_event, busy_streams,
+//   catch_up_every.
 // With --runtime sim, gpukit runs on a simulated GPU large enough for the trace (lazily backed,
 // so a trace of tens of GB runs on a small machine). cub needs --runtime cuda.
 // A malformed trace gets an error naming the line. Exit code: 0 ok; 2 for a bad command line (an

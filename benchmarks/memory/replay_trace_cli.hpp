@@ -35,7 +35,7 @@ inline char const* const usage_text =
   "usage: replay_trace --trace FILE [--runtime sim|cuda] "
   "[--allocator gpukit|gpukit_vmm|cuda_malloc|cuda_malloc_async|cub] [--repeat N] "
   "[--page-bytes N] [--medium-segment N] [--thread-cache-bytes N] [--thread-cache-max-block N] "
-  "[--no-release-before-grow] [--busy-streams]\n";
+  "[--no-release-before-grow] [--busy-streams [--catch-up-every N]]\n";
 
 struct usage_error : std::runtime_error {
   using std::runtime_error::runtime_error;
@@ -89,6 +89,9 @@ struct command_line {
   // sim only: every stream holds unfinished work through the replay (stream_query: not ready), as
   // on a GPU whose work trails the host; else the simulated streams are idle at every query.
   bool busy_streams{false};
+  // With busy_streams: every this many events the streams run what they had queued (the GPU
+  // catches up), then are busy again; 0: never.
+  std::uint64_t catch_up_every{0};
   gpukit::caching_allocator_options options;
 };
 
@@ -147,6 +150,9 @@ inline command_line parse_arguments(int argc, char** argv, run_limits const& lim
       o.release_before_grow = false;
     } else if (a == "--busy-streams") {
       c.busy_streams = true;
+    } else if (a == "--catch-up-every") {
+      c.catch_up_every = parse_number(a, value(), 1, most_bytes);
+
     } else if (a == "--repeat") {
       c.repeat = static_cast<int>(parse_number(a, value(), 1, limits.max_repeat));
     } else if (a == "--help" || a == "-h") {
@@ -169,6 +175,9 @@ inline command_line parse_arguments(int argc, char** argv, run_limits const& lim
   if (c.allocator == "gpukit_vmm") { o.source = gpukit::segment_source::growable; }
   if (!is_gpukit(c) && c.runtime != "cuda") {
     throw usage_error{"--allocator " + c.allocator + " needs --runtime cuda"};
+  }
+  if (c.catch_up_every != 0 && !c.busy_streams) {
+    throw usage_error{"--catch-up-every needs --busy-streams"};
   }
   if (c.busy_streams && c.runtime != "sim") {
     throw usage_error{
@@ -223,7 +232,8 @@ double replay(trace const& t, int repeat, Alloc&& alloc, Dealloc&& dealloc)
 
 template <class Runtime>
 result run_gpukit(Runtime& rt, trace const& t, int repeat,
-                  gpukit::caching_allocator_options const& options, bool busy_streams = false)
+                  gpukit::caching_allocator_options const& options, bool busy_streams = false,
+                  std::uint64_t catch_up_every = 0)
 {
   std::vector<typename Runtime::stream_type> streams(std::max<std::size_t>(t.streams, 1));
   for (auto& s : streams) { GPUKIT_CUDA_TRY(rt.stream_create(s)); }
@@ -237,15 +247,31 @@ result run_gpukit(Runtime& rt, trace const& t, int repeat,
         s, [](void*) {}, nullptr));
     }
   }
+  std::uint64_t events = 0;
+  // Every catch_up_every events: the streams run what they had queued, then are busy again.
+  auto tick = [&] {
+    if constexpr (std::is_same_v<Runtime, gpukit::sim_runtime>) {
+      if (catch_up_every == 0 || ++events % catch_up_every != 0) { return; }
+      for (auto& s : streams) {
+        GPUKIT_CUDA_TRY(rt.release(s));
+        GPUKIT_CUDA_TRY(rt.stream_synchronize(s));
+        GPUKIT_CUDA_TRY(rt.stall(s));
+        GPUKIT_CUDA_TRY(rt.launch_host_func(
+          s, [](void*) {}, nullptr));
+      }
+    }
+  };
   result res;
   {
     gpukit::basic_caching_allocator<Runtime> alloc{rt, 0, options};
     res.ns_per_event = replay(
       t, repeat,
       [&](std::size_t b, int s) {
+        tick();
         return alloc.allocate_async(b, streams[static_cast<std::size_t>(s)]);
       },
       [&](void* p, std::size_t b, int s) {
+        tick();
         alloc.deallocate_async(p, b, streams[static_cast<std::size_t>(s)]);
       });
     auto const st     = alloc.stats();
@@ -300,7 +326,7 @@ int run(int argc, char** argv, std::ostream& out, std::ostream& err, CudaRuntime
         std::size_t const capacity =
           std::max<std::size_t>(std::size_t{80} << 30, 4 * t.peak_live_bytes);
         gpukit::sim_runtime sim{gpukit::sim_config{}.with_devices(1, capacity)};
-        r = run_gpukit(sim, t, c.repeat, c.options, c.busy_streams);
+        r = run_gpukit(sim, t, c.repeat, c.options, c.busy_streams, c.catch_up_every);
       } else if (is_gpukit(c)) {
         r = run_gpukit(cuda, t, c.repeat, c.options);
       } else {
@@ -309,14 +335,15 @@ int run(int argc, char** argv, std::ostream& out, std::ostream& err, CudaRuntime
       std::snprintf(line, sizeof line,
                     "\"peak_live_bytes\": %zu, \"peak_reserved_bytes\": %zu, \"ratio\": %.4f, "
                     "\"device_allocs\": %llu, \"device_frees\": %llu, \"ns_per_event\": %.1f, "
-                    "\"busy_streams\": %s, \"repeat\": %d}\n",
+                    "\"busy_streams\": %s, \"catch_up_every\": %llu, \"repeat\": %d}\n",
                     t.peak_live_bytes, r.peak_reserved,
                     t.peak_live_bytes == 0 ? 0.0
                                            : static_cast<double>(r.peak_reserved) /
                                                static_cast<double>(t.peak_live_bytes),
                     static_cast<unsigned long long>(r.device_allocs),
                     static_cast<unsigned long long>(r.device_frees), r.ns_per_event,
-                    c.busy_streams ? "true" : "false", c.repeat);
+                    c.busy_streams ? "true" : "false",
+                    static_cast<unsigned long long>(c.catch_up_every), c.repeat);
       out << "{\"trace\": \"" << base_name(c.trace_path) << "\", \"runtime\": \"" << c.runtime
           << "\", \"allocator\": \"" << c.allocator << "\", \"events\": " << t.events.size() << ", "
           << line << std::flush;

@@ -17,8 +17,14 @@ expect(replay EXIT 0
   ARGS --trace "${trace}" --repeat 2)
 expect(replay-vmm-page-one EXIT 0 LAST "\"allocator\": \"gpukit_vmm\", \"events\": 6,"
   ARGS --trace "${trace}" --allocator gpukit_vmm --page-bytes 1 --repeat 1)
-expect(replay-busy-streams EXIT 0 LAST "\"busy_streams\": true, \"repeat\": 1}$"
+expect(replay-busy-streams EXIT 0 LAST "\"busy_streams\": true, \"catch_up_every\": 0, \"repeat\": 1}$"
   ARGS --trace "${trace}" --allocator gpukit_vmm --busy-streams --repeat 1)
+expect(replay-busy-catching-up EXIT 0 LAST "\"busy_streams\": true, \"catch_up_every\": 2, \"repeat\": 1}$"
+  ARGS --trace "${trace}" --allocator gpukit_vmm --busy-streams --catch-up-every 2 --repeat 1)
+expect(catch-up-needs-busy EXIT 2 STDERR "--catch-up-every needs --busy-streams"
+  ARGS --trace "${trace}" --catch-up-every 2)
+expect(catch-up-zero EXIT 2 STDERR "--catch-up-every takes a whole number from 1 to ${most}, not '0'"
+  ARGS --trace "${trace}" --busy-streams --catch-up-every 0)
 expect(busy-streams-needs-sim EXIT 2 STDERR "--busy-streams needs --runtime sim"
   ARGS --trace "${trace}" --runtime cuda --busy-streams)
 expect(help EXIT 0 STDOUT "^usage: replay_trace --trace FILE" "--medium-segment N" ARGS --help)
