@@ -232,8 +232,9 @@ double replay(trace const& t, int repeat, Alloc&& alloc, Dealloc&& dealloc)
 
 template <class Runtime>
 result run_gpukit(Runtime& rt, trace const& t, int repeat,
-                  gpukit::caching_allocator_options const& options, bool busy_streams = false,
-                  std::uint64_t catch_up_every = 0)
+                  gpukit::caching_allocator_options const& options,
+                  [[maybe_unused]] bool busy_streams            = false,
+                  [[maybe_unused]] std::uint64_t catch_up_every = 0)
 {
   std::vector<typename Runtime::stream_type> streams(std::max<std::size_t>(t.streams, 1));
   for (auto& s : streams) { GPUKIT_CUDA_TRY(rt.stream_create(s)); }
@@ -247,7 +248,7 @@ result run_gpukit(Runtime& rt, trace const& t, int repeat,
         s, [](void*) {}, nullptr));
     }
   }
-  std::uint64_t events = 0;
+  [[maybe_unused]] std::uint64_t events = 0;
   // Every catch_up_every events: the streams run what they had queued, then are busy again.
   auto tick = [&] {
     if constexpr (std::is_same_v<Runtime, gpukit::sim_runtime>) {
