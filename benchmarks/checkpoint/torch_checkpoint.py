@@ -43,7 +43,7 @@ skipped, so the run fits one GPU call.
 
 --dry-run builds the model on the CPU with a small batch, profiles it there (sizes from storages)
 and prints gpukit's plan at each budget; it measures nothing. --smoke runs the --no-sweep rows'
-code (torch.compile rows, gpukit on the compiled model) on the CPU with stand-in measurements, to
+code (the per-block anchors, torch.compile rows, gpukit on the compiled model) on the CPU with stand-in measurements, to
 find a broken script before a GPU call does; exit status 1 where a row failed.
 """
 
@@ -117,11 +117,11 @@ def _forward_of(block):
     return type(block).forward.__get__(block)
 
 
-def per_block(blocks):
-    """torch.utils.checkpoint around every block."""
+def per_block(blocks, **options):
+    """torch.utils.checkpoint around every block, with `options` (e.g. context_fn)."""
     for b in blocks:
         own = _forward_of(b)
-        b.forward = lambda *a, _own=own, **k: checkpoint(_own, *a, use_reentrant=False, **k)
+        b.forward = lambda *a, _own=own, **k: checkpoint(_own, *a, use_reentrant=False, **options, **k)
 
 
 # The operations whose outputs selective checkpointing saves: the compute-bound ones, so that the
@@ -136,10 +136,7 @@ def selective(blocks):
     from torch.utils.checkpoint import create_selective_checkpoint_contexts  # noqa: PLC0415
 
     ops = [getattr(torch.ops.aten, n).default for n in _SAVED_OPS if hasattr(torch.ops.aten, n)]
-    context = functools.partial(create_selective_checkpoint_contexts, ops)
-    for b in blocks:
-        own = _forward_of(b)
-        b.forward = lambda *a, _own=own, **k: checkpoint(_own, *a, use_reentrant=False, context_fn=context, **k)
+    per_block(blocks, context_fn=functools.partial(create_selective_checkpoint_contexts, ops))
 
 
 def segments(blocks, count):
@@ -599,8 +596,7 @@ def main():
     ap.add_argument("--round-steps", type=int, default=5)
     ap.add_argument("--no-sweep", action="store_true",
                     help="only store-all, per-block (whole and selective) checkpointing and the "
-                         "torch.compile rows, each "
-                         "torch.compile row with gpukit's at its peak")
+                         "torch.compile rows, each torch.compile row with gpukit's at its peak")
     ap.add_argument("--dry-run", action="store_true")
     ap.add_argument("--smoke", action="store_true",
                     help="no GPU: the whole run's code on the CPU with a small batch, steps timed on "

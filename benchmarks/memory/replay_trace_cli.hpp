@@ -230,6 +230,28 @@ double replay(trace const& t, int repeat, Alloc&& alloc, Dealloc&& dealloc)
          (static_cast<double>(std::max<std::size_t>(t.events.size(), 1)) * repeat);
 }
 
+/// --busy-streams: each stream of the simulated GPU stalled with a task queued, so that it is never
+/// idle (stream_query: not ready), as on a GPU whose work trails the host at every allocation.
+inline void keep_busy(gpukit::sim_runtime& sim,
+                      std::vector<gpukit::sim_runtime::stream_type> const& streams)
+{
+  for (auto s : streams) {
+    GPUKIT_CUDA_TRY(sim.stall(s));
+    GPUKIT_CUDA_TRY(sim.launch_host_func(
+      s, [](void*) {}, nullptr));
+  }
+}
+
+/// The streams keep_busy held run what they had queued (with `wait`, until they have).
+inline void let_run(gpukit::sim_runtime& sim,
+                    std::vector<gpukit::sim_runtime::stream_type> const& streams, bool wait)
+{
+  for (auto s : streams) {
+    GPUKIT_CUDA_TRY(sim.release(s));
+    if (wait) { GPUKIT_CUDA_TRY(sim.stream_synchronize(s)); }
+  }
+}
+
 template <class Runtime>
 result run_gpukit(Runtime& rt, trace const& t, int repeat,
                   gpukit::caching_allocator_options const& options,
@@ -238,28 +260,19 @@ result run_gpukit(Runtime& rt, trace const& t, int repeat,
 {
   std::vector<typename Runtime::stream_type> streams(std::max<std::size_t>(t.streams, 1));
   for (auto& s : streams) { GPUKIT_CUDA_TRY(rt.stream_create(s)); }
-  if constexpr (std::is_same_v<Runtime, gpukit::sim_runtime>) {
-    // A stalled stream with a task queued is never idle: what the allocator may do only with an
-    // idle stream (unmap its free pages for another range, "harvest") it then never does, as on
-    // a GPU that is behind the host at every allocation.
-    for (auto& s : busy_streams ? streams : decltype(streams){}) {
-      GPUKIT_CUDA_TRY(rt.stall(s));
-      GPUKIT_CUDA_TRY(rt.launch_host_func(
-        s, [](void*) {}, nullptr));
-    }
+  // What the allocator does only for an idle stream (unmap its free pages for another range,
+  // "harvest") it then never does, but right after a catch-up.
+  constexpr bool sim = std::is_same_v<Runtime, gpukit::sim_runtime>;
+  if constexpr (sim) {
+    if (busy_streams) { keep_busy(rt, streams); }
   }
   [[maybe_unused]] std::uint64_t events = 0;
   // Every catch_up_every events: the streams run what they had queued, then are busy again.
   auto tick = [&] {
-    if constexpr (std::is_same_v<Runtime, gpukit::sim_runtime>) {
+    if constexpr (sim) {
       if (catch_up_every == 0 || ++events % catch_up_every != 0) { return; }
-      for (auto& s : streams) {
-        GPUKIT_CUDA_TRY(rt.release(s));
-        GPUKIT_CUDA_TRY(rt.stream_synchronize(s));
-        GPUKIT_CUDA_TRY(rt.stall(s));
-        GPUKIT_CUDA_TRY(rt.launch_host_func(
-          s, [](void*) {}, nullptr));
-      }
+      let_run(rt, streams, true);
+      keep_busy(rt, streams);
     }
   };
   result res;
@@ -279,10 +292,8 @@ result run_gpukit(Runtime& rt, trace const& t, int repeat,
     res.peak_reserved = static_cast<std::size_t>(st.reserved_bytes.peak);
     res.device_allocs = st.num_device_allocs;
     res.device_frees  = st.num_device_frees;
-    if constexpr (std::is_same_v<Runtime, gpukit::sim_runtime>) {
-      for (auto& s : busy_streams ? streams : decltype(streams){}) {
-        GPUKIT_CUDA_TRY(rt.release(s));
-      }
+    if constexpr (sim) {
+      if (busy_streams) { let_run(rt, streams, false); }  // synchronized below
     }
     for (auto& s : streams) {
       GPUKIT_CUDA_TRY(rt.stream_synchronize(s));
